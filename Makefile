@@ -1,0 +1,52 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test test-fast demo protos lint lock llm-server up bench clean
+
+setup: $(STAMP)
+
+# The stamp makes a second `make setup` instant; it is redone whenever a
+# requirements or constraints file changes.
+$(STAMP): constraints.txt requirements/*.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade "pip>=24"
+	$(PIP) install -c constraints.txt -r requirements/all.txt
+	# moshi pins torch<2.10 (a CUDA download); its runtime deps are listed in requirements/frontend.txt.
+	$(PIP) install --no-deps -c constraints.txt moshi
+	$(PIP) install --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+# Regenerate the lock after changing requirements/*.txt.
+lock: setup
+	$(PIP) freeze --exclude-editable | grep -v '^kame-stack' > constraints.txt
+
+protos: setup
+	$(PY) scripts/gen_protos.py
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+llm-server: setup
+	$(VENV)/bin/kame llm-server
+
+up: setup
+	$(VENV)/bin/kame up
+
+demo: setup
+	$(VENV)/bin/kame demo
+
+bench: setup
+	$(VENV)/bin/kame bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache

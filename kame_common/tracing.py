@@ -1,0 +1,56 @@
+"""OpenTelemetry setup: an OTLP exporter when an endpoint is configured, and
+gRPC interceptors that carry the trace context in metadata across hops.
+
+With no endpoint, a tracer provider is still installed (spans are created and
+context propagates) but nothing is exported.
+"""
+
+from __future__ import annotations
+
+import os
+
+from opentelemetry import trace
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry.instrumentation.grpc.filters import service_prefix
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+_configured = False
+
+# Transcript text goes into spans only when the operator opts in: it is user data.
+TRANSCRIPTS_IN_SPANS = os.environ.get("KAME_TRACE_TRANSCRIPTS", "").lower() in ("1", "true")
+
+
+def setup_tracing(service_name: str, otlp_endpoint: str = "") -> None:
+    """Install the tracer provider once per process."""
+    global _configured
+    if _configured:
+        return
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    if otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, insecure=True))
+        )
+    trace.set_tracer_provider(provider)
+    _configured = True
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)
+
+
+# Only our own RPCs are traced. The interceptor also wraps streaming handlers
+# that write with `context.write` (the health service's Watch) as if they were
+# async generators, which breaks them; our servicers always `yield`.
+_OUR_SERVICES = service_prefix("kame.v1.")
+
+
+def server_interceptors() -> list:
+    return [aio_server_interceptor(filter_=_OUR_SERVICES)]
+
+
+def client_interceptors() -> list:
+    return list(aio_client_interceptors(filter_=_OUR_SERVICES))

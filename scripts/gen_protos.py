@@ -1,0 +1,39 @@
+"""Generate the Python gRPC stubs in kamepb/ from protos/kamepb/*.proto.
+
+`make protos` runs this; tests/test_protos.py fails when the committed stubs
+differ from a fresh generation.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def generate(out_dir: Path) -> list[Path]:
+    protos = sorted((ROOT / "protos" / "kamepb").glob("*.proto"))
+    include = Path(protoc.__file__).parent / "_proto"
+    args = [
+        "protoc",
+        f"-I{ROOT / 'protos'}",
+        f"-I{include}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        *[str(p) for p in protos],
+    ]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+    package = out_dir / "kamepb"
+    (package / "__init__.py").write_text('"""Generated gRPC stubs: do not edit; run `make protos`."""\n')
+    return sorted(package.iterdir())
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT
+    for path in generate(out):
+        print(path.relative_to(out))

@@ -1,0 +1,33 @@
+"""Prometheus metrics of the frontend (active sessions come from ServiceRuntime)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from kame_common.metrics import FRAME_BUCKETS, RTF_BUCKETS, TURN_BUCKETS
+
+STEP_SECONDS = Histogram(
+    "kame_frontend_step_seconds",
+    "Engine time per 80 ms caller frame (the budget is 0.08 s)",
+    ["engine"],
+    buckets=FRAME_BUCKETS,
+)
+FREE_SLOTS = Gauge("kame_frontend_free_slots", "Sessions this replica can still take")
+FIRST_AUDIO_SECONDS = Histogram(
+    "kame_frontend_first_audio_seconds",
+    "tts engine: wall time from the caller's turn end to the agent's first audio frame",
+    buckets=TURN_BUCKETS,
+)
+SYNTHESIS_RTF = Histogram(
+    "kame_frontend_synthesis_rtf",
+    "tts engine: synthesis time / audio duration, per phrase",
+    buckets=RTF_BUCKETS,
+)
+LATE_AUDIO_FRAMES = Counter(
+    "kame_frontend_late_audio_frames_total",
+    "tts engine: frames that carried silence while agent audio was due (synthesis not ready)",
+)
+TURN_ENDS = Counter("kame_frontend_turn_ends_total", "tts engine: caller turn ends detected")
+BARGE_INS = Counter(
+    "kame_frontend_barge_ins_total", "tts engine: agent speech stopped by caller speech"
+)

@@ -1,0 +1,333 @@
+"""gRPC glue of the frontend: `Frontend.Stream`, capacity publishing, `serve` and `main`.
+
+Per stream: a FrontendConfig first, then caller AudioFrames and OracleUpdates
+in any order. Out: FrontendReady once, then for every caller frame exactly one
+AgentAudio (its seq and capture time copied, `step_s` = engine time,
+`received_time_us` = when the frame arrived), followed by an AgentText for each
+word that starts in that frame.
+
+Capacity: the engine's free slots go to the Redis capacity registry (a
+heartbeat, plus a publish whenever a session opens or closes) and to the gauge
+kame_frontend_free_slots. The gateway picks replicas from the registry. If Redis
+is down the replica keeps serving and the heartbeat keeps trying; on drain or
+stop the replica withdraws first so the gateway stops choosing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+from redis.exceptions import RedisError
+
+from kame_common import store, tracing
+from kame_common.audio import SAMPLE_RATE, check_frame, float_to_pcm16, pcm16_to_float
+from kame_common.config import ConfigError
+from kame_common.metrics import start_metrics_server
+from kame_common.server import ServiceRuntime
+from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
+from services.frontend import config as frontend_config
+from services.frontend import metrics
+from services.frontend.config import ENGINES, FrontendSettings
+from services.frontend.engine import (
+    Engine,
+    EngineSession,
+    InvalidSessionConfig,
+    SessionParams,
+    SlotsExhausted,
+)
+from services.frontend.engines import build_engine
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["Frontend"].full_name
+DEFAULT_TURN_END_SILENCE_S = 0.4
+MAX_TURN_END_SILENCE_S = 5.0
+WITHDRAW_TIMEOUT_S = 2.0
+
+
+class CapacityPublisher:
+    """Keeps this replica's free slots in the Redis capacity registry."""
+
+    def __init__(self, redis_url: str, replica_id: str, address: str, engine: Engine) -> None:
+        self.replica_id = replica_id
+        self.address = address
+        self._engine = engine
+        self._client = store.connect(redis_url)
+        self._registry = store.CapacityRegistry(self._client, "frontend")
+        self._heartbeat: asyncio.Task | None = None
+        self._publisher: asyncio.Task | None = None
+        self._dirty = False
+
+    def start(self) -> None:
+        self._heartbeat = asyncio.create_task(
+            self._registry.heartbeat_forever(self.replica_id, self.address, self._slots)
+        )
+
+    def _slots(self) -> tuple[int, int]:
+        return self._engine.free_slots, self._engine.total_slots
+
+    def changed(self) -> None:
+        """Publish the new slot count now rather than at the next heartbeat."""
+        self._dirty = True
+        if self._heartbeat is not None and (self._publisher is None or self._publisher.done()):
+            self._publisher = asyncio.create_task(self._publish_changes())
+
+    async def _publish_changes(self) -> None:
+        while self._dirty:
+            self._dirty = False
+            free, total = self._slots()
+            try:
+                await self._registry.publish(self.replica_id, self.address, free, total)
+            except (RedisError, OSError) as exc:
+                log.warning("capacity registry unreachable (%s); the heartbeat retries", exc)
+                return
+
+    async def close(self) -> None:
+        """Stop publishing and withdraw from the registry (best effort when Redis is down)."""
+        tasks = [t for t in (self._heartbeat, self._publisher) if t is not None]
+        self._heartbeat = self._publisher = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            try:
+                await asyncio.wait_for(self._registry.withdraw(self.replica_id), WITHDRAW_TIMEOUT_S)
+            except (TimeoutError, RedisError, OSError) as exc:
+                log.warning("could not withdraw %s from the registry: %s", self.replica_id, exc)
+        await self._client.aclose()
+
+
+class FrontendRuntime(ServiceRuntime):
+    """ServiceRuntime that also withdraws from the registry and releases the engine."""
+
+    def __init__(self, settings: FrontendSettings, engine: Engine) -> None:
+        super().__init__("frontend", [SERVICE_NAME], settings.host, settings.port,
+                         settings.max_sessions, settings.grace_s)
+        self.engine = engine
+        self.capacity: CapacityPublisher | None = None  # set once the port is bound
+        self._engine_closing: asyncio.Future | None = None
+
+    def capacity_changed(self) -> None:
+        if self.capacity is not None:
+            self.capacity.changed()
+
+    async def drain(self) -> None:
+        await self._withdraw()  # first, so the gateway stops sending new sessions
+        await super().drain()
+        await self.close_engine()
+
+    async def stop(self) -> None:
+        await self._withdraw()
+        await super().stop()
+        await self.close_engine()
+
+    async def _withdraw(self) -> None:
+        if self.capacity is not None:
+            await self.capacity.close()
+
+    async def close_engine(self) -> None:
+        """Release the engine once, however many callers ask."""
+        if self._engine_closing is None:
+            self._engine_closing = asyncio.ensure_future(self.engine.close())
+        await asyncio.shield(self._engine_closing)
+
+
+class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
+    def __init__(self, settings: FrontendSettings, runtime: FrontendRuntime, replica_id: str):
+        self._settings = settings
+        self._runtime = runtime
+        self._replica_id = replica_id
+
+    async def Stream(
+        self,
+        request_iterator: AsyncIterator[frontend_pb2.FrontendRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[frontend_pb2.FrontendResponse]:
+        async with self._runtime.session(context):
+            first = await anext(request_iterator, None)
+            if first is None:
+                return
+            params = await self._session_params(first, context)
+            session = await self._open_session(params, context)
+            span = tracing.tracer(__name__).start_span(
+                "frontend.session",
+                attributes={"session.id": params.session_id, "engine": self._runtime.engine.name},
+            )
+            try:
+                yield frontend_pb2.FrontendResponse(
+                    ready=frontend_pb2.FrontendReady(
+                        engine=self._runtime.engine.name,
+                        replica_id=self._replica_id,
+                        slot=getattr(session, "slot", -1),
+                    )
+                )
+                async for request in request_iterator:
+                    kind = request.WhichOneof("msg")
+                    if kind == "audio":
+                        for response in await self._step(session, request.audio, context):
+                            yield response
+                    elif kind == "oracle":
+                        await self._apply_oracle(session, request.oracle, context)
+                    else:
+                        await context.abort(
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            "after the first message (the config) a stream takes only audio "
+                            f"and oracle messages, got {kind or 'an empty message'}",
+                        )
+            finally:
+                span.end()
+                await session.close()
+                self._runtime.capacity_changed()
+
+    async def _session_params(
+        self, request: frontend_pb2.FrontendRequest, context: grpc.aio.ServicerContext
+    ) -> SessionParams:
+        kind = request.WhichOneof("msg")
+        if kind != "config":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the first message must be a config, got {kind or 'an empty message'}",
+            )
+        config = request.config
+        served = self._runtime.engine.name
+        if config.engine and config.engine not in ENGINES:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"unknown engine {config.engine!r}; choose one of {', '.join(ENGINES)}",
+            )
+        if config.engine and config.engine != served:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"this replica serves engine {served!r}, not {config.engine!r}",
+            )
+        if not 0 <= config.turn_end_silence_s <= MAX_TURN_END_SILENCE_S:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"turn_end_silence_s must be 0 (default {DEFAULT_TURN_END_SILENCE_S}) to "
+                f"{MAX_TURN_END_SILENCE_S} seconds, got {config.turn_end_silence_s}",
+            )
+        return SessionParams(
+            session_id=config.session_id,
+            voice=config.voice,
+            turn_end_silence_s=config.turn_end_silence_s or DEFAULT_TURN_END_SILENCE_S,
+            filler_text=config.filler_text,
+        )
+
+    async def _open_session(
+        self, params: SessionParams, context: grpc.aio.ServicerContext
+    ) -> EngineSession:
+        try:
+            session = await self._runtime.engine.open_session(params)
+        except SlotsExhausted as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except InvalidSessionConfig as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self._runtime.capacity_changed()
+        return session
+
+    async def _step(
+        self,
+        session: EngineSession,
+        frame: common_pb2.AudioFrame,
+        context: grpc.aio.ServicerContext,
+    ) -> list[frontend_pb2.FrontendResponse]:
+        received_time_us = time.time_ns() // 1000
+        try:
+            check_frame(frame.pcm, frame.sample_rate_hz)
+        except ValueError as exc:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"audio frame seq {frame.seq}: {exc}"
+            )
+        started = time.perf_counter()
+        output = await session.step(pcm16_to_float(frame.pcm))
+        step_s = time.perf_counter() - started
+        metrics.STEP_SECONDS.labels(engine=self._runtime.engine.name).observe(step_s)
+        agent_frame = common_pb2.AudioFrame(
+            pcm=float_to_pcm16(output.pcm),
+            sample_rate_hz=SAMPLE_RATE,
+            seq=frame.seq,
+            capture_time_us=frame.capture_time_us,
+        )
+        responses = [
+            frontend_pb2.FrontendResponse(
+                audio=frontend_pb2.AgentAudio(
+                    frame=agent_frame,
+                    speaking=output.speaking,
+                    step_s=step_s,
+                    received_time_us=received_time_us,
+                )
+            )
+        ]
+        responses += [
+            frontend_pb2.FrontendResponse(
+                text=common_pb2.AgentText(
+                    text=word.text, start_s=word.start_s, end_s=word.end_s,
+                    generation=word.generation,
+                )
+            )
+            for word in output.words
+        ]
+        return responses
+
+    async def _apply_oracle(
+        self,
+        session: EngineSession,
+        update: common_pb2.OracleUpdate,
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        if update.op == common_pb2.OracleUpdate.RESET:
+            session.oracle_reset(update.generation)
+        elif update.op == common_pb2.OracleUpdate.APPEND:
+            session.oracle_append(update.generation, update.text)
+        else:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"oracle update op must be RESET or APPEND, got {update.op}",
+            )
+
+
+async def serve(settings: FrontendSettings) -> FrontendRuntime:
+    """Load the engine, start serving on settings.host:port, and publish capacity."""
+    engine = await asyncio.to_thread(build_engine, settings)
+    runtime = FrontendRuntime(settings, engine)
+    replica_id = settings.resolved_replica_id()
+    servicer = FrontendServicer(settings, runtime, replica_id)
+    try:
+        await runtime.start(lambda server: frontend_pb2_grpc.add_FrontendServicer_to_server(
+            servicer, server))
+    except BaseException:
+        await runtime.close_engine()
+        raise
+    runtime.capacity = CapacityPublisher(
+        settings.redis_url, replica_id, settings.resolved_advertise_address(runtime.port), engine
+    )
+    runtime.capacity.start()
+    metrics.FREE_SLOTS.set_function(lambda: engine.free_slots)
+    log.info("frontend engine %s with %d slots, replica %s", engine.name, engine.total_slots,
+             replica_id)
+    return runtime
+
+
+async def _run(settings: FrontendSettings) -> None:
+    tracing.setup_tracing("frontend", settings.otlp_endpoint)
+    start_metrics_server(settings.metrics_port)
+    runtime = await serve(settings)
+    runtime.install_signal_handlers()
+    await runtime.wait_stopped()
+    await runtime.close_engine()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = frontend_config.load(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"frontend: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(_run(settings))
+    return 0

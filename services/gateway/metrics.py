@@ -1,0 +1,47 @@
+"""Prometheus metrics of the gateway (prefix kame_gateway_)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from kame_common.metrics import FRAME_BUCKETS, TURN_BUCKETS
+
+FRAME_ROUND_TRIP = Histogram(
+    "kame_gateway_frame_round_trip_seconds",
+    "Caller frame captured at the gateway -> the frontend's agent frame for it back at the gateway",
+    ["mode"],
+    buckets=FRAME_BUCKETS,
+)
+RESPONSE_LATENCY = Histogram(
+    "kame_gateway_response_latency_seconds",
+    "Caller's end of speech (stt SPEECH_END) -> first agent audio leaving the gateway; "
+    "turns where the agent started first are counted in kame_gateway_early_responses_total",
+    ["mode"],
+    buckets=TURN_BUCKETS,
+)
+EARLY_RESPONSES = Counter(
+    "kame_gateway_early_responses_total",
+    "Turns whose agent audio started before the caller's end of speech (negative latency)",
+    ["mode"],
+)
+ORACLE_FIRST_UPDATE = Histogram(
+    "kame_gateway_oracle_first_update_seconds",
+    "First partial transcript of a turn -> first oracle update at the gateway",
+    ["mode"],
+    buckets=TURN_BUCKETS,
+)
+SESSIONS = Counter(
+    "kame_gateway_sessions_total",
+    "Converse sessions by how they ended (ok or a gRPC status name)",
+    ["mode", "outcome"],
+)
+UPSTREAM_FAILURES = Counter(
+    "kame_gateway_upstream_failures_total",
+    "Upstream streams that failed mid-session",
+    ["service"],
+)
+DROPPED_MESSAGES = Counter(
+    "kame_gateway_dropped_messages_total",
+    "Messages dropped because a side queue (oracle input, Redis writes) was full",
+    ["queue"],
+)

@@ -1,0 +1,113 @@
+"""gRPC glue of the gateway: the Converse servicer, `serve(config)` and `main`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from kame_common import store, tracing
+from kame_common.config import ConfigError
+from kame_common.metrics import start_metrics_server
+from kame_common.server import ServiceRuntime
+from kamepb import gateway_pb2, gateway_pb2_grpc
+from services.gateway.config import GatewayConfig, load
+from services.gateway.session import GatewaySession, SessionError, Upstreams, plan_session
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, runtime: ServiceRuntime, upstreams: Upstreams) -> None:
+        self.runtime = runtime
+        self.upstreams = upstreams
+        self.settings = upstreams.settings
+
+    async def Converse(  # noqa: N802 (gRPC method name)
+        self,
+        request_iterator: AsyncIterator[gateway_pb2.ConverseRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[gateway_pb2.ConverseResponse]:
+        requests = aiter(request_iterator)
+        try:
+            plan = plan_session(await self._read_config(requests), self.settings)
+        except SessionError as exc:
+            await context.abort(exc.code, exc.message)
+        async with self.runtime.session(context):
+            session = GatewaySession(self.upstreams, plan)
+            log.info("session %s started (%s)", session.id, plan.mode)
+            try:
+                async for response in session.responses(requests):
+                    yield response
+            except SessionError as exc:
+                log.info("session %s ended: %s: %s", session.id, exc.code.name, exc.message)
+                await context.abort(exc.code, exc.message)
+            log.info("session %s ended", session.id)
+
+    async def _read_config(
+        self, requests: AsyncIterator[gateway_pb2.ConverseRequest]
+    ) -> gateway_pb2.ConverseConfig:
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        timeout = self.settings.connect_timeout_s
+        try:
+            first = await asyncio.wait_for(anext(requests), timeout)
+        except StopAsyncIteration:
+            raise SessionError(invalid, "the stream ended before the config arrived") from None
+        except TimeoutError:
+            raise SessionError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"no config within {timeout} s of opening the stream") from None
+        kind = first.WhichOneof("msg")
+        if kind != "config":
+            raise SessionError(invalid, "the first message must be the config (ConverseConfig), "
+                                        f"got {kind or 'an empty request'}")
+        return first.config
+
+
+class GatewayRuntime(ServiceRuntime):
+    """The service runtime, plus the upstream channels and Redis client to close."""
+
+    upstreams: Upstreams
+
+    async def close_upstreams(self) -> None:
+        await self.upstreams.close()
+        await self.upstreams.store.client.aclose()
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self.close_upstreams()
+
+
+async def serve(config: GatewayConfig) -> GatewayRuntime:
+    """Start the gateway; returns its runtime (`.port` is the bound port)."""
+    tracing.setup_tracing("gateway", config.otlp_endpoint)
+    start_metrics_server(config.metrics_port)
+    runtime = GatewayRuntime("gateway", [SERVICE_NAME], host=config.host, port=config.port,
+                             max_sessions=config.max_sessions, grace_s=config.grace_s)
+    runtime.upstreams = Upstreams(config, store.connect(config.redis_url))
+    servicer = GatewayServicer(runtime, runtime.upstreams)
+    await runtime.start(lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer,
+                                                                                     server))
+    return runtime
+
+
+async def _serve_until_stopped(config: GatewayConfig) -> None:
+    runtime = await serve(config)
+    runtime.install_signal_handlers()
+    await runtime.wait_stopped()
+    await runtime.close_upstreams()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = load(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(_serve_until_stopped(config))
+    return 0

@@ -1,0 +1,5 @@
+import sys
+
+from services.oracle.server import main
+
+sys.exit(main())

@@ -1,0 +1,272 @@
+"""LLM back-ends that stream text: OpenAI-compatible servers and Anthropic.
+
+One back-end object per session, so each session may use its own back-end,
+model, base URL and key with no restart of the service. Each owns its SDK
+client (and with it its HTTP connection pool), closed with the session.
+
+- `openai`: any OpenAI-compatible server (OpenAI, vLLM, Ollama, llama.cpp's
+  server) through the `openai` SDK: chat completions, or, for the Gemma 3 270M
+  base model, text completions with a few-shot prompt and a newline stop.
+- `anthropic`: Messages streaming through the `anthropic` SDK.
+
+Failure handling: the SDKs' own retries are off. A stream that fails to
+connect is retried once, but only before its first chunk (later the caller
+has already seen text; a retry would repeat it). A timeout is not retried:
+`request_timeout_s` bounds every wait (connect, and each gap between chunks),
+so a stalled server costs one timeout, not two. Every failure surfaces as a
+`BackendError` with a message for the session's ERROR event.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import anthropic
+import openai
+
+from services.oracle.prompts import (
+    KAME_SYSTEM_PROMPT,
+    Turn,
+    chat_user_message,
+    gemma_prompt,
+    is_gemma_270m_base,
+)
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAMES = ("openai", "anthropic")
+OPENAI_API_BASE_URL = "https://api.openai.com/v1"
+ANTHROPIC_API_BASE_URL = "https://api.anthropic.com"
+# Vendor APIs always want a key; other servers (vLLM, Ollama, llama.cpp) may not.
+_VENDOR_HOST_SUFFIXES = {"openai": "openai.com", "anthropic": "anthropic.com"}
+# The openai SDK refuses to build a client without a key; keyless local servers ignore it.
+_NO_KEY_PLACEHOLDER = "no-key"
+
+
+class BackendError(Exception):
+    """An LLM request failed; `kind` is timeout, connection or status."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class BackendConfigError(ValueError):
+    """The back-end cannot be used as configured (-> INVALID_ARGUMENT at config time)."""
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    backend: str
+    model: str
+    base_url: str
+    api_key: str
+    request_timeout_s: float
+    max_tokens: int
+    temperature: float
+    system_prompt: str  # Empty = the back-end's default (KAME prompt, or the Gemma header).
+
+
+@dataclass
+class StreamStats:
+    """Filled in while a stream runs: how many tokens the model produced."""
+
+    output_tokens: int = 0
+
+
+def is_vendor_api(backend: str, base_url: str) -> bool:
+    host = (urlsplit(base_url).hostname or "").lower()
+    suffix = _VENDOR_HOST_SUFFIXES[backend]
+    return host == suffix or host.endswith("." + suffix)
+
+
+def _describe(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    return f"{exc} ({type(cause).__name__}: {cause})" if cause else str(exc)
+
+
+class LLMBackend(abc.ABC):
+    # The SDK's exception classes, for the shared error handling below.
+    _connection_error: type[Exception]
+    _timeout_error: type[Exception]
+    _status_error: type[Exception]
+    _auth_errors: tuple[type[Exception], ...]
+
+    def __init__(self, settings: BackendSettings) -> None:
+        self.settings = settings
+
+    @property
+    def name(self) -> str:
+        return self.settings.backend
+
+    @abc.abstractmethod
+    def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+        """One request: yields text chunks as the model produces them."""
+
+    @abc.abstractmethod
+    async def _list_models(self, timeout_s: float) -> None:
+        """A cheap authenticated GET, to check the base URL and key."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Close the SDK client and its connection pool."""
+
+    async def check(self, timeout_s: float) -> None:
+        """Config-time check: the server answers and does not reject the key.
+
+        Any other HTTP answer (a 404 from a server without /models) proves that
+        the base URL is reachable, which is all that is checked here."""
+        url = self.settings.base_url
+        try:
+            await self._list_models(timeout_s)
+        except self._auth_errors as exc:
+            raise BackendConfigError(
+                f"{self.name} base URL {url} rejected the API key: {exc}") from None
+        except self._connection_error as exc:
+            raise BackendConfigError(
+                f"{self.name} base URL {url} is unreachable: {_describe(exc)}") from None
+        except self._status_error:
+            pass
+
+    async def stream(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+        """Text chunks of one answer; one retry on a connection error before the first chunk."""
+        for attempt in (1, 2):
+            produced = False
+            try:
+                async with contextlib.aclosing(self._stream_once(turns, stats)) as chunks:
+                    async for chunk in chunks:
+                        produced = True
+                        yield chunk
+                return
+            except self._timeout_error as exc:
+                raise BackendError(
+                    "timeout",
+                    f"{self.name}: no answer within {self.settings.request_timeout_s:g} s "
+                    f"from {self.settings.base_url}",
+                ) from exc
+            except self._connection_error as exc:
+                if produced or attempt == 2:
+                    raise BackendError("connection", f"{self.name}: {_describe(exc)}") from exc
+                log.info("%s: connection error, retrying once: %s", self.name, exc)
+            except self._status_error as exc:
+                raise BackendError("status", f"{self.name}: {exc}") from exc
+
+
+class OpenAIBackend(LLMBackend):
+    """Chat completions on any OpenAI-compatible server; text completions with a
+    few-shot prompt for base models (`few_shot=True`)."""
+
+    _connection_error = openai.APIConnectionError
+    _timeout_error = openai.APITimeoutError
+    _status_error = openai.APIError
+    _auth_errors = (openai.AuthenticationError, openai.PermissionDeniedError)
+
+    def __init__(self, settings: BackendSettings, few_shot: bool) -> None:
+        super().__init__(settings)
+        self.few_shot = few_shot
+        self.client = openai.AsyncOpenAI(
+            api_key=settings.api_key or _NO_KEY_PLACEHOLDER,
+            base_url=settings.base_url,
+            timeout=settings.request_timeout_s,
+            max_retries=0,
+        )
+
+    async def _list_models(self, timeout_s: float) -> None:
+        await self.client.models.list(timeout=timeout_s)
+
+    def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+        return self._complete(turns, stats) if self.few_shot else self._chat(turns, stats)
+
+    async def _complete(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+        header = {"header": self.settings.system_prompt} if self.settings.system_prompt else {}
+        stream = await self.client.completions.create(
+            model=self.settings.model,
+            prompt=gemma_prompt(turns, **header),
+            stop=["\n"],
+            max_tokens=self.settings.max_tokens,
+            temperature=self.settings.temperature,
+            stream=True,
+        )
+        async with stream:
+            async for chunk in stream:
+                text = chunk.choices[0].text if chunk.choices else ""
+                if text:
+                    stats.output_tokens += 1  # servers send one token per chunk
+                    yield text
+
+    async def _chat(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+        stream = await self.client.chat.completions.create(
+            model=self.settings.model,
+            messages=[
+                {"role": "system", "content": self.settings.system_prompt or KAME_SYSTEM_PROMPT},
+                {"role": "user", "content": chat_user_message(turns)},
+            ],
+            max_tokens=self.settings.max_tokens,
+            temperature=self.settings.temperature,
+            stream=True,
+        )
+        async with stream:
+            async for chunk in stream:
+                text = chunk.choices[0].delta.content if chunk.choices else None
+                if text:
+                    stats.output_tokens += 1
+                    yield text
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+class AnthropicBackend(LLMBackend):
+    """Anthropic Messages streaming (SSE): text from `content_block_delta` text
+    deltas, the token count from `message_delta` usage."""
+
+    _connection_error = anthropic.APIConnectionError
+    _timeout_error = anthropic.APITimeoutError
+    _status_error = anthropic.APIError
+    _auth_errors = (anthropic.AuthenticationError, anthropic.PermissionDeniedError)
+
+    def __init__(self, settings: BackendSettings) -> None:
+        super().__init__(settings)
+        self.client = anthropic.AsyncAnthropic(
+            api_key=settings.api_key or _NO_KEY_PLACEHOLDER,
+            base_url=settings.base_url,
+            timeout=settings.request_timeout_s,
+            max_retries=0,
+        )
+
+    async def _list_models(self, timeout_s: float) -> None:
+        await self.client.models.list(timeout=timeout_s)
+
+    async def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+        stream = await self.client.messages.create(
+            model=self.settings.model,
+            system=self.settings.system_prompt or KAME_SYSTEM_PROMPT,
+            messages=[{"role": "user", "content": chat_user_message(turns)}],
+            max_tokens=self.settings.max_tokens,
+            temperature=self.settings.temperature,
+            stream=True,
+        )
+        async with stream:
+            async for event in stream:
+                if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    yield event.delta.text
+                elif event.type == "message_delta":
+                    stats.output_tokens = event.usage.output_tokens
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+def create_backend(settings: BackendSettings) -> LLMBackend:
+    """The back-end for one session (raises BackendConfigError for an unknown name)."""
+    if settings.backend == "openai":
+        return OpenAIBackend(settings, few_shot=is_gemma_270m_base(settings.model))
+    if settings.backend == "anthropic":
+        return AnthropicBackend(settings)
+    allowed = ", ".join(repr(b) for b in BACKEND_NAMES)
+    raise BackendConfigError(f"backend {settings.backend!r} is unknown; choose one of {allowed}")

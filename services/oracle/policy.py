@@ -1,0 +1,119 @@
+"""When to (re)start the oracle's LLM stream: KAME's restart policy.
+
+Pure logic with an injectable clock, so tests drive it tick by tick. The
+engine calls `decide()` every `poll_interval_s` and starts a new LLM stream
+(cancelling the previous one) whenever it returns a reason.
+
+`tandem` (the KAME reference policy):
+- the first stream of a session starts as soon as there is user text that no
+  stream has seen yet (one word is enough), or a final transcript landed;
+- afterwards a stream restarts on >= `min_new_words` new user words or on a
+  final. Words are counted over the committed finals plus the LONGEST partial
+  of each open utterance (a shrinking partial is a revision, not new speech);
+- at most `max_starts` starts in any sliding window of `start_window_s`: a
+  start that would exceed it stays pending until the window frees up.
+
+`cascade` (the baseline): the LLM runs only when a final transcript landed.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+POLICY_NAMES = ("tandem", "cascade")
+
+
+class StartReason(enum.Enum):
+    FIRST_TEXT = "first_text"   # the session's first user words
+    NEW_WORDS = "new_words"     # >= min_new_words since the last start
+    FINAL = "final"             # a final transcript landed since the last start
+
+
+@dataclass(frozen=True)
+class PolicyParams:
+    name: str = "tandem"
+    poll_interval_s: float = 0.5
+    min_new_words: int = 2
+    max_starts: int = 5
+    start_window_s: float = 2.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad parameter."""
+        if self.name not in POLICY_NAMES:
+            allowed = ", ".join(repr(n) for n in POLICY_NAMES)
+            raise ValueError(f"policy {self.name!r} is unknown; choose one of {allowed}")
+        if self.poll_interval_s <= 0:
+            raise ValueError(f"poll_interval_s must be > 0, got {self.poll_interval_s}")
+        if self.min_new_words < 1:
+            raise ValueError(f"min_new_words must be >= 1, got {self.min_new_words}")
+        if self.max_starts < 1:
+            raise ValueError(f"max_starts must be >= 1, got {self.max_starts}")
+        if self.start_window_s <= 0:
+            raise ValueError(f"start_window_s must be > 0, got {self.start_window_s}")
+
+
+def count_words(text: str) -> int:
+    return len(text.split())
+
+
+class RestartPolicy:
+    def __init__(self, params: PolicyParams, clock: Callable[[], float] = time.monotonic) -> None:
+        params.validate()
+        self.params = params
+        self._clock = clock
+        self._final_words = 0
+        self._longest_partial: dict[str, int] = {}  # open utterance id -> most words seen
+        self._final_pending = False
+        self._words_at_last_start: int | None = None  # None: no stream started yet
+        self._recent_starts: collections.deque[float] = collections.deque()
+
+    def on_partial(self, utterance_id: str, text: str) -> None:
+        words = count_words(text)
+        if words > self._longest_partial.get(utterance_id, 0):
+            self._longest_partial[utterance_id] = words
+
+    def on_final(self, utterance_id: str, text: str) -> None:
+        """Commit an utterance. A blank final (nothing was said after all) only
+        drops the utterance's partials."""
+        self._longest_partial.pop(utterance_id, None)
+        words = count_words(text)
+        self._final_words += words
+        self._final_pending = self._final_pending or words > 0
+
+    @property
+    def user_words(self) -> int:
+        """Committed final words plus the longest partial of every open utterance."""
+        return self._final_words + sum(self._longest_partial.values())
+
+    def _wanted(self) -> StartReason | None:
+        if self._final_pending:
+            return StartReason.FINAL
+        if self.params.name == "cascade":
+            return None
+        if self._words_at_last_start is None:
+            return StartReason.FIRST_TEXT if self.user_words > 0 else None
+        if self.user_words - self._words_at_last_start >= self.params.min_new_words:
+            return StartReason.NEW_WORDS
+        return None
+
+    def _window_has_room(self, now: float) -> bool:
+        while self._recent_starts and self._recent_starts[0] <= now - self.params.start_window_s:
+            self._recent_starts.popleft()
+        return len(self._recent_starts) < self.params.max_starts
+
+    def decide(self) -> StartReason | None:
+        """Whether to start a new LLM stream now; a returned reason counts as a start."""
+        reason = self._wanted()
+        if reason is None:
+            return None
+        now = self._clock()
+        if not self._window_has_room(now):
+            return None
+        self._recent_starts.append(now)
+        self._words_at_last_start = self.user_words
+        self._final_pending = False
+        return reason

@@ -1,0 +1,68 @@
+"""The Redis session store and capacity registry, against the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kame_common.store import CapacityRegistry, SessionStore
+
+
+async def test_session_record_and_conversation(redis_client, session_id):
+    sessions = SessionStore(redis_client, ttl_s=60)
+    await sessions.put_session(session_id, {"mode": "tandem", "replica": "fe-1"})
+    await sessions.put_session(session_id, {"state": "open"})
+    assert await sessions.get_session(session_id) == {"mode": "tandem", "replica": "fe-1",
+                                                      "state": "open"}
+    await sessions.append_turn(session_id, "user", "what is the capital of france")
+    await sessions.append_turn(session_id, "agent", "Paris.")
+    turns = await sessions.conversation(session_id)
+    assert [(t["role"], t["text"]) for t in turns] == [
+        ("user", "what is the capital of france"), ("agent", "Paris.")]
+    await sessions.delete_session(session_id)
+    assert await sessions.get_session(session_id) == {}
+
+
+async def test_records_expire_at_their_ttl(redis_client, session_id):
+    sessions = SessionStore(redis_client, ttl_s=1)
+    await sessions.put_session(session_id, {"mode": "cascade"})
+    await sessions.append_turn(session_id, "user", "hello")
+    assert 0 < await redis_client.ttl(f"kame:session:{session_id}") <= 1
+    await asyncio.sleep(1.3)
+    assert await sessions.get_session(session_id) == {}
+    assert await sessions.conversation(session_id) == []
+
+
+async def test_store_survives_a_dropped_connection(redis_client, session_id):
+    sessions = SessionStore(redis_client, ttl_s=60)
+    await sessions.put_session(session_id, {"mode": "tandem"})
+    my_id = await redis_client.client_id()
+    # Kill our own connection server-side, from a second client: the next
+    # command finds a dead socket and must reconnect and retry by itself.
+    from kame_common.store import connect
+
+    admin = connect("redis://127.0.0.1:6379/0")
+    assert await admin.client_kill_filter(_id=my_id) == 1
+    await admin.aclose()
+    await sessions.append_turn(session_id, "user", "still here")
+    assert (await sessions.get_session(session_id))["mode"] == "tandem"
+    assert await redis_client.client_id() != my_id
+    await sessions.delete_session(session_id)
+
+
+async def test_capacity_registry_chooses_most_free_and_forgets_dead(redis_client, session_id):
+    registry = CapacityRegistry(redis_client, f"frontend-{session_id}", ttl_s=0.6)
+    await registry.publish("a", "127.0.0.1:1", free_slots=1, total_slots=4)
+    await registry.publish("b", "127.0.0.1:2", free_slots=3, total_slots=4)
+    await registry.publish("c", "127.0.0.1:3", free_slots=0, total_slots=4)
+    assert (await registry.choose()).replica_id == "b"
+    assert {r.replica_id for r in await registry.replicas()} == {"a", "b", "c"}
+    await registry.withdraw("b")
+    assert (await registry.choose()).replica_id == "a"
+    # Only "a" keeps heartbeating; the others expire.
+    beat = asyncio.create_task(registry.heartbeat_forever("a", "127.0.0.1:1", lambda: (2, 4)))
+    await asyncio.sleep(1.0)
+    live = await registry.replicas()
+    beat.cancel()
+    assert [(r.replica_id, r.free_slots) for r in live] == [("a", 2)]
+    await asyncio.sleep(0.8)
+    assert await registry.choose() is None

@@ -1,0 +1,154 @@
+"""Fixtures for the kame engine tests: the shared parity fixture, and a tiny random
+checkpoint written here in the real Hugging Face layout (config.json, LM and Mimi
+safetensors, a SentencePiece model trained on a few sentences)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece
+import torch
+from moshi.models import loaders
+from safetensors.torch import save_file
+
+from kame_common.audio import FRAME_SAMPLES
+from services.frontend.kame import checkpoint
+from services.frontend.kame.batch import SlotBatch
+from services.frontend.kame.oracle import KameLMModel
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+SENTENCES = [
+    "the weather in paris is sunny today", "what is the capital of france",
+    "tell me about the moon landing", "i think the answer is forty two",
+    "paris is the capital of france", "the moon is far away from the earth",
+    "how many legs does a spider have", "a spider has eight legs",
+    "good morning how are you", "thank you very much for calling",
+]
+MIMI_BINS = 64
+TINY_MIMI_CONFIG = {
+    "sample_rate": 24000,
+    "channels": 1,
+    "frame_rate": 12.5,
+    "seanet": {**loaders._seanet_kwargs, "dimension": 32, "n_filters": 4},
+    "quantizer": {**loaders._quantizer_kwargs, "dimension": 16, "n_q": 8, "bins": MIMI_BINS,
+                  "input_dimension": 32, "output_dimension": 32},
+    "transformer": {**loaders._transformer_kwargs, "d_model": 32, "num_heads": 2,
+                    "num_layers": 1, "context": 50, "dim_feedforward": 64,
+                    "input_dimension": 32, "output_dimensions": [32]},
+}
+
+
+def tiny_lm_kwargs(text_card: int) -> dict:
+    """Moshi's 16-codebook layout (8 agent + 8 user, acoustic delay 1) with tiny dims."""
+    return {
+        "n_q": 16, "dep_q": 8, "card": MIMI_BINS, "text_card": text_card, "dim": 64,
+        "num_heads": 4, "num_layers": 2, "hidden_scale": 2, "causal": True, "context": 100,
+        "max_period": 10000, "gating": "silu", "norm": "rms_norm_f32",
+        "positional_embedding": "rope", "depformer_dim": 32, "depformer_num_heads": 2,
+        "depformer_num_layers": 1, "depformer_dim_feedforward": 64,
+        "depformer_multi_linear": True, "depformer_pos_emb": "none",
+        "depformer_weights_per_step": True,
+        "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
+        "existing_text_padding_id": 3,
+    }
+
+
+def train_tokenizer() -> bytes:
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(SENTENCES), model_writer=model, vocab_size=80,
+        hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=3,
+        character_coverage=1.0, minloglevel=2)
+    return model.getvalue()
+
+
+def random_mimi_state() -> dict[str, torch.Tensor]:
+    mimi = loaders.get_mimi(None, TINY_MIMI_CONFIG, num_codebooks=8)
+    state = mimi.state_dict()
+    for key in state:
+        # Random codebooks, marked initialised, so that audio maps to varied codes.
+        if key.endswith("embedding_sum"):
+            state[key] = torch.randn_like(state[key])
+        elif key.endswith("_initialized"):
+            state[key] = torch.ones_like(state[key])
+    return {key: value.contiguous() for key, value in state.items()}
+
+
+def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    tokenizer_model = train_tokenizer()
+    (directory / "tokenizer.model").write_bytes(tokenizer_model)
+    text_card = sentencepiece.SentencePieceProcessor(model_proto=tokenizer_model).vocab_size()
+    lm_kwargs = tiny_lm_kwargs(text_card)
+    lm = KameLMModel(device="cpu", dtype=torch.float32, **lm_kwargs)
+    save_file({key: value.contiguous() for key, value in lm.state_dict().items()},
+              str(directory / "lm.safetensors"))
+    save_file(random_mimi_state(), str(directory / "mimi.safetensors"))
+    (directory / "mimi_config.json").write_text(json.dumps(TINY_MIMI_CONFIG))
+    config = {**lm_kwargs, "moshi_name": "lm.safetensors", "mimi_name": "mimi.safetensors",
+              "tokenizer_name": "tokenizer.model", "mimi_config_name": "mimi_config.json",
+              "model_type": "kame",
+              "lm_gen_config": {"temp": 0.8, "temp_text": 0.7, "top_k": 25, "top_k_text": 25}}
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    return directory
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    return Path(os.environ.get("KAME_SHARED_DIR", REPO_ROOT.parent / "shared"))
+
+
+@pytest.fixture(scope="session")
+def parity_dir(shared_dir) -> Path:
+    directory = shared_dir / "fixtures" / "kame-parity"
+    if not (directory / "trace.json").is_file():
+        pytest.fail(f"parity fixture missing: {directory} (set KAME_SHARED_DIR)")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def parity_trace(parity_dir) -> dict:
+    return json.loads((parity_dir / "trace.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-kame"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _two_torch_threads():
+    torch.set_num_threads(2)
+
+
+def greedy_batch(ckpt_dir: Path, slots: int, with_oracle: bool = True,
+                 with_mimi: bool = True) -> SlotBatch:
+    ckpt = checkpoint.read(ckpt_dir)
+    lm = checkpoint.load_lm(ckpt)
+    mimi = checkpoint.load_mimi(ckpt) if with_mimi else None
+    return SlotBatch(lm, slots, mimi=mimi, use_sampling=False, with_oracle=with_oracle)
+
+
+def speech_frames(signal: np.ndarray, count: int) -> list[np.ndarray]:
+    """`count` 80 ms frames of the signal, zero-padded (or cut) to length."""
+    padded = np.zeros(count * FRAME_SAMPLES, dtype=np.float32)
+    usable = min(len(signal), len(padded))
+    padded[:usable] = signal[:usable]
+    return list(padded.reshape(count, FRAME_SAMPLES))
+
+
+@pytest.fixture(scope="session")
+def make_greedy_batch():
+    return greedy_batch
+
+
+@pytest.fixture(scope="session")
+def to_frames():
+    return speech_frames
