@@ -62,7 +62,11 @@ app.kubernetes.io/part-of: kame
 {{- define "kame.redisUrl" -}}
 {{- if .Values.redis.enabled }}
 {{- printf "redis://%s:6379/0" (include "kame.componentName" (dict "root" . "component" "redis")) }}
-{{- else if not .Values.secrets.redisUrlKey }}
+{{- else if .Values.secrets.redisUrlKey }}
+{{- if not .Values.secrets.existingSecret }}
+{{- fail "secrets.redisUrlKey names a key of secrets.existingSecret, which is not set" }}
+{{- end }}
+{{- else }}
 {{- required "redis.externalUrl (or secrets.redisUrlKey) is required when redis.enabled=false" .Values.redis.externalUrl }}
 {{- end }}
 {{- end }}
@@ -96,7 +100,7 @@ chart-owned fields win so that ports and addresses always agree with the Service
 - name: {{ printf "%s%s" $.prefix (upper $field) }}
   value: {{ include "kame.envValue" (index $settings $field) | quote }}
 {{- end }}
-{{- if and .root.Values.secrets.existingSecret .root.Values.secrets.redisUrlKey }}
+{{- if and .redis (not .root.Values.redis.enabled) .root.Values.secrets.redisUrlKey }}
 - name: {{ printf "%sREDIS_URL" .prefix }}
   valueFrom:
     secretKeyRef:

@@ -1,0 +1,399 @@
+"""The Helm chart (deploy/helm/kame): lint, render, offline Kubernetes schema validation, and
+agreement with the services' real configuration.
+
+Rendering and lint run through helm-python-sdk (Helm v4's own Go library); the manifests are
+validated with kubernetes-validate's bundled OpenAPI schemas (strict: unknown fields fail) for
+the oldest Kubernetes the chart supports and the newest the package knows. Nothing here needs
+a cluster or the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import importlib.util
+import math
+import re
+import shlex
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate import utils as kv_utils
+
+from kame_cli import llm_server
+from kame_cli.main import COMMANDS
+from tests.deploy.conftest import (
+    CHART,
+    METRICS_PORTS,
+    PORTS,
+    ROOT,
+    SERVICES,
+    containers,
+    env_of,
+    helm_render,
+)
+
+# The chart's kubeVersion floor (native gRPC probes are GA from 1.27) and the newest known.
+KUBE_VERSIONS = ("1.27.0", kv_utils.latest_version())
+GPU = "nvidia.com/gpu"
+SECRETISH = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+# Fields the chart sets itself (so they agree with Services, probes and each other) or leaves
+# at the service default on purpose; every other field is a `config` key in values.schema.json.
+CHART_OWNED_COMMON = {"host", "port", "metrics_port", "grace_s", "max_sessions", "otlp_endpoint",
+                      "redis_url"}
+CHART_OWNED = {
+    "gateway": {"stt_address", "oracle_address", "frontend_address", "auth_token"},
+    "frontend": {"replica_id", "advertise_address"},
+    "stt": set(),
+    "oracle": set(),
+}
+
+
+def test_lint_has_no_errors_or_warnings():
+    for values_file in ("values.yaml", "values-gpu.yaml"):
+        values = yaml.safe_load((CHART / values_file).read_text())
+        report = helm.lint(CHART, values, strict=True, kube_version="v1.27.0")
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert not report["errors"] and not problems, (values_file, report)
+
+
+def test_manifests_pass_kubernetes_schema_validation(rendered):
+    """Every built-in object is valid against the strict OpenAPI schemas (no unknown field)."""
+    checked = 0
+    for doc in rendered.documents:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: checked structurally in test_service_monitor_*
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+        checked += 1
+    assert checked >= 15
+
+
+def test_validation_catches_a_broken_manifest(rendered_sets):
+    """The validator really checks: a typo'd field and a wrong type are both refused."""
+    deployment = rendered_sets["default"].one("Deployment", "frontend")
+    typo = copy.deepcopy(deployment)
+    typo["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {"grpc": {"port": 1}}
+    wrong_type = copy.deepcopy(deployment)
+    wrong_type["spec"]["template"]["spec"]["containers"][0]["startupProbe"]["grpc"]["port"] = "x"
+    for broken in (typo, wrong_type):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, KUBE_VERSIONS[0], strict=True)
+
+
+def test_gpu_values_request_nvidia_gpus_with_scheduling(rendered_sets):
+    spec = rendered_sets["gpu"].one("Deployment", "frontend")["spec"]["template"]["spec"]
+    resources = spec["containers"][0]["resources"]
+    assert resources["limits"][GPU] == 1 and resources["requests"][GPU] == 1
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": GPU, "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    env = env_of(spec["containers"][0])
+    assert env["KAME_FRONTEND_ENGINE"]["value"] == "kame"
+    assert env["KAME_FRONTEND_DEVICE"]["value"] == "cuda"
+    # The checkpoint PVC is mounted read-only where KAME_FRONTEND_CHECKPOINT points.
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    assert mounts["checkpoint"]["readOnly"] is True
+    assert env["KAME_FRONTEND_CHECKPOINT"]["value"].startswith(mounts["checkpoint"]["mountPath"])
+    claim = next(v for v in spec["volumes"] if v["name"] == "checkpoint")["persistentVolumeClaim"]
+    assert claim == {"claimName": "kame-checkpoints", "readOnly": True}
+    assert spec["containers"][0]["image"].endswith("-cuda")
+
+
+def test_default_values_request_no_gpu(rendered_sets):
+    for deployment in rendered_sets["default"].of_kind("Deployment"):
+        for container in containers(deployment):
+            assert GPU not in str(container["resources"]), deployment["metadata"]["name"]
+
+
+def test_every_deployment_container_requests_cpu_and_memory(rendered):
+    deployments = rendered.of_kind("Deployment")
+    assert {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in deployments} >= {
+        *SERVICES, "redis"}
+    for deployment in deployments:
+        for container in containers(deployment):
+            requests = container.get("resources", {}).get("requests", {})
+            assert requests.get("cpu") and requests.get("memory"), (
+                deployment["metadata"]["name"], container["name"])
+
+
+def test_grpc_services_use_native_grpc_probes_on_their_port(rendered):
+    for service in SERVICES:
+        container = containers(rendered.one("Deployment", service))[0]
+        port = {p["name"]: p["containerPort"] for p in container["ports"]}["grpc"]
+        assert port == PORTS[service]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"] == {"port": port}, (service, probe)
+            assert "httpGet" not in container[probe] and "exec" not in container[probe]
+
+
+def test_startup_probes_allow_for_model_load(rendered_sets):
+    def allowed_s(rendered, service):
+        probe = containers(rendered.one("Deployment", service))[0]["startupProbe"]
+        return probe["periodSeconds"] * probe["failureThreshold"]
+
+    assert allowed_s(rendered_sets["default"], "frontend") >= 180
+    assert allowed_s(rendered_sets["gpu"], "frontend") >= 600
+    assert allowed_s(rendered_sets["default"], "stt") >= 60
+
+
+def test_drain_outlasts_grace(rendered):
+    """preStop sleep + the service's grace_s fit inside terminationGracePeriodSeconds."""
+    for service in SERVICES:
+        pod = rendered.one("Deployment", service)["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        grace_s = float(env_of(container)[f"KAME_{service.upper()}_GRACE_S"]["value"])
+        pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+        assert pre_stop[0] == "sleep"
+        assert pod["terminationGracePeriodSeconds"] > math.ceil(grace_s) + int(pre_stop[1]), service
+
+
+def test_gpu_frontend_grace_follows_values(rendered_sets):
+    pod = rendered_sets["gpu"].one("Deployment", "frontend")["spec"]["template"]["spec"]
+    assert env_of(pod["containers"][0])["KAME_FRONTEND_GRACE_S"]["value"] == "120"
+    assert pod["terminationGracePeriodSeconds"] > 125
+
+
+def test_pod_disruption_budgets_select_their_pods(rendered):
+    for service in SERVICES:
+        pdb = rendered.one("PodDisruptionBudget", service)
+        pod_labels = rendered.one("Deployment", service)["spec"]["template"]["metadata"]["labels"]
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_services_route_to_the_container_ports(rendered):
+    for service in SERVICES:
+        svc = rendered.one("Service", service)
+        pod = rendered.one("Deployment", service)["spec"]["template"]
+        assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        ports = {p["name"]: p for p in svc["spec"]["ports"]}
+        assert ports["grpc"]["port"] == PORTS[service]
+        assert ports["metrics"]["port"] == METRICS_PORTS[service]
+        container_ports = {p["name"] for p in containers(rendered.one("Deployment", service))[0][
+            "ports"]}
+        assert {p["targetPort"] for p in ports.values()} <= container_ports
+
+
+def test_secrets_are_referenced_never_inlined():
+    """With every secret reference set, keys come from the named Secret; no Secret object and
+    no literal value of a secret-looking variable appears anywhere."""
+    rendered = helm_render({"secrets": {"existingSecret": "kame-keys",
+                                        "gatewayAuthTokenKey": "GATEWAY_AUTH_TOKEN",
+                                        "redisUrlKey": "REDIS_URL"},
+                            "redis": {"enabled": False}})
+    assert not rendered.of_kind("Secret")
+    references = {}
+    for deployment in rendered.of_kind("Deployment"):
+        for container in containers(deployment):
+            for name, entry in env_of(container).items():
+                if SECRETISH.search(name) or name.endswith("REDIS_URL"):
+                    assert "value" not in entry, (container["name"], name)
+                    references[(container["name"], name)] = entry["valueFrom"]["secretKeyRef"]
+    assert references[("oracle", "OPENAI_API_KEY")] == {
+        "name": "kame-keys", "key": "OPENAI_API_KEY", "optional": True}
+    assert references[("oracle", "ANTHROPIC_API_KEY")]["name"] == "kame-keys"
+    assert references[("gateway", "KAME_GATEWAY_AUTH_TOKEN")] == {
+        "name": "kame-keys", "key": "GATEWAY_AUTH_TOKEN"}
+    for service in ("gateway", "frontend", "oracle"):
+        assert references[(service, f"KAME_{service.upper()}_REDIS_URL")]["key"] == "REDIS_URL"
+
+
+def test_schema_refuses_inlined_secrets_and_bad_values():
+    with helm.Chart.load(CHART) as chart:
+        for bad in (
+            {"gateway": {"config": {"auth_token": "s3cret"}}},
+            {"oracle": {"config": {"api_key": "sk-123"}}},
+            {"oracle": {"extraEnv": [{"name": "OPENAI_API_KEY", "value": "sk-123"}]}},
+            {"secrets": {"openaiApiKey": "sk-123"}},
+            {"frontend": {"config": {"engine": "gpt"}}},
+            {"frontend": {"resources": {"requests": {"cpu": None}}}},  # --set ...cpu=null
+            {"gateway": {"port": 70000}},
+        ):
+            with pytest.raises(helm.HelmValuesError):
+                chart.validate_schema(bad)
+        chart.validate_schema({"oracle": {"extraEnv": [
+            {"name": "OPENAI_API_KEY", "valueFrom": {"secretKeyRef": {"name": "k", "key": "o"}}}]}})
+
+
+def test_schema_config_keys_are_the_services_real_fields(configs):
+    """values.schema.json's `config` of each service lists exactly the fields the chart does not
+    set itself, with the dataclass's type and choices."""
+    with helm.Chart.load(CHART) as chart:
+        schema = chart.schema
+    for service, config in configs.items():
+        config_schema = schema["properties"][service]["properties"]["config"]
+        properties = config_schema["properties"]
+        owned = (CHART_OWNED_COMMON | CHART_OWNED[service]) & set(config.fields)
+        assert set(properties) == set(config.fields) - owned, service
+        assert config_schema["additionalProperties"] is False
+        for name, prop in properties.items():
+            assert prop["type"] == config.json_type(name), (service, name)
+            choices = config.fields[name].metadata.get("choices")
+            assert prop.get("enum") == (list(choices) if choices else None), (service, name)
+
+
+def test_every_kame_env_var_is_a_real_config_field(rendered, configs):
+    """Each service's rendered environment loads through the service's own config loader
+    (the pod's $(POD_IP) / $(POD_NAME) filled in as the kubelet would)."""
+    pod_fields = {"$(POD_IP)": "10.1.2.3", "$(POD_NAME)": "kame-frontend-7d9f-abcde"}
+    for service, config in configs.items():
+        container = containers(rendered.one("Deployment", service))[0]
+        env = env_of(container)
+        kame_vars = [name for name in env if name.startswith("KAME_")]
+        assert kame_vars, service
+        for name in kame_vars:
+            field = config.env_fields([name]).get(name)
+            assert field in config.fields, f"{service}: {name} is not a field of {config.cls}"
+        values = {}
+        for name, entry in env.items():
+            if "value" in entry:
+                values[name] = entry["value"]
+                for placeholder, value in pod_fields.items():
+                    values[name] = values[name].replace(placeholder, value)
+        loaded = config.load(values)
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert (loaded.port, loaded.metrics_port) == (ports["grpc"], ports["metrics"])
+
+
+def test_addresses_between_services_agree(rendered):
+    services = {s["metadata"]["name"]: {p["name"]: p["port"] for p in s["spec"]["ports"]}
+                for s in rendered.of_kind("Service")}
+    gateway = env_of(containers(rendered.one("Deployment", "gateway"))[0])
+    for target in ("stt", "oracle", "frontend"):
+        host, port = gateway[f"KAME_GATEWAY_{target.upper()}_ADDRESS"]["value"].split(":")
+        assert services[host]["grpc"] == int(port) == PORTS[target]
+    frontend = env_of(containers(rendered.one("Deployment", "frontend"))[0])
+    assert frontend["KAME_FRONTEND_ADVERTISE_ADDRESS"]["value"] == f"$(POD_IP):{PORTS['frontend']}"
+    assert frontend["KAME_FRONTEND_REPLICA_ID"]["value"] == "$(POD_NAME)"
+    names = list(frontend)
+    assert names.index("POD_IP") < names.index("KAME_FRONTEND_ADVERTISE_ADDRESS")
+
+
+def test_oracle_uses_the_embedded_llm_or_the_configured_url(rendered_sets):
+    default = env_of(containers(rendered_sets["default"].one("Deployment", "oracle"))[0])
+    llm_service = rendered_sets["default"].one("Service", "llm")
+    llm_port = llm_service["spec"]["ports"][0]["port"]
+    assert default["KAME_ORACLE_BASE_URL"]["value"] == (
+        f"http://{llm_service['metadata']['name']}:{llm_port}/v1")
+    gpu = env_of(containers(rendered_sets["gpu"].one("Deployment", "oracle"))[0])
+    assert gpu["KAME_ORACLE_BASE_URL"]["value"] == "https://api.openai.com/v1"
+    assert not rendered_sets["gpu"].of_kind("Service") or all(
+        s["metadata"]["labels"]["app.kubernetes.io/component"] != "llm"
+        for s in rendered_sets["gpu"].of_kind("Service"))
+
+
+def test_commands_run_the_service_modules(rendered):
+    for deployment in rendered.of_kind("Deployment"):
+        container = containers(deployment)[0]
+        command = container.get("command", [])
+        if command[:2] == ["python", "-m"]:
+            assert importlib.util.find_spec(command[2]) is not None, command
+            if command[2] == "kame_cli":
+                parser = argparse.ArgumentParser()
+                llm_server.add_arguments(parser)
+                args = parser.parse_args(command[4:])
+                assert args.host == "0.0.0.0"
+                ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+                assert args.port == ports["http"]
+
+
+def test_hpa_scales_frontend_on_active_sessions(rendered_sets):
+    hpa = rendered_sets["gpu"].one("HorizontalPodAutoscaler", "frontend")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == rendered_sets["gpu"].one(
+        "Deployment", "frontend")["metadata"]["name"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    assert metric["pods"]["metric"]["name"] == "kame_frontend_active_sessions"
+    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "6"}
+    # The Deployment leaves replicas to the HPA.
+    assert "replicas" not in rendered_sets["gpu"].one("Deployment", "frontend")["spec"]
+
+
+def test_prometheus_adapter_rule_serves_the_hpa_metric(rendered_sets, defined_metrics):
+    adapter = yaml.safe_load(
+        (ROOT / "deploy/prometheus/prometheus-adapter-values.yaml").read_text())
+    (rule,) = adapter["rules"]["custom"]
+    hpa_metric = rendered_sets["gpu"].one("HorizontalPodAutoscaler", "frontend")["spec"][
+        "metrics"][0]["pods"]["metric"]["name"]
+    assert rule["name"]["as"] == hpa_metric
+    series = re.match(r"([a-z_]+)\{", rule["seriesQuery"]).group(1)
+    assert defined_metrics.get(series) == "Gauge"
+    assert 'service="frontend"' in rule["seriesQuery"] and 'service="frontend"' in rule[
+        "metricsQuery"]
+    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+
+
+def test_service_monitor_scrapes_the_metrics_ports(rendered_sets):
+    rendered = rendered_sets["gpu"]
+    (monitor,) = rendered.of_kind("ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    selector = monitor["spec"]["selector"]
+    (expression,) = selector["matchExpressions"]
+    selected = [s for s in rendered.of_kind("Service")
+                if selector["matchLabels"].items() <= s["metadata"]["labels"].items()
+                and s["metadata"]["labels"]["app.kubernetes.io/component"] in expression["values"]]
+    assert sorted(s["metadata"]["labels"]["app.kubernetes.io/component"] for s in selected) == \
+        sorted(SERVICES)
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True  # keeps kame_active_sessions{service=...}
+    for service in selected:
+        assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert not rendered_sets["default"].of_kind("ServiceMonitor")
+
+
+def test_pods_run_as_non_root_with_read_only_root(rendered):
+    for deployment in rendered.of_kind("Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["automountServiceAccountToken"] is False
+        for container in pod["containers"]:
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_external_redis_and_missing_url():
+    rendered = helm_render({"redis": {"enabled": False, "externalUrl": "redis://cache:6379/2"}})
+    assert not [d for d in rendered.of_kind("Deployment")
+                if d["metadata"]["labels"]["app.kubernetes.io/component"] == "redis"]
+    for service in ("gateway", "frontend", "oracle"):
+        env = env_of(containers(rendered.one("Deployment", service))[0])
+        assert env[f"KAME_{service.upper()}_REDIS_URL"]["value"] == "redis://cache:6379/2"
+    with pytest.raises(helm.HelmError, match="redis.externalUrl"):
+        helm_render({"redis": {"enabled": False}})
+    with pytest.raises(helm.HelmError, match="secrets.existingSecret"):
+        helm_render({"redis": {"enabled": False}, "secrets": {"redisUrlKey": "REDIS_URL"}})
+    # The in-release Redis wins over a URL key: one REDIS_URL, never two.
+    rendered = helm_render({"secrets": {"existingSecret": "k", "redisUrlKey": "REDIS_URL"}})
+    names = [e["name"] for e in containers(rendered.one("Deployment", "gateway"))[0]["env"]]
+    assert names.count("KAME_GATEWAY_REDIS_URL") == 1
+
+
+def test_config_reaches_the_service_and_ports_move_together():
+    rendered = helm_render({"gateway": {"config": {"default_mode": "cascade"}, "port": 6000}})
+    gateway = containers(rendered.one("Deployment", "gateway"))[0]
+    env = env_of(gateway)
+    assert env["KAME_GATEWAY_DEFAULT_MODE"]["value"] == "cascade"
+    assert env["KAME_GATEWAY_PORT"]["value"] == "6000"
+    assert gateway["readinessProbe"]["grpc"]["port"] == 6000
+    assert rendered.one("Service", "gateway")["spec"]["ports"][0]["port"] == 6000
+
+
+def test_notes_tell_how_to_connect(rendered_sets):
+    default_notes = rendered_sets["default"].notes
+    assert "port-forward svc/kame-gateway 50051:50051" in default_notes
+    # The kame commands it shows are valid for the CLI.
+    commands = [shlex.split(line.strip().replace("$GATEWAY", "127.0.0.1:50051"))
+                for line in default_notes.splitlines() if line.strip().startswith("kame ")]
+    assert [c[1] for c in commands] == ["say", "talk"]
+    for command in commands:
+        module = importlib.import_module(COMMANDS[command[1]][0])
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        parser.parse_args(command[2:])
+    gpu_notes = rendered_sets["gpu"].notes
+    assert "loadBalancer" in gpu_notes and "prometheus-adapter" in gpu_notes
+    assert "1 x nvidia.com/gpu" in gpu_notes
+    assert "export KAME_AUTH_TOKEN=$(kubectl -n voice get secret kame-keys" in gpu_notes
