@@ -45,3 +45,11 @@ def test_forward_text_logits_match_the_trace(parity_dir, parity_trace):
     assert (with_oracle - expected).abs().max().item() < 1e-4
     # The oracle stream matters: the plain Moshi path is far from the trace.
     assert (without_oracle - expected).abs().max().item() > 1e-2
+
+
+def test_replay_explains_a_bad_checkpoint(parity_dir, tmp_path, capsys):
+    status = kame(["replay", "--checkpoint", str(tmp_path), "--trace",
+                   str(parity_dir / "trace.json"), "--out", str(tmp_path / "out.json")])
+    assert status == 2
+    assert "config.json is missing" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()

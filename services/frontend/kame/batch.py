@@ -58,8 +58,14 @@ class SlotBatch:
                        for _ in range(slots)]
         self._steps = [0] * slots
 
-    def steps_done(self, slot: int) -> int:
-        return self._steps[slot]
+    def warm_up(self, steps: int = 3) -> None:
+        """Step every slot on silence, then reset them all. A fresh model's first
+        steps are slow (allocations, kernel choice, CUDA graph capture on GPUs):
+        better before the first caller than during their first frames."""
+        silence = np.zeros(FRAME_SAMPLES, dtype=np.float32)
+        for _ in range(steps):
+            self.step_audio({slot: silence for slot in range(self.slots)})
+        self.reset(range(self.slots))
 
     def reset(self, slots: Iterable[int]) -> None:
         """Give these rows a fresh stream: model state, oracle and step count."""
@@ -131,12 +137,12 @@ class SlotBatch:
         return self._mimi.decode(agent_codes)[:, 0].float().cpu().numpy()
 
     def _mask(self, slots: Iterable[int]) -> torch.Tensor:
-        mask = torch.zeros(self.slots, dtype=torch.bool, device=self._device)
+        mask = torch.zeros(self.slots, dtype=torch.bool)
         for slot in slots:
             if not 0 <= slot < self.slots:
                 raise IndexError(f"slot {slot} out of range 0..{self.slots - 1}")
             mask[slot] = True
-        return mask
+        return mask.to(self._device)
 
     @staticmethod
     def _tokens(row: torch.Tensor) -> list[int] | None:

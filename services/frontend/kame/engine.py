@@ -3,10 +3,13 @@
 Each session owns one row (slot) of a `SlotBatch`. `step()` hands in one caller
 frame and waits for the tick that carries it. The ticker (an asyncio task)
 gathers the frames of the active sessions and starts one tick as soon as every
-active session has supplied its frame, or `tick_deadline_s` after the first
-frame of the tick arrived: a session that is late misses that tick (its row is
-masked out, its state does not move) and goes in the next one. Ticks run in
-one dedicated model thread, never on the event loop, one at a time.
+session stepped in the previous tick has supplied its next frame, or
+`tick_deadline_s` after the first frame of the tick arrived. A session that is
+late misses that tick (its row is masked out, its state does not move) and goes
+in the next one; sessions out of that rhythm (just joined, or late last time)
+are taken when their frame is there but not waited for, so a stalled client
+does not delay everyone else's every frame. Ticks run in one dedicated model
+thread, never on the event loop, one at a time.
 
 A slot is reset (model state, oracle, step count) in the first tick of the
 session that takes it, so a new session starts with no oracle.
@@ -154,6 +157,7 @@ class KameEngine(Engine):
         self._tick_deadline_s = tick_deadline_s
         self._sessions: list[KameSession | None] = [None] * batch.slots
         self._pending: dict[int, _Pending] = {}
+        self._last_tick: list[KameSession] = []
         self._model_thread = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix=f"{self.name}-model")
         self._ticker: asyncio.Task | None = None
@@ -179,6 +183,7 @@ class KameEngine(Engine):
             tokenizer = checkpoint.load_tokenizer(ckpt)
         batch = SlotBatch(lm, config.batch_slots, mimi=mimi, use_sampling=True,
                           sampling_params=ckpt.sampling_params(), with_oracle=with_oracle)
+        batch.warm_up()
         return cls(batch, tokenizer)
 
     @property
@@ -243,9 +248,10 @@ class KameEngine(Engine):
         if self._frame_arrived is not None:
             self._frame_arrived.set()  # the sessions left may all be ready now
 
-    def _all_active_ready(self) -> bool:
-        return all(slot in self._pending
-                   for slot, session in enumerate(self._sessions) if session is not None)
+    def _ready_to_tick(self) -> bool:
+        """Every session still open that was stepped in the last tick has its frame in."""
+        return all(session.slot in self._pending for session in self._last_tick
+                   if self._sessions[session.slot] is session)
 
     async def _tick_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -254,7 +260,7 @@ class KameEngine(Engine):
         while True:
             await arrived.wait()
             deadline = loop.time() + self._tick_deadline_s
-            while not self._all_active_ready() and (remaining := deadline - loop.time()) > 0:
+            while not self._ready_to_tick() and (remaining := deadline - loop.time()) > 0:
                 arrived.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(arrived.wait(), remaining)
@@ -278,6 +284,7 @@ class KameEngine(Engine):
     def _collect_work(self) -> tuple[list[_SlotWork], dict[int, asyncio.Future]]:
         work: list[_SlotWork] = []
         futures: dict[int, asyncio.Future] = {}
+        stepped: list[KameSession] = []
         for slot, pending in list(self._pending.items()):
             session = self._sessions[slot]
             del self._pending[slot]
@@ -285,6 +292,8 @@ class KameEngine(Engine):
                 continue
             work.append(session._take_work(pending.frame))
             futures[slot] = pending.future
+            stepped.append(session)
+        self._last_tick = stepped
         return work, futures
 
     def _run_tick(self, work: list[_SlotWork]) -> dict[int, SlotOutput]:

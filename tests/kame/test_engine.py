@@ -1,0 +1,167 @@
+"""The asyncio engine: sessions join and leave a running batch, ticks gather
+whoever is ready, slots run out, oracle text steers (kame) or not (moshi)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from kame_common.audio import FRAME_SAMPLES
+from services.frontend.engine import SessionParams, SlotsExhausted
+from services.frontend.kame import checkpoint, metrics
+from services.frontend.kame.checkpoint import CheckpointError
+from services.frontend.kame.engine import KameEngine
+
+ANSWER = "the capital of france is paris"
+
+
+@pytest.fixture
+async def make_engine(tiny_checkpoint, make_greedy_batch):
+    tokenizer = checkpoint.load_tokenizer(checkpoint.read(tiny_checkpoint))
+    engines: list[KameEngine] = []
+
+    def _make(slots: int = 4, with_oracle: bool = True) -> KameEngine:
+        batch = make_greedy_batch(tiny_checkpoint, slots, with_oracle=with_oracle)
+        engines.append(KameEngine(batch, tokenizer))
+        return engines[-1]
+
+    yield _make
+    for engine in engines:
+        await engine.close()
+
+
+@pytest.fixture(scope="module")
+def callers(speak, to_frames) -> list[list[np.ndarray]]:
+    sayings = ["What is the capital of France?", "How many legs does a spider have?",
+               "Tell me about the moon landing."]
+    return [to_frames(speak(text), 16) for text in sayings]
+
+
+async def run_session(engine: KameEngine, frames, oracle: dict[int, list[tuple]] | None = None,
+                      start_delay_s: float = 0.0, pause_s: float = 0.0):
+    """Play frames into a new session; oracle ops are ("reset", gen) or ("append", gen, text)."""
+    await asyncio.sleep(start_delay_s)
+    session = await engine.open_session(SessionParams(session_id="s"))
+    outputs = []
+    try:
+        for index, frame in enumerate(frames):
+            for op in (oracle or {}).get(index, []):
+                if op[0] == "reset":
+                    session.oracle_reset(op[1])
+                else:
+                    session.oracle_append(op[1], op[2])
+            outputs.append(await session.step(frame))
+            await asyncio.sleep(pause_s)
+    finally:
+        await session.close()
+    return outputs
+
+
+def shared_ticks() -> float:
+    """Ticks of the kame engine so far that stepped more than one session."""
+    labels = {"engine": "kame"}
+    count = REGISTRY.get_sample_value("kame_frontend_tick_sessions_count", labels) or 0.0
+    single = REGISTRY.get_sample_value("kame_frontend_tick_sessions_bucket",
+                                       {**labels, "le": "1.0"}) or 0.0
+    return count - single
+
+
+def pcm_of(outputs) -> np.ndarray:
+    return np.stack([output.pcm for output in outputs])
+
+
+async def test_concurrent_sessions_produce_what_each_produces_alone(make_engine, callers):
+    plans = [
+        dict(frames=callers[0], oracle={3: [("reset", 1), ("append", 1, ANSWER)]}),
+        dict(frames=callers[1], oracle={0: [("append", 4, "a spider has eight legs")]},
+             start_delay_s=0.05, pause_s=0.01),
+        dict(frames=callers[2], start_delay_s=0.2, pause_s=0.03),
+    ]
+    engine = make_engine(slots=4)
+    shared_ticks_before = shared_ticks()
+    together = await asyncio.gather(*(run_session(engine, **plan) for plan in plans))
+    assert shared_ticks() > shared_ticks_before  # sessions did share ticks
+    reference = make_engine(slots=1)
+    for plan, batched in zip(plans, together, strict=True):
+        alone = await run_session(reference, plan["frames"], plan.get("oracle"))
+        np.testing.assert_allclose(pcm_of(batched), pcm_of(alone), atol=1e-5)
+        assert [o.words for o in batched] == [o.words for o in alone]
+    assert not np.allclose(pcm_of(together[0]), pcm_of(together[1]), atol=1e-3)
+    assert engine.free_slots == 4
+
+
+async def test_every_frame_in_gives_one_frame_out(make_engine, callers):
+    outputs = await run_session(make_engine(slots=1), callers[0])
+    assert len(outputs) == len(callers[0])
+    assert all(o.pcm.shape == (FRAME_SAMPLES,) and o.pcm.dtype == np.float32 for o in outputs)
+    # The first step only fills the acoustic delay: silence; then the model speaks.
+    assert not outputs[0].speaking and not outputs[0].pcm.any()
+    assert any(o.pcm.any() for o in outputs[1:])
+
+
+async def test_slots_run_out_and_come_back(make_engine):
+    engine = make_engine(slots=2)
+    first = await engine.open_session(SessionParams(session_id="a"))
+    second = await engine.open_session(SessionParams(session_id="b"))
+    assert (engine.free_slots, engine.total_slots) == (0, 2)
+    assert {first.slot, second.slot} == {0, 1}
+    with pytest.raises(SlotsExhausted, match="all 2 batch slots"):
+        await engine.open_session(SessionParams(session_id="c"))
+    await first.close()
+    await first.close()  # idempotent
+    assert engine.free_slots == 1
+    third = await engine.open_session(SessionParams(session_id="d"))
+    assert third.slot == first.slot
+    await asyncio.gather(second.close(), third.close())
+
+
+async def test_a_new_session_on_a_used_slot_gets_no_oracle(make_engine, callers):
+    engine = make_engine(slots=1)
+    await run_session(engine, callers[0][:6], {1: [("reset", 1), ("append", 1, ANSWER * 3)]})
+    reused = await run_session(engine, callers[1])
+    fresh = await run_session(make_engine(slots=1), callers[1])
+    np.testing.assert_allclose(pcm_of(reused), pcm_of(fresh), atol=1e-5)
+
+
+async def test_stale_appends_are_dropped(make_engine, callers):
+    engine = make_engine(slots=1)
+    current = [("reset", 2), ("append", 2, "paris")]
+    stale_before = metrics.STALE_ORACLE_UPDATES._value.get()
+    clean = await run_session(engine, callers[0][:10], {1: current})
+    with_stale = await run_session(engine, callers[0][:10],
+                                   {1: current, 2: [("append", 1, ANSWER)]})
+    np.testing.assert_allclose(pcm_of(clean), pcm_of(with_stale), atol=1e-5)
+    assert metrics.STALE_ORACLE_UPDATES._value.get() == stale_before + 1
+
+
+async def test_moshi_engine_ignores_oracle_text_and_kame_follows_it(make_engine, callers):
+    steer = {0: [("reset", 1), ("append", 1, ANSWER * 2)]}
+    moshi = make_engine(slots=1, with_oracle=False)
+    assert moshi.name == "moshi"
+    np.testing.assert_array_equal(pcm_of(await run_session(moshi, callers[2])),
+                                  pcm_of(await run_session(moshi, callers[2], steer)))
+    kame = make_engine(slots=1)
+    assert kame.name == "kame"
+    assert not np.allclose(pcm_of(await run_session(kame, callers[2])),
+                           pcm_of(await run_session(kame, callers[2], steer)), atol=1e-3)
+
+
+async def test_from_config_loads_the_checkpoint(tiny_checkpoint, callers):
+    config = SimpleNamespace(checkpoint=str(tiny_checkpoint), device="cpu", dtype="float32",
+                             batch_slots=3, voice="")
+    engine = await asyncio.to_thread(KameEngine.from_config, config, True)
+    try:
+        assert (engine.name, engine.total_slots, engine.free_slots) == ("kame", 3, 3)
+        outputs = await run_session(engine, callers[0][:3])
+        assert len(outputs) == 3
+    finally:
+        await engine.close()
+    moshi = KameEngine.from_config(config, with_oracle=False)
+    assert moshi.name == "moshi"
+    await moshi.close()
+    with pytest.raises(CheckpointError, match="need a checkpoint"):
+        KameEngine.from_config(SimpleNamespace(**{**vars(config), "checkpoint": ""}), True)

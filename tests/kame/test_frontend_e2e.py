@@ -1,0 +1,140 @@
+"""End to end through the gRPC frontend service running the kame engine on the
+tiny random checkpoint: real speech frames in, one agent frame out per frame in,
+oracle text over the wire, free slots in Redis, RESOURCE_EXHAUSTED when full."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from kame_common import store
+from kame_common.audio import FRAME_BYTES, SAMPLE_RATE, float_to_pcm16
+from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
+from services.frontend.config import FrontendSettings
+from services.frontend.server import serve
+
+SLOTS = 2
+
+
+@pytest.fixture
+async def kame_frontend(tiny_checkpoint, redis_url):
+    settings = FrontendSettings(
+        host="127.0.0.1", port=0, metrics_port=0, engine="kame",
+        checkpoint=str(tiny_checkpoint), batch_slots=SLOTS, redis_url=redis_url,
+        replica_id=f"test-kame-{uuid.uuid4().hex[:8]}")
+    runtime = await serve(settings)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.port}") as channel:
+        yield runtime, settings, frontend_pb2_grpc.FrontendStub(channel)
+    await runtime.stop()
+
+
+def config_request(engine: str = "kame") -> frontend_pb2.FrontendRequest:
+    return frontend_pb2.FrontendRequest(config=frontend_pb2.FrontendConfig(
+        session_id=f"test-{uuid.uuid4().hex[:8]}", engine=engine))
+
+
+def audio_request(seq: int, frame: np.ndarray) -> frontend_pb2.FrontendRequest:
+    return frontend_pb2.FrontendRequest(audio=common_pb2.AudioFrame(
+        pcm=float_to_pcm16(frame), sample_rate_hz=SAMPLE_RATE, seq=seq,
+        capture_time_us=time.time_ns() // 1000 + seq))
+
+
+def oracle_request(op, generation: int, text: str = "") -> frontend_pb2.FrontendRequest:
+    return frontend_pb2.FrontendRequest(oracle=common_pb2.OracleUpdate(
+        op=op, generation=generation, text=text))
+
+
+async def test_speech_in_one_agent_frame_out_per_frame(kame_frontend, speak, to_frames,
+                                                       redis_client):
+    runtime, settings, stub = kame_frontend
+    frames = to_frames(speak("What is the capital of France? I forgot."), 30)
+    oracle_at = {
+        6: oracle_request(common_pb2.OracleUpdate.RESET, 1),
+        8: oracle_request(common_pb2.OracleUpdate.APPEND, 1, "the capital"),
+        12: oracle_request(common_pb2.OracleUpdate.APPEND, 1, "of france is paris"),
+    }
+
+    audio_in = [audio_request(seq, frame) for seq, frame in enumerate(frames)]
+
+    async def requests():
+        yield config_request()
+        for seq, request in enumerate(audio_in):
+            if seq in oracle_at:
+                yield oracle_at[seq]
+            yield request
+
+    responses = [response async for response in stub.Stream(requests())]
+    ready = responses[0].ready
+    audio = [r.audio for r in responses if r.WhichOneof("msg") == "audio"]
+    assert responses[0].WhichOneof("msg") == "ready"
+    assert ready.engine == "kame" and 0 <= ready.slot < SLOTS
+    assert ready.replica_id == settings.replica_id
+    assert [a.frame.seq for a in audio] == list(range(len(frames)))
+    assert all(len(a.frame.pcm) == FRAME_BYTES and a.frame.sample_rate_hz == SAMPLE_RATE
+               for a in audio)
+    assert [a.frame.capture_time_us for a in audio] == \
+        [request.audio.capture_time_us for request in audio_in]
+    assert all(a.step_s > 0 for a in audio)
+    # The first frame only fills the model's acoustic delay; after it, Mimi speaks.
+    assert not audio[0].speaking and not any(audio[0].frame.pcm)
+    assert sum(any(a.frame.pcm) for a in audio[1:]) == len(frames) - 1
+    for text in (r.text for r in responses if r.WhichOneof("msg") == "text"):
+        assert text.text and 0 <= text.start_s < text.end_s
+
+    replicas = await store.CapacityRegistry(redis_client, "frontend").replicas()
+    mine = [r for r in replicas if r.replica_id == settings.replica_id]
+    assert mine and mine[0].total_slots == SLOTS
+
+
+async def published_free_slots(redis_client, replica_id: str, want: int) -> int | None:
+    """The replica's free slots in the capacity registry, once they read `want` (2 s max)."""
+    registry = store.CapacityRegistry(redis_client, "frontend")
+    free = None
+    for _ in range(100):
+        free = next((r.free_slots for r in await registry.replicas()
+                     if r.replica_id == replica_id), None)
+        if free == want:
+            break
+        await asyncio.sleep(0.02)
+    return free
+
+
+async def test_all_slots_busy_is_resource_exhausted(kame_frontend, redis_client):
+    runtime, settings, stub = kame_frontend
+    release = asyncio.Event()
+
+    async def held_open():
+        yield config_request()
+        await release.wait()
+
+    holders = [stub.Stream(held_open()) for _ in range(SLOTS)]
+    for call in holders:
+        assert (await call.read()).WhichOneof("msg") == "ready"
+    assert runtime.engine.free_slots == 0
+    assert REGISTRY.get_sample_value("kame_frontend_free_slots") == 0
+    assert await published_free_slots(redis_client, settings.replica_id, 0) == 0
+
+    async def one_more():
+        yield config_request()
+
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        async for _ in stub.Stream(one_more()):
+            pass
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "batch slots" in error.value.details()
+    release.set()
+    for call in holders:
+        while await call.read() != grpc.aio.EOF:
+            pass
+    for _ in range(50):
+        if runtime.engine.free_slots == SLOTS:
+            break
+        await asyncio.sleep(0.02)
+    assert runtime.engine.free_slots == SLOTS
+    assert await published_free_slots(redis_client, settings.replica_id, SLOTS) == SLOTS
