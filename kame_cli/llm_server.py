@@ -22,6 +22,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kame_common.models import gemma_270m_gguf_path
+
 EMBEDDED_ALIAS = "gemma-3-270m"
 
 
@@ -45,8 +47,6 @@ def launch(
 ) -> subprocess.Popen:
     """Start the llama.cpp server as a child process (not yet ready: see wait_ready)."""
     if model is None:
-        from kame_common.models import gemma_270m_gguf_path
-
         model, alias = gemma_270m_gguf_path(), alias or EMBEDDED_ALIAS
     if not Path(model).is_file():
         raise LlmServerError(f"model file {model} does not exist (expected a .gguf file)")
@@ -61,8 +61,10 @@ def launch(
     ]
     if threads > 0:
         command += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
-    output = subprocess.DEVNULL if quiet else None
-    return subprocess.Popen(command, stdout=output, stderr=output)
+    # The server's own logs go to stderr, leaving stdout to the ready line.
+    if quiet:
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(command, stdout=sys.stderr)
 
 
 def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 120.0) -> list[str]:

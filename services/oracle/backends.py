@@ -223,7 +223,8 @@ class OpenAIBackend(LLMBackend):
 
 class AnthropicBackend(LLMBackend):
     """Anthropic Messages streaming (SSE): text from `content_block_delta` text
-    deltas, the token count from `message_delta` usage."""
+    deltas, the token count from `message_delta` usage. No temperature: the
+    anthropic SDK in use (2.x) no longer takes sampling parameters."""
 
     _connection_error = anthropic.APIConnectionError
     _timeout_error = anthropic.APITimeoutError
@@ -248,7 +249,6 @@ class AnthropicBackend(LLMBackend):
             system=self.settings.system_prompt or KAME_SYSTEM_PROMPT,
             messages=[{"role": "user", "content": chat_user_message(turns)}],
             max_tokens=self.settings.max_tokens,
-            temperature=self.settings.temperature,
             stream=True,
         )
         async with stream:

@@ -53,9 +53,11 @@ class OracleServiceConfig:
     temperature: float = setting(0.0, "default sampling temperature (0 = greedy)")
 
 
-def load(argv: Sequence[str] | None = None) -> OracleServiceConfig:
+def load(argv: Sequence[str] | None = None,
+         env: Mapping[str, str] | None = None) -> OracleServiceConfig:
+    """Flags, then KAME_ORACLE_* variables, then defaults (raises ConfigError)."""
     return load_config(OracleServiceConfig, prefix=ENV_PREFIX,
-                       argv=sys.argv[1:] if argv is None else argv)
+                       argv=sys.argv[1:] if argv is None else argv, env=env)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -80,6 +81,8 @@ ERRORS = Counter("kame_oracle_errors", "Failed LLM streams", ["backend", "kind"]
 HISTORY_WRITE_ERRORS = Counter(
     "kame_oracle_history_write_errors", "Conversation turns that could not be written to Redis")
 
+# The last run of whitespace and the (possibly unfinished) word after it.
+_LAST_GAP = re.compile(r"\s+(\S*)$")
 # On close, how long pending Redis writes may take before they are dropped.
 _HISTORY_FLUSH_S = 5.0
 
@@ -98,14 +101,10 @@ class WordCutter:
     def feed(self, chunk: str) -> str:
         """Whole words completed by `chunk`, single-spaced ("" if none yet)."""
         self._pending += chunk
-        stripped = self._pending.rstrip()
-        if stripped != self._pending:  # ends in whitespace: every word is whole
-            ready, self._pending = stripped, ""
-        else:
-            cut = max(self._pending.rfind(c) for c in " \t\n\r")
-            if cut < 0:
-                return ""
-            ready, self._pending = self._pending[:cut], self._pending[cut + 1:]
+        last_gap = _LAST_GAP.search(self._pending)
+        if last_gap is None:
+            return ""
+        ready, self._pending = self._pending[:last_gap.start()], last_gap.group(1)
         return " ".join(ready.split())
 
     def flush(self) -> str:

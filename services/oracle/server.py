@@ -114,7 +114,8 @@ async def serve(config: OracleServiceConfig, api_keys: ApiKeys | None = None) ->
     if config.redis_url:
         runtime.redis_client = store.connect(config.redis_url)
         session_store = store.SessionStore(runtime.redis_client, ttl_s=config.history_ttl_s)
-    factory = SessionFactory(config, api_keys or ApiKeys.from_env(), session_store)
+    keys = api_keys if api_keys is not None else ApiKeys.from_env()
+    factory = SessionFactory(config, keys, session_store)
     servicer = OracleServicer(runtime, factory)
     await runtime.start(lambda server: oracle_pb2_grpc.add_OracleServicer_to_server(servicer,
                                                                                      server))

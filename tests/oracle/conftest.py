@@ -1,0 +1,299 @@
+"""Fixtures for the oracle tests: the real llama.cpp server with the embedded
+Gemma 3 270M, the oracle gRPC service on a loopback port, a client that drives
+one Guide stream, and a small local HTTP server for back-end behaviour that
+the real server cannot be made to show (Anthropic's protocol, stalls,
+dropped connections, rejected keys)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+
+from kame_cli import llm_server
+from kamepb import common_pb2, oracle_pb2, oracle_pb2_grpc
+from services.oracle.config import ApiKeys, OracleServiceConfig
+from services.oracle.server import serve
+
+Event = oracle_pb2.OracleEvent
+Update = common_pb2.OracleUpdate
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def llm_url() -> str:
+    """Base URL of a real llama.cpp server serving the embedded Gemma 3 270M."""
+    port = free_port()
+    # One thread: this machine's two cores are shared, and a single llama.cpp
+    # thread degrades far less under contention than two that wait on each other.
+    process = llm_server.launch(port=port, threads=1, quiet=True)
+    url = llm_server.base_url("127.0.0.1", port)
+    try:
+        llm_server.wait_ready(url, process, timeout_s=120)
+        yield url
+    finally:
+        llm_server.stop(process)
+
+
+@pytest.fixture
+async def oracle_service(redis_url):
+    """start(api_keys=None, **config overrides) -> a running oracle runtime with no API keys
+    unless given (stopped at teardown)."""
+    runtimes = []
+
+    async def start(api_keys: ApiKeys | None = None, **overrides):
+        settings = dict(host="127.0.0.1", port=0, metrics_port=0, redis_url=redis_url)
+        settings.update(overrides)
+        runtime = await serve(OracleServiceConfig(**settings), api_keys=api_keys or ApiKeys())
+        runtimes.append(runtime)
+        return runtime
+
+    yield start
+    for runtime in runtimes:
+        await runtime.stop()
+
+
+class GuideClient:
+    """One Oracle.Guide stream: write requests, collect every response as it arrives."""
+
+    def __init__(self, port: int) -> None:
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        self.call = oracle_pb2_grpc.OracleStub(self.channel).Guide()
+        self.responses: list[oracle_pb2.GuideResponse] = []
+        self.arrival: list[float] = []
+        self.error: grpc.aio.AioRpcError | None = None
+        self._changed = asyncio.Condition()
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for response in self.call:
+                async with self._changed:
+                    self.responses.append(response)
+                    self.arrival.append(time.monotonic())
+                    self._changed.notify_all()
+        except grpc.aio.AioRpcError as exc:
+            self.error = exc
+        finally:
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def send(self, request: oracle_pb2.GuideRequest) -> None:
+        await self.call.write(request)
+
+    async def config(self, **fields) -> None:
+        await self.send(oracle_pb2.GuideRequest(config=oracle_pb2.OracleConfig(**fields)))
+
+    async def user(self, text: str, final: bool = False, utterance_id: str = "u1") -> None:
+        await self.send(oracle_pb2.GuideRequest(user_transcript=common_pb2.TranscriptEvent(
+            utterance_id=utterance_id, is_final=final, text=text,
+            stability=1.0 if final else 0.5)))
+
+    async def agent(self, text: str) -> None:
+        await self.send(oracle_pb2.GuideRequest(agent_text=common_pb2.AgentText(text=text)))
+
+    async def wait_for(self, predicate: Callable[[oracle_pb2.GuideResponse], bool],
+                       timeout: float = 60.0) -> oracle_pb2.GuideResponse:
+        """The first response (old or new) that satisfies `predicate`."""
+        async def _wait():
+            async with self._changed:
+                while True:
+                    for response in self.responses:
+                        if predicate(response):
+                            return response
+                    if self._reader.done():
+                        raise AssertionError(f"stream ended ({self.error}) before the response")
+                    await self._changed.wait()
+        return await asyncio.wait_for(_wait(), timeout)
+
+    async def wait_event(self, kind: int, generation: int | None = None,
+                         timeout: float = 60.0) -> oracle_pb2.OracleEvent:
+        response = await self.wait_for(
+            lambda r: r.HasField("event") and r.event.kind == kind
+            and (generation is None or r.event.generation == generation), timeout)
+        return response.event
+
+    async def finish(self, timeout: float = 30.0) -> grpc.StatusCode:
+        """Half-close, wait for the server to end the stream; the final status code."""
+        with contextlib.suppress(grpc.aio.UsageError, grpc.aio.AioRpcError):
+            await self.call.done_writing()
+        await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+        code = await self.call.code()
+        await self.channel.close()
+        return code
+
+    def events(self, kind: int | None = None) -> list[oracle_pb2.OracleEvent]:
+        return [r.event for r in self.responses
+                if r.HasField("event") and (kind is None or r.event.kind == kind)]
+
+    def updates(self) -> list[common_pb2.OracleUpdate]:
+        return [r.update for r in self.responses if r.HasField("update")]
+
+    def assert_update_protocol(self) -> None:
+        """Generations only grow; every APPEND follows the RESET of its own generation
+        and carries whole, trimmed words."""
+        current = 0
+        for update in self.updates():
+            if update.op == Update.RESET:
+                assert update.generation > current, "a RESET must carry a new, larger generation"
+                assert update.text == ""
+                current = update.generation
+            else:
+                assert update.op == Update.APPEND
+                assert update.generation == current, "an APPEND must carry its RESET's generation"
+                assert update.text and update.text == update.text.strip()
+
+    def answer(self, generation: int) -> str:
+        """The candidate text of one generation: its APPENDs joined with spaces."""
+        return " ".join(u.text for u in self.updates()
+                        if u.op == Update.APPEND and u.generation == generation)
+
+
+@pytest.fixture
+async def guide_client():
+    """open(port) -> GuideClient; every client's channel is closed at teardown."""
+    clients: list[GuideClient] = []
+
+    def open_client(port: int) -> GuideClient:
+        clients.append(GuideClient(port))
+        return clients[-1]
+
+    yield open_client
+    for client in clients:
+        client.call.cancel()
+        await client.channel.close()
+
+
+# -- a local HTTP server for scripted back-end behaviour ---------------------------------------
+
+
+@dataclass
+class HttpRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+
+class Responder:
+    """Writes one HTTP/1.1 response; the connection closes after it."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+
+    async def json(self, status: int, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                          + body)
+        await self.writer.drain()
+
+    async def start_sse(self) -> None:
+        self.writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                          b"Cache-Control: no-cache\r\nConnection: close\r\n\r\n")
+        await self.writer.drain()
+
+    async def sse(self, data: dict | str, event: str = "") -> None:
+        payload = data if isinstance(data, str) else json.dumps(data)
+        self.writer.write((f"event: {event}\n" if event else "").encode()
+                          + f"data: {payload}\n\n".encode())
+        await self.writer.drain()
+
+    async def openai_chat(self, chunks: list[str]) -> None:
+        """A well-formed OpenAI chat-completions stream of `chunks`."""
+        await self.start_sse()
+        for chunk in chunks:
+            await self.sse({"id": "chatcmpl-stub", "object": "chat.completion.chunk",
+                            "created": 0, "model": "stub-model",
+                            "choices": [{"index": 0, "delta": {"content": chunk},
+                                         "finish_reason": None}]})
+        await self.sse("[DONE]")
+
+
+Handler = Callable[[HttpRequest, Responder], Awaitable[None]]
+
+
+async def _models(_request: HttpRequest, respond: Responder) -> None:
+    await respond.json(200, {"object": "list", "data": [
+        {"id": "stub-model", "object": "model", "created": 0, "owned_by": "test"}]})
+
+
+async def _not_found(_request: HttpRequest, respond: Responder) -> None:
+    await respond.json(404, {"error": {"message": "not found", "type": "not_found_error"}})
+
+
+@dataclass
+class StubHttpServer:
+    """HTTP/1.1 on loopback: each request goes to routes[(method, path)] (404 otherwise;
+    GET /v1/models lists one model unless routed); `requests` records what arrived."""
+
+    routes: dict[tuple[str, str], Handler]
+    requests: list[HttpRequest] = field(default_factory=list)
+    url: str = ""
+    _server: asyncio.Server | None = None
+    _handlers: set[asyncio.Task] = field(default_factory=set)
+
+    async def start(self) -> str:
+        self.routes = {("GET", "/v1/models"): _models, **self.routes}
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self.url
+
+    def posts(self) -> list[HttpRequest]:
+        return [r for r in self.requests if r.method == "POST"]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._handlers.add(task)
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            method, path, _version = head[0].split(" ", 2)
+            headers = {k.strip().lower(): v.strip()
+                       for k, v in (line.split(":", 1) for line in head[1:] if line)}
+            body = await reader.readexactly(int(headers.get("content-length", "0")))
+            request = HttpRequest(method, path.split("?")[0], headers, body)
+            self.requests.append(request)
+            await self.routes.get((method, request.path), _not_found)(request, Responder(writer))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+            self._handlers.discard(task)
+
+    async def close(self) -> None:
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+@pytest.fixture
+async def stub_http():
+    """start(routes) -> (StubHttpServer, its base URL); closed at teardown."""
+    servers: list[StubHttpServer] = []
+
+    async def start(routes: dict[tuple[str, str], Handler]) -> tuple[StubHttpServer, str]:
+        server = StubHttpServer(routes)
+        servers.append(server)
+        return server, await server.start()
+
+    yield start
+    for server in servers:
+        await server.close()

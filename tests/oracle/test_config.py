@@ -1,0 +1,75 @@
+"""Service settings from flags/env, and how a session's OracleConfig overrides them."""
+
+from __future__ import annotations
+
+import pytest
+
+from kame_common.config import ConfigError
+from kamepb import oracle_pb2
+from services.oracle import config
+from services.oracle.config import ApiKeys, InvalidSessionConfig, resolve_session
+
+
+def test_defaults_point_at_the_embedded_llm_server():
+    settings = config.load([], env={})
+    assert (settings.port, settings.metrics_port) == (50054, 9104)
+    assert (settings.backend, settings.model) == ("openai", "gemma-3-270m")
+    assert settings.base_url == "http://127.0.0.1:8080/v1"
+
+
+def test_environment_and_flags():
+    env = {"KAME_ORACLE_BACKEND": "anthropic", "KAME_ORACLE_MODEL": "claude-x",
+           "KAME_ORACLE_BASE_URL": "http://llm:9000", "KAME_ORACLE_MAX_TOKENS": "32"}
+    settings = config.load(["--model", "claude-y"], env=env)
+    assert (settings.backend, settings.model, settings.base_url, settings.max_tokens) == (
+        "anthropic", "claude-y", "http://llm:9000", 32)
+
+
+def test_an_unknown_backend_setting_names_the_field():
+    with pytest.raises(ConfigError, match="backend: 'gemini' is not allowed"):
+        config.load([], env={"KAME_ORACLE_BACKEND": "gemini"})
+
+
+def test_api_keys_come_from_the_vendor_variables():
+    keys = ApiKeys.from_env({"OPENAI_API_KEY": "sk-o", "ANTHROPIC_API_KEY": "sk-a"})
+    assert (keys.openai, keys.anthropic) == ("sk-o", "sk-a")
+
+
+def test_a_session_overrides_the_service_defaults():
+    service = config.load([], env={})
+    session = resolve_session(oracle_pb2.OracleConfig(
+        session_id="s", model="other", max_tokens=10, temperature=0.7, request_timeout_s=2,
+        policy=oracle_pb2.OraclePolicy(name="cascade", min_new_words=3)), service, ApiKeys())
+    backend = session.backend
+    assert (backend.backend, backend.model, backend.base_url) == (
+        "openai", "other", "http://127.0.0.1:8080/v1")
+    assert (backend.max_tokens, backend.request_timeout_s) == (10, 2)
+    assert backend.temperature == pytest.approx(0.7)
+    assert (session.policy.name, session.policy.min_new_words, session.policy.max_starts) == (
+        "cascade", 3, 5)
+
+
+def test_zero_means_the_service_default():
+    service = config.load([], env={"KAME_ORACLE_TEMPERATURE": "0.3"})
+    session = resolve_session(oracle_pb2.OracleConfig(session_id="s"), service, ApiKeys())
+    assert session.backend.temperature == pytest.approx(0.3)
+    assert session.backend.max_tokens == service.max_tokens
+    assert session.policy.poll_interval_s == 0.5
+
+
+def test_another_backend_than_the_default_uses_the_vendor_api_and_the_service_key():
+    service = config.load([], env={})
+    session = resolve_session(oracle_pb2.OracleConfig(session_id="s", backend="anthropic"),
+                              service, ApiKeys(anthropic="sk-a"))
+    assert (session.backend.base_url, session.backend.api_key) == (
+        "https://api.anthropic.com", "sk-a")
+    assert session.backend.model == config.VENDOR_DEFAULT_MODELS["anthropic"]
+
+
+def test_a_key_is_required_for_vendor_apis_only():
+    service = config.load([], env={"KAME_ORACLE_BASE_URL": "https://api.openai.com/v1"})
+    with pytest.raises(InvalidSessionConfig, match="needs an API key: set OPENAI_API_KEY"):
+        resolve_session(oracle_pb2.OracleConfig(session_id="s"), service, ApiKeys())
+    local = resolve_session(oracle_pb2.OracleConfig(session_id="s", base_url="http://vllm:8000/v1"),
+                            service, ApiKeys())
+    assert local.backend.api_key == ""
