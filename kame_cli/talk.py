@@ -97,8 +97,10 @@ class TalkResult:
     caller: np.ndarray                      # what was streamed, 24 kHz
     speech_start_s: float | None
     speech_end_s: float | None
+    streamed_samples: int = 0               # caller audio sent: the WAV plus the silence after
     agent: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # 24 kHz
     agent_first_chunk_t: float | None = None
+    agent_t: list[np.ndarray] = field(default_factory=list)  # receive time of each agent sample
     events: list[dict[str, Any]] = field(default_factory=list)
     started: dict[str, str] = field(default_factory=dict)
     turns: list[dict[str, Any]] = field(default_factory=list)
@@ -137,6 +139,7 @@ class TalkResult:
             "status_details": self.status_details,
             "input": {"wav": paths.get("wav", ""), "codec": options.input_codec,
                       "duration_s": round(len(self.caller) / SAMPLE_RATE, 3),
+                      "streamed_s": round(self.streamed_samples / SAMPLE_RATE, 3),
                       "speech_start_s": self.speech_start_s, "speech_end_s": self.speech_end_s},
             "output": {"wav": paths.get("out", ""), "codec": options.output_codec,
                        "duration_s": round(len(self.agent) / SAMPLE_RATE, 3),
@@ -201,8 +204,8 @@ class _Conversation:
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def event(self, kind: str, **fields: Any) -> None:
-        self.result.events.append({"t": round(self.now(), 4), "type": kind, **fields})
+    def event(self, event_type: str, **fields: Any) -> None:
+        self.result.events.append({"t": round(self.now(), 4), "type": event_type, **fields})
 
     async def run(self) -> TalkResult:
         async with grpc.aio.insecure_channel(self.options.gateway) as channel:
@@ -251,6 +254,7 @@ class _Conversation:
         await asyncio.sleep(max(0.0, (index + 1) * self.chunk / SAMPLE_RATE - self.now()))
         for data in await asyncio.to_thread(self.encoder.encode, samples):
             await call.write(gateway_pb2.ConverseRequest(audio=data))
+        self.result.streamed_samples += len(samples)
 
     async def _receive(self, call: grpc.aio.StreamStreamCall) -> None:
         while (response := await call.read()) is not grpc.aio.EOF:
@@ -289,7 +293,9 @@ class _Conversation:
     def _on_audio(self, chunk: gateway_pb2.AgentAudioChunk) -> None:
         if self.result.agent_first_chunk_t is None:
             self.result.agent_first_chunk_t = round(self.now(), 4)
-        self.agent_parts.append(self.decoder.decode(chunk.data))
+        samples = self.decoder.decode(chunk.data)
+        self.agent_parts.append(samples)
+        self.result.agent_t.append(self.now() + np.arange(len(samples)) / SAMPLE_RATE)
         if chunk.speaking != self.speaking:
             self.speaking = chunk.speaking
             self.event("agent_audio_start" if chunk.speaking else "agent_audio_stop", seq=chunk.seq)
@@ -331,9 +337,9 @@ def plot_timeline(result: TalkResult, path: Path, title: str = "") -> None:
                "transcripts")
     _text_lane(lanes[2], result.events, {"oracle_reset": "tab:red", "oracle_append": "tab:orange"},
                "oracle updates")
-    agent_t0 = result.agent_first_chunk_t or 0.0
-    agent_t = agent_t0 + np.arange(len(result.agent)) / SAMPLE_RATE
-    lanes[3].plot(agent_t, result.agent, lw=0.4, color="tab:green")
+    if result.agent_t:  # each chunk drawn from the moment it reached the client
+        agent_t = np.concatenate(result.agent_t)
+        lanes[3].plot(agent_t, result.agent[: len(agent_t)], lw=0.4, color="tab:green")
     lanes[3].set_ylabel("agent audio")
     for event in result.events:
         if event["type"] == "agent_text":

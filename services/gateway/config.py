@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kame_common.config import load_config, setting
@@ -45,5 +45,5 @@ class GatewayConfig:
     filler_text: str = setting("", "tts engine: said at turn end when no oracle text is ready")
 
 
-def load(argv: Sequence[str] | None = None) -> GatewayConfig:
-    return load_config(GatewayConfig, prefix="KAME_GATEWAY_", argv=argv)
+def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    return load_config(GatewayConfig, prefix="KAME_GATEWAY_", argv=argv, env=env)

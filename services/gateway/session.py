@@ -210,7 +210,7 @@ class GatewaySession:
         self._capture_us: list[int] = []  # capture time of every caller frame, by seq
         self._tracker = TurnTracker()
         self._speaking = False
-        self._agent_words: list[str] = []  # s2s: spoken agent text not yet logged
+        self._agent_words: list[tuple[float, str]] = []  # s2s: (wall, word) not yet logged
         self._encoder = Encoder(plan.output_format)
         self.frontend_address = ""
         self.ready = frontend_pb2.FrontendReady()
@@ -365,10 +365,8 @@ class GatewaySession:
         close the oracle, then end the output."""
         timeout = self.settings.drain_timeout_s
         await self._wait_side("stt", timeout)
-        if self._alive["oracle"]:
-            self._input_closed["oracle"] = True
-            await self._oracle_q.put(_END)
-            await self._wait_side("oracle", timeout)
+        await self._close_input("oracle")  # it logs the last agent turn, then ends
+        await self._wait_side("oracle", timeout)
         self._log_agent_turn()
         await self._client_q.put(_END)
 
@@ -471,6 +469,10 @@ class GatewaySession:
                 await self._on_agent_audio(response.audio)
             elif kind == "text":
                 await self._on_agent_text(response.text)
+        if not self._input_closed["frontend"]:
+            raise SessionError(grpc.StatusCode.UNAVAILABLE,
+                               f"the frontend {self.frontend_address} ended the stream "
+                               "before the caller finished")
 
     async def _on_agent_audio(self, audio: frontend_pb2.AgentAudio) -> None:
         frame = audio.frame
@@ -484,7 +486,7 @@ class GatewaySession:
         if self.plan.uses_oracle:
             self._offer_oracle(oracle_pb2.GuideRequest(agent_text=text))
         else:
-            self._agent_words.append(text.text)
+            self._agent_words.append((time.time(), text.text))
 
     def _offer_oracle(self, request: oracle_pb2.GuideRequest) -> None:
         """Agent text must not wait on the oracle: the agent's voice comes first."""
@@ -506,14 +508,15 @@ class GatewaySession:
             raise RuntimeError("stt ended its stream before the caller finished")
 
     async def _on_transcript(self, event: common_pb2.TranscriptEvent) -> None:
-        self._tracker.on_transcript(event, time.time())
+        turn = self._tracker.on_transcript(event, time.time())
+        if event.is_final and turn.summarized:
+            self._trace_turn(turn)  # the final came after the answer started
         await self._client_q.put(gateway_pb2.ConverseResponse(user_transcript=event))
         if self._alive["oracle"] and not self._input_closed["oracle"]:
             await self._oracle_q.put(oracle_pb2.GuideRequest(user_transcript=event))
-        if event.is_final and not self.plan.uses_oracle:
-            self._log_agent_turn()
-            if event.text.strip():
-                self._store(self.up.store.append_turn, "user", event.text.strip())
+        if event.is_final and not self.plan.uses_oracle and event.text.strip():
+            self._log_agent_turn(before=turn.started_wall)
+            self._store(self.up.store.append_turn, "user", event.text.strip())
 
     async def _on_activity(self, activity: common_pb2.SpeechActivity) -> None:
         wall = self._wall_at(activity.at_s)
@@ -555,12 +558,13 @@ class GatewaySession:
     async def _frontend_guard(self, coro: Coroutine) -> None:
         try:
             await coro
-        except grpc.aio.AioRpcError as exc:
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            # InvalidStateError: a write to a call that the frontend already ended.
+            detail = f"{exc.code().name}: {exc.details()}" \
+                if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             metrics.UPSTREAM_FAILURES.labels("frontend").inc()
-            raise SessionError(
-                grpc.StatusCode.UNAVAILABLE,
-                f"the frontend {self.frontend_address} failed: {exc.code().name}: {exc.details()}",
-            ) from None
+            raise SessionError(grpc.StatusCode.UNAVAILABLE,
+                               f"the frontend {self.frontend_address} failed: {detail}") from None
 
     async def _side_guard(self, service: str, coro: Coroutine) -> None:
         try:
@@ -623,12 +627,17 @@ class GatewaySession:
             metrics.EARLY_RESPONSES.labels(self.plan.mode).inc()
         if turn.first_oracle_update_wall is not None:
             metrics.ORACLE_FIRST_UPDATE.labels(self.plan.mode).observe(turn.oracle_first_update_s)
-        self._trace_turn(turn)
+        if turn.final_wall is not None:
+            self._trace_turn(turn)
         return gateway_pb2.ConverseResponse(turn=turn.summary())
 
     def _trace_turn(self, turn: Turn) -> None:
         """A turn span under the session with its stt, oracle and frontend
-        phases as children, placed at the times they happened."""
+        phases as children, placed at the times they happened. Written once the
+        turn is summarized and its final transcript arrived (or the session ends)."""
+        if turn.traced:
+            return
+        turn.traced = True
         end = max(t for t in (turn.answered_wall, turn.speech_end_wall, turn.final_wall) if t)
         attributes = {"kame.utterance_id": turn.last_utterance_id,
                       "kame.response_latency_s": turn.response_latency_s or 0.0}
@@ -648,11 +657,15 @@ class GatewaySession:
                 _tracer.start_span(name, context=parent, start_time=ns(first)).end(ns(last))
         turn_span.end(ns(end))
 
-    def _log_agent_turn(self) -> None:
-        """s2s: the gateway writes the conversation (no oracle does it)."""
-        if self._agent_words:
-            self._store(self.up.store.append_turn, "agent", " ".join(self._agent_words))
-            self._agent_words = []
+    def _log_agent_turn(self, before: float = float("inf")) -> None:
+        """s2s: the gateway writes the conversation (no oracle does it). The
+        agent's words spoken before `before` (the start of the caller turn whose
+        final just came) are its previous turn; later ones answer this caller
+        turn and wait for the next final or the end of the session."""
+        spoken = [word for wall, word in self._agent_words if wall < before]
+        self._agent_words = [(wall, word) for wall, word in self._agent_words if wall >= before]
+        if spoken:
+            self._store(self.up.store.append_turn, "agent", " ".join(spoken))
 
     def _store(self, operation: Callable[..., Awaitable[None]], *args: Any) -> None:
         try:
@@ -671,6 +684,9 @@ class GatewaySession:
                 log.warning("session %s: Redis write failed: %s", self.id, exc)
 
     async def _teardown(self, outcome: str) -> None:
+        for turn in self._tracker.turns:
+            if turn.summarized:
+                self._trace_turn(turn)
         for call in self._calls.values():
             call.cancel()
         store_task = self._tasks.pop("store", None)

@@ -31,6 +31,7 @@ class Turn:
     first_oracle_update_wall: float | None = None
     answered_wall: float | None = None
     summarized: bool = False
+    traced: bool = False
 
     @property
     def user_text(self) -> str:
@@ -92,7 +93,8 @@ class TurnTracker:
             turn.speech_end_wall = end_wall
         return self._ready(turn)
 
-    def on_transcript(self, event: common_pb2.TranscriptEvent, wall: float) -> None:
+    def on_transcript(self, event: common_pb2.TranscriptEvent, wall: float) -> Turn:
+        """Record a hypothesis; returns the turn it belongs to."""
         turn = self._turn_for(event.utterance_id, wall)
         turn.utterances[event.utterance_id] = event.text
         if turn.first_partial_wall is None:
@@ -100,6 +102,7 @@ class TurnTracker:
         if event.is_final:
             turn.final_wall = wall
             turn.stt_final_lag_s = event.lag_s
+        return turn
 
     def on_oracle_update(self, wall: float) -> None:
         turn = self.current or (self.turns[-1] if self.turns else None)

@@ -1,0 +1,67 @@
+"""`kame demo`: one spoken conversation end to end, offline.
+
+`kame up` on free ports in the background, `kame say` a question, `kame talk`
+it to the gateway, print the question, what the stt heard, what the agent
+answered and the response latency, then stop the stack. The question WAV,
+the agent's answer, the timeline JSON and its plot stay in --out-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from kame_cli import say, talk
+from kame_cli.stack import Ports, Stack, StackError, StackOptions
+from kame_common.audio import SAMPLE_RATE
+
+QUESTION = "What is the capital of France?"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--question", default=QUESTION, help="what the caller asks")
+    parser.add_argument("--mode", choices=sorted(talk.MODES), default="tandem")
+    parser.add_argument("--out-dir", type=Path, default=Path("out/demo"),
+                        help="question.wav, answer.wav, timeline.json/png and logs/")
+    parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = args.out_dir
+    question_wav, answer_wav = out / "question.wav", out / "answer.wav"
+    timeline_json, timeline_png = out / "timeline.json", out / "timeline.png"
+    print(f"kame demo: synthesizing the question with the piper voice: {args.question!r}")
+    question = say.synthesize(args.question)
+    say.write_wav(question_wav, question, SAMPLE_RATE)
+    options = StackOptions(ports=Ports.free(), log_dir=out / "logs",
+                           startup_timeout_s=args.startup_timeout_s)
+    print(f"kame demo: starting the stack (redis, llm, stt, oracle, frontend, gateway; "
+          f"logs in {options.log_dir}) ...", flush=True)
+    try:
+        with Stack(options) as stack:
+            print(f"kame demo: stack is up; streaming the question to {stack.gateway_address} "
+                  "at real time ...", flush=True)
+            talk_options = talk.TalkOptions(gateway=stack.gateway_address, mode=args.mode)
+            result = asyncio.run(talk.talk(question, talk_options))
+    except StackError as exc:
+        print(f"kame demo: the stack did not start: {exc}", file=sys.stderr)
+        return 1
+    data = talk.save(result, talk_options, question_wav, answer_wav, timeline_json, timeline_png)
+    latency = data["response_latency_s"]
+    print()
+    print(f"Question:         {args.question}")
+    print(f"Transcript:       {data['user_transcript'] or '(nothing recognized)'}")
+    print(f"Agent's answer:   {data['agent_text'] or '(the agent said nothing)'}")
+    print("Response latency: " + ("n/a (the agent did not answer)" if latency is None else
+                                  f"{latency:.2f} s (caller's end of speech -> first agent "
+                                  "audio at the client)"))
+    for notice in data["notices"]:
+        print(f"Notice:           {notice['kind']}: {notice['message']}")
+    print(f"Files:            {question_wav}, {answer_wav}, {timeline_json}, {timeline_png}")
+    if result.status != "OK":
+        print(f"kame demo: the session failed: {result.status}: {result.status_details}",
+              file=sys.stderr)
+        return 1
+    return 0 if latency is not None else 1

@@ -1,0 +1,369 @@
+"""`kame up`: the whole stack as processes on loopback, until Ctrl-C.
+
+Starts Redis (unless one answers on the Redis port, or --redis-url names
+one), the embedded LLM server (`kame llm-server`, unless --llm-base-url points
+at another OpenAI-compatible server or --llm-backend anthropic uses the
+Anthropic API; API keys come from OPENAI_API_KEY / ANTHROPIC_API_KEY in the
+environment, which the oracle inherits), then stt, oracle, frontend and gateway
+(`python -m services.<name>`), configured through their KAME_<SVC>_* variables
+to find each other on 127.0.0.1. It waits until every one answers its health
+check (gRPC health, GET /v1/models, PING), prints the endpoints, and on Ctrl-C
+or SIGTERM stops them all (SIGTERM to each process group, SIGKILL after a
+timeout). Each child's output goes to a log file in --log-dir.
+
+`Stack` is also what `kame demo` uses, with free ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+LOOPBACK = "127.0.0.1"
+SERVICES = ("stt", "oracle", "frontend", "gateway")
+
+
+class StackError(RuntimeError):
+    """A process did not start or answer; the message says which and where its log is."""
+
+
+@dataclass
+class Ports:
+    gateway: int = 50051
+    frontend: int = 50052
+    stt: int = 50053
+    oracle: int = 50054
+    llm: int = 8080
+    redis: int = 6379
+    gateway_metrics: int = 9101
+    frontend_metrics: int = 9102
+    stt_metrics: int = 9103
+    oracle_metrics: int = 9104
+
+    @classmethod
+    def free(cls, redis: int = 6379) -> Ports:
+        """Free ephemeral ports for everything but Redis (shared by design)."""
+        names = [f.name for f in fields(cls) if f.name != "redis"]
+        return cls(redis=redis, **dict(zip(names, free_ports(len(names)), strict=True)))
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.bind((LOOPBACK, 0))
+        sockets.append(sock)
+    ports = [s.getsockname()[1] for s in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+@dataclass
+class StackOptions:
+    ports: Ports = field(default_factory=Ports)
+    frontend_engine: str = "tts"
+    checkpoint: str = ""
+    device: str = "cpu"
+    redis_url: str = ""         # empty: 127.0.0.1:<ports.redis>, started if none answers
+    llm_base_url: str = ""      # empty: the embedded llm server (or the vendor API, anthropic)
+    llm_backend: str = ""
+    llm_model: str = ""
+    grace_s: float = 5.0
+    startup_timeout_s: float = 300.0
+    log_dir: Path | None = None
+
+
+def redis_answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def grpc_serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def http_answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+@dataclass
+class Child:
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    ready: Callable[[], bool]
+    endpoint: str
+    process: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    def start(self, log_dir: Path) -> None:
+        self.log_path = log_dir / f"{self.name}.log"
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                self.command, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches `kame up`, which stops us in order
+            )
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def signal(self, signum: int) -> None:
+        if self.running():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signum)
+
+
+class Stack:
+    def __init__(self, options: StackOptions) -> None:
+        self.options = options
+        self.ports = options.ports
+        self.log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix="kame-up-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.redis_url = options.redis_url or f"redis://{LOOPBACK}:{self.ports.redis}/0"
+        self.embedded_llm = not options.llm_base_url and options.llm_backend in ("", "openai")
+        self.llm_base_url = options.llm_base_url or self._default_llm_url()
+        self.started_redis = False
+        self.children: list[Child] = []
+
+    def _default_llm_url(self) -> str:
+        """The embedded server for the OpenAI-compatible back-end; a vendor's own
+        API for another back-end (anthropic) named without a base URL."""
+        if self.embedded_llm:
+            return f"http://{LOOPBACK}:{self.ports.llm}/v1"
+        from services.oracle.config import VENDOR_BASE_URLS
+
+        return VENDOR_BASE_URLS[self.options.llm_backend]
+
+    @property
+    def gateway_address(self) -> str:
+        return f"{LOOPBACK}:{self.ports.gateway}"
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # ---- the processes ----------------------------------------------------------
+
+    def _redis_child(self) -> Child | None:
+        if self.options.redis_url or redis_answers(LOOPBACK, self.ports.redis):
+            return None
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise StackError(f"no Redis answers on {LOOPBACK}:{self.ports.redis} and there is no "
+                             "redis-server binary: install redis-server or pass --redis-url")
+        self.started_redis = True
+        return Child("redis", [binary, "--port", str(self.ports.redis), "--bind", LOOPBACK,
+                               "--save", "", "--appendonly", "no", "--dir", str(self.log_dir)],
+                     {}, lambda: redis_answers(LOOPBACK, self.ports.redis), self.redis_url)
+
+    def _llm_child(self) -> Child | None:
+        if not self.embedded_llm:
+            return None
+        return Child("llm", [sys.executable, "-m", "kame_cli", "llm-server", "--host", LOOPBACK,
+                             "--port", str(self.ports.llm)],
+                     {}, lambda: http_answers(f"{self.llm_base_url}/models"), self.llm_base_url)
+
+    def service_env(self, service: str) -> dict[str, str]:
+        """The KAME_<SVC>_* settings that wire one service into the stack."""
+        ports, prefix = self.ports, f"KAME_{service.upper()}_"
+        env = {"HOST": LOOPBACK, "PORT": getattr(ports, service),
+               "METRICS_PORT": getattr(ports, f"{service}_metrics"),
+               "GRACE_S": self.options.grace_s}
+        if service != "stt":  # stt keeps no state in Redis
+            env["REDIS_URL"] = self.redis_url
+        if service == "oracle":
+            env["BASE_URL"] = self.llm_base_url
+            env.update({k: v for k, v in (("BACKEND", self.options.llm_backend),
+                                          ("MODEL", self.options.llm_model)) if v})
+        elif service == "frontend":
+            env.update(ENGINE=self.options.frontend_engine, CHECKPOINT=self.options.checkpoint,
+                       DEVICE=self.options.device,
+                       ADVERTISE_ADDRESS=f"{LOOPBACK}:{ports.frontend}")
+        elif service == "gateway":
+            env.update(STT_ADDRESS=f"{LOOPBACK}:{ports.stt}",
+                       ORACLE_ADDRESS=f"{LOOPBACK}:{ports.oracle}",
+                       FRONTEND_ADDRESS=f"{LOOPBACK}:{ports.frontend}",
+                       # one local replica serves every mode, s2s included
+                       S2S_ENGINE="" if self.options.frontend_engine != "moshi" else "moshi")
+        return {prefix + name: str(value) for name, value in env.items()}
+
+    def _service_child(self, service: str) -> Child:
+        address = f"{LOOPBACK}:{getattr(self.ports, service)}"
+        return Child(service, [sys.executable, "-m", f"services.{service}"],
+                     self.service_env(service), lambda: grpc_serving(address), address)
+
+    def start(self) -> None:
+        """Start every process and wait until all answer (StackError if one does not)."""
+        redis = self._redis_child()
+        if redis is not None:
+            self.start_and_wait([redis])
+        others = [self._llm_child(), *(self._service_child(s) for s in SERVICES)]
+        self.start_and_wait([c for c in others if c is not None])
+
+    def start_and_wait(self, children: list[Child]) -> None:
+        for child in children:
+            child.start(self.log_dir)
+            self.children.append(child)
+        waiting = list(children)
+        deadline = time.monotonic() + self.options.startup_timeout_s
+        while waiting:
+            for child in list(waiting):
+                if not child.running():
+                    raise StackError(f"{child.name} exited with status {child.process.returncode}"
+                                     f" (log {child.log_path}):\n{child.log_tail()}")
+                if child.ready():
+                    waiting.remove(child)
+            if waiting and time.monotonic() > deadline:
+                names = ", ".join(c.name for c in waiting)
+                raise StackError(f"{names} did not answer within "
+                                 f"{self.options.startup_timeout_s:g} s (logs in {self.log_dir})")
+            time.sleep(0.3)
+
+    def check(self) -> None:
+        """StackError if a process has died since it started."""
+        for child in self.children:
+            if not child.running():
+                raise StackError(f"{child.name} exited with status {child.process.returncode}"
+                                 f" (log {child.log_path}):\n{child.log_tail()}")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM every process group (gateway first), SIGKILL what is left after
+        `timeout_s`."""
+        for child in reversed(self.children):
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for child in reversed(self.children):
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.signal(signal.SIGKILL)
+                child.process.wait()
+        self.children = []
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        ports = self.ports
+        rows = [(c.name, c.endpoint) for c in self.children]
+        if not self.started_redis:
+            rows.insert(0, ("redis", f"{self.redis_url} (already running)"))
+        if not self.embedded_llm:
+            rows.insert(1, ("llm", f"{self.llm_base_url} (external)"))
+        rows.append(("metrics", ", ".join(
+            f"{s} http://{LOOPBACK}:{getattr(ports, f'{s}_metrics')}/metrics" for s in SERVICES)))
+        return rows
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = Ports()
+    parser.add_argument("--frontend-engine", choices=("tts", "kame", "moshi"), default="tts",
+                        help="tts (CPU, default) or kame/moshi with --checkpoint")
+    parser.add_argument("--checkpoint", default="",
+                        help="KAME/Moshi checkpoint directory (Hugging Face layout)")
+    parser.add_argument("--device", default="cpu", help="torch device of the kame/moshi engine")
+    parser.add_argument("--redis-url", default="", help="use this Redis instead of 127.0.0.1")
+    parser.add_argument("--llm-base-url", default="",
+                        help="an OpenAI-compatible server to use instead of the embedded LLM")
+    parser.add_argument("--llm-backend", choices=("", "openai", "anthropic"), default="",
+                        help="oracle back-end (anthropic: the Anthropic API unless "
+                             "--llm-base-url; keys from OPENAI_API_KEY / ANTHROPIC_API_KEY)")
+    parser.add_argument("--llm-model", default="", help="model name for the oracle")
+    parser.add_argument("--free-ports", action="store_true",
+                        help="pick free ports instead of the defaults")
+    for name in ("gateway", "frontend", "stt", "oracle", "llm", "redis"):
+        parser.add_argument(f"--{name}-port", type=int, default=getattr(defaults, name))
+    parser.add_argument("--log-dir", type=Path, default=None,
+                        help="where each process logs (default: a new temp directory)")
+    parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+
+
+def options_from_args(args: argparse.Namespace) -> StackOptions:
+    if args.free_ports:
+        ports = Ports.free(redis=args.redis_port)
+    else:
+        ports = Ports(gateway=args.gateway_port, frontend=args.frontend_port, stt=args.stt_port,
+                      oracle=args.oracle_port, llm=args.llm_port, redis=args.redis_port)
+    return StackOptions(
+        ports=ports, frontend_engine=args.frontend_engine, checkpoint=args.checkpoint,
+        device=args.device, redis_url=args.redis_url, llm_base_url=args.llm_base_url,
+        llm_backend=args.llm_backend, llm_model=args.llm_model,
+        startup_timeout_s=args.startup_timeout_s, log_dir=args.log_dir,
+    )
+
+
+def _raise_interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.frontend_engine != "tts" and not args.checkpoint:
+        print(f"kame up: --frontend-engine {args.frontend_engine} needs --checkpoint DIR",
+              file=sys.stderr)
+        return 2
+    # Explicit handlers: a shell that starts us in the background ignores SIGINT.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    stack = Stack(options_from_args(args))
+    print(f"kame up: starting the stack (logs in {stack.log_dir}) ...", flush=True)
+    try:
+        stack.start()
+        print("KAME stack is up:")
+        for name, endpoint in stack.endpoints():
+            print(f"  {name:<9} {endpoint}")
+        print(f"Talk to it: kame talk --wav q.wav --out a.wav --timeline t.json "
+              f"--gateway {stack.gateway_address}\nCtrl-C stops everything.", flush=True)
+        while True:
+            time.sleep(0.5)
+            stack.check()
+    except StackError as exc:
+        print(f"kame up: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nkame up: stopping ...", flush=True)
+        return 0
+    finally:
+        stack.stop()

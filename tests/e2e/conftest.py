@@ -1,0 +1,299 @@
+"""The whole stack on loopback, in this process, shared by the e2e tests of a
+module: real Redis, the real llama.cpp server (a subprocess with the embedded
+Gemma 3 270M), and the stt, oracle, frontend (engine tts) and gateway
+services started with their own `serve(config)` on port 0.
+
+The stack uses its own Redis database (9 unless KAME_TEST_E2E_REDIS_URL says
+otherwise) so that the frontend capacity registry it reads holds only this
+stack's replica, whatever other test runs share the Redis server.
+
+`LiveCall` drives one Converse call the way a phone would: audio paced at real
+time, every response recorded with its arrival time, so that a test can act
+in the middle of a turn (disconnect, kill a service) and look at what came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+import pytest
+import pytest_asyncio
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from kame_cli import llm_server
+from kame_common import store, tracing
+from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, resample
+from kame_common.models import whisper_tiny_en_dir
+from kame_common.server import ServiceRuntime
+from kamepb import gateway_pb2, gateway_pb2_grpc
+from services.frontend.config import FrontendSettings
+from services.frontend.server import serve as serve_frontend
+from services.gateway.codecs import AudioFormat, CodecError, Decoder, Encoder, resolve_format
+from services.gateway.config import GatewayConfig
+from services.gateway.server import serve as serve_gateway
+from services.oracle.config import ApiKeys, OracleServiceConfig
+from services.oracle.server import serve as serve_oracle
+from services.stt.config import SttSettings
+from services.stt.server import serve as serve_stt
+
+QUESTION = "What is the capital of France?"
+E2E_DB = 9
+PCM_24K = AudioFormat("pcm16", SAMPLE_RATE)
+SPAN_EXPORTER = InMemorySpanExporter()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def with_db(url: str, db: int) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{db}"))
+
+
+@pytest.fixture(scope="module")
+def e2e_redis_url(redis_url) -> str:
+    return os.environ.get("KAME_TEST_E2E_REDIS_URL", with_db(redis_url, E2E_DB))
+
+
+@pytest.fixture(scope="module")
+def llm_url():
+    """The embedded LLM behind llama.cpp's OpenAI-compatible server (one thread:
+    the two cores are shared with whisper, piper and the test itself)."""
+    port = free_port()
+    process = llm_server.launch(port=port, threads=1, quiet=True)
+    url = llm_server.base_url("127.0.0.1", port)
+    try:
+        llm_server.wait_ready(url, process, timeout_s=120)
+        yield url
+    finally:
+        llm_server.stop(process)
+
+
+@dataclass
+class Services:
+    """Factories for service instances on port 0; stop() stops what they made."""
+
+    redis_url: str
+    llm_url: str
+    runtimes: list[ServiceRuntime] = field(default_factory=list)
+
+    async def stt(self) -> ServiceRuntime:
+        return self._keep(await serve_stt(SttSettings(host="127.0.0.1", port=0, metrics_port=0)))
+
+    async def oracle(self) -> ServiceRuntime:
+        config = OracleServiceConfig(host="127.0.0.1", port=0, metrics_port=0,
+                                     redis_url=self.redis_url, base_url=self.llm_url)
+        return self._keep(await serve_oracle(config, api_keys=ApiKeys()))
+
+    async def frontend(self, redis_url: str = "") -> ServiceRuntime:
+        settings = FrontendSettings(host="127.0.0.1", port=0, metrics_port=0,
+                                    redis_url=redis_url or self.redis_url,
+                                    replica_id=f"e2e-{uuid.uuid4().hex[:8]}")
+        return self._keep(await serve_frontend(settings))
+
+    async def gateway(self, stt: ServiceRuntime, oracle: ServiceRuntime, frontend_address: str,
+                      **overrides) -> ServiceRuntime:
+        settings = dict(host="127.0.0.1", port=0, metrics_port=0, redis_url=self.redis_url,
+                        stt_address=stt.address, oracle_address=oracle.address,
+                        frontend_address=frontend_address)
+        config = GatewayConfig(**{**settings, **overrides})
+        return self._keep(await serve_gateway(config))
+
+    def _keep(self, runtime: ServiceRuntime) -> ServiceRuntime:
+        self.runtimes.append(runtime)
+        return runtime
+
+    async def stop(self) -> None:
+        for runtime in reversed(self.runtimes):
+            await runtime.stop()
+
+
+@dataclass
+class Stack:
+    services: Services
+    stt: ServiceRuntime
+    oracle: ServiceRuntime
+    frontend: ServiceRuntime
+    gateway: ServiceRuntime
+    metrics_url: str
+    redis_url: str
+
+    @property
+    def upstreams(self) -> dict[str, ServiceRuntime]:
+        return {"stt": self.stt, "oracle": self.oracle, "frontend": self.frontend}
+
+
+async def wait_registered(redis_url: str, address: str, timeout_s: float = 10.0) -> None:
+    client = store.connect(redis_url)
+    registry = store.CapacityRegistry(client, "frontend")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while address not in [r.address for r in await registry.replicas()]:
+            assert time.monotonic() < deadline, f"frontend {address} never reached the registry"
+            await asyncio.sleep(0.1)
+    finally:
+        await client.aclose()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(llm_url, e2e_redis_url):
+    tracing.setup_tracing("e2e")
+    trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(SPAN_EXPORTER))
+    services = Services(e2e_redis_url, llm_url)
+    try:
+        stt, oracle, frontend = await services.stt(), await services.oracle(), \
+            await services.frontend()
+        frontend_address = f"127.0.0.1:{frontend.port}"
+        await wait_registered(e2e_redis_url, frontend_address)
+        metrics_port = free_port()
+        # A static address that answers nothing: sessions reach the frontend only
+        # through the capacity registry.
+        gateway = await services.gateway(stt, oracle, "127.0.0.1:1", metrics_port=metrics_port)
+        yield Stack(services, stt, oracle, frontend, gateway,
+                    f"http://127.0.0.1:{metrics_port}/metrics", e2e_redis_url)
+    finally:
+        await services.stop()
+
+
+@pytest.fixture(scope="module")
+def whisper():
+    """transcribe(samples_24k) -> lower-case text, with the embedded tiny.en model."""
+    from faster_whisper import WhisperModel
+
+    model = WhisperModel(str(whisper_tiny_en_dir()), device="cpu", compute_type="int8",
+                         cpu_threads=2)
+
+    def transcribe(samples: np.ndarray) -> str:
+        segments, _ = model.transcribe(resample(samples, SAMPLE_RATE, 16_000), language="en",
+                                       beam_size=1, vad_filter=True)
+        return " ".join(s.text.strip() for s in segments).lower()
+
+    return transcribe
+
+
+def converse_config(mode: int = gateway_pb2.ConverseConfig.TANDEM, codec: int = 1,
+                    rate: int = 0, **fields) -> gateway_pb2.ConverseConfig:
+    audio = gateway_pb2.AudioFormat(codec=codec, sample_rate_hz=rate)
+    return gateway_pb2.ConverseConfig(mode=mode, input_format=audio, output_format=audio,
+                                      include_oracle_updates=True, **fields)
+
+
+class LiveCall:
+    """One Converse call: config, audio at real time, every response recorded."""
+
+    def __init__(self, address: str, config: gateway_pb2.ConverseConfig) -> None:
+        self.channel = grpc.aio.insecure_channel(address)
+        self.call = gateway_pb2_grpc.GatewayStub(self.channel).Converse()
+        self.config = config
+        self.encoder, self.decoder = Encoder(PCM_24K), Decoder(PCM_24K)
+        with contextlib.suppress(CodecError):  # tests of bad formats send them anyway
+            self.encoder = Encoder(resolve_format(config.input_format, "input_format"))
+            self.decoder = Decoder(resolve_format(config.output_format, "output_format"))
+        self.responses: list[tuple[float, gateway_pb2.ConverseResponse]] = []
+        self.error: grpc.aio.AioRpcError | None = None
+        self.frames_sent = 0
+        self._arrived = asyncio.Event()
+        self._reader: asyncio.Task | None = None
+
+    async def start(self, send_config: bool = True) -> LiveCall:
+        if send_config:
+            await self.call.write(gateway_pb2.ConverseRequest(config=self.config))
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        try:
+            while (response := await self.call.read()) is not grpc.aio.EOF:
+                self.responses.append((time.monotonic(), response))
+                self._arrived.set()
+        except grpc.aio.AioRpcError as exc:
+            self.error = exc
+        finally:
+            self._arrived.set()
+
+    async def stream(self, samples: np.ndarray) -> None:
+        """Send 80 ms chunks, each once its audio has been 'spoken' (real time)."""
+        start = time.monotonic()
+        count = -(-len(samples) // FRAME_SAMPLES)
+        padded = np.zeros(count * FRAME_SAMPLES, np.float32)
+        padded[: len(samples)] = samples
+        for index in range(count):
+            await asyncio.sleep(max(0.0, start + (index + 1) * FRAME_SECONDS - time.monotonic()))
+            chunk = padded[index * FRAME_SAMPLES:(index + 1) * FRAME_SAMPLES]
+            try:
+                for data in self.encoder.encode(chunk):
+                    await self.call.write(gateway_pb2.ConverseRequest(audio=data))
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                return  # the gateway ended the call; its status tells why
+            self.frames_sent += 1
+
+    async def send_raw(self, request: gateway_pb2.ConverseRequest) -> None:
+        await self.call.write(request)
+
+    async def wait_for(self, predicate: Callable[[gateway_pb2.ConverseResponse], bool],
+                       timeout: float = 30.0) -> gateway_pb2.ConverseResponse:
+        deadline = time.monotonic() + timeout
+        while True:
+            for _, response in self.responses:
+                if predicate(response):
+                    return response
+            if self._reader.done():
+                raise AssertionError(f"the call ended ({self.error}) before the response came")
+            self._arrived.clear()
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, "timed out waiting for a response"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+
+    async def finish(self, timeout: float = 30.0) -> grpc.StatusCode:
+        """Half-close and wait until the gateway ends the call; its status."""
+        with contextlib.suppress(grpc.aio.UsageError, grpc.aio.AioRpcError):
+            await self.call.done_writing()
+        await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+        return await self.call.code()
+
+    async def close(self) -> None:
+        self.call.cancel()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+        await self.channel.close()
+
+    def of(self, kind: str) -> list:
+        return [getattr(r, kind) for _, r in self.responses if r.WhichOneof("msg") == kind]
+
+    @property
+    def session_id(self) -> str:
+        started = self.of("started")
+        return started[0].session_id if started else ""
+
+    def agent_audio(self) -> np.ndarray:
+        parts = [self.decoder.decode(chunk.data) for chunk in self.of("audio")]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 10.0,
+                     what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+def session_tasks(session_id: str) -> list[asyncio.Task]:
+    """The gateway's pump tasks of one session still alive (named gateway-<id>-<role>)."""
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith(f"gateway-{session_id}-")]

@@ -1,0 +1,68 @@
+"""The stack as the user runs it: `kame demo` (what `make demo` runs) prints
+the question, transcript, answer and latency; `kame up` comes up on loopback
+and Ctrl-C takes every process it started down with it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def kame(*args: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kame_cli", *args], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
+
+
+def answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def test_kame_demo_prints_the_conversation(tmp_path):
+    process = kame("demo", "--out-dir", str(tmp_path))
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    assert re.search(r"Question:\s+What is the capital of France\?", output)
+    transcript = re.search(r"Transcript:\s+(.*)", output).group(1).lower()
+    assert "capital" in transcript and "france" in transcript, output
+    answer = re.search(r"Agent's answer:\s+(.*)", output).group(1)
+    assert answer and not answer.startswith("("), output
+    assert re.search(r"Response latency:\s+\d+\.\d+ s", output), output
+    for name in ("question.wav", "answer.wav", "timeline.json", "timeline.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_kame_up_serves_until_ctrl_c_then_stops_everything(tmp_path):
+    process = kame("up", "--free-ports", "--log-dir", str(tmp_path), start_new_session=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 240
+        while not lines or "Ctrl-C stops everything" not in lines[-1]:
+            line = process.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+        endpoints = dict(re.findall(r"^\s+(stt|oracle|frontend|gateway)\s+127\.0\.0\.1:(\d+)",
+                                    "".join(lines), re.M))
+        llm_port = int(re.search(r"llm\s+http://127\.0\.0\.1:(\d+)", "".join(lines)).group(1))
+        ports = [int(p) for p in endpoints.values()] + [llm_port]
+        assert len(endpoints) == 4 and all(answers("127.0.0.1", p) for p in ports)
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:  # the test failed early: still stop what kame up started
+            process.terminate()
+            process.wait(timeout=60)
+    assert not [p for p in ports if answers("127.0.0.1", p)], "a process outlived kame up"
+    assert "stopping" in process.stdout.read()

@@ -1,0 +1,354 @@
+"""End to end: the whole stack on loopback (real Redis, real llama.cpp server,
+stt, oracle, frontend tts and gateway), one shared stack for the module.
+
+A spoken question goes in at real time; the tests check what the caller gets
+back, what the upstream services saw, what Redis holds, what /metrics and the
+traces say, and that every failure path ends or degrades the session the way
+gateway.proto promises, freeing every upstream stream and task."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+
+from kame_cli.talk import TalkOptions, talk
+from kame_common import store
+from kame_common.audio import FRAME_SAMPLES, SAMPLE_RATE, rms_dbfs
+from kamepb import gateway_pb2
+from tests.e2e.conftest import (
+    QUESTION,
+    SPAN_EXPORTER,
+    LiveCall,
+    converse_config,
+    session_tasks,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+Codec = gateway_pb2.AudioFormat.Codec
+Notice = gateway_pb2.Notice
+SECOND_QUESTION = "How many legs does a spider have?"
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def metric_samples(text: str, name: str) -> float:
+    """Sum of a metric's samples over all label sets."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", re.M)
+    return sum(float(v) for v in pattern.findall(text))
+
+
+async def conversation(redis_url: str, session_id: str) -> list[dict]:
+    client = store.connect(redis_url)
+    try:
+        return await store.SessionStore(client).conversation(session_id)
+    finally:
+        await client.aclose()
+
+
+async def session_record(redis_url: str, session_id: str) -> dict:
+    client = store.connect(redis_url)
+    try:
+        return await store.SessionStore(client).get_session(session_id)
+    finally:
+        await client.aclose()
+
+
+async def upstreams_idle(stack, timeout: float = 10.0) -> None:
+    for name, runtime in {**stack.upstreams, "gateway": stack.gateway}.items():
+        await wait_until(lambda r=runtime: r.active_sessions == 0, timeout,
+                         f"{name} to see its session end")
+
+
+async def test_spoken_question_gets_a_spoken_answer(stack, speak, whisper):
+    question = speak(QUESTION)
+    result = await talk(question, TalkOptions(gateway=stack.gateway.address, mode="tandem",
+                                              tail_s=1.5, max_wait_s=25.0))
+    assert result.status == "OK", result.status_details
+    session_id = result.started["session_id"]
+    assert result.started["frontend_replica"] == f"127.0.0.1:{stack.frontend.port}"
+
+    # The caller's words came back as the final transcript.
+    assert {"what", "capital", "france"} <= words(result.user_transcript)
+    # The oracle streamed candidate answers (RESET, then APPENDs with text).
+    kinds = [e["type"] for e in result.events]
+    assert "oracle_reset" in kinds and "oracle_append" in kinds
+    # The agent spoke, and what it said is Paris.
+    speaking = [e for e in result.events if e["type"] == "agent_audio_start"]
+    assert speaking, "the agent never started speaking"
+    assert rms_dbfs(result.agent) > -40.0
+    heard = whisper(result.agent)
+    assert "paris" in heard, f"the agent said {heard!r} (agent text {result.agent_text!r})"
+    # Latency, measured at the client and summarized by the gateway (how fast is
+    # for the benchmark; here: both exist and are sane).
+    assert result.response_latency_s is not None and 0 < result.response_latency_s < 20
+    assert result.turns and result.turns[0]["response_latency_s"] > 0
+    # One agent frame per caller frame, however long the call.
+    assert len(result.agent) == pytest.approx(result.streamed_samples, abs=2 * FRAME_SAMPLES)
+
+    # Redis: the session record, and the conversation the oracle logged.
+    record = await session_record(stack.redis_url, session_id)
+    assert record["mode"] == "tandem" and record["state"] == "ended"
+    turns = await conversation(stack.redis_url, session_id)
+    user_turns = [t["text"] for t in turns if t["role"] == "user"]
+    agent_turns = [t["text"] for t in turns if t["role"] == "agent"]
+    assert any({"capital", "france"} <= words(t) for t in user_turns), turns
+    assert agent_turns and "paris" in " ".join(agent_turns).lower(), turns
+
+    # /metrics: the per-frame and response-latency histograms have samples.
+    metrics = urllib.request.urlopen(stack.metrics_url, timeout=5).read().decode()
+    assert metric_samples(metrics, "kame_gateway_frame_round_trip_seconds_count") >= \
+        result.streamed_samples // FRAME_SAMPLES
+    assert metric_samples(metrics, "kame_gateway_response_latency_seconds_count") >= 1
+
+    # Traces: session -> turn -> stt/oracle/frontend, and the upstream servers
+    # joined the session's trace through the gRPC metadata.
+    await upstreams_idle(stack)
+    spans = SPAN_EXPORTER.get_finished_spans()
+    session_span = next(s for s in spans if s.name == "session"
+                        and s.attributes.get("kame.session_id") == session_id)
+    trace_id = session_span.context.trace_id
+    turn_span = next(s for s in spans if s.name == "turn" and s.context.trace_id == trace_id)
+    assert turn_span.parent.span_id == session_span.context.span_id
+    phases = {s.name for s in spans if s.parent is not None
+              and s.parent.span_id == turn_span.context.span_id}
+    assert phases == {"stt", "oracle", "frontend"}
+    server_spans = {s.name for s in spans if s.context.trace_id == trace_id
+                    and s.kind == s.kind.SERVER}
+    assert {"/kame.v1.Stt/Transcribe", "/kame.v1.Oracle/Guide",
+            "/kame.v1.Frontend/Stream"} <= server_spans
+
+
+async def test_two_concurrent_sessions_do_not_cross(stack, speak):
+    options = TalkOptions(gateway=stack.gateway.address, tail_s=1.5, max_wait_s=25.0)
+    first, second = await asyncio.gather(talk(speak(QUESTION), options),
+                                         talk(speak(SECOND_QUESTION), options))
+    assert first.status == second.status == "OK"
+    assert first.started["session_id"] != second.started["session_id"]
+    assert {"france"} <= words(first.user_transcript)
+    assert {"spider", "legs"} <= words(second.user_transcript)
+    assert not words(first.user_transcript) & {"spider", "legs"}
+    assert not words(second.user_transcript) & {"france", "capital"}
+    for result in (first, second):  # each caller got exactly its own stream of frames back
+        assert len(result.agent) == pytest.approx(result.streamed_samples, abs=2 * FRAME_SAMPLES)
+    logs = [await conversation(stack.redis_url, r.started["session_id"]) for r in (first, second)]
+    first_user = " ".join(t["text"] for t in logs[0] if t["role"] == "user")
+    second_user = " ".join(t["text"] for t in logs[1] if t["role"] == "user")
+    assert "france" in words(first_user) and not words(first_user) & {"spider", "legs"}
+    assert "spider" in words(second_user) and not words(second_user) & {"france"}
+    await upstreams_idle(stack)
+
+
+async def test_disconnect_mid_turn_frees_every_upstream_stream_and_task(stack, speak):
+    call = await LiveCall(stack.gateway.address, converse_config()).start()
+    feeding = asyncio.create_task(call.stream(np.concatenate(
+        [speak(QUESTION), np.zeros(10 * SAMPLE_RATE, np.float32)])))
+    await call.wait_for(lambda r: r.HasField("audio") and r.audio.speaking, timeout=30)
+    session_id = call.session_id
+    assert session_tasks(session_id), "the session's pump tasks should be running"
+    assert all(r.active_sessions == 1 for r in stack.upstreams.values())
+
+    feeding.cancel()
+    await call.close()  # the caller hangs up while the agent is talking
+
+    await upstreams_idle(stack)
+    await wait_until(lambda: not session_tasks(session_id), 5.0, "the pump tasks to end")
+    engine = stack.frontend.engine
+    assert engine.free_slots == engine.total_slots
+    record = await session_record(stack.redis_url, session_id)
+    assert record["state"] == "failed" and record["outcome"] == "cancelled"
+
+
+async def test_bad_input_gets_a_clear_status_while_others_are_served(stack, speak):
+    good = asyncio.create_task(talk(speak(QUESTION), TalkOptions(
+        gateway=stack.gateway.address, tail_s=1.0, max_wait_s=25.0)))
+
+    async def bad_call(config, *requests, speech=None, send_config=True):
+        call = await LiveCall(stack.gateway.address, config).start(send_config)
+        try:
+            if speech is not None:
+                await call.stream(speech)
+            for request in requests:
+                try:
+                    await call.send_raw(request)
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    break  # the gateway already ended the call: its status is what counts
+            code = await call.finish(timeout=20)
+            return code, call.error.details() if call.error else ""
+        finally:
+            await call.close()
+
+    audio = gateway_pb2.ConverseRequest
+    cases = {
+        "garbage opus": bad_call(converse_config(codec=Codec.OPUS),
+                                 *[audio(audio=os.urandom(160)) for _ in range(30)]),
+        "odd pcm16": bad_call(converse_config(rate=16_000), audio(audio=b"\x01\x02\x03"),
+                              speech=speak(QUESTION)[:12_000]),
+        "wrong codec": bad_call(converse_config(codec=42)),
+        "no config": bad_call(converse_config(), audio(audio=bytes(3840)), send_config=False),
+        "oversized": bad_call(converse_config(), audio(audio=bytes(5 * 1024 * 1024))),
+    }
+    outcomes = dict(zip(cases, await asyncio.gather(*cases.values()), strict=True))
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    assert outcomes["garbage opus"][0] == invalid
+    assert "does not decode as Opus" in outcomes["garbage opus"][1]
+    assert outcomes["odd pcm16"][0] == invalid
+    assert "even byte count" in outcomes["odd pcm16"][1]
+    assert outcomes["wrong codec"] == (invalid, "input_format.codec: unknown codec 42; "
+                                                "choose PCM16, MULAW, ALAW or OPUS")
+    assert outcomes["no config"][0] == invalid
+    assert "first message must be the config" in outcomes["no config"][1]
+    assert outcomes["oversized"][0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "larger than max" in outcomes["oversized"][1]
+
+    result = await good  # the well-behaved caller never noticed
+    assert result.status == "OK"
+    assert {"capital", "france"} <= words(result.user_transcript)
+    assert any(e["type"] == "agent_audio_start" for e in result.events)
+    await upstreams_idle(stack)
+
+
+async def test_oracle_failure_mid_session_goes_on_without_oracle(stack, speak):
+    oracle = await stack.services.oracle()
+    gateway = await stack.services.gateway(stack.stt, oracle, stack.gateway.upstreams
+                                           .settings.frontend_address)
+    call = await LiveCall(gateway.address, converse_config()).start()
+    try:
+        feeding = asyncio.create_task(call.stream(np.concatenate(
+            [speak(QUESTION), np.zeros(3 * SAMPLE_RATE, np.float32)])))
+        await call.wait_for(lambda r: r.HasField("user_transcript"), timeout=20)
+        await oracle.stop()  # the oracle dies mid-turn
+        notice = await call.wait_for(lambda r: r.HasField("notice"), timeout=10)
+        assert notice.notice.kind == Notice.ORACLE_UNAVAILABLE
+        assert "oracle failed" in notice.notice.message
+        await feeding
+        assert await call.finish() == grpc.StatusCode.OK  # the call went on to its end
+        frames = call.of("audio")
+        assert len(frames) == call.frames_sent  # every caller frame was answered
+        assert any(r.user_transcript.is_final for r in [c for _, c in call.responses
+                                                        if c.HasField("user_transcript")])
+    finally:
+        await call.close()
+    await wait_until(lambda: stack.stt.active_sessions == 0, 10, "stt to see the session end")
+    await wait_until(lambda: stack.frontend.active_sessions == 0, 10, "the frontend session end")
+
+
+async def test_stt_failure_takes_the_oracle_along_and_the_call_goes_on(stack, speak):
+    stt = await stack.services.stt()
+    gateway = await stack.services.gateway(stt, stack.oracle, stack.gateway.upstreams
+                                           .settings.frontend_address)
+    call = await LiveCall(gateway.address, converse_config()).start()
+    try:
+        feeding = asyncio.create_task(call.stream(np.concatenate(
+            [speak(QUESTION), np.zeros(2 * SAMPLE_RATE, np.float32)])))
+        await wait_until(lambda: stack.oracle.active_sessions == 1, 10, "the oracle session")
+        await stt.stop()
+        notice = await call.wait_for(lambda r: r.HasField("notice"), timeout=10)
+        assert notice.notice.kind == Notice.ORACLE_UNAVAILABLE
+        assert "stt failed" in notice.notice.message
+        await wait_until(lambda: stack.oracle.active_sessions == 0, 10,
+                         "the oracle stream to close with the stt")
+        await feeding
+        assert await call.finish() == grpc.StatusCode.OK
+        assert len(call.of("audio")) == call.frames_sent
+    finally:
+        await call.close()
+
+
+async def test_frontend_failure_ends_the_session_with_unavailable(stack, speak, e2e_redis_url):
+    # A frontend of its own, found by a gateway of its own through another Redis db.
+    other_db = e2e_redis_url.rsplit("/", 1)[0] + "/10"
+    frontend = await stack.services.frontend(redis_url=other_db)
+    gateway = await stack.services.gateway(stack.stt, stack.oracle,
+                                           f"127.0.0.1:{frontend.port}", redis_url=other_db)
+    call = await LiveCall(gateway.address, converse_config()).start()
+    try:
+        feeding = asyncio.create_task(call.stream(speak(QUESTION)))
+        await call.wait_for(lambda r: r.HasField("audio"), timeout=10)
+        await frontend.stop()
+        code = await call.finish(timeout=15)
+        feeding.cancel()
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert re.search(r"the frontend 127\.0\.0\.1:\d+ failed", call.error.details())
+    finally:
+        await call.close()
+    await wait_until(lambda: stack.stt.active_sessions == 0, 10, "stt to see the session end")
+    await wait_until(lambda: stack.oracle.active_sessions == 0, 10, "oracle session end")
+    await wait_until(lambda: gateway.active_sessions == 0, 10, "the gateway session end")
+
+
+async def test_admission_control_refuses_sessions_over_the_limit(stack):
+    gateway = await stack.services.gateway(stack.stt, stack.oracle, stack.gateway.upstreams
+                                           .settings.frontend_address, max_sessions=1)
+    first = await LiveCall(gateway.address, converse_config()).start()
+    second = await LiveCall(gateway.address, converse_config()).start()
+    try:
+        await first.wait_for(lambda r: r.HasField("started"), timeout=10)
+        assert await second.finish(timeout=10) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "limit of 1 sessions" in second.error.details()
+        assert await first.finish(timeout=20) == grpc.StatusCode.OK
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_s2s_runs_without_oracle_and_the_gateway_logs_the_conversation(stack, speak):
+    """s2s: no oracle stream at all; the gateway writes the conversation. The
+    local tts replica stands in for moshi here (s2s_engine "" = the replica's
+    engine), saying a filler since no oracle feeds it."""
+    gateway = await stack.services.gateway(
+        stack.stt, stack.oracle, stack.gateway.upstreams.settings.frontend_address,
+        s2s_engine="", filler_text="Let me think about that.")
+    call = await LiveCall(gateway.address,
+                          converse_config(mode=gateway_pb2.ConverseConfig.S2S)).start()
+    try:
+        feeding = asyncio.create_task(call.stream(np.concatenate(
+            [speak(QUESTION), np.zeros(4 * SAMPLE_RATE, np.float32)])))
+        await wait_until(lambda: stack.stt.active_sessions == 1, 10, "the stt session")
+        assert stack.oracle.active_sessions == 0
+        await feeding
+        assert await call.finish() == grpc.StatusCode.OK
+    finally:
+        await call.close()
+    assert any(a.speaking for a in call.of("audio"))
+    assert not call.of("oracle_update")
+    turns = await conversation(stack.redis_url, call.session_id)
+    assert [t["role"] for t in turns] == ["user", "agent"], turns
+    assert {"capital", "france"} <= words(turns[0]["text"])
+    assert words(turns[1]["text"]) == {"let", "me", "think", "about", "that"}
+
+
+async def test_a_rejected_llm_override_ends_the_session_with_invalid_argument(stack):
+    config = converse_config(llm=gateway_pb2.LlmOverride(backend="anthropic"))  # and no key
+    call = await LiveCall(stack.gateway.address, config).start()
+    try:
+        await call.stream(np.zeros(SAMPLE_RATE, np.float32))
+        assert await call.finish() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "the oracle rejected the llm override" in call.error.details()
+        assert "API key" in call.error.details()
+    finally:
+        await call.close()
+    await upstreams_idle(stack)
+
+
+async def test_session_length_cap_ends_with_out_of_range(stack):
+    gateway = await stack.services.gateway(stack.stt, stack.oracle, stack.gateway.upstreams
+                                           .settings.frontend_address, max_session_s=0.5)
+    call = await LiveCall(gateway.address, converse_config()).start()
+    try:
+        await call.stream(np.zeros(SAMPLE_RATE, np.float32))
+        assert await call.finish() == grpc.StatusCode.OUT_OF_RANGE
+        assert "cap of 0.5 s" in call.error.details()
+        assert len(call.of("audio")) <= 6  # 0.5 s of frames at most came back
+    finally:
+        await call.close()
+    await upstreams_idle(stack)

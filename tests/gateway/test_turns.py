@@ -1,0 +1,82 @@
+"""The turn tracker: response latency from the caller's end of speech to the
+first agent audio, whichever of the two the gateway learns first."""
+
+from __future__ import annotations
+
+import pytest
+
+from kamepb import common_pb2
+from services.gateway.turns import TurnTracker
+
+
+def transcript(utterance: str, text: str, final: bool = False, lag_s: float = 0.0):
+    return common_pb2.TranscriptEvent(utterance_id=utterance, text=text, is_final=final,
+                                      lag_s=lag_s)
+
+
+def test_speech_end_before_agent_audio():
+    tracker = TurnTracker()
+    tracker.on_speech_start("u1", 10.0)
+    tracker.on_transcript(transcript("u1", "what is"), 10.6)
+    tracker.on_oracle_update(10.9)
+    tracker.on_transcript(transcript("u1", "what is the capital", final=True, lag_s=0.3), 12.3)
+    assert tracker.on_speech_end("u1", 12.0) is None  # the agent has not answered yet
+    turn = tracker.on_agent_audio_start(12.45)
+    assert turn is not None
+    assert turn.response_latency_s == pytest.approx(0.45)
+    summary = turn.summary()
+    assert summary.user_text == "what is the capital"
+    assert summary.utterance_id == "u1"
+    assert summary.stt_final_lag_s == pytest.approx(0.3)
+    assert summary.oracle_first_update_s == pytest.approx(0.3)
+
+
+def test_agent_audio_before_speech_end_event():
+    """The stt reports SPEECH_END after its endpoint silence; the agent may be
+    faster. The summary waits for the end of speech, then says the truth."""
+    tracker = TurnTracker()
+    tracker.on_speech_start("u1", 1.0)
+    assert tracker.on_agent_audio_start(3.4) is None
+    turn = tracker.on_speech_end("u1", 3.0)
+    assert turn.response_latency_s == pytest.approx(0.4)
+
+
+def test_agent_starting_before_the_caller_stops_is_negative():
+    tracker = TurnTracker()
+    tracker.on_speech_start("u1", 1.0)
+    tracker.on_agent_audio_start(2.5)
+    turn = tracker.on_speech_end("u1", 3.0)
+    assert turn.response_latency_s == pytest.approx(-0.5)
+
+
+def test_a_turn_of_two_utterances_ends_with_the_last():
+    tracker = TurnTracker()
+    tracker.on_speech_start("u1", 1.0)
+    tracker.on_transcript(transcript("u1", "what is", final=True), 2.2)
+    assert tracker.on_speech_end("u1", 1.8) is None
+    tracker.on_speech_start("u2", 2.4)
+    tracker.on_transcript(transcript("u2", "the capital of France", final=True), 4.0)
+    assert tracker.on_agent_audio_start(3.9) is None  # u2 still open
+    turn = tracker.on_speech_end("u2", 3.6)
+    assert turn.response_latency_s == pytest.approx(0.3)
+    assert turn.user_text == "what is the capital of France"
+    assert turn.last_utterance_id == "u2"
+
+
+def test_each_turn_is_summarized_once_and_agent_pauses_do_not_open_turns():
+    tracker = TurnTracker()
+    tracker.on_speech_start("u1", 1.0)
+    tracker.on_speech_end("u1", 2.0)
+    assert tracker.on_agent_audio_start(2.5) is not None
+    assert tracker.on_agent_audio_start(3.5) is None  # the agent resumes after a pause
+    tracker.on_speech_start("u2", 6.0)  # the caller speaks again: a new turn
+    tracker.on_speech_end("u2", 7.0)
+    second = tracker.on_agent_audio_start(7.2)
+    assert second.response_latency_s == pytest.approx(0.2)
+    assert len(tracker.turns) == 2
+
+
+def test_agent_audio_with_no_caller_turn_is_not_a_turn():
+    tracker = TurnTracker()
+    assert tracker.on_agent_audio_start(0.5) is None
+    assert tracker.turns == []
