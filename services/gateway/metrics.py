@@ -12,6 +12,13 @@ FRAME_ROUND_TRIP = Histogram(
     ["mode"],
     buckets=FRAME_BUCKETS,
 )
+FRAME_TRANSPORT = Histogram(
+    "kame_gateway_frame_transport_seconds",
+    "Per caller frame: the frame round trip minus the frontend's step time for it "
+    "(gRPC hops, queues and event loops between the gateway and the engine)",
+    ["mode"],
+    buckets=FRAME_BUCKETS,
+)
 RESPONSE_LATENCY = Histogram(
     "kame_gateway_response_latency_seconds",
     "Caller's end of speech (stt SPEECH_END) -> first agent audio leaving the gateway; "

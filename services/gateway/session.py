@@ -476,8 +476,9 @@ class GatewaySession:
 
     async def _on_agent_audio(self, audio: frontend_pb2.AgentAudio) -> None:
         frame = audio.frame
-        metrics.FRAME_ROUND_TRIP.labels(self.plan.mode).observe(
-            (_now_us() - frame.capture_time_us) / 1e6)
+        round_trip = (_now_us() - frame.capture_time_us) / 1e6
+        metrics.FRAME_ROUND_TRIP.labels(self.plan.mode).observe(round_trip)
+        metrics.FRAME_TRANSPORT.labels(self.plan.mode).observe(max(0.0, round_trip - audio.step_s))
         chunks = await asyncio.to_thread(self._encoder.encode, pcm16_to_float(frame.pcm))
         await self._client_q.put(_AgentAudioOut(frame.seq, audio.speaking, chunks))
 
