@@ -1,0 +1,105 @@
+"""STT service settings (flag `--decode-workers 2` or env `KAME_STT_DECODE_WORKERS=2`), and
+the per-stream settings resolved from a client's SttConfig against the service defaults."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kame_common.config import ConfigError, load_config, setting
+
+ENV_PREFIX = "KAME_STT_"
+DEVICES = ("cpu", "cuda", "auto")
+COMPUTE_TYPES = (
+    "",  # int8 on CPU, float16 on CUDA
+    "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+    "float16", "bfloat16", "float32", "auto", "default",
+)
+# One Whisper window is 30 s; a longer utterance would need a second window per partial.
+MAX_UTTERANCE_LIMIT_S = 30.0
+
+
+@dataclass
+class SttSettings:
+    host: str = setting("0.0.0.0", "Address the gRPC server binds")
+    port: int = setting(50053, "gRPC port (0 picks a free one)")
+    metrics_port: int = setting(9103, "Prometheus /metrics port (0 disables)")
+    max_sessions: int = setting(0, "Admission limit on open streams (0 = unlimited)")
+    grace_s: float = setting(30.0, "On SIGTERM, seconds open sessions get to finish")
+    otlp_endpoint: str = setting("", "OpenTelemetry OTLP/gRPC endpoint (empty = no export)")
+    model_dir: str = setting("", "CTranslate2 Whisper directory (empty = embedded tiny.en)")
+    device: str = setting("cpu", "Where Whisper runs", choices=DEVICES)
+    compute_type: str = setting(
+        "", "CTranslate2 compute type (empty = int8 on CPU, float16 on CUDA)", choices=COMPUTE_TYPES
+    )
+    cpu_threads: int = setting(0, "Threads per decode worker on CPU (0 = cores / workers)")
+    decode_workers: int = setting(1, "Whisper decodes run at once (all sessions share them)")
+    beam_size: int = setting(1, "Beam size of final decodes (partials are always greedy)")
+    word_timestamps: bool = setting(True, "Align word timings (about 10% more decode time)")
+    partial_interval_s: float = setting(0.5, "Default: re-decode after this much new speech")
+    endpoint_silence_s: float = setting(0.5, "Default: a pause this long ends the utterance")
+    max_utterance_s: float = setting(15.0, "Default: an utterance this long is finalized")
+    vad_threshold: float = setting(0.5, "Default: Silero VAD speech probability threshold")
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """What one Transcribe stream runs with, after defaults and validation."""
+
+    session_id: str
+    language: str
+    partial_interval_s: float
+    endpoint_silence_s: float
+    max_utterance_s: float
+    vad_threshold: float
+
+
+# Allowed ranges of the per-stream settings, checked for client values and defaults alike.
+RANGES = {
+    "partial_interval_s": (0.16, 10.0),
+    "endpoint_silence_s": (0.1, 5.0),
+    "max_utterance_s": (1.0, MAX_UTTERANCE_LIMIT_S),
+    "vad_threshold": (0.05, 0.95),
+}
+
+
+def _in_range(name: str, value: float) -> float:
+    low, high = RANGES[name]
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low:g} and {high:g} (or 0 for the default), "
+                         f"got {value:g}")
+    return value
+
+
+def stream_settings(
+    session_id: str,
+    language: str,
+    overrides: Mapping[str, float],
+    defaults: SttSettings,
+) -> StreamSettings:
+    """Resolve a stream's settings: a 0 in `overrides` means the service default.
+    Raises ValueError naming the bad field and its allowed range."""
+    values = {}
+    for name in RANGES:
+        requested = float(overrides.get(name, 0.0))
+        values[name] = _in_range(name, requested if requested else getattr(defaults, name))
+    if values["partial_interval_s"] > values["max_utterance_s"]:
+        raise ValueError(
+            f"partial_interval_s ({values['partial_interval_s']:g}) must not exceed "
+            f"max_utterance_s ({values['max_utterance_s']:g})"
+        )
+    return StreamSettings(session_id=session_id, language=language or "en", **values)
+
+
+def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> SttSettings:
+    settings = load_config(SttSettings, prefix=ENV_PREFIX, argv=argv, env=env)
+    for name, minimum in (("decode_workers", 1), ("beam_size", 1), ("cpu_threads", 0),
+                          ("max_sessions", 0)):
+        if getattr(settings, name) < minimum:
+            raise ConfigError(f"{name}: must be at least {minimum}, got {getattr(settings, name)}")
+    for name in RANGES:
+        try:
+            _in_range(name, getattr(settings, name))
+        except ValueError as exc:
+            raise ConfigError(str(exc).replace(" (or 0 for the default)", "")) from None
+    return settings

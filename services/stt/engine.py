@@ -1,0 +1,545 @@
+"""Streaming speech recognition on faster-whisper: the logic of the STT service.
+
+`SttEngine` owns what every session shares: one WhisperModel, the Silero VAD
+model, the decode queue (`DecodeScheduler`) and a small pool of threads for
+per-frame audio work. `SttSession` is one caller's stream:
+
+    frame (24 kHz) -> resample to 16 kHz -> Silero VAD -> Segmenter
+      speech start  -> SPEECH_START, open an utterance
+      every `partial_interval_s` of new speech -> partial decode of the whole
+                       utterance; local agreement keeps its prefix stable
+      pause of 0.2 s -> the final decode starts early (discarded if the caller
+                       goes on), so it is usually done when the endpoint is
+      pause of `endpoint_silence_s` -> SPEECH_END, final transcript
+      `max_utterance_s` of audio -> final transcript, the next utterance
+                       starts at once (speech goes on: no activity events)
+
+Events come out of `events()` in order: transcript events of an utterance
+never follow its final, and finals come in utterance order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from faster_whisper import WhisperModel
+
+from kame_common import tracing
+from kame_common.audio import (
+    FRAME_SECONDS,
+    SAMPLE_RATE,
+    StreamResampler,
+    pcm16_to_float,
+    resample,
+)
+from kame_common.models import whisper_tiny_en_dir
+from kamepb import common_pb2, stt_pb2
+from services.stt import metrics
+from services.stt.agreement import LocalAgreement, Word, join_words
+from services.stt.config import MAX_UTTERANCE_LIMIT_S, StreamSettings, SttSettings
+from services.stt.scheduler import DecodeScheduler
+from services.stt.vad import VAD_RATE, Segmenter, SileroVad, VadEvent
+
+log = logging.getLogger(__name__)
+_tracer = tracing.tracer(__name__)
+
+# Audio kept before the VAD's speech start: Silero fires a little after soft onsets.
+PRE_ROLL_S = 0.25
+# The final decode covers this much of the pause after the speech, and starts as
+# soon as that audio is in, before the endpoint is confirmed.
+FINAL_TAIL_S = 0.2
+# Bounds a decode that loops (Whisper can repeat itself): far above speech's ~5 tokens/s.
+TOKENS_PER_SECOND_CAP = 10
+MAX_NEW_TOKENS = 400
+# Less audio than this holds no word: not worth a decode.
+MIN_DECODE_S = 0.1
+# Per-session bounds: finals awaiting emission (more blocks the reader, so the client
+# feels backpressure) and events awaiting the client (partials are dropped when full).
+MAX_PENDING_FINALS = 4
+OUTPUT_QUEUE_SIZE = 64
+
+SPEECH_START = common_pb2.SpeechActivity.SPEECH_START
+SPEECH_END = common_pb2.SpeechActivity.SPEECH_END
+
+
+class SessionFailed(RuntimeError):
+    """A final decode failed; the stream cannot deliver its transcript."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    words: list[Word]  # stream seconds
+    seconds: float  # decode wall time
+
+
+class SttEngine:
+    """The shared model side. Construction loads the models (about a second on CPU)."""
+
+    def __init__(self, settings: SttSettings | None = None) -> None:
+        self.settings = settings or SttSettings()
+        self.model_dir = Path(self.settings.model_dir) if self.settings.model_dir \
+            else whisper_tiny_en_dir()
+        device = self.settings.device
+        compute_type = self.settings.compute_type or ("float16" if device == "cuda" else "int8")
+        workers = self.settings.decode_workers
+        cpu_threads = self.settings.cpu_threads or max(1, (os.cpu_count() or 1) // workers)
+        self.model = WhisperModel(
+            str(self.model_dir),
+            device=device,
+            compute_type=compute_type,
+            cpu_threads=cpu_threads,
+            num_workers=workers,
+        )
+        self.vad = SileroVad()
+        # The first decode pays one-off allocations: pay them before serving.
+        self.decode(np.zeros(VAD_RATE, dtype=np.float32), 0.0, "en", 1)
+        self.scheduler = DecodeScheduler(workers)
+        # Resampling and VAD per frame: light, but never on the event loop thread.
+        self.audio_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stt-audio")
+
+    def check_model(self, requested: str) -> None:
+        """Sessions may name the served model (or leave it empty); ValueError otherwise."""
+        if requested and Path(requested).resolve() != self.model_dir.resolve():
+            raise ValueError(
+                f"model: this replica serves the Whisper model at {self.model_dir}; "
+                f"leave model empty or name that directory, got {requested!r}"
+            )
+
+    def check_language(self, language: str) -> None:
+        if not self.model.model.is_multilingual and language != "en":
+            raise ValueError(f"language: the model at {self.model_dir} is English-only; "
+                             f"use 'en' (or leave it empty), got {language!r}")
+        if language not in self.model.supported_languages:
+            raise ValueError(f"language: {language!r} is not supported; use one of "
+                             f"{', '.join(self.model.supported_languages)}")
+
+    def decode(self, audio: np.ndarray, offset_s: float, language: str, beam_size: int) -> Decoded:
+        """Transcribe one 16 kHz utterance (blocking); word times in stream seconds."""
+        started = time.perf_counter()
+        duration = len(audio) / VAD_RATE
+        if duration < MIN_DECODE_S:
+            return Decoded([], 0.0)  # nothing to hear (e.g. a cut just before a pause ended)
+        segments, _info = self.model.transcribe(
+            audio,
+            language=language,
+            beam_size=beam_size,
+            temperature=0.0,
+            condition_on_previous_text=False,
+            word_timestamps=self.settings.word_timestamps,
+            max_new_tokens=min(MAX_NEW_TOKENS, int(TOKENS_PER_SECOND_CAP * duration) + 16),
+        )
+        words = [word for segment in segments
+                 for word in _segment_words(segment, offset_s, duration)]
+        return Decoded(words, time.perf_counter() - started)
+
+    def transcribe_clip(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> str:
+        """The text of a whole clip (float32, default 24 kHz), e.g. to check what an
+        agent said. Blocking: call it from a thread in async code."""
+        audio = resample(np.asarray(samples, dtype=np.float32), sample_rate, VAD_RATE)
+        segments, _info = self.model.transcribe(
+            audio, language="en" if not self.model.model.is_multilingual else None,
+            beam_size=self.settings.beam_size, condition_on_previous_text=False,
+        )
+        return " ".join(segment.text.strip() for segment in segments).strip()
+
+    def open_session(self, settings: StreamSettings) -> SttSession:
+        """A new stream; call from the event loop that will drive it."""
+        return SttSession(self, settings)
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self.audio_executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _segment_words(segment, offset_s: float, duration_s: float) -> list[Word]:
+    """The segment's words in stream seconds, inside the decoded audio (Whisper's
+    timestamps are 20 ms steps and can overshoot the end of a short clip)."""
+    if segment.words is not None:
+        timed = [(w.word.strip(), w.start, w.end, float(w.probability)) for w in segment.words]
+    else:  # without word alignment, spread the segment's words evenly over its span
+        texts = segment.text.split()
+        step = (segment.end - segment.start) / max(len(texts), 1)
+        probability = float(np.exp(segment.avg_logprob))
+        timed = [(text, segment.start + i * step, segment.start + (i + 1) * step, probability)
+                 for i, text in enumerate(texts)]
+    return [
+        Word(text, offset_s + min(start, duration_s), offset_s + min(end, duration_s), prob)
+        for text, start, end, prob in timed
+        if text
+    ]
+
+
+class AudioBuffer:
+    """The recent 16 kHz audio of a stream, addressed in stream seconds. Frames are
+    joined only when audio is read or dropped, not on every append."""
+
+    def __init__(self) -> None:
+        self._chunks: list[np.ndarray] = []
+        self._length = 0
+        self._first = 0  # stream sample index of the first kept sample
+
+    @property
+    def end_s(self) -> float:
+        return (self._first + self._length) / VAD_RATE
+
+    @property
+    def start_s(self) -> float:
+        return self._first / VAD_RATE
+
+    def append(self, samples: np.ndarray) -> None:
+        self._chunks.append(samples)
+        self._length += len(samples)
+
+    def _joined(self) -> np.ndarray:
+        if len(self._chunks) != 1:
+            self._chunks = [np.concatenate(self._chunks) if self._chunks
+                            else np.zeros(0, dtype=np.float32)]
+        return self._chunks[0]
+
+    def slice(self, start_s: float, end_s: float) -> np.ndarray:
+        start = max(round(start_s * VAD_RATE) - self._first, 0)
+        end = max(round(end_s * VAD_RATE) - self._first, start)
+        return self._joined()[start:end].copy()
+
+    def keep_from(self, start_s: float) -> None:
+        drop = min(max(round(start_s * VAD_RATE) - self._first, 0), self._length)
+        if drop:
+            self._chunks = [self._joined()[drop:]]
+            self._length -= drop
+            self._first += drop
+
+
+class FrameClock:
+    """When each recent frame arrived (monotonic seconds), to measure lag behind the audio."""
+
+    def __init__(self, keep_frames: int) -> None:
+        self._times: collections.deque[float] = collections.deque(maxlen=keep_frames)
+        self._count = 0
+
+    def append(self, received_at: float) -> None:
+        self._times.append(received_at)
+        self._count += 1
+
+    def received_at(self, stream_s: float) -> float:
+        """Arrival of the frame holding the audio just before `stream_s`."""
+        index = int(max(stream_s - 1e-6, 0.0) / FRAME_SECONDS)
+        oldest = self._count - len(self._times)
+        return self._times[min(max(index - oldest, 0), len(self._times) - 1)]
+
+
+@dataclass
+class Utterance:
+    utterance_id: str
+    audio_start_s: float  # decoded audio starts here (speech start minus pre-roll)
+    opened_ns: int = field(default_factory=time.time_ns)
+    agreement: LocalAgreement = field(default_factory=LocalAgreement)
+    last_partial_end_s: float = 0.0  # audio end of the newest partial submitted
+    applied_partial_end_s: float = 0.0  # audio end of the newest partial emitted
+    partials: int = 0
+    early_final: Future | None = None
+    early_final_pause_s: float | None = None  # the pause the early final was cut at
+    early_final_end_s: float = 0.0
+    final: Future | None = None
+    final_end_s: float = 0.0
+    speech_end_s: float | None = None  # None when cut at max length
+    final_emitted: bool = False
+
+
+_END = object()
+
+
+class SttSession:
+    def __init__(self, engine: SttEngine, settings: StreamSettings) -> None:
+        self._engine = engine
+        self.settings = settings
+        self._resampler = StreamResampler(SAMPLE_RATE, VAD_RATE)
+        self._vad = engine.vad.stream()
+        self._segmenter = Segmenter(settings.vad_threshold, settings.endpoint_silence_s)
+        self._audio = AudioBuffer()
+        self._clock = FrameClock(int((MAX_UTTERANCE_LIMIT_S + 10) / FRAME_SECONDS))
+        self._utterance: Utterance | None = None
+        self._utterance_count = 0
+        self._last_speech_end_s = 0.0
+        self._final_tail_s = min(FINAL_TAIL_S, settings.endpoint_silence_s)
+        self._out: asyncio.Queue = asyncio.Queue(maxsize=OUTPUT_QUEUE_SIZE)
+        self._finals: asyncio.Queue = asyncio.Queue(maxsize=MAX_PENDING_FINALS)
+        self._tasks: set[asyncio.Task] = set()
+        self._final_emitter = asyncio.create_task(self._emit_finals())
+        self._finished = False
+        self._error: Exception | None = None
+
+    # --- input ---
+
+    async def push_frame(self, pcm: bytes, received_at: float | None = None) -> None:
+        """Feed one validated 80 ms frame (PCM s16le, 24 kHz); `received_at` is its
+        arrival in time.monotonic() seconds (default: now)."""
+        self._clock.append(time.monotonic() if received_at is None else received_at)
+        loop = asyncio.get_running_loop()
+        samples, probs = await loop.run_in_executor(self._engine.audio_executor,
+                                                    self._analyze, pcm)
+        self._audio.append(samples)
+        for event in self._segmenter.push(probs):
+            await self._on_vad_event(event)
+        await self._schedule_decodes()
+        # Idle, keep the pre-roll (plus a frame: a speech start can lie in the last one).
+        keep = self._utterance.audio_start_s if self._utterance else \
+            self._audio.end_s - PRE_ROLL_S - FRAME_SECONDS
+        self._audio.keep_from(keep)
+
+    def _analyze(self, pcm: bytes) -> tuple[np.ndarray, np.ndarray]:
+        samples = self._resampler.process(pcm16_to_float(pcm))
+        return samples, self._vad.process(samples)
+
+    async def finish(self) -> None:
+        """End of audio: finalize the open utterance; `events()` ends after its final."""
+        if self._finished:
+            return
+        self._finished = True
+        utterance = self._utterance
+        loop = asyncio.get_running_loop()
+        self._audio.append(await loop.run_in_executor(self._engine.audio_executor,
+                                                      self._resampler.flush))
+        if utterance is not None:
+            pause = self._segmenter.pause_start_s
+            await self._end_speech(utterance, self._audio.end_s if pause is None else pause)
+        await self._finals.put(_END)
+
+    def close(self) -> None:
+        """Abandon the stream: stop its tasks and withdraw its waiting decodes."""
+        self._final_emitter.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        self._engine.scheduler.cancel_owner(self)
+
+    # --- output ---
+
+    async def events(self) -> AsyncIterator[stt_pb2.TranscribeResponse]:
+        """Responses in order until the stream is finished; raises the error given to
+        `fail()`, or SessionFailed when a final decode failed."""
+        while True:
+            if self._error is not None:
+                raise self._error
+            item = await self._out.get()
+            if item is _END:
+                return
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    def fail(self, error: Exception) -> None:
+        """End the stream with `error`: `events()` raises it next."""
+        self._error = error
+        with contextlib.suppress(asyncio.QueueFull):
+            self._out.put_nowait(error)  # wakes a waiting events(); when full it checks first
+
+    # --- segmentation ---
+
+    async def _on_vad_event(self, event: VadEvent) -> None:
+        if event.kind == "start":
+            self._utterance_count += 1
+            utterance_id = f"{self.settings.session_id or 'stt'}-{self._utterance_count}"
+            start = max(event.at_s - PRE_ROLL_S, self._last_speech_end_s, self._audio.start_s)
+            # The first partial comes after partial_interval_s of speech, not of pre-roll.
+            self._utterance = Utterance(utterance_id, start, last_partial_end_s=event.at_s)
+            await self._emit_activity(SPEECH_START, utterance_id, event.at_s)
+        elif self._utterance is not None:
+            await self._end_speech(self._utterance, event.at_s)
+
+    async def _end_speech(self, utterance: Utterance, speech_end_s: float) -> None:
+        utterance.speech_end_s = speech_end_s
+        self._last_speech_end_s = speech_end_s
+        await self._emit_activity(SPEECH_END, utterance.utterance_id, speech_end_s)
+        if utterance.early_final is not None and utterance.early_final_pause_s == speech_end_s:
+            utterance.final = utterance.early_final
+            utterance.final_end_s = utterance.early_final_end_s
+        else:
+            self._discard_early_final(utterance)
+            utterance.final_end_s = self._final_end(utterance, speech_end_s)
+            utterance.final = self._submit_final(utterance, utterance.final_end_s)
+        await self._queue_final(utterance)
+
+    async def _queue_final(self, utterance: Utterance) -> None:
+        self._utterance = None
+        await self._finals.put(utterance)
+
+    async def _schedule_decodes(self) -> None:
+        utterance = self._utterance
+        if utterance is None:
+            return
+        pause = self._segmenter.pause_start_s
+        if utterance.early_final is not None and utterance.early_final_pause_s != pause:
+            self._discard_early_final(utterance)  # the caller went on talking
+        if pause is not None:
+            if utterance.early_final is None and self._audio.end_s >= pause + self._final_tail_s:
+                end_s = self._final_end(utterance, pause)
+                utterance.early_final = self._submit_final(utterance, end_s)
+                utterance.early_final_pause_s, utterance.early_final_end_s = pause, end_s
+        elif self._audio.end_s - utterance.last_partial_end_s >= self.settings.partial_interval_s:
+            self._submit_partial(utterance)
+        if self._audio.end_s - utterance.audio_start_s >= self.settings.max_utterance_s:
+            await self._cut(utterance)
+
+    async def _cut(self, utterance: Utterance) -> None:
+        """Max length: finalize what we have; the speech goes on in a new utterance."""
+        self._discard_early_final(utterance)
+        end_s = self._audio.end_s
+        utterance.final, utterance.final_end_s = self._submit_final(utterance, end_s), end_s
+        await self._queue_final(utterance)
+        self._utterance_count += 1
+        self._utterance = Utterance(
+            f"{self.settings.session_id or 'stt'}-{self._utterance_count}", end_s,
+            last_partial_end_s=end_s,
+        )
+
+    def _final_end(self, utterance: Utterance, speech_end_s: float) -> float:
+        """Where the final's audio ends: a little into the pause. (After a max-length cut
+        the speech may have ended before this utterance began: then it is empty.)"""
+        end_s = min(speech_end_s + self._final_tail_s, self._audio.end_s)
+        return max(end_s, utterance.audio_start_s)
+
+    def _discard_early_final(self, utterance: Utterance) -> None:
+        if utterance.early_final is not None:
+            self._engine.scheduler.cancel(utterance.early_final)
+            metrics.EARLY_FINALS_DISCARDED.inc()
+            utterance.early_final, utterance.early_final_pause_s = None, None
+
+    # --- decoding ---
+
+    def _decode_job(self, utterance: Utterance, end_s: float, kind: str, beam_size: int):
+        audio = self._audio.slice(utterance.audio_start_s, end_s)
+        offset_s = utterance.audio_start_s
+        duration = max(len(audio) / VAD_RATE, 1e-3)
+
+        def job() -> Decoded:
+            decoded = self._engine.decode(audio, offset_s, self.settings.language, beam_size)
+            if decoded.seconds:  # 0 when there was too little audio to run Whisper
+                metrics.DECODE_SECONDS.labels(kind=kind).observe(decoded.seconds)
+                metrics.DECODE_RTF.labels(kind=kind).observe(decoded.seconds / duration)
+            return decoded
+
+        return job
+
+    def _submit_final(self, utterance: Utterance, end_s: float) -> Future:
+        job = self._decode_job(utterance, end_s, "final", self._engine.settings.beam_size)
+        # A waiting partial would only run after the final: drop it. A running one
+        # is still emitted if it ends before the final does.
+        if self._engine.scheduler.withdraw_partial(self):
+            metrics.PARTIALS_SKIPPED.labels(reason="finalized").inc()
+        return self._engine.scheduler.submit_final(self, job)
+
+    def _submit_partial(self, utterance: Utterance) -> None:
+        end_s = self._audio.end_s
+        job = self._decode_job(utterance, end_s, "partial", beam_size=1)
+        future = self._engine.scheduler.submit_partial(self, job)
+        utterance.last_partial_end_s = end_s
+        received_at = self._clock.received_at(end_s)
+        task = asyncio.create_task(self._deliver_partial(utterance, future, end_s, received_at))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _deliver_partial(
+        self, utterance: Utterance, future: Future, end_s: float, received_at: float
+    ) -> None:
+        try:
+            decoded: Decoded = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            return  # superseded in the queue (counted there) or the session closed
+        except Exception:
+            log.exception("partial decode failed for %s", utterance.utterance_id)
+            return
+        if utterance.final_emitted:
+            metrics.PARTIALS_SKIPPED.labels(reason="finalized").inc()
+            return
+        if end_s <= utterance.applied_partial_end_s:
+            metrics.PARTIALS_SKIPPED.labels(reason="superseded").inc()
+            return
+        utterance.applied_partial_end_s = end_s
+        tail = utterance.agreement.update(decoded.words)
+        stable = utterance.agreement.stable
+        lag = time.monotonic() - received_at
+        event = _transcript(
+            utterance, is_final=False, stability=utterance.agreement.stability(tail),
+            words=stable + tail, stable_text=join_words(stable), end_s=end_s, lag_s=lag,
+        )
+        try:
+            self._out.put_nowait(event)
+        except asyncio.QueueFull:
+            metrics.PARTIALS_SKIPPED.labels(reason="output_full").inc()
+            return
+        utterance.partials += 1
+        metrics.PARTIAL_LAG_SECONDS.observe(lag)
+        metrics.TRANSCRIPTS.labels(kind="partial").inc()
+
+    async def _emit_finals(self) -> None:
+        while (utterance := await self._finals.get()) is not _END:
+            try:
+                decoded: Decoded = await asyncio.wrap_future(utterance.final)
+            except Exception as exc:
+                log.exception("final decode failed for %s", utterance.utterance_id)
+                await self._out.put(SessionFailed(f"final decode failed: {exc}"))
+                return
+            utterance.final_emitted = True
+            await self._out.put(self._final_event(utterance, decoded))
+        await self._out.put(_END)
+
+    def _final_event(self, utterance: Utterance, decoded: Decoded) -> stt_pb2.TranscribeResponse:
+        now = time.monotonic()
+        lag = now - self._clock.received_at(utterance.final_end_s)
+        text = join_words(decoded.words)
+        event = _transcript(utterance, is_final=True, stability=1.0, words=decoded.words,
+                            stable_text=text, end_s=utterance.final_end_s, lag_s=lag)
+        metrics.TRANSCRIPTS.labels(kind="final").inc()
+        attributes = {"stt.utterance_id": utterance.utterance_id, "stt.lag_s": lag,
+                      "stt.partials": utterance.partials, "stt.words": len(decoded.words)}
+        if utterance.speech_end_s is not None:
+            after_speech = now - self._clock.received_at(utterance.speech_end_s)
+            metrics.FINAL_LAG_SECONDS.observe(after_speech)
+            attributes["stt.final_lag_after_speech_s"] = after_speech
+        if tracing.TRANSCRIPTS_IN_SPANS:
+            attributes["stt.text"] = text
+        span = _tracer.start_span("stt.utterance", start_time=utterance.opened_ns,
+                                  attributes=attributes)
+        span.end()
+        return event
+
+    async def _emit_activity(self, kind: int, utterance_id: str, at_s: float) -> None:
+        activity = common_pb2.SpeechActivity(kind=kind, utterance_id=utterance_id, at_s=at_s)
+        await self._out.put(stt_pb2.TranscribeResponse(activity=activity))
+
+    async def aclose(self) -> None:
+        """close() and wait until the session's tasks have ended."""
+        self.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(self._final_emitter, *self._tasks, return_exceptions=True)
+
+
+def _transcript(
+    utterance: Utterance, *, is_final: bool, stability: float, words: list[Word],
+    stable_text: str, end_s: float, lag_s: float,
+) -> stt_pb2.TranscribeResponse:
+    event = common_pb2.TranscriptEvent(
+        utterance_id=utterance.utterance_id,
+        is_final=is_final,
+        stability=stability,
+        text=join_words(words),
+        stable_text=stable_text,
+        words=[
+            common_pb2.WordTiming(word=w.text, start_s=w.start_s, end_s=w.end_s,
+                                  probability=w.probability)
+            for w in words
+        ],
+        span=common_pb2.AudioSpan(start_s=utterance.audio_start_s, end_s=end_s),
+        lag_s=lag_s,
+    )
+    return stt_pb2.TranscribeResponse(transcript=event)
+

@@ -1,0 +1,160 @@
+"""gRPC glue of the STT service: `Stt.Transcribe`, `serve` and `main`.
+
+Per stream: an SttConfig first, then 80 ms AudioFrames; the client
+half-closing its side finalizes the open utterance and ends the stream once
+every final is out. Out: SpeechActivity and TranscriptEvents (see engine.py).
+A bad config or frame ends the stream with INVALID_ARGUMENT saying what was
+expected; a failed final decode with INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from kame_common import tracing
+from kame_common.audio import check_frame
+from kame_common.config import ConfigError
+from kame_common.metrics import start_metrics_server
+from kame_common.server import ServiceRuntime
+from kamepb import stt_pb2, stt_pb2_grpc
+from services.stt import config as stt_config
+from services.stt.config import StreamSettings, SttSettings, stream_settings
+from services.stt.engine import SessionFailed, SttEngine, SttSession
+
+log = logging.getLogger(__name__)
+_tracer = tracing.tracer(__name__)
+
+SERVICE_NAME = stt_pb2.DESCRIPTOR.services_by_name["Stt"].full_name
+
+
+class InvalidRequest(ValueError):
+    """The client sent something the protocol does not allow (-> INVALID_ARGUMENT)."""
+
+
+class SttServicer(stt_pb2_grpc.SttServicer):
+    def __init__(self, engine: SttEngine, runtime: ServiceRuntime) -> None:
+        self.engine = engine
+        self.runtime = runtime
+
+    async def Transcribe(  # noqa: N802 - the gRPC method name
+        self, request_iterator: AsyncIterator[stt_pb2.TranscribeRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[stt_pb2.TranscribeResponse]:
+        async with self.runtime.session(context):
+            try:
+                settings = self._stream_settings(await anext(request_iterator, None))
+            except InvalidRequest as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            with _tracer.start_as_current_span(
+                "stt.session", attributes={"session.id": settings.session_id}
+            ):
+                session = self.engine.open_session(settings)
+                reader = asyncio.create_task(self._read_audio(request_iterator, session))
+                try:
+                    async for response in session.events():
+                        yield response
+                    await reader
+                except InvalidRequest as exc:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                except SessionFailed as exc:
+                    await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+                finally:
+                    reader.cancel()
+                    await session.aclose()
+
+    def _stream_settings(self, first: stt_pb2.TranscribeRequest | None) -> StreamSettings:
+        if first is None:
+            raise InvalidRequest("the stream ended before its config: send an SttConfig first")
+        if first.WhichOneof("msg") != "config":
+            raise InvalidRequest(
+                "the first message must be an SttConfig (config), then audio frames; "
+                f"got {first.WhichOneof('msg') or 'an empty message'}"
+            )
+        config = first.config
+        try:
+            self.engine.check_model(config.model)
+            settings = stream_settings(
+                config.session_id,
+                config.language,
+                {
+                    "partial_interval_s": config.partial_interval_s,
+                    "endpoint_silence_s": config.endpoint_silence_s,
+                    "max_utterance_s": config.max_utterance_s,
+                    "vad_threshold": config.vad_threshold,
+                },
+                self.engine.settings,
+            )
+            self.engine.check_language(settings.language)
+        except ValueError as exc:
+            raise InvalidRequest(f"bad SttConfig: {exc}") from None
+        return settings
+
+    async def _read_audio(
+        self, request_iterator: AsyncIterator[stt_pb2.TranscribeRequest], session: SttSession
+    ) -> None:
+        """Feed the session until the client half-closes. A bad message ends the stream:
+        the error goes to the response side, which aborts the call with it."""
+        try:
+            async for request in request_iterator:
+                received_at = time.monotonic()
+                kind = request.WhichOneof("msg")
+                if kind != "audio":
+                    raise InvalidRequest(
+                        "after the SttConfig only audio frames may follow; "
+                        f"got {'a second config' if kind == 'config' else 'an empty message'}"
+                    )
+                try:
+                    check_frame(request.audio.pcm, request.audio.sample_rate_hz)
+                except ValueError as exc:
+                    raise InvalidRequest(f"audio frame seq {request.audio.seq}: {exc}") from None
+                await session.push_frame(request.audio.pcm, received_at)
+            await session.finish()
+        except InvalidRequest as exc:
+            session.fail(exc)
+        except Exception as exc:  # a bug: end the stream rather than leave it hanging
+            log.exception("stt stream %s failed", session.settings.session_id)
+            session.fail(SessionFailed(f"internal error: {exc}"))
+
+
+async def serve(settings: SttSettings, engine: SttEngine | None = None) -> ServiceRuntime:
+    """Start the service (loading the models unless an engine is given); returns the
+    running runtime, `runtime.port` being the bound port."""
+    tracing.setup_tracing("stt", settings.otlp_endpoint)
+    if engine is None:
+        engine = await asyncio.to_thread(SttEngine, settings)
+    runtime = ServiceRuntime("stt", [SERVICE_NAME], settings.host, settings.port,
+                             settings.max_sessions, settings.grace_s)
+    servicer = SttServicer(engine, runtime)
+    await runtime.start(lambda server: stt_pb2_grpc.add_SttServicer_to_server(servicer, server))
+    start_metrics_server(settings.metrics_port)
+    return runtime
+
+
+async def _run(settings: SttSettings) -> None:
+    engine = await asyncio.to_thread(SttEngine, settings)
+    runtime = await serve(settings, engine)
+    runtime.install_signal_handlers()
+    log.info("stt serving %s on %s", engine.model_dir, runtime.address)
+    try:
+        await runtime.wait_stopped()
+    finally:
+        engine.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # faster-whisper logs every decode at INFO: twice a second per caller.
+    logging.getLogger("faster_whisper").setLevel(logging.WARNING)
+    try:
+        settings = stt_config.load(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"stt: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(_run(settings))
+    return 0
