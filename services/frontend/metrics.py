@@ -15,7 +15,8 @@ STEP_SECONDS = Histogram(
 FREE_SLOTS = Gauge("kame_frontend_free_slots", "Sessions this replica can still take")
 FIRST_AUDIO_SECONDS = Histogram(
     "kame_frontend_first_audio_seconds",
-    "tts engine: wall time from the caller's turn end to the agent's first audio frame",
+    "tts engine: wall time from the caller's turn end to the agent's first audio frame "
+    "(includes waiting for oracle text when none was there at the turn end)",
     buckets=TURN_BUCKETS,
 )
 SYNTHESIS_RTF = Histogram(

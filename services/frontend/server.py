@@ -16,6 +16,7 @@ stop the replica withdraws first so the gateway stops choosing it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import time
@@ -51,7 +52,14 @@ WITHDRAW_TIMEOUT_S = 2.0
 
 
 class CapacityPublisher:
-    """Keeps this replica's free slots in the Redis capacity registry."""
+    """Keeps this replica's free slots in the Redis capacity registry: a heartbeat
+    every third of the registry TTL, and at once whenever the count changes.
+
+    The loop stops on a flag rather than by cancellation: redis-py (8.1) can
+    swallow a CancelledError that lands inside a command, which would leave a
+    cancelled heartbeat running forever (CapacityRegistry.heartbeat_forever has
+    that problem).
+    """
 
     def __init__(self, redis_url: str, replica_id: str, address: str, engine: Engine) -> None:
         self.replica_id = replica_id
@@ -59,46 +67,45 @@ class CapacityPublisher:
         self._engine = engine
         self._client = store.connect(redis_url)
         self._registry = store.CapacityRegistry(self._client, "frontend")
-        self._heartbeat: asyncio.Task | None = None
-        self._publisher: asyncio.Task | None = None
-        self._dirty = False
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._heartbeat = asyncio.create_task(
-            self._registry.heartbeat_forever(self.replica_id, self.address, self._slots)
-        )
-
-    def _slots(self) -> tuple[int, int]:
-        return self._engine.free_slots, self._engine.total_slots
+        self._task = asyncio.create_task(self._heartbeat())
 
     def changed(self) -> None:
         """Publish the new slot count now rather than at the next heartbeat."""
-        self._dirty = True
-        if self._heartbeat is not None and (self._publisher is None or self._publisher.done()):
-            self._publisher = asyncio.create_task(self._publish_changes())
+        self._wake.set()
 
-    async def _publish_changes(self) -> None:
-        while self._dirty:
-            self._dirty = False
-            free, total = self._slots()
+    async def _heartbeat(self) -> None:
+        while not self._closing:
+            self._wake.clear()
             try:
-                await self._registry.publish(self.replica_id, self.address, free, total)
+                await self._registry.publish(
+                    self.replica_id, self.address, self._engine.free_slots,
+                    self._engine.total_slots,
+                )
             except (RedisError, OSError) as exc:
-                log.warning("capacity registry unreachable (%s); the heartbeat retries", exc)
-                return
+                log.warning("capacity registry unreachable (%s); retrying", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._registry.ttl_s / 3)
 
     async def close(self) -> None:
         """Stop publishing and withdraw from the registry (best effort when Redis is down)."""
-        tasks = [t for t in (self._heartbeat, self._publisher) if t is not None]
-        self._heartbeat = self._publisher = None
-        for task in tasks:
+        if self._task is None:
+            return
+        task, self._task = self._task, None
+        self._closing = True
+        self._wake.set()
+        # A publish in flight finishes first (or gives up, when Redis is down).
+        done, _ = await asyncio.wait([task], timeout=WITHDRAW_TIMEOUT_S)
+        if not done:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if tasks:
-            try:
-                await asyncio.wait_for(self._registry.withdraw(self.replica_id), WITHDRAW_TIMEOUT_S)
-            except (TimeoutError, RedisError, OSError) as exc:
-                log.warning("could not withdraw %s from the registry: %s", self.replica_id, exc)
+        try:
+            await asyncio.wait_for(self._registry.withdraw(self.replica_id), WITHDRAW_TIMEOUT_S)
+        except (TimeoutError, RedisError, OSError) as exc:
+            log.warning("could not withdraw %s from the registry: %s", self.replica_id, exc)
         await self._client.aclose()
 
 
@@ -138,8 +145,7 @@ class FrontendRuntime(ServiceRuntime):
 
 
 class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
-    def __init__(self, settings: FrontendSettings, runtime: FrontendRuntime, replica_id: str):
-        self._settings = settings
+    def __init__(self, runtime: FrontendRuntime, replica_id: str) -> None:
         self._runtime = runtime
         self._replica_id = replica_id
 
@@ -296,7 +302,7 @@ async def serve(settings: FrontendSettings) -> FrontendRuntime:
     engine = await asyncio.to_thread(build_engine, settings)
     runtime = FrontendRuntime(settings, engine)
     replica_id = settings.resolved_replica_id()
-    servicer = FrontendServicer(settings, runtime, replica_id)
+    servicer = FrontendServicer(runtime, replica_id)
     try:
         await runtime.start(lambda server: frontend_pb2_grpc.add_FrontendServicer_to_server(
             servicer, server))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kame_common.audio import FRAME_SECONDS, rms_dbfs
-from kamepb import frontend_pb2
-from tests.frontend.conftest import (
+from kame_common.audio import FRAME_SECONDS
+from kamepb import common_pb2, frontend_pb2
+from tests.frontend.calls import (
     append,
     frames_of,
     play_call,
@@ -123,31 +123,29 @@ async def test_reset_mid_speech_finishes_the_word_then_speaks_the_new_candidate(
     first = ("We could try the little Italian place on the corner, they make wonderful "
              "pasta and the tables outside are lovely in the evening.")
     second = "Actually the sushi bar downtown has a table free at eight."
-    start, end = speech_span(question)
-    caller = caller_with(question, after_s=8.0)
-    reset_frame = end + 5 + 15  # about 1.2 s into the first answer
-    oracle = {start + 2: [reset(1), append(1, first)],
-              reset_frame: [reset(2), append(2, second)]}
+    start, _ = speech_span(question)
+    caller = caller_with(question, after_s=9.0)
+    oracle = {start + 2: [reset(1), append(1, first)]}
     config = frontend_pb2.FrontendConfig(session_id="reset", turn_end_silence_s=0.4)
 
-    call = await play_call(frontend_stub, caller, oracle, config)
+    def reset_during_wonderful(word: common_pb2.AgentText) -> list[common_pb2.OracleUpdate]:
+        # Sent before the next caller frame: lands early in a long word.
+        return [reset(2), append(2, second)] if word.text == "wonderful" else []
 
-    reset_s = reset_frame * FRAME_SECONDS
-    assert call.audio[reset_frame - 1].speaking, "the RESET should land while the agent talks"
+    call = await play_call(frontend_stub, caller, oracle, config, react=reset_during_wonderful)
+
+    [reset_frame] = call.reactions
     old, new = call.words_of(1), call.words_of(2)
-    assert old and new
-    # No word of the old answer starts after the RESET; the one in progress is finished.
-    assert all(w.start_s < reset_s for w in old)
-    assert [w.text for w in old] == first.split()[: len(old)]
-    assert len(old) < len(first.split())
-    # The new candidate follows right after that word, in full.
+    assert [w.text for w in old] == first.split()[: first.split().index("wonderful") + 1]
+    wonderful = old[-1]
+    assert wonderful.start_s < reset_frame * FRAME_SECONDS < wonderful.end_s - 2 * FRAME_SECONDS
+    # The word in progress is finished: the agent keeps sounding until its end...
+    sounding = set(call.sounding_frames())
+    assert all(i in sounding for i in range(reset_frame, int(wonderful.end_s / FRAME_SECONDS)))
+    # ...and then goes on with the whole new candidate, nothing more of the old one.
     assert [w.text for w in new] == second.split()
-    assert old[-1].end_s - 0.06 <= new[0].start_s < old[-1].end_s + 1.0
-    # Until the new answer starts, the agent's audio is the old word running out, not a cut.
-    cut_frame = int(old[-1].end_s / FRAME_SECONDS)
-    if cut_frame > reset_frame:
-        assert call.audio[reset_frame].speaking
-        assert rms_dbfs(call.agent_frames()[reset_frame]) > -50
+    assert wonderful.end_s - 0.06 <= new[0].start_s < wonderful.end_s + 1.0
     new_audio = call.agent_signal(from_frame=int(new[0].start_s / FRAME_SECONDS))
     heard = set(words_in(transcribe(new_audio)))
     assert {"sushi", "downtown", "table"} <= heard, heard
+    assert not {"pasta", "tables", "evening"} & heard, heard
