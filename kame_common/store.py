@@ -12,7 +12,6 @@ restart or a dropped connection costs a retry, not a session.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -72,7 +71,8 @@ class SessionStore:
             await pipe.execute()
 
     async def conversation(self, session_id: str) -> list[dict]:
-        return [json.loads(t) for t in await self.client.lrange(self._conversation_key(session_id), 0, -1)]
+        turns = await self.client.lrange(self._conversation_key(session_id), 0, -1)
+        return [json.loads(turn) for turn in turns]
 
     async def delete_session(self, session_id: str) -> None:
         await self.client.delete(self._session_key(session_id), self._conversation_key(session_id))
@@ -87,8 +87,8 @@ class Replica:
 
 
 class CapacityRegistry:
-    """Replicas publish free slots with a heartbeat; a replica that stops
-    heartbeating disappears after `ttl_s`."""
+    """Replicas publish their free slots at least every `ttl_s / 3` seconds; a
+    replica that stops publishing disappears after `ttl_s`."""
 
     def __init__(self, client: redis.Redis, service: str, ttl_s: float = 10.0) -> None:
         self.client = client
@@ -101,7 +101,9 @@ class CapacityRegistry:
     def _replica_key(self, replica_id: str) -> str:
         return f"{PREFIX}:replica:{self.service}:{replica_id}"
 
-    async def publish(self, replica_id: str, address: str, free_slots: int, total_slots: int) -> None:
+    async def publish(
+        self, replica_id: str, address: str, free_slots: int, total_slots: int
+    ) -> None:
         key = self._replica_key(replica_id)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hset(key, mapping={"address": address, "free_slots": free_slots,
@@ -129,13 +131,3 @@ class CapacityRegistry:
         """The live replica with the most free slots, or None if none has one."""
         candidates = [r for r in await self.replicas() if r.free_slots > 0]
         return max(candidates, key=lambda r: (r.free_slots, r.replica_id), default=None)
-
-    async def heartbeat_forever(self, replica_id: str, address: str, slots) -> None:
-        """Publish `slots()` -> (free, total) every third of the TTL until cancelled."""
-        while True:
-            free, total = slots()
-            try:
-                await self.publish(replica_id, address, free, total)
-            except (RedisConnectionError, RedisTimeoutError, OSError):
-                pass  # Redis is away; the next beat tries again.
-            await asyncio.sleep(self.ttl_s / 3)

@@ -29,7 +29,8 @@ def generate(out_dir: Path) -> list[Path]:
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     package = out_dir / "kamepb"
-    (package / "__init__.py").write_text('"""Generated gRPC stubs: do not edit; run `make protos`."""\n')
+    docstring = '"""Generated gRPC stubs: do not edit; run `make protos`."""\n'
+    (package / "__init__.py").write_text(docstring)
     return sorted(package.iterdir())
 
 

@@ -39,6 +39,36 @@ def voice() -> Voice:
 
 
 @pytest.fixture(scope="session")
+def llm_url() -> str:
+    """Base URL of a real llama.cpp server serving the embedded Gemma 3 270M."""
+    from kame_cli import llm_server
+    from kame_cli.stack import free_ports
+
+    port = free_ports(1)[0]
+    # One thread: the two cores are shared with whisper, piper and the test
+    # itself, and one llama.cpp thread degrades far less under contention.
+    process = llm_server.launch(port=port, threads=1, quiet=True)
+    url = llm_server.base_url("127.0.0.1", port)
+    try:
+        llm_server.wait_ready(url, process, timeout_s=120)
+        yield url
+    finally:
+        llm_server.stop(process)
+
+
+@pytest.fixture(scope="session")
+def transcribe():
+    """transcribe(samples at 24 kHz) -> lower-case text, heard by the STT engine
+    (embedded Whisper tiny.en), to check what an agent said."""
+    from services.stt.config import SttSettings
+    from services.stt.engine import SttEngine
+
+    engine = SttEngine(SttSettings())
+    yield lambda samples: engine.transcribe_clip(samples).lower()
+    engine.close()
+
+
+@pytest.fixture(scope="session")
 def speak(voice):
     """speak(text) -> float32 speech at 24 kHz, synthesized once per text."""
     cache: dict[str, np.ndarray] = {}

@@ -51,6 +51,8 @@ class StepOutput:
 
 
 class EngineSession(abc.ABC):
+    slot: int = -1  # the batch slot, for engines that batch sessions
+
     @abc.abstractmethod
     async def step(self, frame: np.ndarray) -> StepOutput:
         """Consume one caller frame (float32, FRAME_SAMPLES), return one agent frame."""
@@ -83,5 +85,6 @@ class Engine(abc.ABC):
     async def open_session(self, params: SessionParams) -> EngineSession:
         """Start a session; raises SlotsExhausted or InvalidSessionConfig."""
 
+    @abc.abstractmethod
     async def close(self) -> None:
         """Release models and threads."""

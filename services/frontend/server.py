@@ -57,8 +57,7 @@ class CapacityPublisher:
 
     The loop stops on a flag rather than by cancellation: redis-py (8.1) can
     swallow a CancelledError that lands inside a command, which would leave a
-    cancelled heartbeat running forever (CapacityRegistry.heartbeat_forever has
-    that problem).
+    cancelled heartbeat running forever.
     """
 
     def __init__(self, redis_url: str, replica_id: str, address: str, engine: Engine) -> None:
@@ -169,7 +168,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                     ready=frontend_pb2.FrontendReady(
                         engine=self._runtime.engine.name,
                         replica_id=self._replica_id,
-                        slot=getattr(session, "slot", -1),
+                        slot=session.slot,
                     )
                 )
                 async for request in request_iterator:

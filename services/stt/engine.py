@@ -142,13 +142,17 @@ class SttEngine:
                  for word in _segment_words(segment, offset_s, duration)]
         return Decoded(words, time.perf_counter() - started)
 
-    def transcribe_clip(self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> str:
+    def transcribe_clip(
+        self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE, beam_size: int = 5
+    ) -> str:
         """The text of a whole clip (float32, default 24 kHz), e.g. to check what an
-        agent said. Blocking: call it from a thread in async code."""
+        agent said. Offline, so it can afford beam search (tiny.en's greedy decode
+        mishears names such as "Paris" -> "Harris"). Blocking: call it from a
+        thread in async code."""
         audio = resample(np.asarray(samples, dtype=np.float32), sample_rate, VAD_RATE)
         segments, _info = self.model.transcribe(
             audio, language="en" if not self.model.model.is_multilingual else None,
-            beam_size=self.settings.beam_size, condition_on_previous_text=False,
+            beam_size=beam_size, condition_on_previous_text=False,
         )
         return " ".join(segment.text.strip() for segment in segments).strip()
 

@@ -58,11 +58,11 @@ async def test_capacity_registry_chooses_most_free_and_forgets_dead(redis_client
     assert {r.replica_id for r in await registry.replicas()} == {"a", "b", "c"}
     await registry.withdraw("b")
     assert (await registry.choose()).replica_id == "a"
-    # Only "a" keeps heartbeating; the others expire.
-    beat = asyncio.create_task(registry.heartbeat_forever("a", "127.0.0.1:1", lambda: (2, 4)))
-    await asyncio.sleep(1.0)
+    # Only "a" keeps publishing; the others expire.
+    for _ in range(5):
+        await asyncio.sleep(0.2)
+        await registry.publish("a", "127.0.0.1:1", free_slots=2, total_slots=4)
     live = await registry.replicas()
-    beat.cancel()
     assert [(r.replica_id, r.free_slots) for r in live] == [("a", 2)]
     await asyncio.sleep(0.8)
     assert await registry.choose() is None

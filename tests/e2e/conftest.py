@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import time
 import urllib.parse
 import uuid
@@ -32,10 +31,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from kame_cli import llm_server
+from kame_cli.stack import free_ports
 from kame_common import store, tracing
-from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, resample
-from kame_common.models import whisper_tiny_en_dir
+from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
 from kame_common.server import ServiceRuntime
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.frontend.config import FrontendSettings
@@ -54,12 +52,6 @@ PCM_24K = AudioFormat("pcm16", SAMPLE_RATE)
 SPAN_EXPORTER = InMemorySpanExporter()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def with_db(url: str, db: int) -> str:
     parts = urllib.parse.urlsplit(url)
     return urllib.parse.urlunsplit(parts._replace(path=f"/{db}"))
@@ -68,20 +60,6 @@ def with_db(url: str, db: int) -> str:
 @pytest.fixture(scope="module")
 def e2e_redis_url(redis_url) -> str:
     return os.environ.get("KAME_TEST_E2E_REDIS_URL", with_db(redis_url, E2E_DB))
-
-
-@pytest.fixture(scope="module")
-def llm_url():
-    """The embedded LLM behind llama.cpp's OpenAI-compatible server (one thread:
-    the two cores are shared with whisper, piper and the test itself)."""
-    port = free_port()
-    process = llm_server.launch(port=port, threads=1, quiet=True)
-    url = llm_server.base_url("127.0.0.1", port)
-    try:
-        llm_server.wait_ready(url, process, timeout_s=120)
-        yield url
-    finally:
-        llm_server.stop(process)
 
 
 @dataclass
@@ -160,7 +138,7 @@ async def stack(llm_url, e2e_redis_url):
             await services.frontend()
         frontend_address = f"127.0.0.1:{frontend.port}"
         await wait_registered(e2e_redis_url, frontend_address)
-        metrics_port = free_port()
+        metrics_port = free_ports(1)[0]
         # A static address that answers nothing: sessions reach the frontend only
         # through the capacity registry.
         gateway = await services.gateway(stt, oracle, "127.0.0.1:1", metrics_port=metrics_port)
@@ -168,22 +146,6 @@ async def stack(llm_url, e2e_redis_url):
                     f"http://127.0.0.1:{metrics_port}/metrics", e2e_redis_url)
     finally:
         await services.stop()
-
-
-@pytest.fixture(scope="module")
-def whisper():
-    """transcribe(samples_24k) -> lower-case text, with the embedded tiny.en model."""
-    from faster_whisper import WhisperModel
-
-    model = WhisperModel(str(whisper_tiny_en_dir()), device="cpu", compute_type="int8",
-                         cpu_threads=2)
-
-    def transcribe(samples: np.ndarray) -> str:
-        segments, _ = model.transcribe(resample(samples, SAMPLE_RATE, 16_000), language="en",
-                                       beam_size=1, vad_filter=True)
-        return " ".join(s.text.strip() for s in segments).lower()
-
-    return transcribe
 
 
 def converse_config(mode: int = gateway_pb2.ConverseConfig.TANDEM, codec: int = 1,

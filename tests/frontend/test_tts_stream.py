@@ -107,7 +107,10 @@ async def test_caller_speech_stops_the_agent_within_two_frames(frontend_stub, sp
 
     sounding = call.sounding_frames()
     assert sounding and sounding[0] < interruption_start, "the agent should be talking"
-    assert interruption_start - 1 in sounding, "the agent should be talking when interrupted"
+    # Talking when interrupted: sound within the 5 frames before (a pause between
+    # words or phrases may fall on the very frame before).
+    recent = set(range(interruption_start - 5, interruption_start))
+    assert recent & set(sounding), "the agent should be talking when interrupted"
     # Silent from the second frame of caller speech on, and for the rest of the call:
     # the interrupted answer is not resumed.
     assert max(sounding) <= interruption_start + 1, (interruption_start, sounding[-5:])

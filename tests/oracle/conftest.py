@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,34 +16,12 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from kame_cli import llm_server
 from kamepb import common_pb2, oracle_pb2, oracle_pb2_grpc
 from services.oracle.config import ApiKeys, OracleServiceConfig
 from services.oracle.server import serve
 
 Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def llm_url() -> str:
-    """Base URL of a real llama.cpp server serving the embedded Gemma 3 270M."""
-    port = free_port()
-    # One thread: this machine's two cores are shared, and a single llama.cpp
-    # thread degrades far less under contention than two that wait on each other.
-    process = llm_server.launch(port=port, threads=1, quiet=True)
-    url = llm_server.base_url("127.0.0.1", port)
-    try:
-        llm_server.wait_ready(url, process, timeout_s=120)
-        yield url
-    finally:
-        llm_server.stop(process)
 
 
 @pytest.fixture

@@ -12,11 +12,7 @@ import urllib.request
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from kame_cli.stack import free_ports
 
 
 def port_open(port: int) -> bool:
@@ -26,7 +22,7 @@ def port_open(port: int) -> bool:
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_llm_server_prints_its_url_serves_gemma_and_stops(stop_signal):
-    port = free_port()
+    port = free_ports(1)[0]
     process = subprocess.Popen(
         [sys.executable, "-m", "kame_cli", "llm-server", "--port", str(port), "--threads", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
