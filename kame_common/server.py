@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Callable, Iterable
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,8 +23,10 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Gauge
 
 from kame_common import tracing
+from kame_common.config import ConfigError
 
 log = logging.getLogger(__name__)
+ConfigT = TypeVar("ConfigT")
 
 ACTIVE_SESSIONS = Gauge("kame_active_sessions", "Open sessions on this replica", ["service"])
 
@@ -138,5 +142,19 @@ async def run_until_stopped(runtime: ServiceRuntime) -> None:
     await runtime.wait_stopped()
 
 
-def configure_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def service_main(
+    name: str,
+    load: Callable[[Sequence[str]], ConfigT],
+    run: Callable[[ConfigT], Awaitable[None]],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """The process entry point of a service: logging, then its config from flags
+    and environment (a bad setting exits 2 with a message naming it), then `run`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = load(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(run(config))
+    return 0

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -27,9 +26,8 @@ from redis.exceptions import RedisError
 
 from kame_common import store, tracing
 from kame_common.audio import SAMPLE_RATE, check_frame, float_to_pcm16, pcm16_to_float
-from kame_common.config import ConfigError
 from kame_common.metrics import start_metrics_server
-from kame_common.server import ServiceRuntime
+from kame_common.server import ServiceRuntime, run_until_stopped, service_main
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
 from services.frontend import config as frontend_config
 from services.frontend import metrics
@@ -322,17 +320,9 @@ async def _run(settings: FrontendSettings) -> None:
     tracing.setup_tracing("frontend", settings.otlp_endpoint)
     start_metrics_server(settings.metrics_port)
     runtime = await serve(settings)
-    runtime.install_signal_handlers()
-    await runtime.wait_stopped()
+    await run_until_stopped(runtime)
     await runtime.close_engine()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        settings = frontend_config.load(sys.argv[1:] if argv is None else argv)
-    except ConfigError as exc:
-        print(f"frontend: {exc}", file=sys.stderr)
-        return 2
-    asyncio.run(_run(settings))
-    return 0
+    return service_main("frontend", frontend_config.load, _run, argv)

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
 from kame_common import store, tracing
-from kame_common.config import ConfigError
 from kame_common.metrics import start_metrics_server
-from kame_common.server import ServiceRuntime
+from kame_common.server import ServiceRuntime, run_until_stopped, service_main
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.gateway.config import GatewayConfig, load
 from services.gateway.session import GatewaySession, SessionError, Upstreams, plan_session
@@ -97,17 +95,9 @@ async def serve(config: GatewayConfig) -> GatewayRuntime:
 
 async def _serve_until_stopped(config: GatewayConfig) -> None:
     runtime = await serve(config)
-    runtime.install_signal_handlers()
-    await runtime.wait_stopped()
+    await run_until_stopped(runtime)
     await runtime.close_upstreams()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        config = load(sys.argv[1:] if argv is None else argv)
-    except ConfigError as exc:
-        print(f"gateway: {exc}", file=sys.stderr)
-        return 2
-    asyncio.run(_serve_until_stopped(config))
-    return 0
+    return service_main("gateway", load, _serve_until_stopped, argv)

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from redis.asyncio import Redis
 
 from kame_common import store
-from kame_common.config import ConfigError
 from kame_common.metrics import start_metrics_server
-from kame_common.server import ServiceRuntime
+from kame_common.server import ServiceRuntime, run_until_stopped, service_main
 from kame_common.tracing import setup_tracing
 from kamepb import oracle_pb2, oracle_pb2_grpc
 from services.oracle import config as oracle_config
@@ -125,19 +123,11 @@ async def serve(config: OracleServiceConfig, api_keys: ApiKeys | None = None) ->
 async def _run(config: OracleServiceConfig) -> None:
     metrics_port = start_metrics_server(config.metrics_port)
     runtime = await serve(config)
-    runtime.install_signal_handlers()
     log.info("oracle: default backend %s model %s at %s; metrics on :%s", config.backend,
              config.model, config.base_url, metrics_port or "off")
-    await runtime.wait_stopped()
+    await run_until_stopped(runtime)
     await runtime.close_redis()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        config = oracle_config.load(argv)
-    except ConfigError as exc:
-        print(f"oracle: {exc}", file=sys.stderr)
-        return 2
-    asyncio.run(_run(config))
-    return 0
+    return service_main("oracle", oracle_config.load, _run, argv)

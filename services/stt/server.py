@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -19,9 +18,8 @@ import grpc
 
 from kame_common import tracing
 from kame_common.audio import check_frame
-from kame_common.config import ConfigError
 from kame_common.metrics import start_metrics_server
-from kame_common.server import ServiceRuntime
+from kame_common.server import ServiceRuntime, run_until_stopped, service_main
 from kamepb import stt_pb2, stt_pb2_grpc
 from services.stt import config as stt_config
 from services.stt.config import StreamSettings, SttSettings, stream_settings
@@ -137,24 +135,16 @@ async def serve(settings: SttSettings, engine: SttEngine | None = None) -> Servi
 
 
 async def _run(settings: SttSettings) -> None:
+    # faster-whisper logs every decode at INFO: twice a second per caller.
+    logging.getLogger("faster_whisper").setLevel(logging.WARNING)
     engine = await asyncio.to_thread(SttEngine, settings)
     runtime = await serve(settings, engine)
-    runtime.install_signal_handlers()
     log.info("stt serving %s on %s", engine.model_dir, runtime.address)
     try:
-        await runtime.wait_stopped()
+        await run_until_stopped(runtime)
     finally:
         engine.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # faster-whisper logs every decode at INFO: twice a second per caller.
-    logging.getLogger("faster_whisper").setLevel(logging.WARNING)
-    try:
-        settings = stt_config.load(sys.argv[1:] if argv is None else argv)
-    except ConfigError as exc:
-        print(f"stt: {exc}", file=sys.stderr)
-        return 2
-    asyncio.run(_run(settings))
-    return 0
+    return service_main("stt", stt_config.load, _run, argv)
