@@ -67,10 +67,18 @@ def load_config(
     """Build `cls` from flags (argv), then `env` (default os.environ), then defaults."""
     env = os.environ if env is None else env
     hints = typing.get_type_hints(cls)
-    parser = argparse.ArgumentParser(prog=cls.__name__, exit_on_error=False, add_help=True)
+    parser = argparse.ArgumentParser(
+        description=f"Settings of {cls.__name__}: each flag also reads the environment "
+        "variable named after it; flags win.",
+        exit_on_error=False,
+    )
     for field in dataclasses.fields(cls):
+        choices = field.metadata.get("choices")
+        allowed = f", one of {list(choices)}" if choices else ""
+        text = (f"{field.metadata.get('help', '')} "
+                f"[env {env_name(prefix, field.name)}, default {field.default!r}{allowed}]")
         parser.add_argument(flag_name(field.name), dest=field.name, default=None,
-                            help=field.metadata.get("help"))
+                            help=text.replace("%", "%%"))  # argparse formats help with %
     try:
         args = parser.parse_args(list(argv or []))
     except argparse.ArgumentError as exc:
