@@ -80,9 +80,14 @@ def synthesis_rtf(repeats: int) -> list[dict]:
             seconds.append(time.perf_counter() - started)
             durations.append(len(audio) / SAMPLE_RATE)
         rtfs = [s / d for s, d in zip(seconds, durations, strict=True)]
-        rows.append({"phrase": label, "audio_s": statistics.median(durations),
-                     "synthesis_ms": 1000 * statistics.median(seconds),
-                     "rtf": statistics.median(rtfs)})
+        rows.append(
+            {
+                "phrase": label,
+                "audio_s": statistics.median(durations),
+                "synthesis_ms": 1000 * statistics.median(seconds),
+                "rtf": statistics.median(rtfs),
+            }
+        )
     return rows
 
 
@@ -98,14 +103,18 @@ async def one_call(stub, caller: list[np.ndarray], oracle: dict[int, list], turn
 
     async def requests():
         yield frontend_pb2.FrontendRequest(
-            config=frontend_pb2.FrontendConfig(session_id=f"bench-{uuid.uuid4().hex[:8]}"))
+            config=frontend_pb2.FrontendConfig(session_id=f"bench-{uuid.uuid4().hex[:8]}")
+        )
         started = time.monotonic()
         for i, frame in enumerate(caller):
             for update in oracle.get(i, []):
                 yield frontend_pb2.FrontendRequest(oracle=update)
             sent_at[i] = time.monotonic()
-            yield frontend_pb2.FrontendRequest(audio=common_pb2.AudioFrame(
-                pcm=float_to_pcm16(frame), sample_rate_hz=SAMPLE_RATE, seq=i))
+            yield frontend_pb2.FrontendRequest(
+                audio=common_pb2.AudioFrame(
+                    pcm=float_to_pcm16(frame), sample_rate_hz=SAMPLE_RATE, seq=i
+                )
+            )
             await asyncio.sleep(max(0.0, started + (i + 1) * FRAME_SECONDS - time.monotonic()))
 
     first_audio, first_audio_at, steps = None, None, []
@@ -118,26 +127,41 @@ async def one_call(stub, caller: list[np.ndarray], oracle: dict[int, list], turn
             first_audio, first_audio_at = response.audio.frame.seq, time.monotonic()
     if first_audio is None:
         raise RuntimeError("the agent never spoke")
-    return {"first_audio_frame": first_audio,
-            "latency_ms": 1000 * (first_audio_at - sent_at[turn_end]), "steps": steps}
+    return {
+        "first_audio_frame": first_audio,
+        "latency_ms": 1000 * (first_audio_at - sent_at[turn_end]),
+        "steps": steps,
+    }
 
 
 async def first_audio(repeats: int, session_counts: list[int]) -> list[dict]:
     voice = load_voice()
     question = voice.synthesize(QUESTION)
     lead = 6
-    caller = frames_of(np.concatenate([np.zeros(lead * FRAME_SAMPLES, np.float32), question,
-                                       np.zeros(round(2.0 * SAMPLE_RATE), np.float32)]))
+    caller = frames_of(
+        np.concatenate(
+            [
+                np.zeros(lead * FRAME_SAMPLES, np.float32),
+                question,
+                np.zeros(round(2.0 * SAMPLE_RATE), np.float32),
+            ]
+        )
+    )
     voiced = [i for i, f in enumerate(frames_of(question)) if rms_dbfs(f) >= VOICED_DB]
     speech_start, speech_end = lead + voiced[0], lead + voiced[-1]
     turn_end = speech_end + TURN_END_FRAMES
-    answer = [common_pb2.OracleUpdate(op=common_pb2.OracleUpdate.RESET, generation=1),
-              common_pb2.OracleUpdate(op=common_pb2.OracleUpdate.APPEND, generation=1,
-                                      text=ANSWER)]
+    answer = [
+        common_pb2.OracleUpdate(op=common_pb2.OracleUpdate.RESET, generation=1),
+        common_pb2.OracleUpdate(op=common_pb2.OracleUpdate.APPEND, generation=1, text=ANSWER),
+    ]
     scenarios = {"tandem": {speech_start + 5: answer}, "cascade": {turn_end: answer}}
-    settings = FrontendSettings(host="127.0.0.1", port=0, metrics_port=0,
-                                batch_slots=max(session_counts),
-                                replica_id=f"bench-{os.getpid()}")
+    settings = FrontendSettings(
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        batch_slots=max(session_counts),
+        replica_id=f"bench-{os.getpid()}",
+    )
     runtime = await serve(settings)
     rows = []
     try:
@@ -148,19 +172,25 @@ async def first_audio(repeats: int, session_counts: list[int]) -> list[dict]:
                     calls = []
                     for _ in range(repeats):
                         calls += await asyncio.gather(
-                            *[one_call(stub, caller, oracle, turn_end) for _ in range(sessions)])
+                            *[one_call(stub, caller, oracle, turn_end) for _ in range(sessions)]
+                        )
                     frames = [c["first_audio_frame"] - speech_end for c in calls]
                     steps = sorted(s for c in calls for s in c["steps"])
-                    rows.append({
-                        "mode": mode, "sessions": sessions, "calls": len(calls),
-                        "frames_after_speech_median": statistics.median(frames),
-                        "frames_after_speech_max": max(frames),
-                        "latency_after_turn_end_ms_median":
-                            statistics.median(c["latency_ms"] for c in calls),
-                        "latency_after_turn_end_ms_max": max(c["latency_ms"] for c in calls),
-                        "step_ms_median": 1000 * statistics.median(steps),
-                        "step_ms_p99": 1000 * steps[int(0.99 * (len(steps) - 1))],
-                    })
+                    rows.append(
+                        {
+                            "mode": mode,
+                            "sessions": sessions,
+                            "calls": len(calls),
+                            "frames_after_speech_median": statistics.median(frames),
+                            "frames_after_speech_max": max(frames),
+                            "latency_after_turn_end_ms_median": statistics.median(
+                                c["latency_ms"] for c in calls
+                            ),
+                            "latency_after_turn_end_ms_max": max(c["latency_ms"] for c in calls),
+                            "step_ms_median": 1000 * statistics.median(steps),
+                            "step_ms_p99": 1000 * steps[int(0.99 * (len(steps) - 1))],
+                        }
+                    )
     finally:
         await runtime.stop()
     return rows
@@ -170,18 +200,26 @@ def print_tables(rtf_rows: list[dict], latency_rows: list[dict]) -> None:
     print("\nSynthesis (piper joe medium, resampled to 24 kHz)")
     print(f"{'phrase':<20}{'audio s':>9}{'synth ms':>10}{'RTF':>8}")
     for row in rtf_rows:
-        print(f"{row['phrase']:<20}{row['audio_s']:>9.2f}{row['synthesis_ms']:>10.1f}"
-              f"{row['rtf']:>8.3f}")
+        print(
+            f"{row['phrase']:<20}{row['audio_s']:>9.2f}{row['synthesis_ms']:>10.1f}"
+            f"{row['rtf']:>8.3f}"
+        )
     print("\nFirst agent audio (the turn ends after 5 frames of pause = 0.4 s)")
-    print(f"{'mode':<9}{'sessions':>9}{'calls':>7}{'frames after voice':>21}"
-          f"{'ms after turn end':>19}{'step ms p50/p99':>17}")
+    print(
+        f"{'mode':<9}{'sessions':>9}{'calls':>7}{'frames after voice':>21}"
+        f"{'ms after turn end':>19}{'step ms p50/p99':>17}"
+    )
     for row in latency_rows:
         frames = f"{row['frames_after_speech_median']:.0f} (max {row['frames_after_speech_max']})"
-        latency = (f"{row['latency_after_turn_end_ms_median']:.0f} "
-                   f"(max {row['latency_after_turn_end_ms_max']:.0f})")
+        latency = (
+            f"{row['latency_after_turn_end_ms_median']:.0f} "
+            f"(max {row['latency_after_turn_end_ms_max']:.0f})"
+        )
         steps = f"{row['step_ms_median']:.2f}/{row['step_ms_p99']:.2f}"
-        print(f"{row['mode']:<9}{row['sessions']:>9}{row['calls']:>7}{frames:>21}{latency:>19}"
-              f"{steps:>17}")
+        print(
+            f"{row['mode']:<9}{row['sessions']:>9}{row['calls']:>7}{frames:>21}{latency:>19}"
+            f"{steps:>17}"
+        )
 
 
 def main() -> int:
@@ -194,10 +232,16 @@ def main() -> int:
     latency_rows = asyncio.run(first_audio(args.repeats, args.sessions))
     print_tables(rtf_rows, latency_rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "synthesis": rtf_rows, "first_audio": latency_rows,
-    }, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                "synthesis": rtf_rows,
+                "first_audio": latency_rows,
+            },
+            indent=2,
+        )
+    )
     print(f"\nwrote {args.out}")
     return 0
 

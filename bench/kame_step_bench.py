@@ -41,18 +41,37 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # A small Moshi: the real 16-codebook layout and vocabularies, narrow and shallow.
 SMALL_LM = {
     **loaders._lm_kwargs,
-    "dim": 256, "num_heads": 4, "num_layers": 4, "hidden_scale": 4.125,
-    "depformer_dim": 128, "depformer_num_heads": 4, "depformer_num_layers": 2,
-    "depformer_dim_feedforward": 512, "context": 500,
+    "dim": 256,
+    "num_heads": 4,
+    "num_layers": 4,
+    "hidden_scale": 4.125,
+    "depformer_dim": 128,
+    "depformer_num_heads": 4,
+    "depformer_num_layers": 2,
+    "depformer_dim_feedforward": 512,
+    "context": 500,
 }
 SMALL_MIMI = {
-    "sample_rate": 24000, "channels": 1, "frame_rate": 12.5,
+    "sample_rate": 24000,
+    "channels": 1,
+    "frame_rate": 12.5,
     "seanet": {**loaders._seanet_kwargs, "dimension": 64, "n_filters": 8},
-    "quantizer": {**loaders._quantizer_kwargs, "dimension": 32, "n_q": 8,
-                  "input_dimension": 64, "output_dimension": 64},
-    "transformer": {**loaders._transformer_kwargs, "d_model": 64, "num_heads": 4,
-                    "num_layers": 2, "dim_feedforward": 256, "input_dimension": 64,
-                    "output_dimensions": [64]},
+    "quantizer": {
+        **loaders._quantizer_kwargs,
+        "dimension": 32,
+        "n_q": 8,
+        "input_dimension": 64,
+        "output_dimension": 64,
+    },
+    "transformer": {
+        **loaders._transformer_kwargs,
+        "d_model": 64,
+        "num_heads": 4,
+        "num_layers": 2,
+        "dim_feedforward": 256,
+        "input_dimension": 64,
+        "output_dimensions": [64],
+    },
 }
 FULL_MIMI = loaders._mimi_config
 
@@ -60,8 +79,7 @@ FULL_MIMI = loaders._mimi_config
 def build(full: bool, batch_size: int, device: str, dtype: torch.dtype) -> SlotBatch:
     lm = KameLMModel(device=device, dtype=dtype, **(loaders._lm_kwargs if full else SMALL_LM))
     lm.eval()
-    mimi = loaders.get_mimi(None, FULL_MIMI if full else SMALL_MIMI, device=device,
-                            num_codebooks=8)
+    mimi = loaders.get_mimi(None, FULL_MIMI if full else SMALL_MIMI, device=device, num_codebooks=8)
     for name, buffer in mimi.named_buffers():
         if name.endswith("embedding_sum"):  # random codebooks instead of all-zero ones
             buffer.normal_()
@@ -70,8 +88,10 @@ def build(full: bool, batch_size: int, device: str, dtype: torch.dtype) -> SlotB
 
 def time_ticks(batch: SlotBatch, steps: int, warmup: int) -> list[float]:
     rng = np.random.default_rng(0)
-    frames = {slot: (0.1 * rng.standard_normal(FRAME_SAMPLES)).astype(np.float32)
-              for slot in range(batch.slots)}
+    frames = {
+        slot: (0.1 * rng.standard_normal(FRAME_SAMPLES)).astype(np.float32)
+        for slot in range(batch.slots)
+    }
     for slot in range(batch.slots):  # every session steered by an oracle, as in KAME
         batch.oracle_append(slot, list(range(100, 100 + steps + warmup)))
     timings = []
@@ -100,10 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     config = "full" if args.full else "small"
 
     rows = []
-    print(f"kame step bench: {config} config, {args.device}, {args.dtype}, "
-          f"{args.steps} ticks per batch size (medians)")
-    print(f"{'batch':>5} {'tick ms':>9} {'per session ms':>15} {'p90 tick ms':>12} "
-          f"{'real-time x':>12}")
+    print(
+        f"kame step bench: {config} config, {args.device}, {args.dtype}, "
+        f"{args.steps} ticks per batch size (medians)"
+    )
+    print(
+        f"{'batch':>5} {'tick ms':>9} {'per session ms':>15} {'p90 tick ms':>12} "
+        f"{'real-time x':>12}"
+    )
     for batch_size in (int(size) for size in args.batch_sizes.split(",")):
         batch = build(args.full, batch_size, args.device, dtype)
         timings = time_ticks(batch, args.steps, args.warmup)
@@ -116,23 +140,38 @@ def main(argv: list[str] | None = None) -> int:
             "realtime_factor": FRAME_SECONDS / tick,
         }
         rows.append(row)
-        print(f"{batch_size:>5} {tick * 1e3:>9.1f} {tick / batch_size * 1e3:>15.2f} "
-              f"{row['tick_p90_s'] * 1e3:>12.1f} {row['realtime_factor']:>12.2f}")
+        print(
+            f"{batch_size:>5} {tick * 1e3:>9.1f} {tick / batch_size * 1e3:>15.2f} "
+            f"{row['tick_p90_s'] * 1e3:>12.1f} {row['realtime_factor']:>12.2f}"
+        )
         del batch
         gc.collect()  # the model's hooks and streaming callbacks form reference cycles
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
 
     out = args.out or REPO_ROOT / "bench" / "results" / (
-        f"kame_step_bench_{config}_{args.device.split(':')[0]}.json")
+        f"kame_step_bench_{config}_{args.device.split(':')[0]}.json"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "config": config, "device": args.device, "dtype": args.dtype,
-        "threads": args.threads, "steps": args.steps, "warmup": args.warmup,
-        "machine": platform.machine(), "processor": platform.processor(),
-        "torch": torch.__version__, "rows": rows,
-        "note": "real-time x = 80 ms / median tick; >1 means the batch keeps up",
-    }, indent=1) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "config": config,
+                "device": args.device,
+                "dtype": args.dtype,
+                "threads": args.threads,
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "machine": platform.machine(),
+                "processor": platform.processor(),
+                "torch": torch.__version__,
+                "rows": rows,
+                "note": "real-time x = 80 ms / median tick; >1 means the batch keeps up",
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
     return 0
 

@@ -51,13 +51,18 @@ RESULTS = Path(__file__).resolve().parent / "results" / "oracle_bench.json"
 
 def decode_rate_totals() -> tuple[float, float]:
     labels = {"backend": "openai"}
-    return (REGISTRY.get_sample_value("kame_oracle_tokens_per_second_sum", labels) or 0.0,
-            REGISTRY.get_sample_value("kame_oracle_tokens_per_second_count", labels) or 0.0)
+    return (
+        REGISTRY.get_sample_value("kame_oracle_tokens_per_second_sum", labels) or 0.0,
+        REGISTRY.get_sample_value("kame_oracle_tokens_per_second_count", labels) or 0.0,
+    )
 
 
 async def ask(factory: SessionFactory, question: str, policy: str, words_per_s: float) -> dict:
-    session = await factory.open(oracle_pb2.OracleConfig(
-        session_id=f"bench-{uuid.uuid4().hex[:8]}", policy=oracle_pb2.OraclePolicy(name=policy)))
+    session = await factory.open(
+        oracle_pb2.OracleConfig(
+            session_id=f"bench-{uuid.uuid4().hex[:8]}", policy=oracle_pb2.OraclePolicy(name=policy)
+        )
+    )
     timeline: list[tuple[float, oracle_pb2.GuideResponse]] = []
 
     async def collect() -> None:
@@ -67,22 +72,33 @@ async def ask(factory: SessionFactory, question: str, policy: str, words_per_s: 
     collector = asyncio.create_task(collect())
     words = question.split()
     for count in range(1, len(words) + 1):
-        session.user_transcript(common_pb2.TranscriptEvent(
-            utterance_id="u1", text=" ".join(words[:count])))
+        session.user_transcript(
+            common_pb2.TranscriptEvent(utterance_id="u1", text=" ".join(words[:count]))
+        )
         await asyncio.sleep(1 / words_per_s)
     final_at = time.monotonic()
-    session.user_transcript(common_pb2.TranscriptEvent(utterance_id="u1", is_final=True,
-                                                       text=question))
+    session.user_transcript(
+        common_pb2.TranscriptEvent(utterance_id="u1", is_final=True, text=question)
+    )
 
     def final_generation() -> int | None:
         """The stream the final started (the first start after it)."""
-        return next((r.event.generation for t, r in timeline if t >= final_at
-                     and r.HasField("event") and r.event.kind == Event.REQUEST_START), None)
+        return next(
+            (
+                r.event.generation
+                for t, r in timeline
+                if t >= final_at and r.HasField("event") and r.event.kind == Event.REQUEST_START
+            ),
+            None,
+        )
 
     def finished(generation: int | None) -> bool:
         return generation is not None and any(
-            r.HasField("event") and r.event.generation == generation
-            and r.event.kind in (Event.DONE, Event.ERROR, Event.CANCELLED) for _t, r in timeline)
+            r.HasField("event")
+            and r.event.generation == generation
+            and r.event.kind in (Event.DONE, Event.ERROR, Event.CANCELLED)
+            for _t, r in timeline
+        )
 
     deadline = time.monotonic() + 60
     while not finished(final_generation()) and time.monotonic() < deadline:
@@ -99,18 +115,21 @@ def summarize(question: str, timeline, final_at: float, generation: int | None) 
     firsts = {e.generation: t for t, e in events if e.kind == Event.FIRST_TOKEN}
     held = [u for t, u in updates if t <= final_at]
     current = max((u.generation for u in held if u.op == Update.RESET), default=None)
-    answer = " ".join(u.text for _t, u in updates
-                      if u.op == Update.APPEND and u.generation == generation)
-    reset_at = next((t for t, u in updates if u.op == Update.RESET and u.generation == generation),
-                    None)
+    answer = " ".join(
+        u.text for _t, u in updates if u.op == Update.APPEND and u.generation == generation
+    )
+    reset_at = next(
+        (t for t, u in updates if u.op == Update.RESET and u.generation == generation), None
+    )
     return {
         "question": question,
         "answer": answer,
         "correct": any(k in answer.lower() for k in QUESTIONS[question]),
         "ttft_s": [firsts[g] - starts[g] for g in firsts if g in starts],
         "final_to_reset_s": None if reset_at is None else reset_at - final_at,
-        "words_at_final": sum(len(u.text.split()) for u in held
-                              if u.op == Update.APPEND and u.generation == current),
+        "words_at_final": sum(
+            len(u.text.split()) for u in held if u.op == Update.APPEND and u.generation == current
+        ),
         "starts": len(starts),
         "cancellations": sum(e.kind == Event.CANCELLED for _t, e in events),
         "errors": [e.detail for _t, e in events if e.kind == Event.ERROR],
@@ -128,8 +147,9 @@ async def bench(base_url: str, rounds: int, words_per_s: float) -> dict:
     report = {}
     for policy in ("tandem", "cascade"):
         rate_sum, rate_count = decode_rate_totals()
-        runs = [await ask(factory, q, policy, words_per_s)
-                for _ in range(rounds) for q in QUESTIONS]
+        runs = [
+            await ask(factory, q, policy, words_per_s) for _ in range(rounds) for q in QUESTIONS
+        ]
         rate_sum2, rate_count2 = decode_rate_totals()
         resets = [r["final_to_reset_s"] for r in runs if r["final_to_reset_s"] is not None]
         report[policy] = {
@@ -139,8 +159,11 @@ async def bench(base_url: str, rounds: int, words_per_s: float) -> dict:
             "median_words_at_final": median([r["words_at_final"] for r in runs]),
             "mean_starts": statistics.mean(r["starts"] for r in runs),
             "mean_cancellations": statistics.mean(r["cancellations"] for r in runs),
-            "tokens_per_s": ((rate_sum2 - rate_sum) / (rate_count2 - rate_count)
-                             if rate_count2 > rate_count else None),
+            "tokens_per_s": (
+                (rate_sum2 - rate_sum) / (rate_count2 - rate_count)
+                if rate_count2 > rate_count
+                else None
+            ),
             "correct": sum(r["correct"] for r in runs),
             "total": len(runs),
         }
@@ -153,8 +176,11 @@ def fmt(value: float | None, pattern: str = "{:.3f}") -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--base-url", default="",
-                        help="an OpenAI-compatible server to use (default: start the embedded one)")
+    parser.add_argument(
+        "--base-url",
+        default="",
+        help="an OpenAI-compatible server to use (default: start the embedded one)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads if started here")
     parser.add_argument("--rounds", type=int, default=2, help="passes over the questions")
     parser.add_argument("--words-per-s", type=float, default=2.5, help="speaking rate")
@@ -171,20 +197,32 @@ def main() -> int:
     finally:
         if process is not None:
             llm_server.stop(process)
-    header = (f"{'policy':8} {'ttft_s':>8} {'final->RESET_s':>15} {'words@final':>12} "
-              f"{'starts':>7} {'cancels':>8} {'tok/s':>7} {'correct':>8}")
+    header = (
+        f"{'policy':8} {'ttft_s':>8} {'final->RESET_s':>15} {'words@final':>12} "
+        f"{'starts':>7} {'cancels':>8} {'tok/s':>7} {'correct':>8}"
+    )
     print(header)
     print("-" * len(header))
     for policy, row in report.items():
-        print(f"{policy:8} {fmt(row['median_ttft_s']):>8} "
-              f"{fmt(row['median_final_to_reset_s']):>15} "
-              f"{fmt(row['median_words_at_final'], '{:.1f}'):>12} "
-              f"{row['mean_starts']:>7.1f} {row['mean_cancellations']:>8.1f} "
-              f"{fmt(row['tokens_per_s'], '{:.1f}'):>7} {row['correct']:>4}/{row['total']:<3}")
+        print(
+            f"{policy:8} {fmt(row['median_ttft_s']):>8} "
+            f"{fmt(row['median_final_to_reset_s']):>15} "
+            f"{fmt(row['median_words_at_final'], '{:.1f}'):>12} "
+            f"{row['mean_starts']:>7.1f} {row['mean_cancellations']:>8.1f} "
+            f"{fmt(row['tokens_per_s'], '{:.1f}'):>7} {row['correct']:>4}/{row['total']:<3}"
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "machine_note": f"shared 2-core CPU; medians; llama.cpp threads={args.threads}",
-        "words_per_s": args.words_per_s, "rounds": args.rounds, "results": report}, indent=2))
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "machine_note": f"shared 2-core CPU; medians; llama.cpp threads={args.threads}",
+                "words_per_s": args.words_per_s,
+                "rounds": args.rounds,
+                "results": report,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {RESULTS}")
     return 0
 

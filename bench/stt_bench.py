@@ -100,9 +100,14 @@ async def run_client(stub, script: Script, name: str, delay_s: float) -> ClientR
         for seq, pcm in enumerate(script.frames):
             await asyncio.sleep(max(0.0, start + seq * FRAME_SECONDS - time.monotonic()))
             sent_at.append(time.monotonic())
-            yield stt_pb2.TranscribeRequest(audio=common_pb2.AudioFrame(
-                pcm=pcm, sample_rate_hz=SAMPLE_RATE, seq=seq,
-                capture_time_us=time.time_ns() // 1000))
+            yield stt_pb2.TranscribeRequest(
+                audio=common_pb2.AudioFrame(
+                    pcm=pcm,
+                    sample_rate_hz=SAMPLE_RATE,
+                    seq=seq,
+                    capture_time_us=time.time_ns() // 1000,
+                )
+            )
 
     def sent(stream_s: float) -> float:
         return sent_at[min(int(max(stream_s - 1e-6, 0) / FRAME_SECONDS), len(sent_at) - 1)]
@@ -133,8 +138,10 @@ def percentile(values: list[float], q: float) -> float | None:
 def decode_totals(kind: str) -> tuple[float, float]:
     """(seconds, count) of the decodes of `kind` so far, from the service's histogram."""
     labels = {"kind": kind}
-    return (REGISTRY.get_sample_value("kame_stt_decode_seconds_sum", labels) or 0.0,
-            REGISTRY.get_sample_value("kame_stt_decode_seconds_count", labels) or 0.0)
+    return (
+        REGISTRY.get_sample_value("kame_stt_decode_seconds_sum", labels) or 0.0,
+        REGISTRY.get_sample_value("kame_stt_decode_seconds_count", labels) or 0.0,
+    )
 
 
 def mean_decode_s(before: tuple[float, float], after: tuple[float, float]) -> float | None:
@@ -143,8 +150,10 @@ def mean_decode_s(before: tuple[float, float], after: tuple[float, float]) -> fl
 
 
 def skipped_partials() -> float:
-    return sum(REGISTRY.get_sample_value("kame_stt_partials_skipped_total", {"reason": r}) or 0
-               for r in SKIP_REASONS)
+    return sum(
+        REGISTRY.get_sample_value("kame_stt_partials_skipped_total", {"reason": r}) or 0
+        for r in SKIP_REASONS
+    )
 
 
 async def run_level(stub, script: Script, sessions: int, rng: random.Random) -> dict:
@@ -154,10 +163,12 @@ async def run_level(stub, script: Script, sessions: int, rng: random.Random) -> 
     load_before = os.getloadavg()[0]
     # Random starts within one sentence's length: callers do not speak in lockstep.
     delays = [0.0] + [rng.uniform(0.0, 3.0) for _ in range(sessions - 1)]
-    results = await asyncio.gather(*(
-        run_client(stub, script, f"bench-{sessions}-{i}", delay)
-        for i, delay in enumerate(delays)
-    ))
+    results = await asyncio.gather(
+        *(
+            run_client(stub, script, f"bench-{sessions}-{i}", delay)
+            for i, delay in enumerate(delays)
+        )
+    )
     partial_lags = [lag for r in results for lag in r.partial_lags]
     final_lags = [lag for r in results for lag in r.final_lags]
     per_utterance = [n for r in results for n in r.partials_per_utterance]
@@ -172,8 +183,10 @@ async def run_level(stub, script: Script, sessions: int, rng: random.Random) -> 
         "partial_lag_p90_s": percentile(partial_lags, 90),
         "final_lag_median_s": percentile(final_lags, 50),
         "final_lag_p90_s": percentile(final_lags, 90),
-        "mean_decode_s": {kind: mean_decode_s(decodes_before[kind], decode_totals(kind))
-                          for kind in ("partial", "final")},
+        "mean_decode_s": {
+            kind: mean_decode_s(decodes_before[kind], decode_totals(kind))
+            for kind in ("partial", "final")
+        },
         "load_average_1m": [load_before, os.getloadavg()[0]],
     }
 
@@ -183,18 +196,23 @@ def _fmt(value: float | None) -> str:
 
 
 def print_header() -> None:
-    print(f"{'sessions':>8} {'finals':>9} {'partials/utt':>12} {'skipped':>8} "
-          f"{'partial lag med/p90 (s)':>24} {'final lag med/p90 (s)':>22} "
-          f"{'decode (s)':>10} {'load':>10}")
+    print(
+        f"{'sessions':>8} {'finals':>9} {'partials/utt':>12} {'skipped':>8} "
+        f"{'partial lag med/p90 (s)':>24} {'final lag med/p90 (s)':>22} "
+        f"{'decode (s)':>10} {'load':>10}"
+    )
 
 
 def print_row(row: dict) -> None:
-    print(f"{row['sessions']:>8} {row['finals']:>4}/{row['utterances']:<4} "
-          f"{row['partials_per_utterance']:>12.1f} {row['partials_skipped']:>8.0f} "
-          f"{_fmt(row['partial_lag_median_s']):>15} / {_fmt(row['partial_lag_p90_s']):<6} "
-          f"{_fmt(row['final_lag_median_s']):>13} / {_fmt(row['final_lag_p90_s']):<6} "
-          f"{_fmt(row['mean_decode_s']['partial']):>4}/{_fmt(row['mean_decode_s']['final']):<5} "
-          f"{row['load_average_1m'][0]:>4.1f}-{row['load_average_1m'][1]:<4.1f}", flush=True)
+    print(
+        f"{row['sessions']:>8} {row['finals']:>4}/{row['utterances']:<4} "
+        f"{row['partials_per_utterance']:>12.1f} {row['partials_skipped']:>8.0f} "
+        f"{_fmt(row['partial_lag_median_s']):>15} / {_fmt(row['partial_lag_p90_s']):<6} "
+        f"{_fmt(row['final_lag_median_s']):>13} / {_fmt(row['final_lag_p90_s']):<6} "
+        f"{_fmt(row['mean_decode_s']['partial']):>4}/{_fmt(row['mean_decode_s']['final']):<5} "
+        f"{row['load_average_1m'][0]:>4.1f}-{row['load_average_1m'][1]:<4.1f}",
+        flush=True,
+    )
 
 
 def fits(rows: list[dict], key: str, limit_s: float) -> int:
@@ -208,9 +226,16 @@ def fits(rows: list[dict], key: str, limit_s: float) -> int:
 
 
 async def main_async(args: argparse.Namespace) -> dict:
-    settings = SttSettings(host="127.0.0.1", port=0, metrics_port=0, device=args.device,
-                           compute_type=args.compute_type, decode_workers=args.decode_workers,
-                           cpu_threads=args.cpu_threads, beam_size=args.beam_size)
+    settings = SttSettings(
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        device=args.device,
+        compute_type=args.compute_type,
+        decode_workers=args.decode_workers,
+        cpu_threads=args.cpu_threads,
+        beam_size=args.beam_size,
+    )
     engine = await asyncio.to_thread(SttEngine, settings)
     script = await asyncio.to_thread(build_script, args.rounds)
     runtime = await serve(settings, engine)
@@ -231,38 +256,69 @@ async def main_async(args: argparse.Namespace) -> dict:
         engine.close()
     return {
         "bench": "stt",
-        "script": {"sentences": SENTENCES, "rounds": args.rounds, "gap_s": GAP_S,
-                   "duration_s": script.duration_s},
-        "settings": {k: getattr(settings, k) for k in
-                     ("device", "compute_type", "decode_workers", "cpu_threads", "beam_size",
-                      "partial_interval_s", "endpoint_silence_s", "word_timestamps")},
+        "script": {
+            "sentences": SENTENCES,
+            "rounds": args.rounds,
+            "gap_s": GAP_S,
+            "duration_s": script.duration_s,
+        },
+        "settings": {
+            k: getattr(settings, k)
+            for k in (
+                "device",
+                "compute_type",
+                "decode_workers",
+                "cpu_threads",
+                "beam_size",
+                "partial_interval_s",
+                "endpoint_silence_s",
+                "word_timestamps",
+            )
+        },
         "model_dir": str(engine.model_dir),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "processor": platform.processor() or platform.machine()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+        },
         "limit_s": args.limit_s,
         "levels": rows,
-        "max_sessions_median_final_lag_under_limit": fits(rows, "final_lag_median_s",
-                                                          args.limit_s),
+        "max_sessions_median_final_lag_under_limit": fits(rows, "final_lag_median_s", args.limit_s),
         "max_sessions_p90_final_lag_under_limit": fits(rows, "final_lag_p90_s", args.limit_s),
     }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sessions", default="1,2,4,8",
-                        type=lambda s: [int(n) for n in s.split(",")],
-                        help="concurrency levels, in increasing order")
+    parser.add_argument(
+        "--sessions",
+        default="1,2,4,8",
+        type=lambda s: [int(n) for n in s.split(",")],
+        help="concurrency levels, in increasing order",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--compute-type", default="")
     parser.add_argument("--decode-workers", type=int, default=1)
     parser.add_argument("--cpu-threads", type=int, default=0)
     parser.add_argument("--beam-size", type=int, default=1)
-    parser.add_argument("--limit-s", type=float, default=1.0,
-                        help="final lag after end of speech that still counts as fitting")
-    parser.add_argument("--stop-above-s", type=float, default=3.0,
-                        help="stop the sweep once the median final lag passes this")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="times each client speaks the four sentences (more samples)")
+    parser.add_argument(
+        "--limit-s",
+        type=float,
+        default=1.0,
+        help="final lag after end of speech that still counts as fitting",
+    )
+    parser.add_argument(
+        "--stop-above-s",
+        type=float,
+        default=3.0,
+        help="stop the sweep once the median final lag passes this",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="times each client speaks the four sentences (more samples)",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "stt.json"))
     return parser.parse_args(argv)
@@ -272,9 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = asyncio.run(main_async(args))
     limit = report["limit_s"]
-    print(f"\nreal-time sessions with final lag under {limit:g} s: "
-          f"median {report['max_sessions_median_final_lag_under_limit']}, "
-          f"p90 {report['max_sessions_p90_final_lag_under_limit']}")
+    print(
+        f"\nreal-time sessions with final lag under {limit:g} s: "
+        f"median {report['max_sessions_median_final_lag_under_limit']}, "
+        f"p90 {report['max_sessions_p90_final_lag_under_limit']}"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -90,8 +90,16 @@ STEP_METRIC = "kame_frontend_step_seconds"
 ROUND_TRIP_METRIC = "kame_gateway_frame_round_trip_seconds"
 TRANSPORT_METRIC = "kame_gateway_frame_transport_seconds"
 LOAD_SPREAD_S = 1.0
-PACKAGES = ("grpcio", "faster-whisper", "ctranslate2", "llama_cpp_python", "piper-tts", "moshi",
-            "torch", "redis")
+PACKAGES = (
+    "grpcio",
+    "faster-whisper",
+    "ctranslate2",
+    "llama_cpp_python",
+    "piper-tts",
+    "moshi",
+    "torch",
+    "redis",
+)
 
 
 # ---- questions and runs ---------------------------------------------------------------------
@@ -112,7 +120,7 @@ class Question:
 @dataclass(frozen=True)
 class Run:
     label: str
-    mode: str    # tandem, cascade or s2s
+    mode: str  # tandem, cascade or s2s
     engine: str  # the frontend engine: tts, kame or moshi
 
 
@@ -130,8 +138,10 @@ def select_runs(planned: list[Run], wanted: str) -> list[Run]:
     labels = [label.strip() for label in wanted.split(",") if label.strip()]
     unknown = [label for label in labels if label not in by_label]
     if unknown:
-        raise ValueError(f"--runs: unknown run(s) {', '.join(unknown)}; with these options the "
-                         f"runs are {', '.join(by_label)} (kame and s2s need --checkpoint)")
+        raise ValueError(
+            f"--runs: unknown run(s) {', '.join(unknown)}; with these options the "
+            f"runs are {', '.join(by_label)} (kame and s2s need --checkpoint)"
+        )
     return [by_label[label] for label in labels]
 
 
@@ -140,8 +150,10 @@ def load_questions(path: Path | None) -> list[Question]:
     "keywords": [...]} (WAV paths relative to the JSON file; a text without
     a WAV is spoken by the piper voice)."""
     if path is None:
-        return [Question(text, keywords, say.synthesize(text), "piper")
-                for text, keywords in BUILTIN_QUESTIONS]
+        return [
+            Question(text, keywords, say.synthesize(text), "piper")
+            for text, keywords in BUILTIN_QUESTIONS
+        ]
     entries = json.loads(path.read_text())
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{path}: expected a non-empty JSON list of questions")
@@ -149,7 +161,7 @@ def load_questions(path: Path | None) -> list[Question]:
     for index, entry in enumerate(entries):
         keywords = entry.get("keywords") if isinstance(entry, dict) else None
         if not keywords or not isinstance(keywords, list):
-            raise ValueError(f"{path}: question {index} needs a non-empty \"keywords\" list")
+            raise ValueError(f'{path}: question {index} needs a non-empty "keywords" list')
         if entry.get("wav"):
             wav = (path.parent / entry["wav"]).resolve()
             samples, rate = talk.read_wav(wav)
@@ -157,9 +169,10 @@ def load_questions(path: Path | None) -> list[Question]:
         elif entry.get("text"):
             audio, source = say.synthesize(entry["text"]), "piper"
         else:
-            raise ValueError(f"{path}: question {index} needs \"wav\" or \"text\"")
-        questions.append(Question(entry.get("text", Path(source).stem), tuple(keywords),
-                                  audio, source))
+            raise ValueError(f'{path}: question {index} needs "wav" or "text"')
+        questions.append(
+            Question(entry.get("text", Path(source).stem), tuple(keywords), audio, source)
+        )
     return questions
 
 
@@ -181,14 +194,22 @@ class Histogram:
     count: float = 0.0
 
     def __sub__(self, earlier: Histogram) -> Histogram:
-        return Histogram({bound: value - earlier.buckets.get(bound, 0.0)
-                          for bound, value in self.buckets.items()},
-                         self.total - earlier.total, self.count - earlier.count)
+        return Histogram(
+            {
+                bound: value - earlier.buckets.get(bound, 0.0)
+                for bound, value in self.buckets.items()
+            },
+            self.total - earlier.total,
+            self.count - earlier.count,
+        )
 
     def __add__(self, other: Histogram) -> Histogram:
         bounds = set(self.buckets) | set(other.buckets)
-        return Histogram({b: self.buckets.get(b, 0.0) + other.buckets.get(b, 0.0)
-                          for b in bounds}, self.total + other.total, self.count + other.count)
+        return Histogram(
+            {b: self.buckets.get(b, 0.0) + other.buckets.get(b, 0.0) for b in bounds},
+            self.total + other.total,
+            self.count + other.count,
+        )
 
     def quantile(self, q: float) -> float | None:
         """Prometheus' histogram_quantile: linear inside the bucket that holds rank q."""
@@ -245,8 +266,11 @@ class FrameTimes:
 
     def summary(self) -> dict[str, float | None]:
         """p50 and p99 of each kind: step_p50_s, ..., transport_p99_s."""
-        return {f"{kind}_{tag}_s": _round(getattr(self, kind).quantile(q), 5)
-                for kind in self.KINDS for q, tag in ((0.5, "p50"), (0.99, "p99"))}
+        return {
+            f"{kind}_{tag}_s": _round(getattr(self, kind).quantile(q), 5)
+            for kind in self.KINDS
+            for q, tag in ((0.5, "p50"), (0.99, "p99"))
+        }
 
 
 class MetricsProbe:
@@ -263,12 +287,16 @@ class MetricsProbe:
             return response.read().decode()
 
     async def snapshot(self) -> FrameTimes:
-        frontend, gateway = await asyncio.gather(asyncio.to_thread(self._get, self.frontend_url),
-                                                 asyncio.to_thread(self._get, self.gateway_url))
+        frontend, gateway = await asyncio.gather(
+            asyncio.to_thread(self._get, self.frontend_url),
+            asyncio.to_thread(self._get, self.gateway_url),
+        )
         mode = {"mode": self.run.mode}
-        return FrameTimes(parse_histogram(frontend, STEP_METRIC, {"engine": self.run.engine}),
-                          parse_histogram(gateway, ROUND_TRIP_METRIC, mode),
-                          parse_histogram(gateway, TRANSPORT_METRIC, mode))
+        return FrameTimes(
+            parse_histogram(frontend, STEP_METRIC, {"engine": self.run.engine}),
+            parse_histogram(gateway, ROUND_TRIP_METRIC, mode),
+            parse_histogram(gateway, TRANSPORT_METRIC, mode),
+        )
 
 
 # ---- one conversation ---------------------------------------------------------------------
@@ -296,11 +324,14 @@ def timeline_marks(result: talk.TalkResult) -> dict[str, Any]:
             start = None
     if start is not None:
         spans.append([start, round(len(result.agent_t) * FRAME_SECONDS, 3)])
-    return {"speech_start_s": result.speech_start_s, "speech_end_s": result.speech_end_s,
-            "first_transcript_t": first_time(events, ("user_partial", "user_final")),
-            "final_t": first_time(events, ("user_final",)),
-            "first_oracle_t": first_time(events, ("oracle_reset", "oracle_append")),
-            "agent_spans": spans}
+    return {
+        "speech_start_s": result.speech_start_s,
+        "speech_end_s": result.speech_end_s,
+        "first_transcript_t": first_time(events, ("user_partial", "user_final")),
+        "final_t": first_time(events, ("user_final",)),
+        "first_oracle_t": first_time(events, ("oracle_reset", "oracle_append")),
+        "agent_spans": spans,
+    }
 
 
 def agent_speech(result: talk.TalkResult) -> np.ndarray:
@@ -314,25 +345,32 @@ def agent_speech(result: talk.TalkResult) -> np.ndarray:
     return result.agent[first:last]
 
 
-def conversation_record(question_index: int, question: Question, run: Run,
-                        result: talk.TalkResult, late_s: float) -> dict[str, Any]:
+def conversation_record(
+    question_index: int, question: Question, run: Run, result: talk.TalkResult, late_s: float
+) -> dict[str, Any]:
     events = result.events
     first_transcript = first_time(events, ("user_partial", "user_final"))
     first_oracle = first_time(events, ("oracle_reset", "oracle_append"))
     final = next((e for e in events if e["type"] == "user_final"), None)
     turn = result.turns[0] if result.turns else {}
     return {
-        "question": question_index, "text": question.text, "run": run.label, "mode": run.mode,
+        "question": question_index,
+        "text": question.text,
+        "run": run.label,
+        "mode": run.mode,
         "engine": result.started.get("engine", run.engine),
         "session_id": result.started.get("session_id", ""),
-        "status": result.status, "status_details": result.status_details,
+        "status": result.status,
+        "status_details": result.status_details,
         "response_latency_s": _round(result.response_latency_s),
         "gateway_response_latency_s": _round(turn.get("response_latency_s")),
         "oracle_first_update_s": _round(first_oracle - first_transcript)
-        if first_oracle is not None and first_transcript is not None else None,
+        if first_oracle is not None and first_transcript is not None
+        else None,
         "stt_final_lag_s": _round(final["lag_s"]) if final else None,
         "final_after_speech_end_s": _round(final["t"] - result.speech_end_s)
-        if final and result.speech_end_s is not None else None,
+        if final and result.speech_end_s is not None
+        else None,
         "user_transcript": result.user_transcript,
         "agent_text": result.agent_text,
         "text_correct": heard(result.agent_text, question.keywords),
@@ -344,10 +382,13 @@ def conversation_record(question_index: int, question: Question, run: Run,
 
 
 def frame_lag_stats(lags: np.ndarray, late_s: float) -> dict[str, Any]:
-    return {"frames": int(len(lags)), "late_frames": int(np.sum(lags > late_s)),
-            "late_fraction": _round(float(np.mean(lags > late_s))) if len(lags) else None,
-            "frame_lag_p50_s": _round(_percentile(lags, 50)),
-            "frame_lag_p99_s": _round(_percentile(lags, 99))}
+    return {
+        "frames": int(len(lags)),
+        "late_frames": int(np.sum(lags > late_s)),
+        "late_fraction": _round(float(np.mean(lags > late_s))) if len(lags) else None,
+        "frame_lag_p50_s": _round(_percentile(lags, 50)),
+        "frame_lag_p99_s": _round(_percentile(lags, 99)),
+    }
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
@@ -389,8 +430,13 @@ class Captured:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, questions: list[Question], runs: list[Run],
-                 load_run: Run | None) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        questions: list[Question],
+        runs: list[Run],
+        load_run: Run | None,
+    ) -> None:
         self.args = args
         self.questions = questions
         self.runs = runs
@@ -400,8 +446,11 @@ class Bench:
         self.load_levels: list[dict[str, Any]] = []
         self.load_captured: list[Captured] = []
         self.failures: list[dict[str, str]] = []
-        total = (args.warmup * len(self.groups()) + len(questions) * len(runs) * args.repeats
-                 + (sum(args.load) if load_run else 0))
+        total = (
+            args.warmup * len(self.groups())
+            + len(questions) * len(runs) * args.repeats
+            + (sum(args.load) if load_run else 0)
+        )
         self.progress = tqdm(total=total, unit="call", desc="kame bench", dynamic_ncols=True)
 
     def groups(self) -> dict[str, list[Run]]:
@@ -417,24 +466,36 @@ class Bench:
         redis_port = free_ports(1)[0]  # a free port: the stack starts its own Redis there
         ports = Ports.free(redis=redis_port)
         return StackOptions(
-            ports=ports, frontend_engine=engine,
-            checkpoint=args.checkpoint if engine != "tts" else "", device=args.device,
-            redis_url=args.redis_url, llm_base_url=args.llm_base_url,
-            llm_backend=args.llm_backend, llm_model=args.llm_model,
-            startup_timeout_s=args.startup_timeout_s, log_dir=self.scratch / f"logs-{engine}")
+            ports=ports,
+            frontend_engine=engine,
+            checkpoint=args.checkpoint if engine != "tts" else "",
+            device=args.device,
+            redis_url=args.redis_url,
+            llm_base_url=args.llm_base_url,
+            llm_backend=args.llm_backend,
+            llm_model=args.llm_model,
+            startup_timeout_s=args.startup_timeout_s,
+            log_dir=self.scratch / f"logs-{engine}",
+        )
 
     def talk_options(self, gateway: str, run: Run) -> talk.TalkOptions:
-        return talk.TalkOptions(gateway=gateway, mode=run.mode, chunk_ms=CHUNK_MS,
-                                tail_s=self.args.tail_s, max_wait_s=self.args.max_wait_s,
-                                oracle_updates=True)
+        return talk.TalkOptions(
+            gateway=gateway,
+            mode=run.mode,
+            chunk_ms=CHUNK_MS,
+            tail_s=self.args.tail_s,
+            max_wait_s=self.args.max_wait_s,
+            oracle_updates=True,
+        )
 
     async def run(self) -> None:
         """Every group on its own stack; a stack that fails costs its group only
         (recorded in `failures`), the other groups still run."""
         for engine, runs in self.groups().items():
             stack = BenchStack(self.stack_options(engine), max([4, *self.args.load]))
-            self.progress.write(f"kame bench: starting the stack for engine {engine} "
-                                f"(logs in {stack.log_dir}) ...")
+            self.progress.write(
+                f"kame bench: starting the stack for engine {engine} (logs in {stack.log_dir}) ..."
+            )
             try:
                 await asyncio.to_thread(stack.start)
                 await self.run_group(stack, [r for r in runs if r in self.runs])
@@ -466,8 +527,7 @@ class Bench:
                     self.progress.update()
                 order.reverse()  # ABBA: no run always goes first
 
-    async def converse(self, stack: Stack, run: Run, index: int,
-                       question: Question) -> Captured:
+    async def converse(self, stack: Stack, run: Run, index: int, question: Question) -> Captured:
         probe = MetricsProbe(stack.ports, run)
         before = await probe.snapshot()
         result = await talk.talk(question.audio, self.talk_options(stack.gateway_address, run))
@@ -475,8 +535,9 @@ class Bench:
         stack.check()
         record = conversation_record(index, question, run, result, self.args.late_ms / 1000)
         record.update(frames.summary())
-        return Captured(record, question.keywords, agent_speech(result), frame_lags(result),
-                        frames, result)
+        return Captured(
+            record, question.keywords, agent_speech(result), frame_lags(result), frames, result
+        )
 
     async def run_load(self, stack: Stack, run: Run, sessions: int) -> None:
         """`sessions` conversations at once, arrivals spread over LOAD_SPREAD_S."""
@@ -487,8 +548,9 @@ class Bench:
         async def one(slot: int) -> tuple[int, talk.TalkResult]:
             await asyncio.sleep(LOAD_SPREAD_S * slot / sessions)
             index = slot % len(self.questions)
-            return index, await talk.talk(self.questions[index].audio,
-                                          self.talk_options(stack.gateway_address, run))
+            return index, await talk.talk(
+                self.questions[index].audio, self.talk_options(stack.gateway_address, run)
+            )
 
         results = await asyncio.gather(*(one(slot) for slot in range(sessions)))
         frames = await probe.snapshot() - before
@@ -498,20 +560,27 @@ class Bench:
         for index, result in results:
             record = conversation_record(index, self.questions[index], run, result, late_s)
             record["load"] = sessions  # per-frame histograms: per level, below
-            self.load_captured.append(Captured(record, self.questions[index].keywords,
-                                               agent_speech(result), frame_lags(result)))
+            self.load_captured.append(
+                Captured(
+                    record, self.questions[index].keywords, agent_speech(result), frame_lags(result)
+                )
+            )
             records.append(record)
         lags = np.concatenate([frame_lags(result) for _, result in results])
         latencies = [r["response_latency_s"] for r in records]
-        self.load_levels.append({
-            "sessions": sessions, "run": run.label,
-            "ok": sum(r["status"] == "OK" for r in records),
-            "statuses": sorted({r["status"] for r in records}),
-            **frame_lag_stats(lags, late_s), **frames.summary(),
-            "response_latency_median_s": _round(_percentile(latencies, 50)),
-            "response_latency_p90_s": _round(_percentile(latencies, 90)),
-            "text_correct": sum(r["text_correct"] for r in records),
-        })
+        self.load_levels.append(
+            {
+                "sessions": sessions,
+                "run": run.label,
+                "ok": sum(r["status"] == "OK" for r in records),
+                "statuses": sorted({r["status"] for r in records}),
+                **frame_lag_stats(lags, late_s),
+                **frames.summary(),
+                "response_latency_median_s": _round(_percentile(latencies, 50)),
+                "response_latency_p90_s": _round(_percentile(latencies, 90)),
+                "text_correct": sum(r["text_correct"] for r in records),
+            }
+        )
         self.progress.update(sessions)
 
     def transcribe(self) -> None:
@@ -523,10 +592,14 @@ class Bench:
         everything = self.captured + self.load_captured
         engine = SttEngine(SttSettings(cpu_threads=os.cpu_count() or 1))
         try:
-            for captured in tqdm(everything, unit="answer", desc="transcribing answers",
-                                 dynamic_ncols=True):
-                text = engine.transcribe_clip(captured.agent_audio) \
-                    if len(captured.agent_audio) else ""
+            for captured in tqdm(
+                everything, unit="answer", desc="transcribing answers", dynamic_ncols=True
+            ):
+                text = (
+                    engine.transcribe_clip(captured.agent_audio)
+                    if len(captured.agent_audio)
+                    else ""
+                )
                 captured.record["agent_transcript"] = text
                 captured.record["correct"] = heard(text, captured.keywords)
         finally:
@@ -545,23 +618,33 @@ class Bench:
 # ---- summary, report and plot ------------------------------------------------------------
 
 
-def summarize(captured: list[Captured], runs: list[Run],
-              late_s: float) -> dict[str, dict[str, Any]]:
+def summarize(
+    captured: list[Captured], runs: list[Run], late_s: float
+) -> dict[str, dict[str, Any]]:
     """Median and p90 per run over its conversations; p50/p99 of the pooled frames."""
     summary = {}
     for run in runs:
         records = [c.record for c in captured if c.record["run"] == run.label]
         if not records:
             continue
-        row: dict[str, Any] = {"mode": run.mode, "engine": run.engine,
-                               "conversations": len(records),
-                               "ok": sum(r["status"] == "OK" for r in records)}
-        for key in ("response_latency_s", "oracle_first_update_s", "stt_final_lag_s",
-                    "final_after_speech_end_s"):
+        row: dict[str, Any] = {
+            "mode": run.mode,
+            "engine": run.engine,
+            "conversations": len(records),
+            "ok": sum(r["status"] == "OK" for r in records),
+        }
+        for key in (
+            "response_latency_s",
+            "oracle_first_update_s",
+            "stt_final_lag_s",
+            "final_after_speech_end_s",
+        ):
             values = [r[key] for r in records]
-            row[key] = {"median": _round(_percentile(values, 50)),
-                        "p90": _round(_percentile(values, 90)),
-                        "n": sum(v is not None for v in values)}
+            row[key] = {
+                "median": _round(_percentile(values, 50)),
+                "p90": _round(_percentile(values, 90)),
+                "n": sum(v is not None for v in values),
+            }
         mine = [c for c in captured if c.record["run"] == run.label]
         row.update(sum((c.frame_times for c in mine), FrameTimes()).summary())
         row.update(frame_lag_stats(np.concatenate([c.lags for c in mine]), late_s))
@@ -582,15 +665,29 @@ def machine_description() -> dict[str, Any]:
     gpu = "none"
     if shutil.which("nvidia-smi"):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=10).stdout.strip() or gpu
+            gpu = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout.strip()
+                or gpu
+            )
     versions = {}
     for package in PACKAGES:
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": memory_gib, "gpu": gpu,
-            "os": platform.platform(), "python": platform.python_version(),
-            "load_average": [round(x, 2) for x in os.getloadavg()], "packages": versions}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "gpu": gpu,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "packages": versions,
+    }
 
 
 def models_description(args: argparse.Namespace) -> dict[str, str]:
@@ -617,7 +714,8 @@ def _pair(stats: dict[str, Any]) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     summary, machine = report["summary"], report["machine"]
     lines = [
-        f"# kame bench: {report['name']}", "",
+        f"# kame bench: {report['name']}",
+        "",
         f"- command: `{report['command']}`",
         f"- date: {report['started_at']}, {report['duration_s']:.0f} s",
         f"- machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, "
@@ -627,7 +725,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- inputs: {len(report['questions'])} questions x {report['settings']['repeats']} "
         f"repeat(s), the same audio in every run, runs alternating per question",
         "",
-        "## Per run (seconds: median / p90 over conversations; frames in ms: p50 / p99)", "",
+        "## Per run (seconds: median / p90 over conversations; frames in ms: p50 / p99)",
+        "",
         "| run | engine | ok | response latency | vs tandem | oracle 1st update | "
         "STT final lag | step ms | transport ms | frame lag p99 ms | late frames | "
         "correct (audio / text) |",
@@ -644,25 +743,39 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{_fmt(row['step_p50_s'], 1e3, 1)} / {_fmt(row['step_p99_s'], 1e3, 1)} | "
             f"{_fmt(row['transport_p50_s'], 1e3, 1)} / {_fmt(row['transport_p99_s'], 1e3, 1)} | "
             f"{_fmt(row['frame_lag_p99_s'], 1e3, 0)} | {_late(row)} | "
-            f"{row['correct']} / {row['text_correct']} of {row['conversations']} |")
-    lines += ["", "## Per question (response latency s, correct)", "",
-              "| question | " + " | ".join(summary) + " |",
-              "|---|" + "---|" * len(summary)]
+            f"{row['correct']} / {row['text_correct']} of {row['conversations']} |"
+        )
+    lines += [
+        "",
+        "## Per question (response latency s, correct)",
+        "",
+        "| question | " + " | ".join(summary) + " |",
+        "|---|" + "---|" * len(summary),
+    ]
     for index, question in enumerate(report["questions"]):
         cells = []
         for label in summary:
-            mine = [r for r in report["conversations"]
-                    if r["run"] == label and r["question"] == index]
-            cells.append(", ".join(f"{_fmt(r['response_latency_s'])} "
-                                   f"{'ok' if r.get('correct') else 'wrong'}" for r in mine))
+            mine = [
+                r for r in report["conversations"] if r["run"] == label and r["question"] == index
+            ]
+            cells.append(
+                ", ".join(
+                    f"{_fmt(r['response_latency_s'])} {'ok' if r.get('correct') else 'wrong'}"
+                    for r in mine
+                )
+            )
         lines.append(f"| {question['text']} | " + " | ".join(cells) + " |")
     if report["load"]:
-        lines += ["", f"## Load ({report['load'][0]['run']}; late = agent frame more than "
-                      f"{report['settings']['late_ms']:g} ms after its caller frame was due)", "",
-                  "| sessions | ok | frames | late | frame lag p50 / p99 ms | step p50 / p99 ms | "
-                  "transport p50 / p99 ms | response latency median / p90 s | "
-                  "correct (audio / text) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## Load ({report['load'][0]['run']}; late = agent frame more than "
+            f"{report['settings']['late_ms']:g} ms after its caller frame was due)",
+            "",
+            "| sessions | ok | frames | late | frame lag p50 / p99 ms | step p50 / p99 ms | "
+            "transport p50 / p99 ms | response latency median / p90 s | "
+            "correct (audio / text) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for level in report["load"]:
             lines.append(
                 f"| {level['sessions']} | {level['ok']} | {level['frames']} | "
@@ -674,14 +787,22 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(level['transport_p99_s'], 1e3, 1)} | "
                 f"{_fmt(level['response_latency_median_s'])} / "
                 f"{_fmt(level['response_latency_p90_s'])} | "
-                f"{level['correct']} / {level['text_correct']} of {level['sessions']} |")
+                f"{level['correct']} / {level['text_correct']} of {level['sessions']} |"
+            )
     for failure in report["failures"]:
         error = failure["error"].splitlines()
-        lines += ["", f"**Missing: the {failure['engine']} runs; their stack failed:** "
-                      f"{error[0]} ... {error[-1]}"]
-    lines += ["", "Definitions: the docstring of kame_cli/bench.py. Step and transport "
-                  "(gateway frame round trip minus the frontend's step time, per frame) come "
-                  "from the services' histograms, interpolated inside buckets.", ""]
+        lines += [
+            "",
+            f"**Missing: the {failure['engine']} runs; their stack failed:** "
+            f"{error[0]} ... {error[-1]}",
+        ]
+    lines += [
+        "",
+        "Definitions: the docstring of kame_cli/bench.py. Step and transport "
+        "(gateway frame round trip minus the frontend's step time, per frame) come "
+        "from the services' histograms, interpolated inside buckets.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -701,38 +822,53 @@ def plot(report: dict[str, Any], path: Path) -> None:
     _plot_load(fig.add_subplot(grid[1, 1]), report["load"])
     _plot_timelines(fig.add_subplot(grid[2, :]), labels, records)
     machine = report["machine"]
-    fig.suptitle(f"kame bench: {machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}"
-                 f"\n{report['command']}", fontsize=10)
+    fig.suptitle(
+        f"kame bench: {machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}"
+        f"\n{report['command']}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def _plot_distribution(axis: Any, labels: list[str], records: list[dict]) -> None:
-    data = [[r["response_latency_s"] for r in records
-             if r["run"] == label and r["response_latency_s"] is not None] for label in labels]
+    data = [
+        [
+            r["response_latency_s"]
+            for r in records
+            if r["run"] == label and r["response_latency_s"] is not None
+        ]
+        for label in labels
+    ]
     axis.boxplot([d or [np.nan] for d in data], tick_labels=labels, showfliers=False)
     for position, values in enumerate(data, start=1):
         jitter = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else 0.0
-        axis.scatter(position + np.zeros(len(values)) + jitter, values, s=18, alpha=0.7,
-                     zorder=3)
+        axis.scatter(position + np.zeros(len(values)) + jitter, values, s=18, alpha=0.7, zorder=3)
     axis.axhline(0, color="gray", lw=0.8, ls=":")
     axis.set_ylabel("seconds")
     axis.set_title("response latency (end of speech -> first agent audio at the client)")
 
 
 def _plot_components(axis: Any, labels: list[str], summary: dict[str, dict]) -> None:
-    keys = (("response_latency_s", "response latency"),
-            ("oracle_first_update_s", "oracle 1st update after 1st transcript"),
-            ("stt_final_lag_s", "STT final lag"))
+    keys = (
+        ("response_latency_s", "response latency"),
+        ("oracle_first_update_s", "oracle 1st update after 1st transcript"),
+        ("stt_final_lag_s", "STT final lag"),
+    )
     width = 0.8 / len(keys)
     for offset, (key, name) in enumerate(keys):
         medians = [summary[label][key]["median"] or 0.0 for label in labels]
         p90s = [summary[label][key]["p90"] or 0.0 for label in labels]
         positions = np.arange(len(labels)) + (offset - (len(keys) - 1) / 2) * width
-        axis.bar(positions, medians, width, label=name,
-                 yerr=[np.zeros(len(labels)), np.maximum(0, np.subtract(p90s, medians))],
-                 capsize=3)
+        axis.bar(
+            positions,
+            medians,
+            width,
+            label=name,
+            yerr=[np.zeros(len(labels)), np.maximum(0, np.subtract(p90s, medians))],
+            capsize=3,
+        )
     axis.set_xticks(np.arange(len(labels)), labels)
     axis.set_ylabel("seconds (bar: median, whisker: p90)")
     axis.set_title("latency breakdown per run")
@@ -740,15 +876,24 @@ def _plot_components(axis: Any, labels: list[str], summary: dict[str, dict]) -> 
 
 
 def _plot_frames(axis: Any, labels: list[str], summary: dict[str, dict]) -> None:
-    keys = (("step", "frontend step"), ("transport", "transport"),
-            ("round_trip", "gateway round trip"))
+    keys = (
+        ("step", "frontend step"),
+        ("transport", "transport"),
+        ("round_trip", "gateway round trip"),
+    )
     width = 0.8 / len(keys)
     for offset, (key, name) in enumerate(keys):
         p50 = [max(summary[label][f"{key}_p50_s"] or 0.0, 1e-5) * 1e3 for label in labels]
         p99 = [max(summary[label][f"{key}_p99_s"] or 0.0, 1e-5) * 1e3 for label in labels]
         positions = np.arange(len(labels)) + (offset - (len(keys) - 1) / 2) * width
-        axis.bar(positions, p50, width, label=name,
-                 yerr=[np.zeros(len(labels)), np.maximum(0, np.subtract(p99, p50))], capsize=3)
+        axis.bar(
+            positions,
+            p50,
+            width,
+            label=name,
+            yerr=[np.zeros(len(labels)), np.maximum(0, np.subtract(p99, p50))],
+            capsize=3,
+        )
     axis.axhline(FRAME_SECONDS * 1e3, color="red", lw=0.8, ls="--", label="80 ms frame")
     axis.set_yscale("log")  # p50 is often a fraction of a millisecond, p99 tens of them
     axis.set_xticks(np.arange(len(labels)), labels)
@@ -763,17 +908,24 @@ def _plot_load(axis: Any, levels: list[dict]) -> None:
         axis.text(0.5, 0.5, "no load run", ha="center", transform=axis.transAxes)
         return
     positions = np.arange(len(levels))  # evenly spaced: levels are often 1, 8, 32
-    for key, marker, name in (("frame_lag_p99_s", "o-", "client frame lag p99"),
-                              ("transport_p99_s", "s-", "transport p99"),
-                              ("step_p99_s", "^-", "frontend step p99")):
-        axis.plot(positions, [(level[key] or 0.0) * 1e3 for level in levels], marker,
-                  label=name)
+    for key, marker, name in (
+        ("frame_lag_p99_s", "o-", "client frame lag p99"),
+        ("transport_p99_s", "s-", "transport p99"),
+        ("step_p99_s", "^-", "frontend step p99"),
+    ):
+        axis.plot(positions, [(level[key] or 0.0) * 1e3 for level in levels], marker, label=name)
     axis.set_xticks(positions, [str(level["sessions"]) for level in levels])
     axis.set_xlabel("sessions")
     axis.set_ylabel("ms")
     late = axis.twinx()
-    late.bar(positions, [100 * (level["late_fraction"] or 0.0) for level in levels],
-             alpha=0.25, color="tab:red", width=0.4, label="late frames (%)")
+    late.bar(
+        positions,
+        [100 * (level["late_fraction"] or 0.0) for level in levels],
+        alpha=0.25,
+        color="tab:red",
+        width=0.4,
+        label="late frames (%)",
+    )
     late.set_ylabel("late frames (%)")
     axis.legend(loc="upper left", fontsize=8)
     late.legend(loc="upper right", fontsize=8)
@@ -796,30 +948,64 @@ def _plot_timelines(axis: Any, labels: list[str], records: list[dict]) -> None:
             continue
         marks, y = record["timeline"], len(labels) - 1 - lane
         if marks["speech_start_s"] is not None:
-            axis.barh(y + 0.18, marks["speech_end_s"] - marks["speech_start_s"], 0.3,
-                      left=marks["speech_start_s"], color="tab:blue", alpha=0.5,
-                      label=once("caller speech"))
-            axis.text(marks["speech_start_s"], y + 0.38, f"\"{record['user_transcript']}\"",
-                      fontsize=8, color="tab:blue")
+            axis.barh(
+                y + 0.18,
+                marks["speech_end_s"] - marks["speech_start_s"],
+                0.3,
+                left=marks["speech_start_s"],
+                color="tab:blue",
+                alpha=0.5,
+                label=once("caller speech"),
+            )
+            axis.text(
+                marks["speech_start_s"],
+                y + 0.38,
+                f'"{record["user_transcript"]}"',
+                fontsize=8,
+                color="tab:blue",
+            )
         for start, stop in marks["agent_spans"]:
-            axis.barh(y - 0.18, stop - start, 0.3, left=start, color="tab:green", alpha=0.6,
-                      label=once("agent audio"))
+            axis.barh(
+                y - 0.18,
+                stop - start,
+                0.3,
+                left=start,
+                color="tab:green",
+                alpha=0.6,
+                label=once("agent audio"),
+            )
         if marks["agent_spans"]:
-            axis.text(marks["agent_spans"][0][0], y - 0.45, f"\"{record['agent_text'][:70]}\"",
-                      fontsize=8, color="tab:green")
+            axis.text(
+                marks["agent_spans"][0][0],
+                y - 0.45,
+                f'"{record["agent_text"][:70]}"',
+                fontsize=8,
+                color="tab:green",
+            )
         for key, marker, color, name in (
-                ("first_transcript_t", "v", "gray", "first transcript"),
-                ("final_t", "D", "black", "final transcript"),
-                ("first_oracle_t", "*", "tab:red", "first oracle update")):
+            ("first_transcript_t", "v", "gray", "first transcript"),
+            ("final_t", "D", "black", "final transcript"),
+            ("first_oracle_t", "*", "tab:red", "first oracle update"),
+        ):
             if marks[key] is not None:
                 axis.plot(marks[key], y + 0.18, marker, color=color, ms=9, label=once(name))
         latency = record["response_latency_s"]
         if latency is not None and marks["speech_end_s"] is not None:
             end = marks["speech_end_s"]
-            axis.annotate("", (end + latency, y - 0.02), (end, y - 0.02),
-                          arrowprops={"arrowstyle": "->", "color": "tab:purple"})
-            axis.text(end + latency / 2, y + 0.02, f"response latency {latency:.2f} s",
-                      ha="center", fontsize=8, color="tab:purple")
+            axis.annotate(
+                "",
+                (end + latency, y - 0.02),
+                (end, y - 0.02),
+                arrowprops={"arrowstyle": "->", "color": "tab:purple"},
+            )
+            axis.text(
+                end + latency / 2,
+                y + 0.02,
+                f"response latency {latency:.2f} s",
+                ha="center",
+                fontsize=8,
+                color="tab:purple",
+            )
     axis.set_yticks(range(len(labels)), list(reversed(labels)))
     axis.set_ylim(-0.7, len(labels) - 0.3)
     axis.set_xlim(left=0)
@@ -838,38 +1024,72 @@ def _levels(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", default="",
-                        help="KAME/Moshi checkpoint directory: adds the tandem-kame and s2s runs")
+    parser.add_argument(
+        "--checkpoint",
+        default="",
+        help="KAME/Moshi checkpoint directory: adds the tandem-kame and s2s runs",
+    )
     parser.add_argument("--device", default="cpu", help="torch device of the kame/moshi engines")
-    parser.add_argument("--questions", type=Path, default=None,
-                        help='JSON list of {"wav": FILE or "text": TEXT, "keywords": [...]} '
-                             "(default: six built-in questions spoken by the piper voice)")
-    parser.add_argument("--runs", default="",
-                        help="comma-separated subset of the runs (tandem, cascade, tandem-kame, "
-                             "s2s); default: every run the options allow")
+    parser.add_argument(
+        "--questions",
+        type=Path,
+        default=None,
+        help='JSON list of {"wav": FILE or "text": TEXT, "keywords": [...]} '
+        "(default: six built-in questions spoken by the piper voice)",
+    )
+    parser.add_argument(
+        "--runs",
+        default="",
+        help="comma-separated subset of the runs (tandem, cascade, tandem-kame, "
+        "s2s); default: every run the options allow",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="times each question is asked")
-    parser.add_argument("--warmup", type=int, default=1,
-                        help="unrecorded conversations per stack before measuring")
-    parser.add_argument("--load", type=_levels, default=[1, 4, 8],
-                        help="concurrent session counts of the load run, e.g. 1,8,32 "
-                             "('' = no load run; default 1,4,8)")
-    parser.add_argument("--load-run", default="",
-                        help="run used for load (default: tandem-kame with a checkpoint, "
-                             "else tandem)")
-    parser.add_argument("--late-ms", type=float, default=FRAME_SECONDS * 1e3,
-                        help="an agent frame later than this after its caller frame is late")
-    parser.add_argument("--tail-s", type=float, default=1.5,
-                        help="the agent is done after this much quiet")
-    parser.add_argument("--max-wait-s", type=float, default=20.0,
-                        help="give up waiting for an answer this long after the question")
-    parser.add_argument("--out-dir", type=Path, default=Path("bench/results"),
-                        help="where the results go (scratch files in OUT_DIR/tmp/NAME)")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="unrecorded conversations per stack before measuring"
+    )
+    parser.add_argument(
+        "--load",
+        type=_levels,
+        default=[1, 4, 8],
+        help="concurrent session counts of the load run, e.g. 1,8,32 "
+        "('' = no load run; default 1,4,8)",
+    )
+    parser.add_argument(
+        "--load-run",
+        default="",
+        help="run used for load (default: tandem-kame with a checkpoint, else tandem)",
+    )
+    parser.add_argument(
+        "--late-ms",
+        type=float,
+        default=FRAME_SECONDS * 1e3,
+        help="an agent frame later than this after its caller frame is late",
+    )
+    parser.add_argument(
+        "--tail-s", type=float, default=1.5, help="the agent is done after this much quiet"
+    )
+    parser.add_argument(
+        "--max-wait-s",
+        type=float,
+        default=20.0,
+        help="give up waiting for an answer this long after the question",
+    )
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path("bench/results"),
+        help="where the results go (scratch files in OUT_DIR/tmp/NAME)",
+    )
     parser.add_argument("--name", default="bench", help="file name stem of the results")
-    parser.add_argument("--redis-url", default="",
-                        help="use this Redis, whose frontend registry must list no other "
-                             "replica (default: each stack starts its own Redis)")
-    parser.add_argument("--llm-base-url", default="",
-                        help="an OpenAI-compatible server instead of the embedded LLM")
+    parser.add_argument(
+        "--redis-url",
+        default="",
+        help="use this Redis, whose frontend registry must list no other "
+        "replica (default: each stack starts its own Redis)",
+    )
+    parser.add_argument(
+        "--llm-base-url", default="", help="an OpenAI-compatible server instead of the embedded LLM"
+    )
     parser.add_argument("--llm-backend", default="", help="oracle back-end: openai or anthropic")
     parser.add_argument("--llm-model", default="", help="model name for the oracle")
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
@@ -921,14 +1141,31 @@ def run(args: argparse.Namespace) -> int:
     bench.save_answers()
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     report = {
-        "name": args.name, "command": command, "started_at": started_at,
-        "duration_s": round(duration, 1), "machine": machine, "models": models_description(args),
-        "settings": {"repeats": args.repeats, "warmup": args.warmup, "late_ms": args.late_ms,
-                     "tail_s": args.tail_s, "max_wait_s": args.max_wait_s, "load": args.load,
-                     "chunk_ms": CHUNK_MS},
-        "questions": [{"text": q.text, "keywords": list(q.keywords), "source": q.source,
-                       "duration_s": round(len(q.audio) / SAMPLE_RATE, 3),
-                       "speech_end_s": q.speech_end_s} for q in questions],
+        "name": args.name,
+        "command": command,
+        "started_at": started_at,
+        "duration_s": round(duration, 1),
+        "machine": machine,
+        "models": models_description(args),
+        "settings": {
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "late_ms": args.late_ms,
+            "tail_s": args.tail_s,
+            "max_wait_s": args.max_wait_s,
+            "load": args.load,
+            "chunk_ms": CHUNK_MS,
+        },
+        "questions": [
+            {
+                "text": q.text,
+                "keywords": list(q.keywords),
+                "source": q.source,
+                "duration_s": round(len(q.audio) / SAMPLE_RATE, 3),
+                "speech_end_s": q.speech_end_s,
+            }
+            for q in questions
+        ],
         "runs": [vars(r) for r in runs],
         "summary": summarize(bench.captured, runs, args.late_ms / 1000),
         "conversations": [c.record for c in bench.captured],
@@ -944,12 +1181,19 @@ def run(args: argparse.Namespace) -> int:
     plot(report, stem.with_suffix(".png"))
     first = next((c for c in bench.captured if c.result is not None), None)
     if first is not None:
-        talk.plot_timeline(first.result, args.out_dir / f"{args.name}_timeline.png",
-                           title=f"kame bench, {first.record['run']}: {first.record['text']}")
+        talk.plot_timeline(
+            first.result,
+            args.out_dir / f"{args.name}_timeline.png",
+            title=f"kame bench, {first.record['run']}: {first.record['text']}",
+        )
     print(markdown)
-    print(f"kame bench: wrote {stem}.json, .md, .png and {args.name}_timeline.png; "
-          f"answers and logs in {bench.scratch}")
+    print(
+        f"kame bench: wrote {stem}.json, .md, .png and {args.name}_timeline.png; "
+        f"answers and logs in {bench.scratch}"
+    )
     for failure in bench.failures:
-        print(f"kame bench: the {failure['engine']} runs are missing: {failure['error']}",
-              file=sys.stderr)
+        print(
+            f"kame bench: the {failure['engine']} runs are missing: {failure['error']}",
+            file=sys.stderr,
+        )
     return 1 if bench.failures else 0

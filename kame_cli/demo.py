@@ -23,8 +23,12 @@ QUESTION = "What is the capital of France?"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--question", default=QUESTION, help="what the caller asks")
     parser.add_argument("--mode", choices=sorted(talk.MODES), default="tandem")
-    parser.add_argument("--out-dir", type=Path, default=Path("out/demo"),
-                        help="question.wav, answer.wav, timeline.json/png and logs/")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path("out/demo"),
+        help="question.wav, answer.wav, timeline.json/png and logs/",
+    )
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
 
 
@@ -35,14 +39,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"kame demo: synthesizing the question with the piper voice: {args.question!r}")
     question = say.synthesize(args.question)
     say.write_wav(question_wav, question, SAMPLE_RATE)
-    options = StackOptions(ports=Ports.free(), log_dir=out / "logs",
-                           startup_timeout_s=args.startup_timeout_s)
-    print(f"kame demo: starting the stack (redis, llm, stt, oracle, frontend, gateway; "
-          f"logs in {options.log_dir}) ...", flush=True)
+    options = StackOptions(
+        ports=Ports.free(), log_dir=out / "logs", startup_timeout_s=args.startup_timeout_s
+    )
+    print(
+        f"kame demo: starting the stack (redis, llm, stt, oracle, frontend, gateway; "
+        f"logs in {options.log_dir}) ...",
+        flush=True,
+    )
     try:
         with Stack(options) as stack:
-            print(f"kame demo: stack is up; streaming the question to {stack.gateway_address} "
-                  "at real time ...", flush=True)
+            print(
+                f"kame demo: stack is up; streaming the question to {stack.gateway_address} "
+                "at real time ...",
+                flush=True,
+            )
             talk_options = talk.TalkOptions(gateway=stack.gateway_address, mode=args.mode)
             result = asyncio.run(talk.talk(question, talk_options))
     except StackError as exc:
@@ -54,14 +65,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"Question:         {args.question}")
     print(f"Transcript:       {data['user_transcript'] or '(nothing recognized)'}")
     print(f"Agent's answer:   {data['agent_text'] or '(the agent said nothing)'}")
-    print("Response latency: " + ("n/a (the agent did not answer)" if latency is None else
-                                  f"{latency:.2f} s (caller's end of speech -> first agent "
-                                  "audio at the client)"))
+    print(
+        "Response latency: "
+        + (
+            "n/a (the agent did not answer)"
+            if latency is None
+            else f"{latency:.2f} s (caller's end of speech -> first agent audio at the client)"
+        )
+    )
     for notice in data["notices"]:
         print(f"Notice:           {notice['kind']}: {notice['message']}")
     print(f"Files:            {question_wav}, {answer_wav}, {timeline_json}, {timeline_png}")
     if result.status != "OK":
-        print(f"kame demo: the session failed: {result.status}: {result.status_details}",
-              file=sys.stderr)
+        print(
+            f"kame demo: the session failed: {result.status}: {result.status_details}",
+            file=sys.stderr,
+        )
         return 1
     return 0 if latency is not None else 1

@@ -51,13 +51,21 @@ def launch(
     if not Path(model).is_file():
         raise LlmServerError(f"model file {model} does not exist (expected a .gguf file)")
     command = [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", str(model),
-        "--model_alias", alias or Path(model).stem,
-        "--host", host,
-        "--port", str(port),
-        "--n_ctx", str(n_ctx),
-        "--verbose", "False",
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model),
+        "--model_alias",
+        alias or Path(model).stem,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(n_ctx),
+        "--verbose",
+        "False",
     ]
     if threads > 0:
         command += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
@@ -92,15 +100,20 @@ def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, default=None,
-                        help="a GGUF file (default: the embedded Gemma 3 270M)")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="a GGUF file (default: the embedded Gemma 3 270M)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="CPU threads (default: llama.cpp's choice)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="CPU threads (default: llama.cpp's choice)"
+    )
     parser.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens")
-    parser.add_argument("--alias", default="",
-                        help="model name clients use (default: gemma-3-270m, or the file name)")
+    parser.add_argument(
+        "--alias",
+        default="",
+        help="model name clients use (default: gemma-3-270m, or the file name)",
+    )
 
 
 def _exit_on_sigterm(_signum: int, _frame: object) -> None:
@@ -117,8 +130,7 @@ def run(args: argparse.Namespace) -> int:
     url = base_url(args.host, args.port)
     try:
         models = wait_ready(url, process)
-        print(f"LLM server ready at {url} (model {', '.join(models)}); Ctrl-C stops it",
-              flush=True)
+        print(f"LLM server ready at {url} (model {', '.join(models)}); Ctrl-C stops it", flush=True)
         return process.wait()
     except LlmServerError as exc:
         print(f"kame llm-server: {exc}", file=sys.stderr)

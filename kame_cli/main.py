@@ -29,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     module = importlib.import_module(COMMANDS[argv[0]][0])
-    command_parser = argparse.ArgumentParser(prog=f"kame {argv[0]}",
-                                             description=COMMANDS[argv[0]][1])
+    command_parser = argparse.ArgumentParser(
+        prog=f"kame {argv[0]}", description=COMMANDS[argv[0]][1]
+    )
     module.add_arguments(command_parser)
     return int(module.run(command_parser.parse_args(argv[1:])) or 0)
 

@@ -13,13 +13,15 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True,
-                        help="checkpoint directory (config.json + LM safetensors) or HF repo id")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="checkpoint directory (config.json + LM safetensors) or HF repo id",
+    )
     parser.add_argument("--trace", required=True, type=Path, help="trace JSON")
     parser.add_argument("--out", required=True, type=Path, help="where to write the outputs")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    parser.add_argument("--dtype", default="float32",
-                        help="float32 (default), bfloat16 or float16")
+    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
     args.out.write_text(json.dumps({"steps": outputs}) + "\n")
     bad = mismatches(trace, outputs)
     compared = sum("expect" in step for step in trace["steps"])
-    print(f"kame replay: {len(outputs)} steps written to {args.out}; "
-          f"{compared - len(bad)}/{compared} match the trace's expect")
+    print(
+        f"kame replay: {len(outputs)} steps written to {args.out}; "
+        f"{compared - len(bad)}/{compared} match the trace's expect"
+    )
     if bad:
         print(f"kame replay: steps differing from expect: {bad}", file=sys.stderr)
         return 1

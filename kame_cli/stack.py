@@ -81,8 +81,8 @@ class StackOptions:
     frontend_engine: str = "tts"
     checkpoint: str = ""
     device: str = "cpu"
-    redis_url: str = ""         # empty: 127.0.0.1:<ports.redis>, started if none answers
-    llm_base_url: str = ""      # empty: the embedded llm server (or the vendor API, anthropic)
+    redis_url: str = ""  # empty: 127.0.0.1:<ports.redis>, started if none answers
+    llm_base_url: str = ""  # empty: the embedded llm server (or the vendor API, anthropic)
     llm_backend: str = ""
     llm_model: str = ""
     grace_s: float = 5.0
@@ -103,7 +103,8 @@ def grpc_serving(address: str) -> bool:
     with grpc.insecure_channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                health_pb2.HealthCheckRequest(service=""), timeout=1.0
+            )
         except grpc.RpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -131,8 +132,11 @@ class Child:
         self.log_path = log_dir / f"{self.name}.log"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                self.command, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT,
+                self.command,
+                env={**os.environ, **self.env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches `kame up`, which stops us in order
             )
 
@@ -193,48 +197,100 @@ class Stack:
             return None
         binary = shutil.which("redis-server")
         if binary is None:
-            raise StackError(f"no Redis answers on {LOOPBACK}:{self.ports.redis} and there is no "
-                             "redis-server binary: install redis-server or pass --redis-url")
+            raise StackError(
+                f"no Redis answers on {LOOPBACK}:{self.ports.redis} and there is no "
+                "redis-server binary: install redis-server or pass --redis-url"
+            )
         self.started_redis = True
-        return Child("redis", [binary, "--port", str(self.ports.redis), "--bind", LOOPBACK,
-                               "--save", "", "--appendonly", "no", "--dir", str(self.log_dir)],
-                     {}, lambda: redis_answers(LOOPBACK, self.ports.redis), self.redis_url)
+        return Child(
+            "redis",
+            [
+                binary,
+                "--port",
+                str(self.ports.redis),
+                "--bind",
+                LOOPBACK,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.log_dir),
+            ],
+            {},
+            lambda: redis_answers(LOOPBACK, self.ports.redis),
+            self.redis_url,
+        )
 
     def _llm_child(self) -> Child | None:
         if not self.embedded_llm:
             return None
-        return Child("llm", [sys.executable, "-m", "kame_cli", "llm-server", "--host", LOOPBACK,
-                             "--port", str(self.ports.llm)],
-                     {}, lambda: http_answers(f"{self.llm_base_url}/models"), self.llm_base_url)
+        return Child(
+            "llm",
+            [
+                sys.executable,
+                "-m",
+                "kame_cli",
+                "llm-server",
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(self.ports.llm),
+            ],
+            {},
+            lambda: http_answers(f"{self.llm_base_url}/models"),
+            self.llm_base_url,
+        )
 
     def service_env(self, service: str) -> dict[str, str]:
         """The KAME_<SVC>_* settings that wire one service into the stack."""
         ports, prefix = self.ports, f"KAME_{service.upper()}_"
-        env = {"HOST": LOOPBACK, "PORT": getattr(ports, service),
-               "METRICS_PORT": getattr(ports, f"{service}_metrics"),
-               "GRACE_S": self.options.grace_s}
+        env = {
+            "HOST": LOOPBACK,
+            "PORT": getattr(ports, service),
+            "METRICS_PORT": getattr(ports, f"{service}_metrics"),
+            "GRACE_S": self.options.grace_s,
+        }
         if service != "stt":  # stt keeps no state in Redis
             env["REDIS_URL"] = self.redis_url
         if service == "oracle":
             env["BASE_URL"] = self.llm_base_url
-            env.update({k: v for k, v in (("BACKEND", self.options.llm_backend),
-                                          ("MODEL", self.options.llm_model)) if v})
+            env.update(
+                {
+                    k: v
+                    for k, v in (
+                        ("BACKEND", self.options.llm_backend),
+                        ("MODEL", self.options.llm_model),
+                    )
+                    if v
+                }
+            )
         elif service == "frontend":
-            env.update(ENGINE=self.options.frontend_engine, CHECKPOINT=self.options.checkpoint,
-                       DEVICE=self.options.device,
-                       ADVERTISE_ADDRESS=f"{LOOPBACK}:{ports.frontend}")
+            env.update(
+                ENGINE=self.options.frontend_engine,
+                CHECKPOINT=self.options.checkpoint,
+                DEVICE=self.options.device,
+                ADVERTISE_ADDRESS=f"{LOOPBACK}:{ports.frontend}",
+            )
         elif service == "gateway":
-            env.update(STT_ADDRESS=f"{LOOPBACK}:{ports.stt}",
-                       ORACLE_ADDRESS=f"{LOOPBACK}:{ports.oracle}",
-                       FRONTEND_ADDRESS=f"{LOOPBACK}:{ports.frontend}",
-                       # one local replica serves every mode, s2s included
-                       S2S_ENGINE="" if self.options.frontend_engine != "moshi" else "moshi")
+            env.update(
+                STT_ADDRESS=f"{LOOPBACK}:{ports.stt}",
+                ORACLE_ADDRESS=f"{LOOPBACK}:{ports.oracle}",
+                FRONTEND_ADDRESS=f"{LOOPBACK}:{ports.frontend}",
+                # one local replica serves every mode, s2s included
+                S2S_ENGINE="" if self.options.frontend_engine != "moshi" else "moshi",
+            )
         return {prefix + name: str(value) for name, value in env.items()}
 
     def _service_child(self, service: str) -> Child:
         address = f"{LOOPBACK}:{getattr(self.ports, service)}"
-        return Child(service, [sys.executable, "-m", f"services.{service}"],
-                     self.service_env(service), lambda: grpc_serving(address), address)
+        return Child(
+            service,
+            [sys.executable, "-m", f"services.{service}"],
+            self.service_env(service),
+            lambda: grpc_serving(address),
+            address,
+        )
 
     def start(self) -> None:
         """Start every process and wait until all answer (StackError if one does not)."""
@@ -253,22 +309,28 @@ class Stack:
         while waiting:
             for child in list(waiting):
                 if not child.running():
-                    raise StackError(f"{child.name} exited with status {child.process.returncode}"
-                                     f" (log {child.log_path}):\n{child.log_tail()}")
+                    raise StackError(
+                        f"{child.name} exited with status {child.process.returncode}"
+                        f" (log {child.log_path}):\n{child.log_tail()}"
+                    )
                 if child.ready():
                     waiting.remove(child)
             if waiting and time.monotonic() > deadline:
                 names = ", ".join(c.name for c in waiting)
-                raise StackError(f"{names} did not answer within "
-                                 f"{self.options.startup_timeout_s:g} s (logs in {self.log_dir})")
+                raise StackError(
+                    f"{names} did not answer within "
+                    f"{self.options.startup_timeout_s:g} s (logs in {self.log_dir})"
+                )
             time.sleep(0.3)
 
     def check(self) -> None:
         """StackError if a process has died since it started."""
         for child in self.children:
             if not child.running():
-                raise StackError(f"{child.name} exited with status {child.process.returncode}"
-                                 f" (log {child.log_path}):\n{child.log_tail()}")
+                raise StackError(
+                    f"{child.name} exited with status {child.process.returncode}"
+                    f" (log {child.log_path}):\n{child.log_tail()}"
+                )
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM every process group (gateway first), SIGKILL what is left after
@@ -293,31 +355,55 @@ class Stack:
             rows.insert(0, ("redis", f"{self.redis_url} (already running)"))
         if not self.embedded_llm:
             rows.insert(1, ("llm", f"{self.llm_base_url} (external)"))
-        rows.append(("metrics", ", ".join(
-            f"{s} http://{LOOPBACK}:{getattr(ports, f'{s}_metrics')}/metrics" for s in SERVICES)))
+        rows.append(
+            (
+                "metrics",
+                ", ".join(
+                    f"{s} http://{LOOPBACK}:{getattr(ports, f'{s}_metrics')}/metrics"
+                    for s in SERVICES
+                ),
+            )
+        )
         return rows
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = Ports()
-    parser.add_argument("--frontend-engine", choices=("tts", "kame", "moshi"), default="tts",
-                        help="tts (CPU, default) or kame/moshi with --checkpoint")
-    parser.add_argument("--checkpoint", default="",
-                        help="KAME/Moshi checkpoint directory (Hugging Face layout)")
+    parser.add_argument(
+        "--frontend-engine",
+        choices=("tts", "kame", "moshi"),
+        default="tts",
+        help="tts (CPU, default) or kame/moshi with --checkpoint",
+    )
+    parser.add_argument(
+        "--checkpoint", default="", help="KAME/Moshi checkpoint directory (Hugging Face layout)"
+    )
     parser.add_argument("--device", default="cpu", help="torch device of the kame/moshi engine")
     parser.add_argument("--redis-url", default="", help="use this Redis instead of 127.0.0.1")
-    parser.add_argument("--llm-base-url", default="",
-                        help="an OpenAI-compatible server to use instead of the embedded LLM")
-    parser.add_argument("--llm-backend", choices=("", "openai", "anthropic"), default="",
-                        help="oracle back-end (anthropic: the Anthropic API unless "
-                             "--llm-base-url; keys from OPENAI_API_KEY / ANTHROPIC_API_KEY)")
+    parser.add_argument(
+        "--llm-base-url",
+        default="",
+        help="an OpenAI-compatible server to use instead of the embedded LLM",
+    )
+    parser.add_argument(
+        "--llm-backend",
+        choices=("", "openai", "anthropic"),
+        default="",
+        help="oracle back-end (anthropic: the Anthropic API unless "
+        "--llm-base-url; keys from OPENAI_API_KEY / ANTHROPIC_API_KEY)",
+    )
     parser.add_argument("--llm-model", default="", help="model name for the oracle")
-    parser.add_argument("--free-ports", action="store_true",
-                        help="pick free ports instead of the defaults")
+    parser.add_argument(
+        "--free-ports", action="store_true", help="pick free ports instead of the defaults"
+    )
     for name in ("gateway", "frontend", "stt", "oracle", "llm", "redis"):
         parser.add_argument(f"--{name}-port", type=int, default=getattr(defaults, name))
-    parser.add_argument("--log-dir", type=Path, default=None,
-                        help="where each process logs (default: a new temp directory)")
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="where each process logs (default: a new temp directory)",
+    )
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
 
 
@@ -325,13 +411,25 @@ def options_from_args(args: argparse.Namespace) -> StackOptions:
     if args.free_ports:
         ports = Ports.free(redis=args.redis_port)
     else:
-        ports = Ports(gateway=args.gateway_port, frontend=args.frontend_port, stt=args.stt_port,
-                      oracle=args.oracle_port, llm=args.llm_port, redis=args.redis_port)
+        ports = Ports(
+            gateway=args.gateway_port,
+            frontend=args.frontend_port,
+            stt=args.stt_port,
+            oracle=args.oracle_port,
+            llm=args.llm_port,
+            redis=args.redis_port,
+        )
     return StackOptions(
-        ports=ports, frontend_engine=args.frontend_engine, checkpoint=args.checkpoint,
-        device=args.device, redis_url=args.redis_url, llm_base_url=args.llm_base_url,
-        llm_backend=args.llm_backend, llm_model=args.llm_model,
-        startup_timeout_s=args.startup_timeout_s, log_dir=args.log_dir,
+        ports=ports,
+        frontend_engine=args.frontend_engine,
+        checkpoint=args.checkpoint,
+        device=args.device,
+        redis_url=args.redis_url,
+        llm_base_url=args.llm_base_url,
+        llm_backend=args.llm_backend,
+        llm_model=args.llm_model,
+        startup_timeout_s=args.startup_timeout_s,
+        log_dir=args.log_dir,
     )
 
 
@@ -341,8 +439,10 @@ def _raise_interrupt(_signum: int, _frame: object) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.frontend_engine != "tts" and not args.checkpoint:
-        print(f"kame up: --frontend-engine {args.frontend_engine} needs --checkpoint DIR",
-              file=sys.stderr)
+        print(
+            f"kame up: --frontend-engine {args.frontend_engine} needs --checkpoint DIR",
+            file=sys.stderr,
+        )
         return 2
     # Explicit handlers: a shell that starts us in the background ignores SIGINT.
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -354,8 +454,11 @@ def run(args: argparse.Namespace) -> int:
         print("KAME stack is up:")
         for name, endpoint in stack.endpoints():
             print(f"  {name:<9} {endpoint}")
-        print(f"Talk to it: kame talk --wav q.wav --out a.wav --timeline t.json "
-              f"--gateway {stack.gateway_address}\nCtrl-C stops everything.", flush=True)
+        print(
+            f"Talk to it: kame talk --wav q.wav --out a.wav --timeline t.json "
+            f"--gateway {stack.gateway_address}\nCtrl-C stops everything.",
+            flush=True,
+        )
         while True:
             time.sleep(0.5)
             stack.check()

@@ -61,9 +61,9 @@ class TalkOptions:
     gateway: str = "127.0.0.1:50051"
     mode: str = "tandem"
     input_codec: str = "pcm16"
-    input_rate: int = 0      # 0: the WAV's rate for pcm16, the codec's own rate otherwise
+    input_rate: int = 0  # 0: the WAV's rate for pcm16, the codec's own rate otherwise
     output_codec: str = "pcm16"
-    output_rate: int = 0     # 0: 24 kHz for pcm16, the codec's own rate otherwise
+    output_rate: int = 0  # 0: 24 kHz for pcm16, the codec's own rate otherwise
     chunk_ms: int = 80
     tail_s: float = 2.0
     max_wait_s: float = 30.0
@@ -78,26 +78,34 @@ class TalkOptions:
     def converse_config(self) -> gateway_pb2.ConverseConfig:
         config = gateway_pb2.ConverseConfig(
             mode=MODES[self.mode],
-            input_format=gateway_pb2.AudioFormat(codec=CODECS[self.input_codec],
-                                                 sample_rate_hz=self.input_rate),
-            output_format=gateway_pb2.AudioFormat(codec=CODECS[self.output_codec],
-                                                  sample_rate_hz=self.output_rate),
-            voice=self.voice, auth_token=self.auth_token,
+            input_format=gateway_pb2.AudioFormat(
+                codec=CODECS[self.input_codec], sample_rate_hz=self.input_rate
+            ),
+            output_format=gateway_pb2.AudioFormat(
+                codec=CODECS[self.output_codec], sample_rate_hz=self.output_rate
+            ),
+            voice=self.voice,
+            auth_token=self.auth_token,
             include_oracle_updates=self.oracle_updates,
         )
         if self.llm_backend or self.llm_model or self.llm_base_url or self.llm_api_key:
-            config.llm.CopyFrom(gateway_pb2.LlmOverride(
-                backend=self.llm_backend, model=self.llm_model, base_url=self.llm_base_url,
-                api_key=self.llm_api_key))
+            config.llm.CopyFrom(
+                gateway_pb2.LlmOverride(
+                    backend=self.llm_backend,
+                    model=self.llm_model,
+                    base_url=self.llm_base_url,
+                    api_key=self.llm_api_key,
+                )
+            )
         return config
 
 
 @dataclass
 class TalkResult:
-    caller: np.ndarray                      # what was streamed, 24 kHz
+    caller: np.ndarray  # what was streamed, 24 kHz
     speech_start_s: float | None
     speech_end_s: float | None
-    streamed_samples: int = 0               # caller audio sent: the WAV plus the silence after
+    streamed_samples: int = 0  # caller audio sent: the WAV plus the silence after
     agent: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # 24 kHz
     agent_first_chunk_t: float | None = None
     agent_t: list[np.ndarray] = field(default_factory=list)  # receive time of each agent sample
@@ -123,8 +131,11 @@ class TalkResult:
         """Caller's end of speech -> first agent audio at the client."""
         if self.speech_end_s is None or self.speech_start_s is None:
             return None
-        starts = [e["t"] for e in self.events if e["type"] == "agent_audio_start"
-                  and e["t"] > self.speech_start_s]
+        starts = [
+            e["t"]
+            for e in self.events
+            if e["type"] == "agent_audio_start" and e["t"] > self.speech_start_s
+        ]
         return starts[0] - self.speech_end_s if starts else None
 
     def timeline(self, options: TalkOptions, paths: dict[str, str]) -> dict[str, Any]:
@@ -137,13 +148,20 @@ class TalkResult:
             "frontend_replica": self.started.get("frontend_replica", ""),
             "status": self.status,
             "status_details": self.status_details,
-            "input": {"wav": paths.get("wav", ""), "codec": options.input_codec,
-                      "duration_s": round(len(self.caller) / SAMPLE_RATE, 3),
-                      "streamed_s": round(self.streamed_samples / SAMPLE_RATE, 3),
-                      "speech_start_s": self.speech_start_s, "speech_end_s": self.speech_end_s},
-            "output": {"wav": paths.get("out", ""), "codec": options.output_codec,
-                       "duration_s": round(len(self.agent) / SAMPLE_RATE, 3),
-                       "first_chunk_t": self.agent_first_chunk_t},
+            "input": {
+                "wav": paths.get("wav", ""),
+                "codec": options.input_codec,
+                "duration_s": round(len(self.caller) / SAMPLE_RATE, 3),
+                "streamed_s": round(self.streamed_samples / SAMPLE_RATE, 3),
+                "speech_start_s": self.speech_start_s,
+                "speech_end_s": self.speech_end_s,
+            },
+            "output": {
+                "wav": paths.get("out", ""),
+                "codec": options.output_codec,
+                "duration_s": round(len(self.agent) / SAMPLE_RATE, 3),
+                "first_chunk_t": self.agent_first_chunk_t,
+            },
             "user_transcript": self.user_transcript,
             "agent_text": self.agent_text,
             "response_latency_s": _round(self.response_latency_s),
@@ -236,7 +254,9 @@ class _Conversation:
         count = -(-len(audio) // self.chunk)
         self.event("caller_audio_start")
         for index in range(count):
-            await self._send_chunk(call, index, audio[index * self.chunk:(index + 1) * self.chunk])
+            await self._send_chunk(
+                call, index, audio[index * self.chunk : (index + 1) * self.chunk]
+            )
         self.event("caller_audio_stop")
         input_end_t, index = self.now(), count
         while not self._done(input_end_t):
@@ -246,8 +266,9 @@ class _Conversation:
             await call.write(gateway_pb2.ConverseRequest(audio=data))
         await call.done_writing()
 
-    async def _send_chunk(self, call: grpc.aio.StreamStreamCall, index: int,
-                          samples: np.ndarray) -> None:
+    async def _send_chunk(
+        self, call: grpc.aio.StreamStreamCall, index: int, samples: np.ndarray
+    ) -> None:
         """Chunk `index` leaves once its last sample has been spoken (real time)."""
         if len(samples) < self.chunk:
             samples = np.concatenate([samples, np.zeros(self.chunk - len(samples), np.float32)])
@@ -263,30 +284,44 @@ class _Conversation:
                 self._on_audio(response.audio)
             elif kind == "started":
                 started = response.started
-                self.result.started = {"session_id": started.session_id,
-                                       "engine": started.engine,
-                                       "frontend_replica": started.frontend_replica}
+                self.result.started = {
+                    "session_id": started.session_id,
+                    "engine": started.engine,
+                    "frontend_replica": started.frontend_replica,
+                }
                 self.event("started", **self.result.started)
             elif kind == "user_transcript":
                 self._on_transcript(response.user_transcript)
             elif kind == "agent_text":
                 self.result.agent_words.append(response.agent_text.text)
-                self.event("agent_text", text=response.agent_text.text,
-                           start_s=round(response.agent_text.start_s, 3),
-                           generation=response.agent_text.generation)
+                self.event(
+                    "agent_text",
+                    text=response.agent_text.text,
+                    start_s=round(response.agent_text.start_s, 3),
+                    generation=response.agent_text.generation,
+                )
             elif kind == "oracle_update":
                 update = response.oracle_update
                 op = "oracle_reset" if update.op == update.RESET else "oracle_append"
                 self.event(op, generation=update.generation, text=update.text)
             elif kind == "turn":
-                turn = {name: getattr(response.turn, name) for name in (
-                    "utterance_id", "user_text", "response_latency_s", "stt_final_lag_s",
-                    "oracle_first_update_s")}
+                turn = {
+                    name: getattr(response.turn, name)
+                    for name in (
+                        "utterance_id",
+                        "user_text",
+                        "response_latency_s",
+                        "stt_final_lag_s",
+                        "oracle_first_update_s",
+                    )
+                }
                 self.result.turns.append(turn)
                 self.event("turn", **turn)
             elif kind == "notice":
-                notice = {"kind": gateway_pb2.Notice.Kind.Name(response.notice.kind),
-                          "message": response.notice.message}
+                notice = {
+                    "kind": gateway_pb2.Notice.Kind.Name(response.notice.kind),
+                    "message": response.notice.message,
+                }
                 self.result.notices.append(notice)
                 self.event("notice", **notice)
 
@@ -307,10 +342,14 @@ class _Conversation:
     def _on_transcript(self, event: Any) -> None:
         if event.is_final:
             self.result.finals.append(event.text.strip())
-        self.event("user_final" if event.is_final else "user_partial",
-                   utterance_id=event.utterance_id, text=event.text,
-                   stable_text=event.stable_text, stability=round(event.stability, 3),
-                   lag_s=round(event.lag_s, 4))
+        self.event(
+            "user_final" if event.is_final else "user_partial",
+            utterance_id=event.utterance_id,
+            text=event.text,
+            stable_text=event.stable_text,
+            stability=round(event.stability, 3),
+            lag_s=round(event.lag_s, 4),
+        )
 
 
 async def talk(audio_24k: np.ndarray, options: TalkOptions) -> TalkResult:
@@ -325,30 +364,46 @@ def plot_timeline(result: TalkResult, path: Path, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, lanes = plt.subplots(4, 1, sharex=True, figsize=(13, 8),
-                              gridspec_kw={"height_ratios": [2, 1.3, 1.3, 2]})
+    fig, lanes = plt.subplots(
+        4, 1, sharex=True, figsize=(13, 8), gridspec_kw={"height_ratios": [2, 1.3, 1.3, 2]}
+    )
     caller_t = np.arange(len(result.caller)) / SAMPLE_RATE
     lanes[0].plot(caller_t, result.caller, lw=0.4, color="tab:blue")
     lanes[0].set_ylabel("caller audio")
     for edge in (result.speech_start_s, result.speech_end_s):
         if edge is not None:
             lanes[0].axvline(edge, color="tab:blue", ls="--", lw=0.8)
-    _text_lane(lanes[1], result.events, {"user_partial": "tab:gray", "user_final": "black"},
-               "transcripts")
-    _text_lane(lanes[2], result.events, {"oracle_reset": "tab:red", "oracle_append": "tab:orange"},
-               "oracle updates")
+    _text_lane(
+        lanes[1], result.events, {"user_partial": "tab:gray", "user_final": "black"}, "transcripts"
+    )
+    _text_lane(
+        lanes[2],
+        result.events,
+        {"oracle_reset": "tab:red", "oracle_append": "tab:orange"},
+        "oracle updates",
+    )
     if result.agent_t:  # each chunk drawn from the moment it reached the client
         agent_t = np.concatenate(result.agent_t)
         lanes[3].plot(agent_t, result.agent[: len(agent_t)], lw=0.4, color="tab:green")
     lanes[3].set_ylabel("agent audio")
     for event in result.events:
         if event["type"] == "agent_text":
-            lanes[3].annotate(event["text"], (event["t"], 0.8), xycoords=("data", "axes fraction"),
-                              fontsize=7, rotation=30)
+            lanes[3].annotate(
+                event["text"],
+                (event["t"], 0.8),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                rotation=30,
+            )
     if result.response_latency_s is not None and result.speech_end_s is not None:
         end = result.speech_end_s
-        lanes[3].axvspan(end, end + result.response_latency_s, color="tab:purple", alpha=0.2,
-                         label=f"response latency {result.response_latency_s:.2f} s")
+        lanes[3].axvspan(
+            end,
+            end + result.response_latency_s,
+            color="tab:purple",
+            alpha=0.2,
+            label=f"response latency {result.response_latency_s:.2f} s",
+        )
         lanes[3].legend(loc="upper right", fontsize=8)
     lanes[3].set_xlabel("time since the stream started (s)")
     fig.suptitle(title or "kame talk timeline")
@@ -364,8 +419,15 @@ def _text_lane(axis: Any, events: list[dict], colors: dict[str, str], label: str
         y = 0.15 + 0.2 * (index % rows)
         axis.plot([event["t"]], [y], marker="|", color=colors[event["type"]])
         text = event.get("text") or event["type"].split("_")[-1].upper()
-        axis.annotate(text[:40], (event["t"], y), fontsize=6, color=colors[event["type"]],
-                      xytext=(2, 0), textcoords="offset points", va="center")
+        axis.annotate(
+            text[:40],
+            (event["t"], y),
+            fontsize=6,
+            color=colors[event["type"]],
+            xytext=(2, 0),
+            textcoords="offset points",
+            va="center",
+        )
     axis.set_ylim(0, 1)
     axis.set_yticks([])
     axis.set_ylabel(label)
@@ -381,13 +443,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-codec", choices=sorted(CODECS), default="pcm16")
     parser.add_argument("--output-codec", choices=sorted(CODECS), default="pcm16")
     parser.add_argument("--chunk-ms", type=int, default=80, help="audio per message")
-    parser.add_argument("--tail-s", type=float, default=2.0,
-                        help="the agent is done after this much quiet")
-    parser.add_argument("--max-wait-s", type=float, default=30.0,
-                        help="give up waiting for the agent after the WAV ends")
+    parser.add_argument(
+        "--tail-s", type=float, default=2.0, help="the agent is done after this much quiet"
+    )
+    parser.add_argument(
+        "--max-wait-s",
+        type=float,
+        default=30.0,
+        help="give up waiting for the agent after the WAV ends",
+    )
     parser.add_argument("--voice", default="", help="frontend voice")
-    parser.add_argument("--no-oracle-updates", action="store_true",
-                        help="do not ask the gateway for oracle updates")
+    parser.add_argument(
+        "--no-oracle-updates", action="store_true", help="do not ask the gateway for oracle updates"
+    )
     parser.add_argument("--llm-backend", default="", help="oracle back-end override")
     parser.add_argument("--llm-model", default="", help="oracle model override")
     parser.add_argument("--llm-base-url", default="", help="OpenAI-compatible base URL override")
@@ -395,18 +463,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace, wav_rate: int) -> TalkOptions:
     return TalkOptions(
-        gateway=args.gateway, mode=args.mode, input_codec=args.input_codec,
+        gateway=args.gateway,
+        mode=args.mode,
+        input_codec=args.input_codec,
         input_rate=wav_rate if args.input_codec == "pcm16" else 0,
-        output_codec=args.output_codec, chunk_ms=args.chunk_ms, tail_s=args.tail_s,
-        max_wait_s=args.max_wait_s, oracle_updates=not args.no_oracle_updates, voice=args.voice,
-        auth_token=os.environ.get("KAME_AUTH_TOKEN", ""), llm_backend=args.llm_backend,
-        llm_model=args.llm_model, llm_base_url=args.llm_base_url,
+        output_codec=args.output_codec,
+        chunk_ms=args.chunk_ms,
+        tail_s=args.tail_s,
+        max_wait_s=args.max_wait_s,
+        oracle_updates=not args.no_oracle_updates,
+        voice=args.voice,
+        auth_token=os.environ.get("KAME_AUTH_TOKEN", ""),
+        llm_backend=args.llm_backend,
+        llm_model=args.llm_model,
+        llm_base_url=args.llm_base_url,
         llm_api_key=os.environ.get("KAME_LLM_API_KEY", ""),
     )
 
 
-def save(result: TalkResult, options: TalkOptions, wav: Path, out: Path, timeline: Path,
-         plot: Path | None) -> dict[str, Any]:
+def save(
+    result: TalkResult,
+    options: TalkOptions,
+    wav: Path,
+    out: Path,
+    timeline: Path,
+    plot: Path | None,
+) -> dict[str, Any]:
     """Write OUT.wav, the timeline JSON and (optionally) the PNG; returns the timeline."""
     write_wav(out, result.agent, SAMPLE_RATE)
     data = result.timeline(options, {"wav": str(wav), "out": str(out)})

@@ -75,10 +75,13 @@ def load_config(
     for field in dataclasses.fields(cls):
         choices = field.metadata.get("choices")
         allowed = f", one of {list(choices)}" if choices else ""
-        text = (f"{field.metadata.get('help', '')} "
-                f"[env {env_name(prefix, field.name)}, default {field.default!r}{allowed}]")
-        parser.add_argument(flag_name(field.name), dest=field.name, default=None,
-                            help=text.replace("%", "%%"))  # argparse formats help with %
+        text = (
+            f"{field.metadata.get('help', '')} "
+            f"[env {env_name(prefix, field.name)}, default {field.default!r}{allowed}]"
+        )
+        parser.add_argument(
+            flag_name(field.name), dest=field.name, default=None, help=text.replace("%", "%%")
+        )  # argparse formats help with %
     try:
         args = parser.parse_args(list(argv or []))
     except argparse.ArgumentError as exc:
@@ -111,4 +114,3 @@ def validate_choices(config: Any) -> None:
         if choices is not None and value not in choices:
             allowed = ", ".join(repr(c) for c in choices)
             raise ConfigError(f"{field.name}: {value!r} is not allowed; choose one of {allowed}")
-

@@ -106,8 +106,10 @@ class CapacityRegistry:
     ) -> None:
         key = self._replica_key(replica_id)
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"address": address, "free_slots": free_slots,
-                                    "total_slots": total_slots})
+            pipe.hset(
+                key,
+                mapping={"address": address, "free_slots": free_slots, "total_slots": total_slots},
+            )
             pipe.pexpire(key, int(self.ttl_s * 1000))
             pipe.zadd(self._index_key(), {replica_id: time.time() + self.ttl_s})
             await pipe.execute()
@@ -123,8 +125,14 @@ class CapacityRegistry:
         for replica_id in await self.client.zrange(self._index_key(), 0, -1):
             fields = await self.client.hgetall(self._replica_key(replica_id))
             if fields:
-                live.append(Replica(replica_id, fields["address"], int(fields["free_slots"]),
-                                    int(fields["total_slots"])))
+                live.append(
+                    Replica(
+                        replica_id,
+                        fields["address"],
+                        int(fields["free_slots"]),
+                        int(fields["total_slots"]),
+                    )
+                )
         return live
 
     async def choose(self) -> Replica | None:

@@ -45,8 +45,8 @@ class SpokenWord:
 
 @dataclass
 class StepOutput:
-    pcm: np.ndarray                 # float32, exactly FRAME_SAMPLES at 24 kHz
-    speaking: bool                  # False when the frame is silence
+    pcm: np.ndarray  # float32, exactly FRAME_SAMPLES at 24 kHz
+    speaking: bool  # False when the frame is silence
     words: list[SpokenWord] = field(default_factory=list)  # words that start in this frame
 
 

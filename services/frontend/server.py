@@ -80,7 +80,9 @@ class CapacityPublisher:
             self._wake.clear()
             try:
                 await self._registry.publish(
-                    self.replica_id, self.address, self._engine.free_slots,
+                    self.replica_id,
+                    self.address,
+                    self._engine.free_slots,
                     self._engine.total_slots,
                 )
             except (RedisError, OSError) as exc:
@@ -110,8 +112,14 @@ class FrontendRuntime(ServiceRuntime):
     """ServiceRuntime that also withdraws from the registry and releases the engine."""
 
     def __init__(self, settings: FrontendSettings, engine: Engine) -> None:
-        super().__init__("frontend", [SERVICE_NAME], settings.host, settings.port,
-                         settings.max_sessions, settings.grace_s)
+        super().__init__(
+            "frontend",
+            [SERVICE_NAME],
+            settings.host,
+            settings.port,
+            settings.max_sessions,
+            settings.grace_s,
+        )
         self.engine = engine
         self.capacity: CapacityPublisher | None = None  # set once the port is bound
         self._engine_closing: asyncio.Future | None = None
@@ -269,7 +277,9 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         responses += [
             frontend_pb2.FrontendResponse(
                 text=common_pb2.AgentText(
-                    text=word.text, start_s=word.start_s, end_s=word.end_s,
+                    text=word.text,
+                    start_s=word.start_s,
+                    end_s=word.end_s,
                     generation=word.generation,
                 )
             )
@@ -301,8 +311,9 @@ async def serve(settings: FrontendSettings) -> FrontendRuntime:
     replica_id = settings.resolved_replica_id()
     servicer = FrontendServicer(runtime, replica_id)
     try:
-        await runtime.start(lambda server: frontend_pb2_grpc.add_FrontendServicer_to_server(
-            servicer, server))
+        await runtime.start(
+            lambda server: frontend_pb2_grpc.add_FrontendServicer_to_server(servicer, server)
+        )
     except BaseException:
         await runtime.close_engine()
         raise
@@ -311,8 +322,9 @@ async def serve(settings: FrontendSettings) -> FrontendRuntime:
     )
     runtime.capacity.start()
     metrics.FREE_SLOTS.set_function(lambda: engine.free_slots)
-    log.info("frontend engine %s with %d slots, replica %s", engine.name, engine.total_slots,
-             replica_id)
+    log.info(
+        "frontend engine %s with %d slots, replica %s", engine.name, engine.total_slots, replica_id
+    )
     return runtime
 
 

@@ -149,8 +149,9 @@ def shape_phrase(audio: np.ndarray, words: list[str], generation: int) -> Phrase
     sound = audio[start - lead : end]
     shaped = np.concatenate([sound, np.zeros(tail, dtype=np.float32)]).astype(np.float32)
     weights = np.array([len(w) + 1 for w in words], dtype=np.float64)
-    edges = lead + np.round(np.concatenate([[0.0], np.cumsum(weights)]) / weights.sum()
-                            * (end - start)).astype(int)
+    edges = lead + np.round(
+        np.concatenate([[0.0], np.cumsum(weights)]) / weights.sum() * (end - start)
+    ).astype(int)
     spans = [WordSpan(w, int(edges[i]), int(edges[i + 1])) for i, w in enumerate(words)]
     return Phrase(shaped, spans, generation)
 

@@ -48,7 +48,7 @@ class CodecError(ValueError):
 
 @dataclass(frozen=True)
 class AudioFormat:
-    codec: str        # "pcm16", "mulaw", "alaw" or "opus"
+    codec: str  # "pcm16", "mulaw", "alaw" or "opus"
     sample_rate: int  # Hz of the client's side of the codec
 
 

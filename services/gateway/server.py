@@ -57,12 +57,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         except StopAsyncIteration:
             raise SessionError(invalid, "the stream ended before the config arrived") from None
         except TimeoutError:
-            raise SessionError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                               f"no config within {timeout} s of opening the stream") from None
+            raise SessionError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no config within {timeout} s of opening the stream",
+            ) from None
         kind = first.WhichOneof("msg")
         if kind != "config":
-            raise SessionError(invalid, "the first message must be the config (ConverseConfig), "
-                                        f"got {kind or 'an empty request'}")
+            raise SessionError(
+                invalid,
+                "the first message must be the config (ConverseConfig), "
+                f"got {kind or 'an empty request'}",
+            )
         return first.config
 
 
@@ -84,12 +89,19 @@ async def serve(config: GatewayConfig) -> GatewayRuntime:
     """Start the gateway; returns its runtime (`.port` is the bound port)."""
     tracing.setup_tracing("gateway", config.otlp_endpoint)
     start_metrics_server(config.metrics_port)
-    runtime = GatewayRuntime("gateway", [SERVICE_NAME], host=config.host, port=config.port,
-                             max_sessions=config.max_sessions, grace_s=config.grace_s)
+    runtime = GatewayRuntime(
+        "gateway",
+        [SERVICE_NAME],
+        host=config.host,
+        port=config.port,
+        max_sessions=config.max_sessions,
+        grace_s=config.grace_s,
+    )
     runtime.upstreams = Upstreams(config, store.connect(config.redis_url))
     servicer = GatewayServicer(runtime, runtime.upstreams)
-    await runtime.start(lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer,
-                                                                                     server))
+    await runtime.start(
+        lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
+    )
     return runtime
 
 

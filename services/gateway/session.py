@@ -167,8 +167,9 @@ class Upstreams:
         try:
             replica = await asyncio.wait_for(self.registry.choose(), timeout=1.0)
         except (TimeoutError, RedisError, OSError) as exc:
-            log.warning("frontend registry unavailable (%s); using %s", exc,
-                        self.settings.frontend_address)
+            log.warning(
+                "frontend registry unavailable (%s); using %s", exc, self.settings.frontend_address
+            )
             replica = None
         addresses = [replica.address] if replica is not None else []
         if self.settings.frontend_address not in addresses:
@@ -204,7 +205,7 @@ class GatewaySession:
         self._store_q: asyncio.Queue = asyncio.Queue(256)
         self._calls: dict[str, grpc.aio.Call] = {}
         self._tasks: dict[str, asyncio.Task] = {}
-        self._alive = {"stt": False, "oracle": False}   # side streams still in the session
+        self._alive = {"stt": False, "oracle": False}  # side streams still in the session
         self._input_closed = {"frontend": False, "stt": False, "oracle": False}
         self._abort: asyncio.Future = asyncio.get_running_loop().create_future()
         self._capture_us: list[int] = []  # capture time of every caller frame, by seq
@@ -229,9 +230,13 @@ class GatewaySession:
         outcome = "cancelled"
         try:
             await self._open()
-            yield gateway_pb2.ConverseResponse(started=gateway_pb2.SessionStarted(
-                session_id=self.id, frontend_replica=self.frontend_address,
-                engine=self.ready.engine))
+            yield gateway_pb2.ConverseResponse(
+                started=gateway_pb2.SessionStarted(
+                    session_id=self.id,
+                    frontend_replica=self.frontend_address,
+                    engine=self.ready.engine,
+                )
+            )
             self._start_pumps(requests)
             supervisor = self._tasks["supervisor"] = self._spawn("supervisor", self._supervise())
             while (item := await self._next_output(supervisor)) is not _END:
@@ -258,22 +263,30 @@ class GatewaySession:
             if self.plan.uses_oracle:
                 self._open_side("oracle")
         self._tasks["store"] = self._spawn("store", self._write_store())
-        self._store(self.up.store.put_session, {
-            "mode": self.plan.mode, "replica": self.frontend_address,
-            "replica_id": self.ready.replica_id, "engine": self.ready.engine,
-            "input_codec": self.plan.input_format.codec,
-            "output_codec": self.plan.output_format.codec,
-            "started_at": time.time(), "state": "active",
-        })
+        self._store(
+            self.up.store.put_session,
+            {
+                "mode": self.plan.mode,
+                "replica": self.frontend_address,
+                "replica_id": self.ready.replica_id,
+                "engine": self.ready.engine,
+                "input_codec": self.plan.input_format.codec,
+                "output_codec": self.plan.output_format.codec,
+                "started_at": time.time(),
+                "state": "active",
+            },
+        )
 
     def _frontend_config(self) -> frontend_pb2.FrontendRequest:
-        return frontend_pb2.FrontendRequest(config=frontend_pb2.FrontendConfig(
-            session_id=self.id,
-            engine=self.settings.s2s_engine if self.plan.mode == "s2s" else "",
-            voice=self.plan.voice,
-            turn_end_silence_s=self.settings.turn_end_silence_s,
-            filler_text=self.settings.filler_text,
-        ))
+        return frontend_pb2.FrontendRequest(
+            config=frontend_pb2.FrontendConfig(
+                session_id=self.id,
+                engine=self.settings.s2s_engine if self.plan.mode == "s2s" else "",
+                voice=self.plan.voice,
+                turn_end_silence_s=self.settings.turn_end_silence_s,
+                filler_text=self.settings.filler_text,
+            )
+        )
 
     async def _open_frontend(self) -> None:
         """Send the config to the chosen replica and wait for FrontendReady;
@@ -286,9 +299,10 @@ class GatewaySession:
                 first = await asyncio.wait_for(call.read(), self.settings.connect_timeout_s)
             except TimeoutError:
                 call.cancel()
-                error = SessionError(grpc.StatusCode.UNAVAILABLE,
-                                     f"frontend {address} sent no ready within "
-                                     f"{self.settings.connect_timeout_s} s")
+                error = SessionError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"frontend {address} sent no ready within {self.settings.connect_timeout_s} s",
+                )
                 continue
             except grpc.aio.AioRpcError as exc:
                 call.cancel()
@@ -298,8 +312,9 @@ class GatewaySession:
                 continue
             if first is grpc.aio.EOF or first.WhichOneof("msg") != "ready":
                 call.cancel()
-                error = SessionError(grpc.StatusCode.UNAVAILABLE,
-                                     f"frontend {address} did not start the session")
+                error = SessionError(
+                    grpc.StatusCode.UNAVAILABLE, f"frontend {address} did not start the session"
+                )
                 continue
             self._calls["frontend"] = call
             self.frontend_address, self.ready = address, first.ready
@@ -309,12 +324,20 @@ class GatewaySession:
 
     def _side_config(self, service: str) -> Any:
         if service == "stt":
-            return stt_pb2.TranscribeRequest(config=stt_pb2.SttConfig(
-                session_id=self.id, language=self.plan.language))
+            return stt_pb2.TranscribeRequest(
+                config=stt_pb2.SttConfig(session_id=self.id, language=self.plan.language)
+            )
         llm = self.plan.llm or gateway_pb2.LlmOverride()
-        return oracle_pb2.GuideRequest(config=oracle_pb2.OracleConfig(
-            session_id=self.id, backend=llm.backend, model=llm.model, base_url=llm.base_url,
-            api_key=llm.api_key, policy=oracle_pb2.OraclePolicy(name=self.plan.mode)))
+        return oracle_pb2.GuideRequest(
+            config=oracle_pb2.OracleConfig(
+                session_id=self.id,
+                backend=llm.backend,
+                model=llm.model,
+                base_url=llm.base_url,
+                api_key=llm.api_key,
+                policy=oracle_pb2.OraclePolicy(name=self.plan.mode),
+            )
+        )
 
     def _open_side(self, service: str) -> None:
         """Open the stt or oracle stream; its config goes first in its queue, so
@@ -334,17 +357,21 @@ class GatewaySession:
 
     def _start_pumps(self, requests: AsyncIterator[gateway_pb2.ConverseRequest]) -> None:
         self._tasks["caller"] = self._spawn("caller", self._read_caller(requests))
-        self._tasks["frontend-in"] = self._spawn("frontend-in", self._frontend_guard(
-            self._write_upstream("frontend")))
-        self._tasks["frontend-out"] = self._spawn("frontend-out", self._frontend_guard(
-            self._read_frontend()))
+        self._tasks["frontend-in"] = self._spawn(
+            "frontend-in", self._frontend_guard(self._write_upstream("frontend"))
+        )
+        self._tasks["frontend-out"] = self._spawn(
+            "frontend-out", self._frontend_guard(self._read_frontend())
+        )
         readers = {"stt": self._read_stt, "oracle": self._read_oracle}
         for service in SIDE_SERVICES:
             if self._alive[service]:
-                self._tasks[f"{service}-in"] = self._spawn(f"{service}-in", self._side_guard(
-                    service, self._write_upstream(service)))
-                self._tasks[f"{service}-out"] = self._spawn(f"{service}-out", self._side_guard(
-                    service, readers[service]()))
+                self._tasks[f"{service}-in"] = self._spawn(
+                    f"{service}-in", self._side_guard(service, self._write_upstream(service))
+                )
+                self._tasks[f"{service}-out"] = self._spawn(
+                    f"{service}-out", self._side_guard(service, readers[service]())
+                )
 
     async def _supervise(self) -> None:
         """Wait until the frontend's output ends, then finish; re-raise the first
@@ -388,8 +415,9 @@ class GatewaySession:
         if not isinstance(item, _AgentAudioOut):
             return [item]
         responses = [
-            gateway_pb2.ConverseResponse(audio=gateway_pb2.AgentAudioChunk(
-                data=chunk, seq=item.seq, speaking=item.speaking))
+            gateway_pb2.ConverseResponse(
+                audio=gateway_pb2.AgentAudioChunk(data=chunk, seq=item.seq, speaking=item.speaking)
+            )
             for chunk in item.chunks
         ]
         started = item.speaking and not self._speaking
@@ -426,17 +454,21 @@ class GatewaySession:
         async for request in requests:
             kind = request.WhichOneof("msg")
             if kind == "config":
-                raise SessionError(grpc.StatusCode.INVALID_ARGUMENT,
-                                   "a second config arrived: send the config once, first")
+                raise SessionError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "a second config arrived: send the config once, first",
+                )
             if kind != "audio":
-                raise SessionError(grpc.StatusCode.INVALID_ARGUMENT,
-                                   "a request carries neither config nor audio")
+                raise SessionError(
+                    grpc.StatusCode.INVALID_ARGUMENT, "a request carries neither config nor audio"
+                )
             arrival_us = _now_us()
             try:
                 samples = await asyncio.to_thread(decoder.decode, request.audio)
             except CodecError as exc:
-                raise SessionError(grpc.StatusCode.INVALID_ARGUMENT,
-                                   f"audio chunk {chunk_index}: {exc}") from None
+                raise SessionError(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"audio chunk {chunk_index}: {exc}"
+                ) from None
             chunk_index += 1
             for frame in framer.push(samples):
                 await self._send_caller_frame(frame, arrival_us)
@@ -451,12 +483,17 @@ class GatewaySession:
     async def _send_caller_frame(self, samples: np.ndarray, capture_us: int) -> None:
         seq = len(self._capture_us)
         if (seq + 1) * FRAME_SECONDS > self.settings.max_session_s:
-            raise SessionError(grpc.StatusCode.OUT_OF_RANGE,
-                               f"the session reached its cap of {self.settings.max_session_s} s "
-                               "of caller audio")
+            raise SessionError(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"the session reached its cap of {self.settings.max_session_s} s of caller audio",
+            )
         self._capture_us.append(capture_us)
-        frame = common_pb2.AudioFrame(pcm=float_to_pcm16(samples), sample_rate_hz=SAMPLE_RATE,
-                                      seq=seq, capture_time_us=capture_us)
+        frame = common_pb2.AudioFrame(
+            pcm=float_to_pcm16(samples),
+            sample_rate_hz=SAMPLE_RATE,
+            seq=seq,
+            capture_time_us=capture_us,
+        )
         await self._frontend_q.put(frontend_pb2.FrontendRequest(audio=frame))
         if self._alive["stt"]:
             await self._stt_q.put(stt_pb2.TranscribeRequest(audio=frame))
@@ -470,9 +507,10 @@ class GatewaySession:
             elif kind == "text":
                 await self._on_agent_text(response.text)
         if not self._input_closed["frontend"]:
-            raise SessionError(grpc.StatusCode.UNAVAILABLE,
-                               f"the frontend {self.frontend_address} ended the stream "
-                               "before the caller finished")
+            raise SessionError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the frontend {self.frontend_address} ended the stream before the caller finished",
+            )
 
     async def _on_agent_audio(self, audio: frontend_pb2.AgentAudio) -> None:
         frame = audio.frame
@@ -542,8 +580,12 @@ class GatewaySession:
             if response.WhichOneof("msg") == "update":
                 await self._on_oracle_update(response.update)
             elif response.event.kind == oracle_pb2.OracleEvent.ERROR:
-                await self._client_q.put(self._notice(
-                    gateway_pb2.Notice.ORACLE_ERROR, f"oracle LLM error: {response.event.detail}"))
+                await self._client_q.put(
+                    self._notice(
+                        gateway_pb2.Notice.ORACLE_ERROR,
+                        f"oracle LLM error: {response.event.detail}",
+                    )
+                )
         if not self._input_closed["oracle"]:
             raise RuntimeError("oracle ended its stream before the caller finished")
 
@@ -561,11 +603,16 @@ class GatewaySession:
             await coro
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             # InvalidStateError: a write to a call that the frontend already ended.
-            detail = f"{exc.code().name}: {exc.details()}" \
-                if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            detail = (
+                f"{exc.code().name}: {exc.details()}"
+                if isinstance(exc, grpc.aio.AioRpcError)
+                else str(exc)
+            )
             metrics.UPSTREAM_FAILURES.labels("frontend").inc()
-            raise SessionError(grpc.StatusCode.UNAVAILABLE,
-                               f"the frontend {self.frontend_address} failed: {detail}") from None
+            raise SessionError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the frontend {self.frontend_address} failed: {detail}",
+            ) from None
 
     async def _side_guard(self, service: str, coro: Coroutine) -> None:
         try:
@@ -579,13 +626,23 @@ class GatewaySession:
         """Go on without oracle: stop the failed stream (stt takes oracle along)."""
         if not self._alive[service]:
             return
-        detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) \
+        detail = (
+            f"{exc.code().name}: {exc.details()}"
+            if isinstance(exc, grpc.aio.AioRpcError)
             else str(exc)
-        if (service == "oracle" and self.plan.llm is not None
-                and isinstance(exc, grpc.aio.AioRpcError)
-                and exc.code() == grpc.StatusCode.INVALID_ARGUMENT):
-            self._fail(SessionError(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"the oracle rejected the llm override: {exc.details()}"))
+        )
+        if (
+            service == "oracle"
+            and self.plan.llm is not None
+            and isinstance(exc, grpc.aio.AioRpcError)
+            and exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+        ):
+            self._fail(
+                SessionError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"the oracle rejected the llm override: {exc.details()}",
+                )
+            )
             return
         log.warning("session %s: %s failed (%s); going on without oracle", self.id, service, detail)
         metrics.UPSTREAM_FAILURES.labels(service).inc()
@@ -593,9 +650,12 @@ class GatewaySession:
         for lost in ("stt", "oracle") if service == "stt" else ("oracle",):
             self._stop_side(lost)
         if oracle_was_alive or not self.plan.uses_oracle:
-            await self._client_q.put(self._notice(
-                gateway_pb2.Notice.ORACLE_UNAVAILABLE,
-                f"{service} failed ({detail}); the call goes on without oracle"))
+            await self._client_q.put(
+                self._notice(
+                    gateway_pb2.Notice.ORACLE_UNAVAILABLE,
+                    f"{service} failed ({detail}); the call goes on without oracle",
+                )
+            )
 
     def _stop_side(self, service: str) -> None:
         if not self._alive[service]:
@@ -640,12 +700,18 @@ class GatewaySession:
             return
         turn.traced = True
         end = max(t for t in (turn.answered_wall, turn.speech_end_wall, turn.final_wall) if t)
-        attributes = {"kame.utterance_id": turn.last_utterance_id,
-                      "kame.response_latency_s": turn.response_latency_s or 0.0}
+        attributes = {
+            "kame.utterance_id": turn.last_utterance_id,
+            "kame.response_latency_s": turn.response_latency_s or 0.0,
+        }
         if tracing.TRANSCRIPTS_IN_SPANS:
             attributes["kame.user_text"] = turn.user_text
-        turn_span = _tracer.start_span("turn", context=trace.set_span_in_context(self._span),
-                                       start_time=ns(turn.started_wall), attributes=attributes)
+        turn_span = _tracer.start_span(
+            "turn",
+            context=trace.set_span_in_context(self._span),
+            start_time=ns(turn.started_wall),
+            attributes=attributes,
+        )
         parent = trace.set_span_in_context(turn_span)
         phases = {
             "stt": (turn.speech_end_wall, turn.final_wall),
@@ -698,9 +764,15 @@ class GatewaySession:
         if self._abort.done() and not self._abort.cancelled():
             self._abort.exception()  # retrieved: it was raised already or lost to an earlier one
         if store_task is not None:
-            self._store(self.up.store.put_session, {
-                "state": "ended" if outcome == "ok" else "failed", "outcome": outcome,
-                "ended_at": time.time(), "turns": len(self._tracker.turns)})
+            self._store(
+                self.up.store.put_session,
+                {
+                    "state": "ended" if outcome == "ok" else "failed",
+                    "outcome": outcome,
+                    "ended_at": time.time(),
+                    "turns": len(self._tracker.turns),
+                },
+            )
             with contextlib.suppress(asyncio.QueueFull):
                 self._store_q.put_nowait(_END)
             with contextlib.suppress(asyncio.TimeoutError):
@@ -718,5 +790,7 @@ def _frontend_open_error(address: str, exc: grpc.aio.AioRpcError) -> SessionErro
         return SessionError(code, f"no front-end slot is free ({address}: {exc.details()})")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return SessionError(code, f"the frontend rejected the session config: {exc.details()}")
-    return SessionError(grpc.StatusCode.UNAVAILABLE,
-                        f"the frontend {address} is unavailable: {code.name}: {exc.details()}")
+    return SessionError(
+        grpc.StatusCode.UNAVAILABLE,
+        f"the frontend {address} is unavailable: {code.name}: {exc.details()}",
+    )

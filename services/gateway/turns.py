@@ -23,7 +23,7 @@ from kamepb import common_pb2, gateway_pb2
 class Turn:
     started_wall: float
     utterances: dict[str, str] = field(default_factory=dict)  # id -> latest hypothesis
-    open_utterances: set[str] = field(default_factory=set)    # started, no SPEECH_END yet
+    open_utterances: set[str] = field(default_factory=set)  # started, no SPEECH_END yet
     speech_end_wall: float | None = None
     first_partial_wall: float | None = None
     final_wall: float | None = None

@@ -126,10 +126,12 @@ class LLMBackend(abc.ABC):
             await self._list_models(timeout_s)
         except self._auth_errors as exc:
             raise BackendConfigError(
-                f"{self.name} base URL {url} rejected the API key: {exc}") from None
+                f"{self.name} base URL {url} rejected the API key: {exc}"
+            ) from None
         except self._connection_error as exc:
             raise BackendConfigError(
-                f"{self.name} base URL {url} is unreachable: {_describe(exc)}") from None
+                f"{self.name} base URL {url} is unreachable: {_describe(exc)}"
+            ) from None
         except self._status_error:
             pass
 

@@ -53,11 +53,13 @@ class OracleServiceConfig:
     temperature: float = setting(0.0, "default sampling temperature (0 = greedy)")
 
 
-def load(argv: Sequence[str] | None = None,
-         env: Mapping[str, str] | None = None) -> OracleServiceConfig:
+def load(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> OracleServiceConfig:
     """Flags, then KAME_ORACLE_* variables, then defaults (raises ConfigError)."""
-    return load_config(OracleServiceConfig, prefix=ENV_PREFIX,
-                       argv=sys.argv[1:] if argv is None else argv, env=env)
+    return load_config(
+        OracleServiceConfig, prefix=ENV_PREFIX, argv=sys.argv[1:] if argv is None else argv, env=env
+    )
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,13 @@ def _backend(
     if not api_key and is_vendor_api(backend, base_url):
         raise InvalidSessionConfig(
             f"backend {backend!r} at {base_url} needs an API key: set {API_KEY_ENV[backend]} "
-            "in the oracle service's environment or api_key in the OracleConfig")
-    for name, value in (("request_timeout_s", config.request_timeout_s),
-                        ("max_tokens", config.max_tokens), ("temperature", config.temperature)):
+            "in the oracle service's environment or api_key in the OracleConfig"
+        )
+    for name, value in (
+        ("request_timeout_s", config.request_timeout_s),
+        ("max_tokens", config.max_tokens),
+        ("temperature", config.temperature),
+    ):
         if value < 0:
             raise InvalidSessionConfig(f"{name} must be >= 0 (0 = service default), got {value}")
     return BackendSettings(

@@ -63,23 +63,31 @@ Update = common_pb2.OracleUpdate
 
 TIME_TO_FIRST_TOKEN = Histogram(
     "kame_oracle_time_to_first_token_seconds",
-    "LLM stream start -> first non-blank chunk", ["backend"], buckets=TURN_BUCKETS)
+    "LLM stream start -> first non-blank chunk",
+    ["backend"],
+    buckets=TURN_BUCKETS,
+)
 TOKENS_PER_SECOND = Histogram(
     "kame_oracle_tokens_per_second",
     "Decode rate of finished LLM streams: tokens after the first, per second after it",
-    ["backend"], buckets=(5, 10, 20, 30, 50, 75, 100, 150, 250, 500))
+    ["backend"],
+    buckets=(5, 10, 20, 30, 50, 75, 100, 150, 250, 500),
+)
 RESTARTS = Counter(
     "kame_oracle_restarts",
-    "LLM streams started by the policy (reason: first_text, new_words, final)", ["reason"])
-CANCELLATIONS = Counter(
-    "kame_oracle_cancellations", "LLM streams cancelled before they finished")
+    "LLM streams started by the policy (reason: first_text, new_words, final)",
+    ["reason"],
+)
+CANCELLATIONS = Counter("kame_oracle_cancellations", "LLM streams cancelled before they finished")
 UPDATE_LAG = Histogram(
     "kame_oracle_update_lag_seconds",
     "Transcript event that triggered an LLM stream -> that stream's first update (RESET)",
-    buckets=TURN_BUCKETS)
+    buckets=TURN_BUCKETS,
+)
 ERRORS = Counter("kame_oracle_errors", "Failed LLM streams", ["backend", "kind"])
 HISTORY_WRITE_ERRORS = Counter(
-    "kame_oracle_history_write_errors", "Conversation turns that could not be written to Redis")
+    "kame_oracle_history_write_errors", "Conversation turns that could not be written to Redis"
+)
 
 # The last run of whitespace and the (possibly unfinished) word after it.
 _LAST_GAP = re.compile(r"\s+(\S*)$")
@@ -104,7 +112,7 @@ class WordCutter:
         last_gap = _LAST_GAP.search(self._pending)
         if last_gap is None:
             return ""
-        ready, self._pending = self._pending[:last_gap.start()], last_gap.group(1)
+        ready, self._pending = self._pending[: last_gap.start()], last_gap.group(1)
         return " ".join(ready.split())
 
     def flush(self) -> str:
@@ -186,8 +194,10 @@ class OracleSession:
             try:
                 await asyncio.wait_for(self._writer_task, _HISTORY_FLUSH_S)
             except TimeoutError:
-                log.warning("session %s: history writes still pending at close, dropped",
-                            self.settings.session_id)
+                log.warning(
+                    "session %s: history writes still pending at close, dropped",
+                    self.settings.session_id,
+                )
         await self.backend.aclose()
         self._outbox.put_nowait(None)
 
@@ -210,8 +220,12 @@ class OracleSession:
                 await self._store.append_turn(self.settings.session_id, turn.role, turn.text)
             except (RedisError, OSError) as exc:
                 HISTORY_WRITE_ERRORS.inc()
-                log.warning("session %s: could not save a %s turn: %s",
-                            self.settings.session_id, turn.role, exc)
+                log.warning(
+                    "session %s: could not save a %s turn: %s",
+                    self.settings.session_id,
+                    turn.role,
+                    exc,
+                )
 
     # -- LLM streams ----------------------------------------------------------
 
@@ -232,13 +246,18 @@ class OracleSession:
     async def _restart(self, reason: StartReason) -> None:
         await self._cancel_stream()
         self.generation += 1
-        turns = build_turns(self._history, " ".join(self._agent_words),
-                            " ".join(self._partials.values()), self.settings.history_turns)
+        turns = build_turns(
+            self._history,
+            " ".join(self._agent_words),
+            " ".join(self._partials.values()),
+            self.settings.history_turns,
+        )
         user_text = turns[-1].text if turns and turns[-1].role == USER else ""
         RESTARTS.labels(reason=reason.value).inc()
         self._emit_event(Event.REQUEST_START, self.generation, user_text)
         task = asyncio.create_task(
-            self._run_stream(self.generation, turns, reason, self._last_event_at))
+            self._run_stream(self.generation, turns, reason, self._last_event_at)
+        )
         self._streams.add(task)
         task.add_done_callback(self._streams.discard)
 
@@ -246,9 +265,13 @@ class OracleSession:
         self, generation: int, turns: list[Turn], reason: StartReason, trigger_at: float | None
     ) -> None:
         backend = self.backend.name
-        attributes = {"kame.session_id": self.settings.session_id, "kame.generation": generation,
-                      "kame.reason": reason.value, "llm.backend": backend,
-                      "llm.model": self.backend.settings.model}
+        attributes = {
+            "kame.session_id": self.settings.session_id,
+            "kame.generation": generation,
+            "kame.reason": reason.value,
+            "llm.backend": backend,
+            "llm.model": self.backend.settings.model,
+        }
         if TRANSCRIPTS_IN_SPANS and turns:
             attributes["kame.user_text"] = turns[-1].text
         with _tracer.start_as_current_span("oracle.llm_stream", attributes=attributes) as span:
@@ -283,7 +306,8 @@ class OracleSession:
                         continue
                     first_at = time.monotonic()
                     TIME_TO_FIRST_TOKEN.labels(backend=self.backend.name).observe(
-                        first_at - started_at)
+                        first_at - started_at
+                    )
                     if trigger_at is not None:
                         UPDATE_LAG.observe(first_at - trigger_at)
                     self._emit_event(Event.FIRST_TOKEN, generation)
@@ -296,16 +320,23 @@ class OracleSession:
             elapsed = time.monotonic() - first_at
             if elapsed > 0:
                 TOKENS_PER_SECOND.labels(backend=self.backend.name).observe(
-                    (stats.output_tokens - 1) / elapsed)
+                    (stats.output_tokens - 1) / elapsed
+                )
         self._emit_event(Event.DONE, generation)
 
     def _emit_event(self, kind: int, generation: int, detail: str = "") -> None:
-        self._outbox.put_nowait(oracle_pb2.GuideResponse(event=Event(
-            kind=kind, generation=generation, time_us=_now_us(), detail=detail)))
+        self._outbox.put_nowait(
+            oracle_pb2.GuideResponse(
+                event=Event(kind=kind, generation=generation, time_us=_now_us(), detail=detail)
+            )
+        )
 
     def _emit_update(self, op: int, generation: int, text: str = "") -> None:
-        self._outbox.put_nowait(oracle_pb2.GuideResponse(update=Update(
-            op=op, generation=generation, text=text, created_time_us=_now_us())))
+        self._outbox.put_nowait(
+            oracle_pb2.GuideResponse(
+                update=Update(op=op, generation=generation, text=text, created_time_us=_now_us())
+            )
+        )
 
 
 class SessionFactory:
@@ -326,8 +357,9 @@ class SessionFactory:
         except BackendConfigError as exc:
             raise InvalidSessionConfig(str(exc)) from None
         try:
-            history, _ = await asyncio.gather(self._load_history(settings.session_id),
-                                              backend.check(self.service.check_timeout_s))
+            history, _ = await asyncio.gather(
+                self._load_history(settings.session_id), backend.check(self.service.check_timeout_s)
+            )
         except BaseException as exc:
             await backend.aclose()
             if isinstance(exc, BackendConfigError):

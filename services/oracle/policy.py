@@ -28,9 +28,9 @@ POLICY_NAMES = ("tandem", "cascade")
 
 
 class StartReason(enum.Enum):
-    FIRST_TEXT = "first_text"   # the session's first user words
-    NEW_WORDS = "new_words"     # >= min_new_words since the last start
-    FINAL = "final"             # a final transcript landed since the last start
+    FIRST_TEXT = "first_text"  # the session's first user words
+    NEW_WORDS = "new_words"  # >= min_new_words since the last start
+    FINAL = "final"  # a final transcript landed since the last start
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
             if first.WhichOneof("msg") != "config":
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    f"the first GuideRequest must carry config, got {first.WhichOneof('msg')}")
+                    f"the first GuideRequest must carry config, got {first.WhichOneof('msg')}",
+                )
             try:
                 session = await self.factory.open(first.config)
             except InvalidSessionConfig as exc:
@@ -105,9 +106,14 @@ async def serve(config: OracleServiceConfig, api_keys: ApiKeys | None = None) ->
     """Start the Oracle service; `api_keys` default to OPENAI_API_KEY / ANTHROPIC_API_KEY.
     An empty `redis_url` runs without conversation history."""
     setup_tracing(SERVICE_NAME, config.otlp_endpoint)
-    runtime = OracleRuntime(SERVICE_NAME, [FULL_SERVICE_NAME], host=config.host,
-                            port=config.port, max_sessions=config.max_sessions,
-                            grace_s=config.grace_s)
+    runtime = OracleRuntime(
+        SERVICE_NAME,
+        [FULL_SERVICE_NAME],
+        host=config.host,
+        port=config.port,
+        max_sessions=config.max_sessions,
+        grace_s=config.grace_s,
+    )
     session_store = None
     if config.redis_url:
         runtime.redis_client = store.connect(config.redis_url)
@@ -115,16 +121,22 @@ async def serve(config: OracleServiceConfig, api_keys: ApiKeys | None = None) ->
     keys = api_keys if api_keys is not None else ApiKeys.from_env()
     factory = SessionFactory(config, keys, session_store)
     servicer = OracleServicer(runtime, factory)
-    await runtime.start(lambda server: oracle_pb2_grpc.add_OracleServicer_to_server(servicer,
-                                                                                     server))
+    await runtime.start(
+        lambda server: oracle_pb2_grpc.add_OracleServicer_to_server(servicer, server)
+    )
     return runtime
 
 
 async def _run(config: OracleServiceConfig) -> None:
     metrics_port = start_metrics_server(config.metrics_port)
     runtime = await serve(config)
-    log.info("oracle: default backend %s model %s at %s; metrics on :%s", config.backend,
-             config.model, config.base_url, metrics_port or "off")
+    log.info(
+        "oracle: default backend %s model %s at %s; metrics on :%s",
+        config.backend,
+        config.model,
+        config.base_url,
+        metrics_port or "off",
+    )
     await run_until_stopped(runtime)
     await runtime.close_redis()
 

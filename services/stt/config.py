@@ -12,8 +12,16 @@ ENV_PREFIX = "KAME_STT_"
 DEVICES = ("cpu", "cuda", "auto")
 COMPUTE_TYPES = (
     "",  # int8 on CPU, float16 on CUDA
-    "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
-    "float16", "bfloat16", "float32", "auto", "default",
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+    "auto",
+    "default",
 )
 # One Whisper window is 30 s; a longer utterance would need a second window per partial.
 MAX_UTTERANCE_LIMIT_S = 30.0
@@ -66,8 +74,9 @@ RANGES = {
 def _in_range(name: str, value: float) -> float:
     low, high = RANGES[name]
     if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low:g} and {high:g} (or 0 for the default), "
-                         f"got {value:g}")
+        raise ValueError(
+            f"{name} must be between {low:g} and {high:g} (or 0 for the default), got {value:g}"
+        )
     return value
 
 
@@ -93,8 +102,12 @@ def stream_settings(
 
 def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> SttSettings:
     settings = load_config(SttSettings, prefix=ENV_PREFIX, argv=argv, env=env)
-    for name, minimum in (("decode_workers", 1), ("beam_size", 1), ("cpu_threads", 0),
-                          ("max_sessions", 0)):
+    for name, minimum in (
+        ("decode_workers", 1),
+        ("beam_size", 1),
+        ("cpu_threads", 0),
+        ("max_sessions", 0),
+    ):
         if getattr(settings, name) < minimum:
             raise ConfigError(f"{name}: must be at least {minimum}, got {getattr(settings, name)}")
     for name in RANGES:

@@ -87,8 +87,9 @@ class SttEngine:
 
     def __init__(self, settings: SttSettings | None = None) -> None:
         self.settings = settings or SttSettings()
-        self.model_dir = Path(self.settings.model_dir) if self.settings.model_dir \
-            else whisper_tiny_en_dir()
+        self.model_dir = (
+            Path(self.settings.model_dir) if self.settings.model_dir else whisper_tiny_en_dir()
+        )
         device = self.settings.device
         compute_type = self.settings.compute_type or ("float16" if device == "cuda" else "int8")
         workers = self.settings.decode_workers
@@ -117,11 +118,15 @@ class SttEngine:
 
     def check_language(self, language: str) -> None:
         if not self.model.model.is_multilingual and language != "en":
-            raise ValueError(f"language: the model at {self.model_dir} is English-only; "
-                             f"use 'en' (or leave it empty), got {language!r}")
+            raise ValueError(
+                f"language: the model at {self.model_dir} is English-only; "
+                f"use 'en' (or leave it empty), got {language!r}"
+            )
         if language not in self.model.supported_languages:
-            raise ValueError(f"language: {language!r} is not supported; use one of "
-                             f"{', '.join(self.model.supported_languages)}")
+            raise ValueError(
+                f"language: {language!r} is not supported; use one of "
+                f"{', '.join(self.model.supported_languages)}"
+            )
 
     def decode(self, audio: np.ndarray, offset_s: float, language: str, beam_size: int) -> Decoded:
         """Transcribe one 16 kHz utterance (blocking); word times in stream seconds."""
@@ -138,8 +143,9 @@ class SttEngine:
             word_timestamps=self.settings.word_timestamps,
             max_new_tokens=min(MAX_NEW_TOKENS, int(TOKENS_PER_SECOND_CAP * duration) + 16),
         )
-        words = [word for segment in segments
-                 for word in _segment_words(segment, offset_s, duration)]
+        words = [
+            word for segment in segments for word in _segment_words(segment, offset_s, duration)
+        ]
         return Decoded(words, time.perf_counter() - started)
 
     def transcribe_clip(
@@ -151,8 +157,10 @@ class SttEngine:
         thread in async code."""
         audio = resample(np.asarray(samples, dtype=np.float32), sample_rate, VAD_RATE)
         segments, _info = self.model.transcribe(
-            audio, language="en" if not self.model.model.is_multilingual else None,
-            beam_size=beam_size, condition_on_previous_text=False,
+            audio,
+            language="en" if not self.model.model.is_multilingual else None,
+            beam_size=beam_size,
+            condition_on_previous_text=False,
         )
         return " ".join(segment.text.strip() for segment in segments).strip()
 
@@ -174,8 +182,10 @@ def _segment_words(segment, offset_s: float, duration_s: float) -> list[Word]:
         texts = segment.text.split()
         step = (segment.end - segment.start) / max(len(texts), 1)
         probability = float(np.exp(segment.avg_logprob))
-        timed = [(text, segment.start + i * step, segment.start + (i + 1) * step, probability)
-                 for i, text in enumerate(texts)]
+        timed = [
+            (text, segment.start + i * step, segment.start + (i + 1) * step, probability)
+            for i, text in enumerate(texts)
+        ]
     return [
         Word(text, offset_s + min(start, duration_s), offset_s + min(end, duration_s), prob)
         for text, start, end, prob in timed
@@ -206,8 +216,9 @@ class AudioBuffer:
 
     def _joined(self) -> np.ndarray:
         if len(self._chunks) != 1:
-            self._chunks = [np.concatenate(self._chunks) if self._chunks
-                            else np.zeros(0, dtype=np.float32)]
+            self._chunks = [
+                np.concatenate(self._chunks) if self._chunks else np.zeros(0, dtype=np.float32)
+            ]
         return self._chunks[0]
 
     def slice(self, start_s: float, end_s: float) -> np.ndarray:
@@ -289,15 +300,17 @@ class SttSession:
         arrival in time.monotonic() seconds (default: now)."""
         self._clock.append(time.monotonic() if received_at is None else received_at)
         loop = asyncio.get_running_loop()
-        samples, probs = await loop.run_in_executor(self._engine.audio_executor,
-                                                    self._analyze, pcm)
+        samples, probs = await loop.run_in_executor(self._engine.audio_executor, self._analyze, pcm)
         self._audio.append(samples)
         for event in self._segmenter.push(probs):
             await self._on_vad_event(event)
         await self._schedule_decodes()
         # Idle, keep the pre-roll (plus a frame: a speech start can lie in the last one).
-        keep = self._utterance.audio_start_s if self._utterance else \
-            self._audio.end_s - PRE_ROLL_S - FRAME_SECONDS
+        keep = (
+            self._utterance.audio_start_s
+            if self._utterance
+            else self._audio.end_s - PRE_ROLL_S - FRAME_SECONDS
+        )
         self._audio.keep_from(keep)
 
     def _analyze(self, pcm: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -311,8 +324,9 @@ class SttSession:
         self._finished = True
         utterance = self._utterance
         loop = asyncio.get_running_loop()
-        self._audio.append(await loop.run_in_executor(self._engine.audio_executor,
-                                                      self._resampler.flush))
+        self._audio.append(
+            await loop.run_in_executor(self._engine.audio_executor, self._resampler.flush)
+        )
         if utterance is not None:
             pause = self._segmenter.pause_start_s
             await self._end_speech(utterance, self._audio.end_s if pause is None else pause)
@@ -401,7 +415,8 @@ class SttSession:
         await self._queue_final(utterance)
         self._utterance_count += 1
         self._utterance = Utterance(
-            f"{self.settings.session_id or 'stt'}-{self._utterance_count}", end_s,
+            f"{self.settings.session_id or 'stt'}-{self._utterance_count}",
+            end_s,
             last_partial_end_s=end_s,
         )
 
@@ -472,8 +487,13 @@ class SttSession:
         stable = utterance.agreement.stable
         lag = time.monotonic() - received_at
         event = _transcript(
-            utterance, is_final=False, stability=utterance.agreement.stability(tail),
-            words=stable + tail, stable_text=join_words(stable), end_s=end_s, lag_s=lag,
+            utterance,
+            is_final=False,
+            stability=utterance.agreement.stability(tail),
+            words=stable + tail,
+            stable_text=join_words(stable),
+            end_s=end_s,
+            lag_s=lag,
         )
         try:
             self._out.put_nowait(event)
@@ -500,19 +520,31 @@ class SttSession:
         now = time.monotonic()
         lag = now - self._clock.received_at(utterance.final_end_s)
         text = join_words(decoded.words)
-        event = _transcript(utterance, is_final=True, stability=1.0, words=decoded.words,
-                            stable_text=text, end_s=utterance.final_end_s, lag_s=lag)
+        event = _transcript(
+            utterance,
+            is_final=True,
+            stability=1.0,
+            words=decoded.words,
+            stable_text=text,
+            end_s=utterance.final_end_s,
+            lag_s=lag,
+        )
         metrics.TRANSCRIPTS.labels(kind="final").inc()
-        attributes = {"stt.utterance_id": utterance.utterance_id, "stt.lag_s": lag,
-                      "stt.partials": utterance.partials, "stt.words": len(decoded.words)}
+        attributes = {
+            "stt.utterance_id": utterance.utterance_id,
+            "stt.lag_s": lag,
+            "stt.partials": utterance.partials,
+            "stt.words": len(decoded.words),
+        }
         if utterance.speech_end_s is not None:
             after_speech = now - self._clock.received_at(utterance.speech_end_s)
             metrics.FINAL_LAG_SECONDS.observe(after_speech)
             attributes["stt.final_lag_after_speech_s"] = after_speech
         if tracing.TRANSCRIPTS_IN_SPANS:
             attributes["stt.text"] = text
-        span = _tracer.start_span("stt.utterance", start_time=utterance.opened_ns,
-                                  attributes=attributes)
+        span = _tracer.start_span(
+            "stt.utterance", start_time=utterance.opened_ns, attributes=attributes
+        )
         span.end()
         return event
 
@@ -528,8 +560,14 @@ class SttSession:
 
 
 def _transcript(
-    utterance: Utterance, *, is_final: bool, stability: float, words: list[Word],
-    stable_text: str, end_s: float, lag_s: float,
+    utterance: Utterance,
+    *,
+    is_final: bool,
+    stability: float,
+    words: list[Word],
+    stable_text: str,
+    end_s: float,
+    lag_s: float,
 ) -> stt_pb2.TranscribeResponse:
     event = common_pb2.TranscriptEvent(
         utterance_id=utterance.utterance_id,
@@ -538,12 +576,12 @@ def _transcript(
         text=join_words(words),
         stable_text=stable_text,
         words=[
-            common_pb2.WordTiming(word=w.text, start_s=w.start_s, end_s=w.end_s,
-                                  probability=w.probability)
+            common_pb2.WordTiming(
+                word=w.text, start_s=w.start_s, end_s=w.end_s, probability=w.probability
+            )
             for w in words
         ],
         span=common_pb2.AudioSpan(start_s=utterance.audio_start_s, end_s=end_s),
         lag_s=lag_s,
     )
     return stt_pb2.TranscribeResponse(transcript=event)
-

@@ -120,8 +120,9 @@ class DecodeScheduler:
         """The owner of the oldest partial that may start now, if any."""
         if len(self._running_partials) >= self._partial_workers:
             return None
-        return next((owner for owner in self._partials if owner not in self._running_partials),
-                    None)
+        return next(
+            (owner for owner in self._partials if owner not in self._running_partials), None
+        )
 
     def _next(self) -> tuple[Hashable | None, Future, Job] | None:
         """The next job: (owner if it is a partial else None, future, job); None to stop."""

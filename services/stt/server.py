@@ -41,7 +41,8 @@ class SttServicer(stt_pb2_grpc.SttServicer):
         self.runtime = runtime
 
     async def Transcribe(  # noqa: N802 - the gRPC method name
-        self, request_iterator: AsyncIterator[stt_pb2.TranscribeRequest],
+        self,
+        request_iterator: AsyncIterator[stt_pb2.TranscribeRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[stt_pb2.TranscribeResponse]:
         async with self.runtime.session(context):
@@ -126,8 +127,9 @@ async def serve(settings: SttSettings, engine: SttEngine | None = None) -> Servi
     tracing.setup_tracing("stt", settings.otlp_endpoint)
     if engine is None:
         engine = await asyncio.to_thread(SttEngine, settings)
-    runtime = ServiceRuntime("stt", [SERVICE_NAME], settings.host, settings.port,
-                             settings.max_sessions, settings.grace_s)
+    runtime = ServiceRuntime(
+        "stt", [SERVICE_NAME], settings.host, settings.port, settings.max_sessions, settings.grace_s
+    )
     servicer = SttServicer(engine, runtime)
     await runtime.start(lambda server: stt_pb2_grpc.add_SttServicer_to_server(servicer, server))
     start_metrics_server(settings.metrics_port)

@@ -19,8 +19,13 @@ from kame_common.metrics import FRAME_BUCKETS
 
 def exposition(values: list[float], mode: str = "tandem") -> str:
     registry = CollectorRegistry()
-    histogram = Histogram("kame_gateway_frame_round_trip_seconds", "test", ["mode"],
-                          buckets=FRAME_BUCKETS, registry=registry)
+    histogram = Histogram(
+        "kame_gateway_frame_round_trip_seconds",
+        "test",
+        ["mode"],
+        buckets=FRAME_BUCKETS,
+        registry=registry,
+    )
     for value in values:
         histogram.labels(mode).observe(value)
     histogram.labels("cascade").observe(0.9)  # another series the filter must leave out
@@ -30,21 +35,22 @@ def exposition(values: list[float], mode: str = "tandem") -> str:
 def test_histogram_quantiles_follow_prometheus_interpolation():
     # 100 frames: 50 in (0.001, 0.0025], 49 in (0.0025, 0.005], one in (0.08, 0.1].
     values = [0.002] * 50 + [0.004] * 49 + [0.09]
-    parsed = bench.parse_histogram(exposition(values), bench.ROUND_TRIP_METRIC,
-                                   {"mode": "tandem"})
+    parsed = bench.parse_histogram(exposition(values), bench.ROUND_TRIP_METRIC, {"mode": "tandem"})
     assert parsed.count == 100
     assert parsed.total == pytest.approx(sum(values))
-    assert parsed.quantile(0.5) == pytest.approx(0.0025)   # the 50th frame closes a bucket
+    assert parsed.quantile(0.5) == pytest.approx(0.0025)  # the 50th frame closes a bucket
     assert parsed.quantile(0.75) == pytest.approx(0.0025 + 0.0025 * 25 / 49)
     assert parsed.quantile(0.995) == pytest.approx(0.08 + 0.02 * 0.5)
     assert bench.Histogram().quantile(0.5) is None
 
 
 def test_histogram_difference_keeps_only_what_happened_between_scrapes():
-    before = bench.parse_histogram(exposition([0.002] * 10), bench.ROUND_TRIP_METRIC,
-                                   {"mode": "tandem"})
-    after = bench.parse_histogram(exposition([0.002] * 10 + [0.3] * 5), bench.ROUND_TRIP_METRIC,
-                                  {"mode": "tandem"})
+    before = bench.parse_histogram(
+        exposition([0.002] * 10), bench.ROUND_TRIP_METRIC, {"mode": "tandem"}
+    )
+    after = bench.parse_histogram(
+        exposition([0.002] * 10 + [0.3] * 5), bench.ROUND_TRIP_METRIC, {"mode": "tandem"}
+    )
     delta = after - before
     assert delta.count == 5
     assert delta.quantile(0.5) == pytest.approx(0.25 + 0.25 * 2.5 / 5)
@@ -64,7 +70,11 @@ def test_runs_follow_the_checkpoint():
     assert [r.label for r in bench.plan_runs("")] == ["tandem", "cascade"]
     with_checkpoint = bench.plan_runs("/ckpt")
     assert [(r.label, r.engine) for r in with_checkpoint] == [
-        ("tandem", "tts"), ("cascade", "tts"), ("tandem-kame", "kame"), ("s2s", "moshi")]
+        ("tandem", "tts"),
+        ("cascade", "tts"),
+        ("tandem-kame", "kame"),
+        ("s2s", "moshi"),
+    ]
     with pytest.raises(ValueError, match="s2s.*need --checkpoint"):
         bench.select_runs(bench.plan_runs(""), "tandem,s2s")
 
@@ -72,10 +82,14 @@ def test_runs_follow_the_checkpoint():
 def test_question_file_takes_wavs_and_texts(tmp_path):
     tone = 0.3 * np.sin(np.arange(16_000) * 2 * np.pi * 440 / 16_000).astype(np.float32)
     say.write_wav(tmp_path / "waves" / "q1.wav", tone, 16_000)
-    (tmp_path / "q.json").write_text(json.dumps([
-        {"wav": "waves/q1.wav", "keywords": ["beep"]},
-        {"text": "What is the capital of Japan?", "keywords": ["tokyo"]},
-    ]))
+    (tmp_path / "q.json").write_text(
+        json.dumps(
+            [
+                {"wav": "waves/q1.wav", "keywords": ["beep"]},
+                {"text": "What is the capital of Japan?", "keywords": ["tokyo"]},
+            ]
+        )
+    )
     first, second = bench.load_questions(tmp_path / "q.json")
     assert len(first.audio) == SAMPLE_RATE and first.keywords == ("beep",)  # resampled to 24 kHz
     assert second.source == "piper" and len(second.audio) > SAMPLE_RATE
@@ -85,8 +99,7 @@ def test_question_file_takes_wavs_and_texts(tmp_path):
 
 
 def test_frame_lag_counts_from_when_the_caller_frame_was_due():
-    result = talk.TalkResult(caller=np.zeros(0, np.float32), speech_start_s=None,
-                             speech_end_s=None)
+    result = talk.TalkResult(caller=np.zeros(0, np.float32), speech_start_s=None, speech_end_s=None)
     arrivals = [0.085, 0.17, 0.40]  # frames 0, 1, 2 were due at 0.08, 0.16, 0.24
     result.agent_t = [t + np.arange(1920) / SAMPLE_RATE for t in arrivals]
     lags = bench.frame_lags(result)
@@ -99,9 +112,24 @@ def test_frame_lag_counts_from_when_the_caller_frame_was_due():
 def test_one_question_one_run_through_the_stack(tmp_path):
     question = "What is the capital of France?"
     (tmp_path / "q.json").write_text(json.dumps([{"text": question, "keywords": ["paris"]}]))
-    command = [sys.executable, "-m", "kame_cli", "bench", "--questions", str(tmp_path / "q.json"),
-               "--runs", "tandem", "--load", "2", "--warmup", "0", "--out-dir",
-               str(tmp_path / "out"), "--name", "t"]
+    command = [
+        sys.executable,
+        "-m",
+        "kame_cli",
+        "bench",
+        "--questions",
+        str(tmp_path / "q.json"),
+        "--runs",
+        "tandem",
+        "--load",
+        "2",
+        "--warmup",
+        "0",
+        "--out-dir",
+        str(tmp_path / "out"),
+        "--name",
+        "t",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -110,8 +138,7 @@ def test_one_question_one_run_through_the_stack(tmp_path):
     assert report["machine"]["cores"] >= 1 and report["machine"]["cpu"]
     (conversation,) = report["conversations"]
     assert conversation["status"] == "OK" and conversation["engine"] == "tts"
-    assert {"capital", "france"} <= set(conversation["user_transcript"].lower().strip("?")
-                                        .split())
+    assert {"capital", "france"} <= set(conversation["user_transcript"].lower().strip("?").split())
     assert conversation["response_latency_s"] is not None
     assert conversation["oracle_first_update_s"] is not None
     assert conversation["stt_final_lag_s"] > 0
@@ -119,8 +146,9 @@ def test_one_question_one_run_through_the_stack(tmp_path):
     assert conversation["agent_transcript"], "the agent's audio should hold speech"
     assert conversation["correct"] == bench.heard(conversation["agent_transcript"], ("paris",))
     row = report["summary"]["tandem"]
-    assert row["ok"] == 1 and row["response_latency_s"]["median"] == \
-        conversation["response_latency_s"]
+    assert (
+        row["ok"] == 1 and row["response_latency_s"]["median"] == conversation["response_latency_s"]
+    )
 
     (level,) = report["load"]
     assert level["sessions"] == 2 and level["ok"] == 2

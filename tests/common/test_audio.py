@@ -12,16 +12,26 @@ from kame_common import audio
 # Code values of the G.711 reference coder (ITU-T G.191 / Sun's g711.c): (sample, code).
 @pytest.mark.parametrize(
     ("sample", "code"),
-    [(0, 0xFF), (-1, 0x7E), (8, 0xFE), (100, 0xF2), (-100, 0x72), (1000, 0xCE),
-     (8159, 0x9F), (32767, 0x80), (-32768, 0x00)],
+    [
+        (0, 0xFF),
+        (-1, 0x7E),
+        (8, 0xFE),
+        (100, 0xF2),
+        (-100, 0x72),
+        (1000, 0xCE),
+        (8159, 0x9F),
+        (32767, 0x80),
+        (-32768, 0x00),
+    ],
 )
 def test_mulaw_encode_known_codes(sample, code):
     pcm = np.array([sample], dtype="<i2").tobytes()
     assert audio.mulaw_encode(pcm) == bytes([code])
 
 
-@pytest.mark.parametrize(("code", "sample"), [(0xFF, 0), (0x80, 32124), (0x00, -32124),
-                                              (0xF2, 104), (0xCE, 988)])
+@pytest.mark.parametrize(
+    ("code", "sample"), [(0xFF, 0), (0x80, 32124), (0x00, -32124), (0xF2, 104), (0xCE, 988)]
+)
 def test_mulaw_decode_known_values(code, sample):
     decoded = np.frombuffer(audio.mulaw_decode(bytes([code])), dtype="<i2")
     assert decoded[0] == sample
@@ -29,16 +39,16 @@ def test_mulaw_decode_known_values(code, sample):
 
 @pytest.mark.parametrize(
     ("sample", "code"),
-    [(0, 0xD5), (-1, 0x55), (100, 0xD3), (-100, 0x53), (1000, 0xFA), (32767, 0xAA),
-     (-32768, 0x2A)],
+    [(0, 0xD5), (-1, 0x55), (100, 0xD3), (-100, 0x53), (1000, 0xFA), (32767, 0xAA), (-32768, 0x2A)],
 )
 def test_alaw_encode_known_codes(sample, code):
     pcm = np.array([sample], dtype="<i2").tobytes()
     assert audio.alaw_encode(pcm) == bytes([code])
 
 
-@pytest.mark.parametrize(("code", "sample"), [(0xD5, 8), (0x55, -8), (0xAA, 32256),
-                                              (0x2A, -32256), (0xFE, 880)])
+@pytest.mark.parametrize(
+    ("code", "sample"), [(0xD5, 8), (0x55, -8), (0xAA, 32256), (0x2A, -32256), (0xFE, 880)]
+)
 def test_alaw_decode_known_values(code, sample):
     decoded = np.frombuffer(audio.alaw_decode(bytes([code])), dtype="<i2")
     assert decoded[0] == sample
@@ -55,8 +65,10 @@ def test_g711_matches_cpython_audioop_on_every_sample():
     assert audio.alaw_decode(every_code) == audioop.alaw2lin(every_code, 2)
 
 
-@pytest.mark.parametrize(("encode", "decode"), [(audio.mulaw_encode, audio.mulaw_decode),
-                                                (audio.alaw_encode, audio.alaw_decode)])
+@pytest.mark.parametrize(
+    ("encode", "decode"),
+    [(audio.mulaw_encode, audio.mulaw_decode), (audio.alaw_encode, audio.alaw_decode)],
+)
 def test_g711_round_trip_error_is_within_quantization(encode, decode):
     samples = np.linspace(-32768, 32767, 5000).astype("<i2")
     back = np.frombuffer(decode(encode(samples.tobytes())), dtype="<i2").astype(np.int32)
@@ -91,7 +103,7 @@ def test_stream_resampler_matches_length_and_frequency():
     out, pos = [], 0
     while pos < len(sine):
         size = int(rng.integers(1, 700))
-        out.append(stream.process(sine[pos:pos + size]))
+        out.append(stream.process(sine[pos : pos + size]))
         pos += size
     out.append(stream.flush())
     joined = np.concatenate(out)
@@ -105,14 +117,14 @@ def test_framer_keeps_every_sample_for_random_chunk_sizes():
     framer, frames, pos = audio.Framer(), [], 0
     while pos < len(signal):
         size = int(rng.integers(0, 5000))
-        frames.extend(framer.push(signal[pos:pos + size]))
+        frames.extend(framer.push(signal[pos : pos + size]))
         pos += size
     assert all(len(f) == audio.FRAME_SAMPLES for f in frames)
     tail = framer.flush()
     assert tail is not None and len(tail) == audio.FRAME_SAMPLES
     joined = np.concatenate([*frames, tail])
     np.testing.assert_array_equal(joined[: len(signal)], signal)
-    assert np.all(joined[len(signal):] == 0)
+    assert np.all(joined[len(signal) :] == 0)
     assert framer.flush() is None
 
 
@@ -125,9 +137,11 @@ def test_pcm16_round_trip_and_clipping():
 
 @pytest.mark.parametrize(
     ("pcm", "rate", "message"),
-    [(b"\0" * audio.FRAME_BYTES, 16000, "sample_rate_hz must be 24000"),
-     (b"\0" * 3, 24000, "even byte count"),
-     (b"\0" * 1000, 24000, "1920 samples")],
+    [
+        (b"\0" * audio.FRAME_BYTES, 16000, "sample_rate_hz must be 24000"),
+        (b"\0" * 3, 24000, "even byte count"),
+        (b"\0" * 1000, 24000, "1920 samples"),
+    ],
 )
 def test_check_frame_says_what_was_expected(pcm, rate, message):
     with pytest.raises(ValueError, match=message):

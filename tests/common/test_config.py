@@ -22,8 +22,9 @@ def test_defaults_then_env_then_flags():
     env = {"KAME_X_PORT": "6000", "KAME_X_ENGINE": "kame", "KAME_X_VERBOSE": "yes"}
     from_env = load_config(DemoConfig, "KAME_X_", [], env=env)
     assert (from_env.port, from_env.engine, from_env.verbose) == (6000, "kame", True)
-    from_flags = load_config(DemoConfig, "KAME_X_", ["--port", "7000", "--interval-s", "0.25"],
-                             env=env)
+    from_flags = load_config(
+        DemoConfig, "KAME_X_", ["--port", "7000", "--interval-s", "0.25"], env=env
+    )
     assert (from_flags.port, from_flags.interval_s, from_flags.engine) == (7000, 0.25, "kame")
 
 

@@ -10,13 +10,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = {"gateway": "KAME_GATEWAY_PORT", "frontend": "KAME_FRONTEND_ENGINE",
-            "stt": "KAME_STT_PARTIAL_INTERVAL_S", "oracle": "KAME_ORACLE_BACKEND"}
+SERVICES = {
+    "gateway": "KAME_GATEWAY_PORT",
+    "frontend": "KAME_FRONTEND_ENGINE",
+    "stt": "KAME_STT_PARTIAL_INTERVAL_S",
+    "oracle": "KAME_ORACLE_BACKEND",
+}
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))

@@ -20,7 +20,8 @@ def _generator():
 def test_committed_stubs_are_fresh(tmp_path):
     generated = _generator().generate(tmp_path)
     stale = [
-        p.name for p in generated
+        p.name
+        for p in generated
         if p.is_file() and p.read_bytes() != (ROOT / "kamepb" / p.name).read_bytes()
     ]
     assert not stale, f"stale stubs {stale}: run `make protos` and commit kamepb/"
@@ -32,10 +33,15 @@ def test_every_rpc_is_a_config_first_bidi_stream():
     from kamepb import frontend_pb2, gateway_pb2, oracle_pb2, stt_pb2
 
     modules = [gateway_pb2, frontend_pb2, stt_pb2, oracle_pb2]
-    methods = [m for mod in modules for s in mod.DESCRIPTOR.services_by_name.values()
-               for m in s.methods]
+    methods = [
+        m for mod in modules for s in mod.DESCRIPTOR.services_by_name.values() for m in s.methods
+    ]
     assert {f"{m.containing_service.name}.{m.name}" for m in methods} == {
-        "Gateway.Converse", "Frontend.Stream", "Stt.Transcribe", "Oracle.Guide"}
+        "Gateway.Converse",
+        "Frontend.Stream",
+        "Stt.Transcribe",
+        "Oracle.Guide",
+    }
     for method in methods:
         assert method.client_streaming and method.server_streaming, method.full_name
         first_field = method.input_type.oneofs_by_name["msg"].fields[0]

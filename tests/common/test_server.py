@@ -103,8 +103,9 @@ SERVER_SCRIPT = textwrap.dedent(
 
 
 async def test_sigterm_turns_not_serving_then_exits():
-    process = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT], stdout=subprocess.PIPE,
-                               text=True, cwd=ROOT)
+    process = subprocess.Popen(
+        [sys.executable, "-c", SERVER_SCRIPT], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     try:
         port = int(await asyncio.to_thread(process.stdout.readline))
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

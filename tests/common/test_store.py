@@ -11,13 +11,18 @@ async def test_session_record_and_conversation(redis_client, session_id):
     sessions = SessionStore(redis_client, ttl_s=60)
     await sessions.put_session(session_id, {"mode": "tandem", "replica": "fe-1"})
     await sessions.put_session(session_id, {"state": "open"})
-    assert await sessions.get_session(session_id) == {"mode": "tandem", "replica": "fe-1",
-                                                      "state": "open"}
+    assert await sessions.get_session(session_id) == {
+        "mode": "tandem",
+        "replica": "fe-1",
+        "state": "open",
+    }
     await sessions.append_turn(session_id, "user", "what is the capital of france")
     await sessions.append_turn(session_id, "agent", "Paris.")
     turns = await sessions.conversation(session_id)
     assert [(t["role"], t["text"]) for t in turns] == [
-        ("user", "what is the capital of france"), ("agent", "Paris.")]
+        ("user", "what is the capital of france"),
+        ("agent", "Paris."),
+    ]
     await sessions.delete_session(session_id)
     assert await sessions.get_session(session_id) == {}
 

@@ -45,7 +45,7 @@ class ServiceConfig:
 
     def env_fields(self, names: typing.Iterable[str]) -> dict[str, str]:
         """{env var: field} for the KAME_<SVC>_* names among `names`."""
-        return {n: n[len(self.prefix):].lower() for n in names if n.startswith(self.prefix)}
+        return {n: n[len(self.prefix) :].lower() for n in names if n.startswith(self.prefix)}
 
     def json_type(self, field: str) -> str:
         return _JSON_TYPES[typing.get_type_hints(self.cls)[field]]
@@ -57,8 +57,10 @@ class ServiceConfig:
 def _config_class(module) -> type:
     """The settings dataclass of a service's config module (the one with port and metrics_port)."""
     found = [
-        obj for obj in vars(module).values()
-        if isinstance(obj, type) and dataclasses.is_dataclass(obj)
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type)
+        and dataclasses.is_dataclass(obj)
         and obj.__module__ == module.__name__
         and {"port", "metrics_port"} <= {f.name for f in dataclasses.fields(obj)}
     ]
@@ -71,8 +73,9 @@ def configs() -> dict[str, ServiceConfig]:
     result = {}
     for service in SERVICES:
         module = importlib.import_module(f"services.{service}.config")
-        result[service] = ServiceConfig(service, module, _config_class(module),
-                                        f"KAME_{service.upper()}_")
+        result[service] = ServiceConfig(
+            service, module, _config_class(module), f"KAME_{service.upper()}_"
+        )
     return result
 
 
@@ -111,8 +114,11 @@ class Rendered:
         return [d for d in self.documents if d["kind"] == kind]
 
     def one(self, kind: str, component: str) -> dict:
-        found = [d for d in self.of_kind(kind)
-                 if d["metadata"]["labels"].get("app.kubernetes.io/component") == component]
+        found = [
+            d
+            for d in self.of_kind(kind)
+            if d["metadata"]["labels"].get("app.kubernetes.io/component") == component
+        ]
         assert len(found) == 1, f"expected one {kind} for {component}, found {len(found)}"
         return found[0]
 
@@ -121,8 +127,12 @@ class Rendered:
         return next(text for name, text in self.manifests.items() if name.endswith("NOTES.txt"))
 
 
-def helm_render(values: dict | None = None, values_files: tuple[str, ...] = (),
-                release: str = "kame", namespace: str = "voice") -> Rendered:
+def helm_render(
+    values: dict | None = None,
+    values_files: tuple[str, ...] = (),
+    release: str = "kame",
+    namespace: str = "voice",
+) -> Rendered:
     """`helm template` with values files (merged like -f) and then `values` (like --set)."""
     import helm_python as helm
 

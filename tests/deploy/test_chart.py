@@ -42,8 +42,15 @@ GPU = "nvidia.com/gpu"
 SECRETISH = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 # Fields the chart sets itself (so they agree with Services, probes and each other) or leaves
 # at the service default on purpose; every other field is a `config` key in values.schema.json.
-CHART_OWNED_COMMON = {"host", "port", "metrics_port", "grace_s", "max_sessions", "otlp_endpoint",
-                      "redis_url"}
+CHART_OWNED_COMMON = {
+    "host",
+    "port",
+    "metrics_port",
+    "grace_s",
+    "max_sessions",
+    "otlp_endpoint",
+    "redis_url",
+}
 CHART_OWNED = {
     "gateway": {"stt_address", "oracle_address", "frontend_address", "auth_token"},
     "frontend": {"replica_id", "advertise_address"},
@@ -112,12 +119,16 @@ def test_default_values_request_no_gpu(rendered_sets):
 def test_every_deployment_container_requests_cpu_and_memory(rendered):
     deployments = rendered.of_kind("Deployment")
     assert {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in deployments} >= {
-        *SERVICES, "redis"}
+        *SERVICES,
+        "redis",
+    }
     for deployment in deployments:
         for container in containers(deployment):
             requests = container.get("resources", {}).get("requests", {})
             assert requests.get("cpu") and requests.get("memory"), (
-                deployment["metadata"]["name"], container["name"])
+                deployment["metadata"]["name"],
+                container["name"],
+            )
 
 
 def test_grpc_services_use_native_grpc_probes_on_their_port(rendered):
@@ -172,18 +183,25 @@ def test_services_route_to_the_container_ports(rendered):
         ports = {p["name"]: p for p in svc["spec"]["ports"]}
         assert ports["grpc"]["port"] == PORTS[service]
         assert ports["metrics"]["port"] == METRICS_PORTS[service]
-        container_ports = {p["name"] for p in containers(rendered.one("Deployment", service))[0][
-            "ports"]}
+        container_ports = {
+            p["name"] for p in containers(rendered.one("Deployment", service))[0]["ports"]
+        }
         assert {p["targetPort"] for p in ports.values()} <= container_ports
 
 
 def test_secrets_are_referenced_never_inlined():
     """With every secret reference set, keys come from the named Secret; no Secret object and
     no literal value of a secret-looking variable appears anywhere."""
-    rendered = helm_render({"secrets": {"existingSecret": "kame-keys",
-                                        "gatewayAuthTokenKey": "GATEWAY_AUTH_TOKEN",
-                                        "redisUrlKey": "REDIS_URL"},
-                            "redis": {"enabled": False}})
+    rendered = helm_render(
+        {
+            "secrets": {
+                "existingSecret": "kame-keys",
+                "gatewayAuthTokenKey": "GATEWAY_AUTH_TOKEN",
+                "redisUrlKey": "REDIS_URL",
+            },
+            "redis": {"enabled": False},
+        }
+    )
     assert not rendered.of_kind("Secret")
     references = {}
     for deployment in rendered.of_kind("Deployment"):
@@ -193,10 +211,15 @@ def test_secrets_are_referenced_never_inlined():
                     assert "value" not in entry, (container["name"], name)
                     references[(container["name"], name)] = entry["valueFrom"]["secretKeyRef"]
     assert references[("oracle", "OPENAI_API_KEY")] == {
-        "name": "kame-keys", "key": "OPENAI_API_KEY", "optional": True}
+        "name": "kame-keys",
+        "key": "OPENAI_API_KEY",
+        "optional": True,
+    }
     assert references[("oracle", "ANTHROPIC_API_KEY")]["name"] == "kame-keys"
     assert references[("gateway", "KAME_GATEWAY_AUTH_TOKEN")] == {
-        "name": "kame-keys", "key": "GATEWAY_AUTH_TOKEN"}
+        "name": "kame-keys",
+        "key": "GATEWAY_AUTH_TOKEN",
+    }
     for service in ("gateway", "frontend", "oracle"):
         assert references[(service, f"KAME_{service.upper()}_REDIS_URL")]["key"] == "REDIS_URL"
 
@@ -214,8 +237,18 @@ def test_schema_refuses_inlined_secrets_and_bad_values():
         ):
             with pytest.raises(helm.HelmValuesError):
                 chart.validate_schema(bad)
-        chart.validate_schema({"oracle": {"extraEnv": [
-            {"name": "OPENAI_API_KEY", "valueFrom": {"secretKeyRef": {"name": "k", "key": "o"}}}]}})
+        chart.validate_schema(
+            {
+                "oracle": {
+                    "extraEnv": [
+                        {
+                            "name": "OPENAI_API_KEY",
+                            "valueFrom": {"secretKeyRef": {"name": "k", "key": "o"}},
+                        }
+                    ]
+                }
+            }
+        )
 
 
 def test_schema_config_keys_are_the_services_real_fields(configs):
@@ -259,8 +292,10 @@ def test_every_kame_env_var_is_a_real_config_field(rendered, configs):
 
 
 def test_addresses_between_services_agree(rendered):
-    services = {s["metadata"]["name"]: {p["name"]: p["port"] for p in s["spec"]["ports"]}
-                for s in rendered.of_kind("Service")}
+    services = {
+        s["metadata"]["name"]: {p["name"]: p["port"] for p in s["spec"]["ports"]}
+        for s in rendered.of_kind("Service")
+    }
     gateway = env_of(containers(rendered.one("Deployment", "gateway"))[0])
     for target in ("stt", "oracle", "frontend"):
         host, port = gateway[f"KAME_GATEWAY_{target.upper()}_ADDRESS"]["value"].split(":")
@@ -277,12 +312,14 @@ def test_oracle_uses_the_embedded_llm_or_the_configured_url(rendered_sets):
     llm_service = rendered_sets["default"].one("Service", "llm")
     llm_port = llm_service["spec"]["ports"][0]["port"]
     assert default["KAME_ORACLE_BASE_URL"]["value"] == (
-        f"http://{llm_service['metadata']['name']}:{llm_port}/v1")
+        f"http://{llm_service['metadata']['name']}:{llm_port}/v1"
+    )
     gpu = env_of(containers(rendered_sets["gpu"].one("Deployment", "oracle"))[0])
     assert gpu["KAME_ORACLE_BASE_URL"]["value"] == "https://api.openai.com/v1"
     assert not rendered_sets["gpu"].of_kind("Service") or all(
         s["metadata"]["labels"]["app.kubernetes.io/component"] != "llm"
-        for s in rendered_sets["gpu"].of_kind("Service"))
+        for s in rendered_sets["gpu"].of_kind("Service")
+    )
 
 
 def test_commands_run_the_service_modules(rendered):
@@ -302,8 +339,10 @@ def test_commands_run_the_service_modules(rendered):
 
 def test_hpa_scales_frontend_on_active_sessions(rendered_sets):
     hpa = rendered_sets["gpu"].one("HorizontalPodAutoscaler", "frontend")
-    assert hpa["spec"]["scaleTargetRef"]["name"] == rendered_sets["gpu"].one(
-        "Deployment", "frontend")["metadata"]["name"]
+    assert (
+        hpa["spec"]["scaleTargetRef"]["name"]
+        == rendered_sets["gpu"].one("Deployment", "frontend")["metadata"]["name"]
+    )
     (metric,) = hpa["spec"]["metrics"]
     assert metric["type"] == "Pods"
     assert metric["pods"]["metric"]["name"] == "kame_frontend_active_sessions"
@@ -314,15 +353,18 @@ def test_hpa_scales_frontend_on_active_sessions(rendered_sets):
 
 def test_prometheus_adapter_rule_serves_the_hpa_metric(rendered_sets, defined_metrics):
     adapter = yaml.safe_load(
-        (ROOT / "deploy/prometheus/prometheus-adapter-values.yaml").read_text())
+        (ROOT / "deploy/prometheus/prometheus-adapter-values.yaml").read_text()
+    )
     (rule,) = adapter["rules"]["custom"]
-    hpa_metric = rendered_sets["gpu"].one("HorizontalPodAutoscaler", "frontend")["spec"][
-        "metrics"][0]["pods"]["metric"]["name"]
+    hpa_metric = rendered_sets["gpu"].one("HorizontalPodAutoscaler", "frontend")["spec"]["metrics"][
+        0
+    ]["pods"]["metric"]["name"]
     assert rule["name"]["as"] == hpa_metric
     series = re.match(r"([a-z_]+)\{", rule["seriesQuery"]).group(1)
     assert defined_metrics.get(series) == "Gauge"
-    assert 'service="frontend"' in rule["seriesQuery"] and 'service="frontend"' in rule[
-        "metricsQuery"]
+    assert (
+        'service="frontend"' in rule["seriesQuery"] and 'service="frontend"' in rule["metricsQuery"]
+    )
     assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
 
 
@@ -332,11 +374,15 @@ def test_service_monitor_scrapes_the_metrics_ports(rendered_sets):
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     selector = monitor["spec"]["selector"]
     (expression,) = selector["matchExpressions"]
-    selected = [s for s in rendered.of_kind("Service")
-                if selector["matchLabels"].items() <= s["metadata"]["labels"].items()
-                and s["metadata"]["labels"]["app.kubernetes.io/component"] in expression["values"]]
-    assert sorted(s["metadata"]["labels"]["app.kubernetes.io/component"] for s in selected) == \
-        sorted(SERVICES)
+    selected = [
+        s
+        for s in rendered.of_kind("Service")
+        if selector["matchLabels"].items() <= s["metadata"]["labels"].items()
+        and s["metadata"]["labels"]["app.kubernetes.io/component"] in expression["values"]
+    ]
+    assert sorted(
+        s["metadata"]["labels"]["app.kubernetes.io/component"] for s in selected
+    ) == sorted(SERVICES)
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["honorLabels"] is True  # keeps kame_active_sessions{service=...}
     for service in selected:
@@ -356,8 +402,11 @@ def test_pods_run_as_non_root_with_read_only_root(rendered):
 
 def test_external_redis_and_missing_url():
     rendered = helm_render({"redis": {"enabled": False, "externalUrl": "redis://cache:6379/2"}})
-    assert not [d for d in rendered.of_kind("Deployment")
-                if d["metadata"]["labels"]["app.kubernetes.io/component"] == "redis"]
+    assert not [
+        d
+        for d in rendered.of_kind("Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "redis"
+    ]
     for service in ("gateway", "frontend", "oracle"):
         env = env_of(containers(rendered.one("Deployment", service))[0])
         assert env[f"KAME_{service.upper()}_REDIS_URL"]["value"] == "redis://cache:6379/2"
@@ -385,8 +434,11 @@ def test_notes_tell_how_to_connect(rendered_sets):
     default_notes = rendered_sets["default"].notes
     assert "port-forward svc/kame-gateway 50051:50051" in default_notes
     # The kame commands it shows are valid for the CLI.
-    commands = [shlex.split(line.strip().replace("$GATEWAY", "127.0.0.1:50051"))
-                for line in default_notes.splitlines() if line.strip().startswith("kame ")]
+    commands = [
+        shlex.split(line.strip().replace("$GATEWAY", "127.0.0.1:50051"))
+        for line in default_notes.splitlines()
+        if line.strip().startswith("kame ")
+    ]
     assert [c[1] for c in commands] == ["say", "talk"]
     for command in commands:
         module = importlib.import_module(COMMANDS[command[1]][0])

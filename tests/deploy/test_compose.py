@@ -32,10 +32,22 @@ DOCKER_COMPOSE = Path(compose.__file__).parent / "docker-compose"
 def compose_config(*options: str) -> dict:
     """`docker compose config` as JSON, in a clean environment (no variables of the caller)."""
     result = subprocess.run(
-        [str(DOCKER_COMPOSE), "--project-directory", str(ROOT), "-f", str(COMPOSE), *options,
-         "config", "--format", "json"],
+        [
+            str(DOCKER_COMPOSE),
+            "--project-directory",
+            str(ROOT),
+            "-f",
+            str(COMPOSE),
+            *options,
+            "config",
+            "--format",
+            "json",
+        ],
         env={"PATH": os.defpath, "HOME": tempfile.gettempdir()},
-        capture_output=True, text=True, timeout=60)
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -55,8 +67,11 @@ ENVIRONMENTS = {"default": (), "gpu": ("--env-file", str(GPU_ENV))}
 def compose_project(*options: str) -> dict[str, dict]:
     """The services compose would start (its profiles applied, replicas 0 left out)."""
     services = compose_config(*options)["services"]
-    return {name: spec for name, spec in services.items()
-            if (spec.get("deploy") or {}).get("replicas", 1) != 0}
+    return {
+        name: spec
+        for name, spec in services.items()
+        if (spec.get("deploy") or {}).get("replicas", 1) != 0
+    }
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +105,19 @@ def dockerfile_of(spec: dict) -> str:
 
 def test_compose_validates_with_every_profile():
     everything = compose_config("--profile", "gpu", "--profile", "observability")["services"]
-    assert set(everything) == {"redis", "llm", "vllm", "stt", "oracle", "frontend",
-                               "frontend-gpu", "gateway", "prometheus", "otel-collector",
-                               "grafana"}
+    assert set(everything) == {
+        "redis",
+        "llm",
+        "vllm",
+        "stt",
+        "oracle",
+        "frontend",
+        "frontend-gpu",
+        "gateway",
+        "prometheus",
+        "otel-collector",
+        "grafana",
+    }
     assert everything["vllm"]["profiles"] == everything["frontend-gpu"]["profiles"] == ["gpu"]
     assert everything["grafana"]["profiles"] == ["observability"]
     assert compose_config()["name"] == "kame"
@@ -104,8 +129,11 @@ def test_compose_refuses_a_broken_file(tmp_path):
     broken.write_text(COMPOSE.read_text().replace("stop_grace_period:", "stop_grace_perod:"))
     result = subprocess.run(
         [str(DOCKER_COMPOSE), "--project-directory", str(ROOT), "-f", str(broken), "config"],
-        env={"PATH": os.defpath, "HOME": tempfile.gettempdir()}, capture_output=True, text=True,
-        timeout=60)
+        env={"PATH": os.defpath, "HOME": tempfile.gettempdir()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0 and "stop_grace_perod" in result.stderr
 
 
@@ -124,7 +152,7 @@ def test_every_service_command_exists(project, configs):
         if command[:2] == ["python", "-m"]:
             assert importlib.util.find_spec(command[2]) is not None, (name, command)
             # The image runs the same command by default.
-            assert f'CMD {str(command).replace(chr(39), chr(34))}' in dockerfile_of(spec), name
+            assert f"CMD {str(command).replace(chr(39), chr(34))}" in dockerfile_of(spec), name
 
 
 def test_environment_loads_through_each_services_config(project, configs):
@@ -144,8 +172,11 @@ def test_environment_loads_through_each_services_config(project, configs):
 
 
 def test_addresses_point_at_compose_services_and_their_ports(project, configs):
-    ports = {name: loaded_config(spec, configs)[1].port
-             for name, spec in project.items() if kame_service(spec)}
+    ports = {
+        name: loaded_config(spec, configs)[1].port
+        for name, spec in project.items()
+        if kame_service(spec)
+    }
     gateway = loaded_config(project["gateway"], configs)[1]
     for field, target in (("stt_address", "stt"), ("oracle_address", "oracle")):
         host, port = getattr(gateway, field).split(":")
@@ -182,8 +213,17 @@ def test_same_settings_as_kame_up(project, configs, tmp_path):
     """Compose runs each service with the settings `kame up` uses; only what is about the
     network (hosts, addresses, URLs) and the shutdown grace differs."""
     stack = Stack(StackOptions(log_dir=tmp_path))
-    differs_by_design = {"host", "grace_s", "redis_url", "stt_address", "oracle_address",
-                         "frontend_address", "advertise_address", "base_url", "replica_id"}
+    differs_by_design = {
+        "host",
+        "grace_s",
+        "redis_url",
+        "stt_address",
+        "oracle_address",
+        "frontend_address",
+        "advertise_address",
+        "base_url",
+        "replica_id",
+    }
     gpu_only = {"engine", "checkpoint", "device", "dtype", "batch_slots", "model"}
     for name, spec in project.items():
         service = kame_service(spec)
@@ -192,8 +232,11 @@ def test_same_settings_as_kame_up(project, configs, tmp_path):
         config = configs[service]
         up = config.load(stack.service_env(service))
         _, compose = loaded_config(spec, configs)
-        ignored = differs_by_design | (gpu_only if name == "frontend-gpu" or (
-            service == "oracle" and "vllm" in project) else set())
+        ignored = differs_by_design | (
+            gpu_only
+            if name == "frontend-gpu" or (service == "oracle" and "vllm" in project)
+            else set()
+        )
         for field in config.fields:
             if field not in ignored:
                 assert getattr(compose, field) == getattr(up, field), (name, field)
@@ -216,7 +259,9 @@ def test_healthy_dependencies_have_health_checks(project):
                     continue
                 target = project[dependency]
                 assert "healthcheck" in target or "\nHEALTHCHECK " in dockerfile_of(target), (
-                    name, dependency)
+                    name,
+                    dependency,
+                )
 
 
 def test_gpu_frontend_reserves_a_gpu_and_mounts_the_checkpoint(projects, configs):
@@ -235,8 +280,12 @@ def test_gpu_frontend_reserves_a_gpu_and_mounts_the_checkpoint(projects, configs
 
 def test_prometheus_scrapes_every_service_metrics_port(projects, configs):
     prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
-    targets = [t for job in prometheus["scrape_configs"] for c in job["static_configs"]
-               for t in c["targets"]]
+    targets = [
+        t
+        for job in prometheus["scrape_configs"]
+        for c in job["static_configs"]
+        for t in c["targets"]
+    ]
     every_frontend = {**projects["default"], **projects["gpu"]}
     scraped = set()
     for target in targets:
@@ -251,8 +300,9 @@ def test_prometheus_scrapes_every_service_metrics_port(projects, configs):
 
 def test_bind_mounted_files_exist():
     services = compose_config("--profile", "observability")["services"]
-    binds = [v for spec in services.values() for v in spec.get("volumes", [])
-             if v["type"] == "bind"]
+    binds = [
+        v for spec in services.values() for v in spec.get("volumes", []) if v["type"] == "bind"
+    ]
     assert len(binds) >= 3
     for bind in binds:
         assert Path(bind["source"]).exists(), bind["source"]

@@ -110,8 +110,12 @@ def test_image_settings_are_real_fields(image, configs):
 
 def test_dependencies_come_from_the_lock(image):
     service, dockerfile = image
-    installs = [args for kw, args in instructions(dockerfile) if kw == "RUN"
-                for args in re.findall(r"pip (?:install|wheel) [^&]+", args)]
+    installs = [
+        args
+        for kw, args in instructions(dockerfile)
+        if kw == "RUN"
+        for args in re.findall(r"pip (?:install|wheel) [^&]+", args)
+    ]
     assert installs
     for install in installs:
         assert re.search(r"-c (\S*constraints[\w-]*\.txt)", install), install
@@ -128,8 +132,11 @@ def test_dependencies_come_from_the_lock(image):
 
 def test_copied_sources_exist_and_are_in_the_build_context(image):
     _, dockerfile = image
-    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
+    ignored = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     for args in arguments_of(dockerfile, "COPY"):
         if args.startswith("--from"):
             continue
@@ -168,8 +175,9 @@ def copy_like_the_image(dockerfile: Path, app: Path) -> None:
         for source in sources:
             path = ROOT / source
             if path.is_dir():
-                shutil.copytree(path, target, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("__pycache__"))
+                shutil.copytree(
+                    path, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
+                )
             else:
                 target.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target / path.name)
@@ -182,10 +190,17 @@ def test_the_copied_code_is_all_the_service_imports(image, tmp_path):
     if service is None:
         main, modules = "kame_cli.__main__", ["kame_cli.main", "kame_cli.llm_server"]
     else:
-        main, modules = f"services.{service}.__main__", [
-            f"services.{service}.config", f"services.{service}.server"]
-    result = subprocess.run([sys.executable, "-c", _IMPORT_AS_IN_IMAGE, str(tmp_path), main,
-                             *modules], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        main, modules = (
+            f"services.{service}.__main__",
+            [f"services.{service}.config", f"services.{service}.server"],
+        )
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORT_AS_IN_IMAGE, str(tmp_path), main, *modules],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
@@ -196,12 +211,16 @@ def test_dockerignore_keeps_local_state_out():
 
 def test_cuda_frontend_uses_a_torch_moshi_accepts():
     dockerfile = ROOT / "services/frontend/Dockerfile"
-    (base,) = [args for kw, args in instructions(dockerfile) if kw == "ARG"
-               and args.startswith("TORCH_IMAGE=")]
+    (base,) = [
+        args
+        for kw, args in instructions(dockerfile)
+        if kw == "ARG" and args.startswith("TORCH_IMAGE=")
+    ]
     major, minor = re.search(r"pytorch/pytorch:(\d+)\.(\d+)\.\d+-cuda", base).groups()
     assert (int(major), int(minor)) < (2, 10)
-    assert "FROM ${TORCH_IMAGE}" in [f"FROM {a}" for kw, a in instructions(dockerfile)
-                                     if kw == "FROM"]
+    assert "FROM ${TORCH_IMAGE}" in [
+        f"FROM {a}" for kw, a in instructions(dockerfile) if kw == "FROM"
+    ]
 
 
 def test_cuda_lock_override_keeps_the_base_torch_and_the_rest_of_the_lock(tmp_path):
@@ -225,12 +244,14 @@ def test_cuda_lock_override_keeps_the_base_torch_and_the_rest_of_the_lock(tmp_pa
     cuda_lock = (tmp_path / "constraints-cuda.txt").read_text()
     assert "torch" in pins(lock) and "torch" not in pins(cuda_lock)
     assert pins(lock) - pins(cuda_lock) <= {"torch", "triton"} | {
-        p for p in pins(lock) if p.startswith("nvidia-")}
+        p for p in pins(lock) if p.startswith("nvidia-")
+    }
     assert "moshi" not in pins(cuda_lock) or "moshi" in pins(lock)
     frontend = (ROOT / "requirements/frontend.txt").read_text().splitlines()
     cuda_frontend = (tmp_path / "requirements/frontend-cuda.txt").read_text().splitlines()
     assert [line for line in frontend if line not in cuda_frontend] == [
-        line for line in frontend if re.match(r"torch\W", line)]
+        line for line in frontend if re.match(r"torch\W", line)
+    ]
 
 
 def test_cpu_frontend_gets_the_cpu_torch_of_the_lock():
@@ -242,10 +263,15 @@ def test_cpu_frontend_gets_the_cpu_torch_of_the_lock():
 
 # ---- the health check script against real servers --------------------------------------------
 
+
 async def run_healthcheck(*args: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, str(HEALTHCHECK), *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        str(HEALTHCHECK),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     _, stderr = await process.communicate()
     return process.returncode, stderr.decode()
 
@@ -256,11 +282,13 @@ async def test_grpc_health_check_follows_serving_status():
     try:
         code, reason = await run_healthcheck("grpc", "--port", str(runtime.port))
         assert code == 0 and "SERVING" in reason
-        code, _ = await run_healthcheck("grpc", "--port", str(runtime.port),
-                                        "--service", "kamepb.Stt")
+        code, _ = await run_healthcheck(
+            "grpc", "--port", str(runtime.port), "--service", "kamepb.Stt"
+        )
         assert code == 0
-        code, reason = await run_healthcheck("grpc", "--port", str(runtime.port),
-                                             "--service", "kamepb.Nothing")
+        code, reason = await run_healthcheck(
+            "grpc", "--port", str(runtime.port), "--service", "kamepb.Nothing"
+        )
         assert code == 1 and "NOT_FOUND" in reason
         # What SIGTERM's drain does first: every status NOT_SERVING.
         await runtime.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

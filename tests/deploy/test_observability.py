@@ -57,18 +57,23 @@ def test_dashboard_plots_every_latency_histogram_as_quantiles(defined_metrics):
         assert defined_metrics.get(metric) == "Histogram", metric
         quantiles = [q for q in queries if f"{metric}_bucket" in q and "histogram_quantile" in q]
         assert {re.search(r"histogram_quantile\(([\d.]+)", q).group(1) for q in quantiles} == {
-            "0.5", "0.9", "0.99"}, metric
+            "0.5",
+            "0.9",
+            "0.99",
+        }, metric
 
 
 def test_grafana_provisioning_matches_compose():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["grafana"]
     mounts = dict(v.split(":")[:2] for v in compose["volumes"])
     datasources = yaml.safe_load(
-        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yaml").read_text())
+        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yaml").read_text()
+    )
     (datasource,) = datasources["datasources"]
     assert datasource["url"] == "http://prometheus:9090"
     providers = yaml.safe_load(
-        (ROOT / "deploy/grafana/provisioning/dashboards/kame.yaml").read_text())["providers"]
+        (ROOT / "deploy/grafana/provisioning/dashboards/kame.yaml").read_text()
+    )["providers"]
     (provider,) = providers
     assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
     assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"

@@ -74,21 +74,37 @@ class Services:
         return self._keep(await serve_stt(SttSettings(host="127.0.0.1", port=0, metrics_port=0)))
 
     async def oracle(self) -> ServiceRuntime:
-        config = OracleServiceConfig(host="127.0.0.1", port=0, metrics_port=0,
-                                     redis_url=self.redis_url, base_url=self.llm_url)
+        config = OracleServiceConfig(
+            host="127.0.0.1",
+            port=0,
+            metrics_port=0,
+            redis_url=self.redis_url,
+            base_url=self.llm_url,
+        )
         return self._keep(await serve_oracle(config, api_keys=ApiKeys()))
 
     async def frontend(self, redis_url: str = "") -> ServiceRuntime:
-        settings = FrontendSettings(host="127.0.0.1", port=0, metrics_port=0,
-                                    redis_url=redis_url or self.redis_url,
-                                    replica_id=f"e2e-{uuid.uuid4().hex[:8]}")
+        settings = FrontendSettings(
+            host="127.0.0.1",
+            port=0,
+            metrics_port=0,
+            redis_url=redis_url or self.redis_url,
+            replica_id=f"e2e-{uuid.uuid4().hex[:8]}",
+        )
         return self._keep(await serve_frontend(settings))
 
-    async def gateway(self, stt: ServiceRuntime, oracle: ServiceRuntime, frontend_address: str,
-                      **overrides) -> ServiceRuntime:
-        settings = dict(host="127.0.0.1", port=0, metrics_port=0, redis_url=self.redis_url,
-                        stt_address=stt.address, oracle_address=oracle.address,
-                        frontend_address=frontend_address)
+    async def gateway(
+        self, stt: ServiceRuntime, oracle: ServiceRuntime, frontend_address: str, **overrides
+    ) -> ServiceRuntime:
+        settings = dict(
+            host="127.0.0.1",
+            port=0,
+            metrics_port=0,
+            redis_url=self.redis_url,
+            stt_address=stt.address,
+            oracle_address=oracle.address,
+            frontend_address=frontend_address,
+        )
         config = GatewayConfig(**{**settings, **overrides})
         return self._keep(await serve_gateway(config))
 
@@ -134,25 +150,37 @@ async def stack(llm_url, e2e_redis_url):
     trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(SPAN_EXPORTER))
     services = Services(e2e_redis_url, llm_url)
     try:
-        stt, oracle, frontend = await services.stt(), await services.oracle(), \
-            await services.frontend()
+        stt, oracle, frontend = (
+            await services.stt(),
+            await services.oracle(),
+            await services.frontend(),
+        )
         frontend_address = f"127.0.0.1:{frontend.port}"
         await wait_registered(e2e_redis_url, frontend_address)
         metrics_port = free_ports(1)[0]
         # A static address that answers nothing: sessions reach the frontend only
         # through the capacity registry.
         gateway = await services.gateway(stt, oracle, "127.0.0.1:1", metrics_port=metrics_port)
-        yield Stack(services, stt, oracle, frontend, gateway,
-                    f"http://127.0.0.1:{metrics_port}/metrics", e2e_redis_url)
+        yield Stack(
+            services,
+            stt,
+            oracle,
+            frontend,
+            gateway,
+            f"http://127.0.0.1:{metrics_port}/metrics",
+            e2e_redis_url,
+        )
     finally:
         await services.stop()
 
 
-def converse_config(mode: int = gateway_pb2.ConverseConfig.TANDEM, codec: int = 1,
-                    rate: int = 0, **fields) -> gateway_pb2.ConverseConfig:
+def converse_config(
+    mode: int = gateway_pb2.ConverseConfig.TANDEM, codec: int = 1, rate: int = 0, **fields
+) -> gateway_pb2.ConverseConfig:
     audio = gateway_pb2.AudioFormat(codec=codec, sample_rate_hz=rate)
-    return gateway_pb2.ConverseConfig(mode=mode, input_format=audio, output_format=audio,
-                                      include_oracle_updates=True, **fields)
+    return gateway_pb2.ConverseConfig(
+        mode=mode, input_format=audio, output_format=audio, include_oracle_updates=True, **fields
+    )
 
 
 class LiveCall:
@@ -196,7 +224,7 @@ class LiveCall:
         padded[: len(samples)] = samples
         for index in range(count):
             await asyncio.sleep(max(0.0, start + (index + 1) * FRAME_SECONDS - time.monotonic()))
-            chunk = padded[index * FRAME_SAMPLES:(index + 1) * FRAME_SAMPLES]
+            chunk = padded[index * FRAME_SAMPLES : (index + 1) * FRAME_SAMPLES]
             try:
                 for data in self.encoder.encode(chunk):
                     await self.call.write(gateway_pb2.ConverseRequest(audio=data))
@@ -207,8 +235,9 @@ class LiveCall:
     async def send_raw(self, request: gateway_pb2.ConverseRequest) -> None:
         await self.call.write(request)
 
-    async def wait_for(self, predicate: Callable[[gateway_pb2.ConverseResponse], bool],
-                       timeout: float = 30.0) -> gateway_pb2.ConverseResponse:
+    async def wait_for(
+        self, predicate: Callable[[gateway_pb2.ConverseResponse], bool], timeout: float = 30.0
+    ) -> gateway_pb2.ConverseResponse:
         deadline = time.monotonic() + timeout
         while True:
             for _, response in self.responses:
@@ -248,8 +277,9 @@ class LiveCall:
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
-async def wait_until(condition: Callable[[], bool], timeout: float = 10.0,
-                     what: str = "condition") -> None:
+async def wait_until(
+    condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition"
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

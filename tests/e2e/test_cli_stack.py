@@ -18,8 +18,13 @@ pytestmark = pytest.mark.slow
 
 
 def kame(*args: str, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kame_cli", *args], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "kame_cli", *args],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **popen,
+    )
 
 
 def answers(host: str, port: int) -> bool:
@@ -53,8 +58,11 @@ def test_kame_up_serves_until_ctrl_c_then_stops_everything(tmp_path):
             line = process.stdout.readline()
             assert line and time.monotonic() < deadline, "".join(lines)
             lines.append(line)
-        endpoints = dict(re.findall(r"^\s+(stt|oracle|frontend|gateway)\s+127\.0\.0\.1:(\d+)",
-                                    "".join(lines), re.M))
+        endpoints = dict(
+            re.findall(
+                r"^\s+(stt|oracle|frontend|gateway)\s+127\.0\.0\.1:(\d+)", "".join(lines), re.M
+            )
+        )
         llm_port = int(re.search(r"llm\s+http://127\.0\.0\.1:(\d+)", "".join(lines)).group(1))
         ports = [int(p) for p in endpoints.values()] + [llm_port]
         assert len(endpoints) == 4 and all(answers("127.0.0.1", p) for p in ports)

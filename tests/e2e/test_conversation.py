@@ -65,8 +65,9 @@ async def session_record(redis_url: str, session_id: str) -> dict:
 
 async def upstreams_idle(stack, timeout: float = 10.0) -> None:
     for name, runtime in {**stack.upstreams, "gateway": stack.gateway}.items():
-        await wait_until(lambda r=runtime: r.active_sessions == 0, timeout,
-                         f"{name} to see its session end")
+        await wait_until(
+            lambda r=runtime: r.active_sessions == 0, timeout, f"{name} to see its session end"
+        )
 
 
 async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
@@ -74,8 +75,10 @@ async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
     # Whisper tiny.en sometimes hears piper's "Paris" as "Harris" (piper's output
     # varies from call to call): the caller asks once more before the test fails.
     for _attempt in range(2):
-        result = await talk(question, TalkOptions(gateway=stack.gateway.address, mode="tandem",
-                                                  tail_s=1.5, max_wait_s=25.0))
+        result = await talk(
+            question,
+            TalkOptions(gateway=stack.gateway.address, mode="tandem", tail_s=1.5, max_wait_s=25.0),
+        )
         heard = await asyncio.to_thread(transcribe, result.agent)
         if "paris" in heard:
             break
@@ -111,32 +114,45 @@ async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
 
     # /metrics: the per-frame and response-latency histograms have samples.
     metrics = urllib.request.urlopen(stack.metrics_url, timeout=5).read().decode()
-    assert metric_samples(metrics, "kame_gateway_frame_round_trip_seconds_count") >= \
-        result.streamed_samples // FRAME_SAMPLES
+    assert (
+        metric_samples(metrics, "kame_gateway_frame_round_trip_seconds_count")
+        >= result.streamed_samples // FRAME_SAMPLES
+    )
     assert metric_samples(metrics, "kame_gateway_response_latency_seconds_count") >= 1
 
     # Traces: session -> turn -> stt/oracle/frontend, and the upstream servers
     # joined the session's trace through the gRPC metadata.
     await upstreams_idle(stack)
     spans = SPAN_EXPORTER.get_finished_spans()
-    session_span = next(s for s in spans if s.name == "session"
-                        and s.attributes.get("kame.session_id") == session_id)
+    session_span = next(
+        s
+        for s in spans
+        if s.name == "session" and s.attributes.get("kame.session_id") == session_id
+    )
     trace_id = session_span.context.trace_id
     turn_span = next(s for s in spans if s.name == "turn" and s.context.trace_id == trace_id)
     assert turn_span.parent.span_id == session_span.context.span_id
-    phases = {s.name for s in spans if s.parent is not None
-              and s.parent.span_id == turn_span.context.span_id}
+    phases = {
+        s.name
+        for s in spans
+        if s.parent is not None and s.parent.span_id == turn_span.context.span_id
+    }
     assert phases == {"stt", "oracle", "frontend"}
-    server_spans = {s.name for s in spans if s.context.trace_id == trace_id
-                    and s.kind == s.kind.SERVER}
-    assert {"/kame.v1.Stt/Transcribe", "/kame.v1.Oracle/Guide",
-            "/kame.v1.Frontend/Stream"} <= server_spans
+    server_spans = {
+        s.name for s in spans if s.context.trace_id == trace_id and s.kind == s.kind.SERVER
+    }
+    assert {
+        "/kame.v1.Stt/Transcribe",
+        "/kame.v1.Oracle/Guide",
+        "/kame.v1.Frontend/Stream",
+    } <= server_spans
 
 
 async def test_two_concurrent_sessions_do_not_cross(stack, speak):
     options = TalkOptions(gateway=stack.gateway.address, tail_s=1.5, max_wait_s=25.0)
-    first, second = await asyncio.gather(talk(speak(QUESTION), options),
-                                         talk(speak(SECOND_QUESTION), options))
+    first, second = await asyncio.gather(
+        talk(speak(QUESTION), options), talk(speak(SECOND_QUESTION), options)
+    )
     assert first.status == second.status == "OK"
     assert first.started["session_id"] != second.started["session_id"]
     assert {"france"} <= words(first.user_transcript)
@@ -155,8 +171,9 @@ async def test_two_concurrent_sessions_do_not_cross(stack, speak):
 
 async def test_disconnect_mid_turn_frees_every_upstream_stream_and_task(stack, speak):
     call = await LiveCall(stack.gateway.address, converse_config()).start()
-    feeding = asyncio.create_task(call.stream(np.concatenate(
-        [speak(QUESTION), np.zeros(10 * SAMPLE_RATE, np.float32)])))
+    feeding = asyncio.create_task(
+        call.stream(np.concatenate([speak(QUESTION), np.zeros(10 * SAMPLE_RATE, np.float32)]))
+    )
     await call.wait_for(lambda r: r.HasField("audio") and r.audio.speaking, timeout=30)
     session_id = call.session_id
     assert session_tasks(session_id), "the session's pump tasks should be running"
@@ -174,8 +191,11 @@ async def test_disconnect_mid_turn_frees_every_upstream_stream_and_task(stack, s
 
 
 async def test_bad_input_gets_a_clear_status_while_others_are_served(stack, speak):
-    good = asyncio.create_task(talk(speak(QUESTION), TalkOptions(
-        gateway=stack.gateway.address, tail_s=1.0, max_wait_s=25.0)))
+    good = asyncio.create_task(
+        talk(
+            speak(QUESTION), TalkOptions(gateway=stack.gateway.address, tail_s=1.0, max_wait_s=25.0)
+        )
+    )
 
     async def bad_call(config, *requests, speech=None, send_config=True):
         call = await LiveCall(stack.gateway.address, config).start(send_config)
@@ -194,10 +214,14 @@ async def test_bad_input_gets_a_clear_status_while_others_are_served(stack, spea
 
     audio = gateway_pb2.ConverseRequest
     cases = {
-        "garbage opus": bad_call(converse_config(codec=Codec.OPUS),
-                                 *[audio(audio=os.urandom(160)) for _ in range(30)]),
-        "odd pcm16": bad_call(converse_config(rate=16_000), audio(audio=b"\x01\x02\x03"),
-                              speech=speak(QUESTION)[:12_000]),
+        "garbage opus": bad_call(
+            converse_config(codec=Codec.OPUS), *[audio(audio=os.urandom(160)) for _ in range(30)]
+        ),
+        "odd pcm16": bad_call(
+            converse_config(rate=16_000),
+            audio(audio=b"\x01\x02\x03"),
+            speech=speak(QUESTION)[:12_000],
+        ),
         "wrong codec": bad_call(converse_config(codec=42)),
         "no config": bad_call(converse_config(), audio(audio=bytes(3840)), send_config=False),
         "oversized": bad_call(converse_config(), audio(audio=bytes(5 * 1024 * 1024))),
@@ -208,8 +232,10 @@ async def test_bad_input_gets_a_clear_status_while_others_are_served(stack, spea
     assert "does not decode as Opus" in outcomes["garbage opus"][1]
     assert outcomes["odd pcm16"][0] == invalid
     assert "even byte count" in outcomes["odd pcm16"][1]
-    assert outcomes["wrong codec"] == (invalid, "input_format.codec: unknown codec 42; "
-                                                "choose PCM16, MULAW, ALAW or OPUS")
+    assert outcomes["wrong codec"] == (
+        invalid,
+        "input_format.codec: unknown codec 42; choose PCM16, MULAW, ALAW or OPUS",
+    )
     assert outcomes["no config"][0] == invalid
     assert "first message must be the config" in outcomes["no config"][1]
     assert outcomes["oversized"][0] == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -224,12 +250,14 @@ async def test_bad_input_gets_a_clear_status_while_others_are_served(stack, spea
 
 async def test_oracle_failure_mid_session_goes_on_without_oracle(stack, speak):
     oracle = await stack.services.oracle()
-    gateway = await stack.services.gateway(stack.stt, oracle, stack.gateway.upstreams
-                                           .settings.frontend_address)
+    gateway = await stack.services.gateway(
+        stack.stt, oracle, stack.gateway.upstreams.settings.frontend_address
+    )
     call = await LiveCall(gateway.address, converse_config()).start()
     try:
-        feeding = asyncio.create_task(call.stream(np.concatenate(
-            [speak(QUESTION), np.zeros(3 * SAMPLE_RATE, np.float32)])))
+        feeding = asyncio.create_task(
+            call.stream(np.concatenate([speak(QUESTION), np.zeros(3 * SAMPLE_RATE, np.float32)]))
+        )
         await call.wait_for(lambda r: r.HasField("user_transcript"), timeout=20)
         await oracle.stop()  # the oracle dies mid-turn
         notice = await call.wait_for(lambda r: r.HasField("notice"), timeout=10)
@@ -239,8 +267,10 @@ async def test_oracle_failure_mid_session_goes_on_without_oracle(stack, speak):
         assert await call.finish() == grpc.StatusCode.OK  # the call went on to its end
         frames = call.of("audio")
         assert len(frames) == call.frames_sent  # every caller frame was answered
-        assert any(r.user_transcript.is_final for r in [c for _, c in call.responses
-                                                        if c.HasField("user_transcript")])
+        assert any(
+            r.user_transcript.is_final
+            for r in [c for _, c in call.responses if c.HasField("user_transcript")]
+        )
     finally:
         await call.close()
     await wait_until(lambda: stack.stt.active_sessions == 0, 10, "stt to see the session end")
@@ -249,19 +279,22 @@ async def test_oracle_failure_mid_session_goes_on_without_oracle(stack, speak):
 
 async def test_stt_failure_takes_the_oracle_along_and_the_call_goes_on(stack, speak):
     stt = await stack.services.stt()
-    gateway = await stack.services.gateway(stt, stack.oracle, stack.gateway.upstreams
-                                           .settings.frontend_address)
+    gateway = await stack.services.gateway(
+        stt, stack.oracle, stack.gateway.upstreams.settings.frontend_address
+    )
     call = await LiveCall(gateway.address, converse_config()).start()
     try:
-        feeding = asyncio.create_task(call.stream(np.concatenate(
-            [speak(QUESTION), np.zeros(2 * SAMPLE_RATE, np.float32)])))
+        feeding = asyncio.create_task(
+            call.stream(np.concatenate([speak(QUESTION), np.zeros(2 * SAMPLE_RATE, np.float32)]))
+        )
         await wait_until(lambda: stack.oracle.active_sessions == 1, 10, "the oracle session")
         await stt.stop()
         notice = await call.wait_for(lambda r: r.HasField("notice"), timeout=10)
         assert notice.notice.kind == Notice.ORACLE_UNAVAILABLE
         assert "stt failed" in notice.notice.message
-        await wait_until(lambda: stack.oracle.active_sessions == 0, 10,
-                         "the oracle stream to close with the stt")
+        await wait_until(
+            lambda: stack.oracle.active_sessions == 0, 10, "the oracle stream to close with the stt"
+        )
         await feeding
         assert await call.finish() == grpc.StatusCode.OK
         assert len(call.of("audio")) == call.frames_sent
@@ -273,8 +306,9 @@ async def test_frontend_failure_ends_the_session_with_unavailable(stack, speak, 
     # A frontend of its own, found by a gateway of its own through another Redis db.
     other_db = e2e_redis_url.rsplit("/", 1)[0] + "/10"
     frontend = await stack.services.frontend(redis_url=other_db)
-    gateway = await stack.services.gateway(stack.stt, stack.oracle,
-                                           f"127.0.0.1:{frontend.port}", redis_url=other_db)
+    gateway = await stack.services.gateway(
+        stack.stt, stack.oracle, f"127.0.0.1:{frontend.port}", redis_url=other_db
+    )
     call = await LiveCall(gateway.address, converse_config()).start()
     try:
         feeding = asyncio.create_task(call.stream(speak(QUESTION)))
@@ -292,8 +326,9 @@ async def test_frontend_failure_ends_the_session_with_unavailable(stack, speak, 
 
 
 async def test_admission_control_refuses_sessions_over_the_limit(stack):
-    gateway = await stack.services.gateway(stack.stt, stack.oracle, stack.gateway.upstreams
-                                           .settings.frontend_address, max_sessions=1)
+    gateway = await stack.services.gateway(
+        stack.stt, stack.oracle, stack.gateway.upstreams.settings.frontend_address, max_sessions=1
+    )
     first = await LiveCall(gateway.address, converse_config()).start()
     second = await LiveCall(gateway.address, converse_config()).start()
     try:
@@ -311,13 +346,19 @@ async def test_s2s_runs_without_oracle_and_the_gateway_logs_the_conversation(sta
     local tts replica stands in for moshi here (s2s_engine "" = the replica's
     engine), saying a filler since no oracle feeds it."""
     gateway = await stack.services.gateway(
-        stack.stt, stack.oracle, stack.gateway.upstreams.settings.frontend_address,
-        s2s_engine="", filler_text="Let me think about that.")
-    call = await LiveCall(gateway.address,
-                          converse_config(mode=gateway_pb2.ConverseConfig.S2S)).start()
+        stack.stt,
+        stack.oracle,
+        stack.gateway.upstreams.settings.frontend_address,
+        s2s_engine="",
+        filler_text="Let me think about that.",
+    )
+    call = await LiveCall(
+        gateway.address, converse_config(mode=gateway_pb2.ConverseConfig.S2S)
+    ).start()
     try:
-        feeding = asyncio.create_task(call.stream(np.concatenate(
-            [speak(QUESTION), np.zeros(4 * SAMPLE_RATE, np.float32)])))
+        feeding = asyncio.create_task(
+            call.stream(np.concatenate([speak(QUESTION), np.zeros(4 * SAMPLE_RATE, np.float32)]))
+        )
         await wait_until(lambda: stack.stt.active_sessions == 1, 10, "the stt session")
         assert stack.oracle.active_sessions == 0
         await feeding
@@ -346,8 +387,12 @@ async def test_a_rejected_llm_override_ends_the_session_with_invalid_argument(st
 
 
 async def test_session_length_cap_ends_with_out_of_range(stack):
-    gateway = await stack.services.gateway(stack.stt, stack.oracle, stack.gateway.upstreams
-                                           .settings.frontend_address, max_session_s=0.5)
+    gateway = await stack.services.gateway(
+        stack.stt,
+        stack.oracle,
+        stack.gateway.upstreams.settings.frontend_address,
+        max_session_s=0.5,
+    )
     call = await LiveCall(gateway.address, converse_config()).start()
     try:
         await call.stream(np.zeros(SAMPLE_RATE, np.float32))

@@ -130,6 +130,5 @@ async def play_call(
     return call
 
 
-
 def words_in(text: str) -> list[str]:
     return re.findall(r"[a-z0-9']+", text.lower())

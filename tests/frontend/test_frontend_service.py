@@ -186,8 +186,9 @@ def test_a_tts_replica_never_imports_torch():
         "engine = engines.build_engine(config.load([], env={})); "
         "print(engine.name, 'torch' in sys.modules)"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.split() == ["tts", "False"], result.stderr
 
 
@@ -202,11 +203,22 @@ async def test_the_process_serves_then_drains_on_sigterm(redis_client, redis_url
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     replica_id = f"test-frontend-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "KAME_FRONTEND_PORT": str(port), "KAME_FRONTEND_HOST": "127.0.0.1",
-           "KAME_FRONTEND_METRICS_PORT": "0", "KAME_FRONTEND_REDIS_URL": redis_url,
-           "KAME_FRONTEND_REPLICA_ID": replica_id, "KAME_FRONTEND_GRACE_S": "5"}
-    process = subprocess.Popen([sys.executable, "-m", "services.frontend"], cwd=REPO, env=env,
-                               stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "KAME_FRONTEND_PORT": str(port),
+        "KAME_FRONTEND_HOST": "127.0.0.1",
+        "KAME_FRONTEND_METRICS_PORT": "0",
+        "KAME_FRONTEND_REDIS_URL": redis_url,
+        "KAME_FRONTEND_REPLICA_ID": replica_id,
+        "KAME_FRONTEND_GRACE_S": "5",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "services.frontend"],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for _ in range(100):
             try:
@@ -219,8 +231,9 @@ async def test_the_process_serves_then_drains_on_sigterm(redis_client, redis_url
         registry = store.CapacityRegistry(redis_client, "frontend")
         assert (await _wait_for_free_slots(registry, replica_id, 4)).address == f"127.0.0.1:{port}"
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = await play_call(frontend_pb2_grpc.FrontendStub(channel),
-                                   frames_of(silence(0.4)), pace_s=0.0)
+            call = await play_call(
+                frontend_pb2_grpc.FrontendStub(channel), frames_of(silence(0.4)), pace_s=0.0
+            )
         assert len(call.audio) == 5
         process.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(process.wait, 15) == 0
@@ -233,7 +246,12 @@ async def test_the_process_serves_then_drains_on_sigterm(redis_client, redis_url
 
 
 def test_bad_settings_exit_with_a_message():
-    result = subprocess.run([sys.executable, "-m", "services.frontend", "--engine", "gpt"],
-                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "services.frontend", "--engine", "gpt"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "engine: 'gpt' is not allowed" in result.stderr

@@ -150,8 +150,14 @@ async def test_the_filler_covers_a_turn_end_without_oracle_text(engine, speak):
     oracle = {late: [lambda s: s.oracle_reset(1), lambda s: s.oracle_append(1, "Yes it is.")]}
     outputs = await run_session(session, frames, oracle)
     await session.close()
-    assert spoken(outputs) == [("Let", 0), ("me", 0), ("see.", 0), ("Yes", 1), ("it", 1),
-                               ("is.", 1)]
+    assert spoken(outputs) == [
+        ("Let", 0),
+        ("me", 0),
+        ("see.", 0),
+        ("Yes", 1),
+        ("it", 1),
+        ("is.", 1),
+    ]
 
 
 async def test_a_turn_end_before_the_audio_is_ready_gives_counted_silence(engine, speak):
@@ -159,8 +165,12 @@ async def test_a_turn_end_before_the_audio_is_ready_gives_counted_silence(engine
     frames = frames_of(np.concatenate([silence(0.16), speak("Hi."), silence(4.0)]))
     turn_end = 2 + [i for i, f in enumerate(frames_of(speak("Hi."))) if rms_dbfs(f) > -60][-1] + 2
     # Cascade style: the text arrives on the turn-end frame, so nothing is synthesized ahead.
-    oracle = {turn_end: [lambda s: s.oracle_reset(1),
-                         lambda s: s.oracle_append(1, "Hello, nice to meet you.")]}
+    oracle = {
+        turn_end: [
+            lambda s: s.oracle_reset(1),
+            lambda s: s.oracle_append(1, "Hello, nice to meet you."),
+        ]
+    }
     late_before = REGISTRY.get_sample_value("kame_frontend_late_audio_frames_total")
     outputs = await run_session(session, frames, oracle, pace_s=0.01)  # 8x real time
     await session.close()

@@ -47,9 +47,11 @@ async def test_agent_answers_within_three_frames_of_the_callers_end_of_speech(
     start, end = speech_span(question)
     caller = caller_with(question, after_s=6.0)
     # The oracle answers while the caller is still talking.
-    oracle = {start + 2: [reset(1), append(1, ANSWER[0])],
-              start + 12: [append(1, ANSWER[1])],
-              start + 22: [append(1, ANSWER[2])]}
+    oracle = {
+        start + 2: [reset(1), append(1, ANSWER[0])],
+        start + 12: [append(1, ANSWER[1])],
+        start + 22: [append(1, ANSWER[2])],
+    }
     assert start + 22 < end
     config = frontend_pb2.FrontendConfig(session_id="answer", turn_end_silence_s=0.16)
 
@@ -93,8 +95,10 @@ async def test_output_frame_count_equals_input_and_frames_keep_their_seq(fronten
 async def test_caller_speech_stops_the_agent_within_two_frames(frontend_stub, speak):
     question = speak("What is the weather like today?")
     interruption = speak("No wait, stop, I meant something else entirely.")
-    answer = ("The weather today is bright and clear, with a few clouds in the afternoon "
-              "and a gentle wind from the north that keeps it cool.")
+    answer = (
+        "The weather today is bright and clear, with a few clouds in the afternoon "
+        "and a gentle wind from the north that keeps it cool."
+    )
     speech = np.concatenate([question, silence(2.0), interruption])
     start, _ = speech_span(question)
     caller = caller_with(speech, after_s=3.0)
@@ -123,8 +127,10 @@ async def test_reset_mid_speech_finishes_the_word_then_speaks_the_new_candidate(
     frontend_stub, speak, transcribe
 ):
     question = speak("Where should we go for dinner tonight?")
-    first = ("We could try the little Italian place on the corner, they make wonderful "
-             "pasta and the tables outside are lovely in the evening.")
+    first = (
+        "We could try the little Italian place on the corner, they make wonderful "
+        "pasta and the tables outside are lovely in the evening."
+    )
     second = "Actually the sushi bar downtown has a table free at eight."
     start, _ = speech_span(question)
     caller = caller_with(question, after_s=9.0)

@@ -21,8 +21,9 @@ from kame_common.audio import SAMPLE_RATE, resample
 
 def test_say_writes_the_spoken_text(tmp_path):
     out = tmp_path / "q.wav"
-    assert main(["say", "What is the capital of France?", "--out", str(out),
-                 "--rate", "16000"]) == 0
+    assert (
+        main(["say", "What is the capital of France?", "--out", str(out), "--rate", "16000"]) == 0
+    )
     with wave.open(str(out), "rb") as wav:
         assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (16000, 1, 2)
     samples, rate = read_wav(out)
@@ -45,7 +46,8 @@ def _settings_fields(service: str) -> set[str]:
     return {
         field.name
         for value in vars(module).values()
-        if dataclasses.is_dataclass(value) and isinstance(value, type)
+        if dataclasses.is_dataclass(value)
+        and isinstance(value, type)
         and value.__module__ == module.__name__
         for field in dataclasses.fields(value)
     }
@@ -57,15 +59,20 @@ def test_kame_up_sets_only_real_settings(service, tmp_path):
     prefix = f"KAME_{service.upper()}_"
     env = stack.service_env(service)
     assert env and all(name.startswith(prefix) for name in env)
-    unknown = {name for name in env if name[len(prefix):].lower() not in _settings_fields(service)}
+    unknown = {name for name in env if name[len(prefix) :].lower() not in _settings_fields(service)}
     assert not unknown, f"kame up sets variables {service} does not read: {unknown}"
     assert env[prefix + "PORT"] == str(getattr(stack.ports, service))
 
 
 def test_kame_up_reports_a_process_that_dies(tmp_path):
     stack = Stack(StackOptions(ports=Ports.free(), log_dir=tmp_path))
-    crash = Child("crashy", [sys.executable, "-c", "print('model file missing'); exit(3)"], {},
-                  ready=lambda: False, endpoint="")
+    crash = Child(
+        "crashy",
+        [sys.executable, "-c", "print('model file missing'); exit(3)"],
+        {},
+        ready=lambda: False,
+        endpoint="",
+    )
     with pytest.raises(StackError, match=r"crashy exited with status 3[\s\S]*model file missing"):
         stack.start_and_wait([crash])
     stack.stop()
@@ -74,10 +81,15 @@ def test_kame_up_reports_a_process_that_dies(tmp_path):
 def test_kame_up_uses_an_external_llm_instead_of_the_embedded_one(tmp_path):
     embedded = Stack(StackOptions(ports=Ports.free(), log_dir=tmp_path))
     assert embedded.embedded_llm
-    assert embedded.service_env("oracle")["KAME_ORACLE_BASE_URL"] == \
-        f"http://127.0.0.1:{embedded.ports.llm}/v1"
-    openai = Stack(StackOptions(llm_base_url="https://api.openai.com/v1", llm_model="gpt-4o-mini",
-                                log_dir=tmp_path))
+    assert (
+        embedded.service_env("oracle")["KAME_ORACLE_BASE_URL"]
+        == f"http://127.0.0.1:{embedded.ports.llm}/v1"
+    )
+    openai = Stack(
+        StackOptions(
+            llm_base_url="https://api.openai.com/v1", llm_model="gpt-4o-mini", log_dir=tmp_path
+        )
+    )
     anthropic = Stack(StackOptions(llm_backend="anthropic", log_dir=tmp_path))
     assert not openai.embedded_llm and not anthropic.embedded_llm
     assert openai.service_env("oracle")["KAME_ORACLE_MODEL"] == "gpt-4o-mini"

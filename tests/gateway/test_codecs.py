@@ -26,7 +26,7 @@ def round_trip(samples: np.ndarray, codec: int, rate: int = 0, chunk: int = 1920
     encoder, decoder = Encoder(audio_format), Decoder(audio_format)
     chunks = []
     for start in range(0, len(samples), chunk):
-        chunks += encoder.encode(samples[start:start + chunk])
+        chunks += encoder.encode(samples[start : start + chunk])
     chunks += encoder.flush()
     decoded = np.concatenate([decoder.decode(c) for c in chunks] + [decoder.flush()])
     return chunks, decoded
@@ -35,8 +35,10 @@ def round_trip(samples: np.ndarray, codec: int, rate: int = 0, chunk: int = 1920
 def aligned_error(original: np.ndarray, decoded: np.ndarray, max_lag: int = 2000) -> float:
     """RMS error relative to the signal's RMS, at the best lag (codec delay)."""
     span = len(original) - max_lag
-    errors = [np.sqrt(np.mean((decoded[lag:lag + span] - original[:span]) ** 2))
-              for lag in range(max_lag)]
+    errors = [
+        np.sqrt(np.mean((decoded[lag : lag + span] - original[:span]) ** 2))
+        for lag in range(max_lag)
+    ]
     return float(min(errors) / np.sqrt(np.mean(original[:span] ** 2)))
 
 

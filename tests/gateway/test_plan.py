@@ -25,8 +25,11 @@ def test_defaults_fill_in():
 
 
 def test_modes_and_overrides():
-    config = Config(mode=Config.S2S, llm=gateway_pb2.LlmOverride(backend="anthropic"),
-                    input_format=gateway_pb2.AudioFormat(codec=gateway_pb2.AudioFormat.MULAW))
+    config = Config(
+        mode=Config.S2S,
+        llm=gateway_pb2.LlmOverride(backend="anthropic"),
+        input_format=gateway_pb2.AudioFormat(codec=gateway_pb2.AudioFormat.MULAW),
+    )
     plan = plan_session(config, GatewayConfig(default_mode="cascade"))
     assert plan.mode == "s2s" and not plan.uses_oracle
     assert plan.input_format.sample_rate == 8_000
@@ -38,13 +41,25 @@ def test_modes_and_overrides():
     ("config", "code", "message"),
     [
         (Config(mode=9), grpc.StatusCode.INVALID_ARGUMENT, "mode: unknown mode 9"),
-        (Config(output_format=gateway_pb2.AudioFormat(codec=7)),
-         grpc.StatusCode.INVALID_ARGUMENT, "output_format.codec: unknown codec 7"),
-        (Config(input_format=gateway_pb2.AudioFormat(codec=gateway_pb2.AudioFormat.OPUS,
-                                                     sample_rate_hz=8000)),
-         grpc.StatusCode.INVALID_ARGUMENT, "input_format.sample_rate_hz"),
-        (Config(llm=gateway_pb2.LlmOverride(backend="gemini")),
-         grpc.StatusCode.INVALID_ARGUMENT, "llm.backend: unknown back-end 'gemini'"),
+        (
+            Config(output_format=gateway_pb2.AudioFormat(codec=7)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "output_format.codec: unknown codec 7",
+        ),
+        (
+            Config(
+                input_format=gateway_pb2.AudioFormat(
+                    codec=gateway_pb2.AudioFormat.OPUS, sample_rate_hz=8000
+                )
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "input_format.sample_rate_hz",
+        ),
+        (
+            Config(llm=gateway_pb2.LlmOverride(backend="gemini")),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "llm.backend: unknown back-end 'gemini'",
+        ),
     ],
 )
 def test_bad_config_names_the_field(config, code, message):
@@ -62,8 +77,10 @@ def test_auth_token_is_required_when_configured():
 
 
 def test_settings_from_flags_and_env():
-    config = load(["--port", "6000"], env={"KAME_GATEWAY_DEFAULT_MODE": "cascade",
-                                           "KAME_GATEWAY_PORT": "7000"})
+    config = load(
+        ["--port", "6000"],
+        env={"KAME_GATEWAY_DEFAULT_MODE": "cascade", "KAME_GATEWAY_PORT": "7000"},
+    )
     assert (config.port, config.default_mode) == (6000, "cascade")  # the flag wins
     with pytest.raises(ConfigError, match="default_mode"):
         load(["--default-mode", "duplex"], env={})

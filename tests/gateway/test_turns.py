@@ -10,8 +10,9 @@ from services.gateway.turns import TurnTracker
 
 
 def transcript(utterance: str, text: str, final: bool = False, lag_s: float = 0.0):
-    return common_pb2.TranscriptEvent(utterance_id=utterance, text=text, is_final=final,
-                                      lag_s=lag_s)
+    return common_pb2.TranscriptEvent(
+        utterance_id=utterance, text=text, is_final=final, lag_s=lag_s
+    )
 
 
 def test_speech_end_before_agent_audio():

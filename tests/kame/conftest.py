@@ -24,11 +24,16 @@ from services.frontend.kame.oracle import KameLMModel
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SENTENCES = [
-    "the weather in paris is sunny today", "what is the capital of france",
-    "tell me about the moon landing", "i think the answer is forty two",
-    "paris is the capital of france", "the moon is far away from the earth",
-    "how many legs does a spider have", "a spider has eight legs",
-    "good morning how are you", "thank you very much for calling",
+    "the weather in paris is sunny today",
+    "what is the capital of france",
+    "tell me about the moon landing",
+    "i think the answer is forty two",
+    "paris is the capital of france",
+    "the moon is far away from the earth",
+    "how many legs does a spider have",
+    "a spider has eight legs",
+    "good morning how are you",
+    "thank you very much for calling",
 ]
 MIMI_BINS = 64
 TINY_MIMI_CONFIG = {
@@ -36,23 +41,50 @@ TINY_MIMI_CONFIG = {
     "channels": 1,
     "frame_rate": 12.5,
     "seanet": {**loaders._seanet_kwargs, "dimension": 32, "n_filters": 4},
-    "quantizer": {**loaders._quantizer_kwargs, "dimension": 16, "n_q": 8, "bins": MIMI_BINS,
-                  "input_dimension": 32, "output_dimension": 32},
-    "transformer": {**loaders._transformer_kwargs, "d_model": 32, "num_heads": 2,
-                    "num_layers": 1, "context": 50, "dim_feedforward": 64,
-                    "input_dimension": 32, "output_dimensions": [32]},
+    "quantizer": {
+        **loaders._quantizer_kwargs,
+        "dimension": 16,
+        "n_q": 8,
+        "bins": MIMI_BINS,
+        "input_dimension": 32,
+        "output_dimension": 32,
+    },
+    "transformer": {
+        **loaders._transformer_kwargs,
+        "d_model": 32,
+        "num_heads": 2,
+        "num_layers": 1,
+        "context": 50,
+        "dim_feedforward": 64,
+        "input_dimension": 32,
+        "output_dimensions": [32],
+    },
 }
 
 
 def tiny_lm_kwargs(text_card: int) -> dict:
     """Moshi's 16-codebook layout (8 agent + 8 user, acoustic delay 1) with tiny dims."""
     return {
-        "n_q": 16, "dep_q": 8, "card": MIMI_BINS, "text_card": text_card, "dim": 64,
-        "num_heads": 4, "num_layers": 2, "hidden_scale": 2, "causal": True, "context": 100,
-        "max_period": 10000, "gating": "silu", "norm": "rms_norm_f32",
-        "positional_embedding": "rope", "depformer_dim": 32, "depformer_num_heads": 2,
-        "depformer_num_layers": 1, "depformer_dim_feedforward": 64,
-        "depformer_multi_linear": True, "depformer_pos_emb": "none",
+        "n_q": 16,
+        "dep_q": 8,
+        "card": MIMI_BINS,
+        "text_card": text_card,
+        "dim": 64,
+        "num_heads": 4,
+        "num_layers": 2,
+        "hidden_scale": 2,
+        "causal": True,
+        "context": 100,
+        "max_period": 10000,
+        "gating": "silu",
+        "norm": "rms_norm_f32",
+        "positional_embedding": "rope",
+        "depformer_dim": 32,
+        "depformer_num_heads": 2,
+        "depformer_num_layers": 1,
+        "depformer_dim_feedforward": 64,
+        "depformer_multi_linear": True,
+        "depformer_pos_emb": "none",
         "depformer_weights_per_step": True,
         "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
         "existing_text_padding_id": 3,
@@ -62,9 +94,17 @@ def tiny_lm_kwargs(text_card: int) -> dict:
 def train_tokenizer() -> bytes:
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(SENTENCES), model_writer=model, vocab_size=80,
-        hard_vocab_limit=False, unk_id=0, bos_id=1, eos_id=2, pad_id=3,
-        character_coverage=1.0, minloglevel=2)
+        sentence_iterator=iter(SENTENCES),
+        model_writer=model,
+        vocab_size=80,
+        hard_vocab_limit=False,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=3,
+        character_coverage=1.0,
+        minloglevel=2,
+    )
     return model.getvalue()
 
 
@@ -88,14 +128,21 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
     text_card = sentencepiece.SentencePieceProcessor(model_proto=tokenizer_model).vocab_size()
     lm_kwargs = tiny_lm_kwargs(text_card)
     lm = KameLMModel(device="cpu", dtype=torch.float32, **lm_kwargs)
-    save_file({key: value.contiguous() for key, value in lm.state_dict().items()},
-              str(directory / "lm.safetensors"))
+    save_file(
+        {key: value.contiguous() for key, value in lm.state_dict().items()},
+        str(directory / "lm.safetensors"),
+    )
     save_file(random_mimi_state(), str(directory / "mimi.safetensors"))
     (directory / "mimi_config.json").write_text(json.dumps(TINY_MIMI_CONFIG))
-    config = {**lm_kwargs, "moshi_name": "lm.safetensors", "mimi_name": "mimi.safetensors",
-              "tokenizer_name": "tokenizer.model", "mimi_config_name": "mimi_config.json",
-              "model_type": "kame",
-              "lm_gen_config": {"temp": 0.8, "temp_text": 0.7, "top_k": 25, "top_k_text": 25}}
+    config = {
+        **lm_kwargs,
+        "moshi_name": "lm.safetensors",
+        "mimi_name": "mimi.safetensors",
+        "tokenizer_name": "tokenizer.model",
+        "mimi_config_name": "mimi_config.json",
+        "model_type": "kame",
+        "lm_gen_config": {"temp": 0.8, "temp_text": 0.7, "top_k": 25, "top_k_text": 25},
+    }
     (directory / "config.json").write_text(json.dumps(config, indent=1))
     return directory
 
@@ -128,8 +175,9 @@ def _two_torch_threads():
     torch.set_num_threads(2)
 
 
-def greedy_batch(ckpt_dir: Path, slots: int, with_oracle: bool = True,
-                 with_mimi: bool = True) -> SlotBatch:
+def greedy_batch(
+    ckpt_dir: Path, slots: int, with_oracle: bool = True, with_mimi: bool = True
+) -> SlotBatch:
     ckpt = checkpoint.read(ckpt_dir)
     lm = checkpoint.load_lm(ckpt)
     mimi = checkpoint.load_mimi(ckpt) if with_mimi else None

@@ -75,10 +75,13 @@ def run_together(batch: SlotBatch, plans: list[Plan]) -> list[list]:
 def plans(speak, to_frames) -> list[Plan]:
     frames = [to_frames(speak(text), 14) for text in SAYINGS]
     return [
-        Plan(0, frames[0][:10], {2: [("reset",), ("append", [5, 6, 7, 8])],
-                                 6: [("append", [9, 10, 11])]}),
+        Plan(
+            0,
+            frames[0][:10],
+            {2: [("reset",), ("append", [5, 6, 7, 8])], 6: [("append", [9, 10, 11])]},
+        ),
         Plan(3, frames[1], {0: [("append", [12, 13, 14, 15, 16])]}),  # append = reset first
-        Plan(5, frames[2]),                                            # never any oracle
+        Plan(5, frames[2]),  # never any oracle
         Plan(8, frames[3], {1: [("reset",)], 4: [("reset",), ("append", [20, 21, 22, 23])]}),
         # Joins once plan 0 has left, in the slot plan 0 used.
         Plan(11, frames[4], {3: [("append", [30, 31])]}),
@@ -92,7 +95,8 @@ def single(tiny_checkpoint, make_greedy_batch) -> SlotBatch:
 
 
 def test_sessions_in_one_batch_produce_what_each_produces_alone(
-        tiny_checkpoint, make_greedy_batch, single, plans):
+    tiny_checkpoint, make_greedy_batch, single, plans
+):
     together = run_together(make_greedy_batch(tiny_checkpoint, slots=4), plans)
     for index, plan in enumerate(plans):
         alone = run_alone(single, plan)
@@ -129,7 +133,9 @@ def test_moshi_batch_ignores_the_oracle(tiny_checkpoint, make_greedy_batch, sing
     kame = single
     plain = Plan(0, plans[1].frames)
     steered = Plan(0, plans[1].frames, {0: [("append", list(range(4, 20)))]})
-    assert [o.tokens for o in run_alone(moshi, plain)] == \
-        [o.tokens for o in run_alone(moshi, steered)]
-    assert [o.tokens for o in run_alone(kame, plain)] != \
-        [o.tokens for o in run_alone(kame, steered)]
+    assert [o.tokens for o in run_alone(moshi, plain)] == [
+        o.tokens for o in run_alone(moshi, steered)
+    ]
+    assert [o.tokens for o in run_alone(kame, plain)] != [
+        o.tokens for o in run_alone(kame, steered)
+    ]

@@ -76,8 +76,7 @@ def test_full_layout_loads_mimi_and_tokenizer(tiny_checkpoint):
     tokenizer = checkpoint.load_tokenizer(ckpt)
     assert mimi.num_codebooks == 8
     assert tokenizer.vocab_size() == ckpt.lm_kwargs["text_card"]
-    assert ckpt.sampling_params() == {"temp": 0.8, "temp_text": 0.7, "top_k": 25,
-                                      "top_k_text": 25}
+    assert ckpt.sampling_params() == {"temp": 0.8, "temp_text": 0.7, "top_k": 25, "top_k_text": 25}
 
 
 def test_missing_config_and_weights_are_clear_errors(parity_dir, tmp_path):
@@ -95,8 +94,11 @@ def test_repo_id_offline_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(CheckpointError, match=r"could not fetch checkpoint 'SakanaAI/kame'.*"
-                                              r"pass the local checkpoint directory"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"could not fetch checkpoint 'SakanaAI/kame'.*"
+        r"pass the local checkpoint directory",
+    ):
         checkpoint.resolve("SakanaAI/kame")
 
 

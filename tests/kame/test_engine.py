@@ -36,13 +36,21 @@ async def make_engine(tiny_checkpoint, make_greedy_batch):
 
 @pytest.fixture(scope="module")
 def callers(speak, to_frames) -> list[list[np.ndarray]]:
-    sayings = ["What is the capital of France?", "How many legs does a spider have?",
-               "Tell me about the moon landing."]
+    sayings = [
+        "What is the capital of France?",
+        "How many legs does a spider have?",
+        "Tell me about the moon landing.",
+    ]
     return [to_frames(speak(text), 16) for text in sayings]
 
 
-async def run_session(engine: KameEngine, frames, oracle: dict[int, list[tuple]] | None = None,
-                      start_delay_s: float = 0.0, pause_s: float = 0.0):
+async def run_session(
+    engine: KameEngine,
+    frames,
+    oracle: dict[int, list[tuple]] | None = None,
+    start_delay_s: float = 0.0,
+    pause_s: float = 0.0,
+):
     """Play frames into a new session; oracle ops are ("reset", gen) or ("append", gen, text)."""
     await asyncio.sleep(start_delay_s)
     session = await engine.open_session(SessionParams(session_id="s"))
@@ -65,8 +73,10 @@ def shared_ticks() -> float:
     """Ticks of the kame engine so far that stepped more than one session."""
     labels = {"engine": "kame"}
     count = REGISTRY.get_sample_value("kame_frontend_tick_sessions_count", labels) or 0.0
-    single = REGISTRY.get_sample_value("kame_frontend_tick_sessions_bucket",
-                                       {**labels, "le": "1.0"}) or 0.0
+    single = (
+        REGISTRY.get_sample_value("kame_frontend_tick_sessions_bucket", {**labels, "le": "1.0"})
+        or 0.0
+    )
     return count - single
 
 
@@ -77,8 +87,12 @@ def pcm_of(outputs) -> np.ndarray:
 async def test_concurrent_sessions_produce_what_each_produces_alone(make_engine, callers):
     plans = [
         dict(frames=callers[0], oracle={3: [("reset", 1), ("append", 1, ANSWER)]}),
-        dict(frames=callers[1], oracle={0: [("append", 4, "a spider has eight legs")]},
-             start_delay_s=0.05, pause_s=0.01),
+        dict(
+            frames=callers[1],
+            oracle={0: [("append", 4, "a spider has eight legs")]},
+            start_delay_s=0.05,
+            pause_s=0.01,
+        ),
         dict(frames=callers[2], start_delay_s=0.2, pause_s=0.03),
     ]
     engine = make_engine(slots=4)
@@ -132,8 +146,9 @@ async def test_stale_appends_are_dropped(make_engine, callers):
     current = [("reset", 2), ("append", 2, "paris")]
     stale_before = metrics.STALE_ORACLE_UPDATES._value.get()
     clean = await run_session(engine, callers[0][:10], {1: current})
-    with_stale = await run_session(engine, callers[0][:10],
-                                   {1: current, 2: [("append", 1, ANSWER)]})
+    with_stale = await run_session(
+        engine, callers[0][:10], {1: current, 2: [("append", 1, ANSWER)]}
+    )
     np.testing.assert_allclose(pcm_of(clean), pcm_of(with_stale), atol=1e-5)
     assert metrics.STALE_ORACLE_UPDATES._value.get() == stale_before + 1
 
@@ -142,17 +157,23 @@ async def test_moshi_engine_ignores_oracle_text_and_kame_follows_it(make_engine,
     steer = {0: [("reset", 1), ("append", 1, ANSWER * 2)]}
     moshi = make_engine(slots=1, with_oracle=False)
     assert moshi.name == "moshi"
-    np.testing.assert_array_equal(pcm_of(await run_session(moshi, callers[2])),
-                                  pcm_of(await run_session(moshi, callers[2], steer)))
+    np.testing.assert_array_equal(
+        pcm_of(await run_session(moshi, callers[2])),
+        pcm_of(await run_session(moshi, callers[2], steer)),
+    )
     kame = make_engine(slots=1)
     assert kame.name == "kame"
-    assert not np.allclose(pcm_of(await run_session(kame, callers[2])),
-                           pcm_of(await run_session(kame, callers[2], steer)), atol=1e-3)
+    assert not np.allclose(
+        pcm_of(await run_session(kame, callers[2])),
+        pcm_of(await run_session(kame, callers[2], steer)),
+        atol=1e-3,
+    )
 
 
 async def test_from_config_loads_the_checkpoint(tiny_checkpoint, callers):
-    config = SimpleNamespace(checkpoint=str(tiny_checkpoint), device="cpu", dtype="float32",
-                             batch_slots=3, voice="")
+    config = SimpleNamespace(
+        checkpoint=str(tiny_checkpoint), device="cpu", dtype="float32", batch_slots=3, voice=""
+    )
     engine = await asyncio.to_thread(KameEngine.from_config, config, True)
     try:
         assert (engine.name, engine.total_slots, engine.free_slots) == ("kame", 3, 3)

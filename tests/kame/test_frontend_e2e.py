@@ -25,9 +25,15 @@ SLOTS = 2
 @pytest.fixture
 async def kame_frontend(tiny_checkpoint, redis_url):
     settings = FrontendSettings(
-        host="127.0.0.1", port=0, metrics_port=0, engine="kame",
-        checkpoint=str(tiny_checkpoint), batch_slots=SLOTS, redis_url=redis_url,
-        replica_id=f"test-kame-{uuid.uuid4().hex[:8]}")
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        engine="kame",
+        checkpoint=str(tiny_checkpoint),
+        batch_slots=SLOTS,
+        redis_url=redis_url,
+        replica_id=f"test-kame-{uuid.uuid4().hex[:8]}",
+    )
     runtime = await serve(settings)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.port}") as channel:
         yield runtime, settings, frontend_pb2_grpc.FrontendStub(channel)
@@ -35,23 +41,31 @@ async def kame_frontend(tiny_checkpoint, redis_url):
 
 
 def config_request(engine: str = "kame") -> frontend_pb2.FrontendRequest:
-    return frontend_pb2.FrontendRequest(config=frontend_pb2.FrontendConfig(
-        session_id=f"test-{uuid.uuid4().hex[:8]}", engine=engine))
+    return frontend_pb2.FrontendRequest(
+        config=frontend_pb2.FrontendConfig(session_id=f"test-{uuid.uuid4().hex[:8]}", engine=engine)
+    )
 
 
 def audio_request(seq: int, frame: np.ndarray) -> frontend_pb2.FrontendRequest:
-    return frontend_pb2.FrontendRequest(audio=common_pb2.AudioFrame(
-        pcm=float_to_pcm16(frame), sample_rate_hz=SAMPLE_RATE, seq=seq,
-        capture_time_us=time.time_ns() // 1000 + seq))
+    return frontend_pb2.FrontendRequest(
+        audio=common_pb2.AudioFrame(
+            pcm=float_to_pcm16(frame),
+            sample_rate_hz=SAMPLE_RATE,
+            seq=seq,
+            capture_time_us=time.time_ns() // 1000 + seq,
+        )
+    )
 
 
 def oracle_request(op, generation: int, text: str = "") -> frontend_pb2.FrontendRequest:
-    return frontend_pb2.FrontendRequest(oracle=common_pb2.OracleUpdate(
-        op=op, generation=generation, text=text))
+    return frontend_pb2.FrontendRequest(
+        oracle=common_pb2.OracleUpdate(op=op, generation=generation, text=text)
+    )
 
 
-async def test_speech_in_one_agent_frame_out_per_frame(kame_frontend, speak, to_frames,
-                                                       redis_client):
+async def test_speech_in_one_agent_frame_out_per_frame(
+    kame_frontend, speak, to_frames, redis_client
+):
     runtime, settings, stub = kame_frontend
     frames = to_frames(speak("What is the capital of France? I forgot."), 30)
     oracle_at = {
@@ -76,10 +90,12 @@ async def test_speech_in_one_agent_frame_out_per_frame(kame_frontend, speak, to_
     assert ready.engine == "kame" and 0 <= ready.slot < SLOTS
     assert ready.replica_id == settings.replica_id
     assert [a.frame.seq for a in audio] == list(range(len(frames)))
-    assert all(len(a.frame.pcm) == FRAME_BYTES and a.frame.sample_rate_hz == SAMPLE_RATE
-               for a in audio)
-    assert [a.frame.capture_time_us for a in audio] == \
-        [request.audio.capture_time_us for request in audio_in]
+    assert all(
+        len(a.frame.pcm) == FRAME_BYTES and a.frame.sample_rate_hz == SAMPLE_RATE for a in audio
+    )
+    assert [a.frame.capture_time_us for a in audio] == [
+        request.audio.capture_time_us for request in audio_in
+    ]
     assert all(a.step_s > 0 for a in audio)
     # The first frame only fills the model's acoustic delay; after it, Mimi speaks.
     assert not audio[0].speaking and not any(audio[0].frame.pcm)
@@ -97,8 +113,9 @@ async def published_free_slots(redis_client, replica_id: str, want: int) -> int 
     registry = store.CapacityRegistry(redis_client, "frontend")
     free = None
     for _ in range(100):
-        free = next((r.free_slots for r in await registry.replicas()
-                     if r.replica_id == replica_id), None)
+        free = next(
+            (r.free_slots for r in await registry.replicas() if r.replica_id == replica_id), None
+        )
         if free == want:
             break
         await asyncio.sleep(0.02)

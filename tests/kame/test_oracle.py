@@ -31,7 +31,7 @@ def test_reset_anchors_the_oracle_at_the_next_step_then_pads():
 def test_append_never_reanchors_and_late_tokens_are_skipped():
     feed = OracleFeed(INITIAL, PAD)
     feed.reset(next_step=2)
-    feed.append(next_step=2, tokens=[10, 11, 12])      # steps 3, 4, 5
+    feed.append(next_step=2, tokens=[10, 11, 12])  # steps 3, 4, 5
     late = feed.append(next_step=7, tokens=[13, 14, 15])  # steps 6 (passed), 7, 8
     assert late == 1
     assert fed(feed, range(7, 10)) == [14, 15, PAD]

@@ -13,8 +13,17 @@ from services.frontend.kame import checkpoint
 
 def test_replay_reproduces_every_expected_step(parity_dir, parity_trace, tmp_path):
     out = tmp_path / "out.json"
-    status = kame(["replay", "--checkpoint", str(parity_dir),
-                   "--trace", str(parity_dir / "trace.json"), "--out", str(out)])
+    status = kame(
+        [
+            "replay",
+            "--checkpoint",
+            str(parity_dir),
+            "--trace",
+            str(parity_dir / "trace.json"),
+            "--out",
+            str(out),
+        ]
+    )
     steps = json.loads(out.read_text())["steps"]
     assert status == 0
     assert len(steps) == len(parity_trace["steps"])
@@ -27,8 +36,17 @@ def test_replay_fails_on_a_trace_it_does_not_reproduce(parity_dir, parity_trace,
     tampered["steps"][5]["expect"][0] = (tampered["steps"][5]["expect"][0] + 1) % 96
     trace = tmp_path / "tampered.json"
     trace.write_text(json.dumps(tampered))
-    status = kame(["replay", "--checkpoint", str(parity_dir), "--trace", str(trace),
-                   "--out", str(tmp_path / "out.json")])
+    status = kame(
+        [
+            "replay",
+            "--checkpoint",
+            str(parity_dir),
+            "--trace",
+            str(trace),
+            "--out",
+            str(tmp_path / "out.json"),
+        ]
+    )
     assert status == 1
 
 
@@ -48,8 +66,17 @@ def test_forward_text_logits_match_the_trace(parity_dir, parity_trace):
 
 
 def test_replay_explains_a_bad_checkpoint(parity_dir, tmp_path, capsys):
-    status = kame(["replay", "--checkpoint", str(tmp_path), "--trace",
-                   str(parity_dir / "trace.json"), "--out", str(tmp_path / "out.json")])
+    status = kame(
+        [
+            "replay",
+            "--checkpoint",
+            str(tmp_path),
+            "--trace",
+            str(parity_dir / "trace.json"),
+            "--out",
+            str(tmp_path / "out.json"),
+        ]
+    )
     assert status == 2
     assert "config.json is missing" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()

@@ -74,16 +74,25 @@ class GuideClient:
         await self.send(oracle_pb2.GuideRequest(config=oracle_pb2.OracleConfig(**fields)))
 
     async def user(self, text: str, final: bool = False, utterance_id: str = "u1") -> None:
-        await self.send(oracle_pb2.GuideRequest(user_transcript=common_pb2.TranscriptEvent(
-            utterance_id=utterance_id, is_final=final, text=text,
-            stability=1.0 if final else 0.5)))
+        await self.send(
+            oracle_pb2.GuideRequest(
+                user_transcript=common_pb2.TranscriptEvent(
+                    utterance_id=utterance_id,
+                    is_final=final,
+                    text=text,
+                    stability=1.0 if final else 0.5,
+                )
+            )
+        )
 
     async def agent(self, text: str) -> None:
         await self.send(oracle_pb2.GuideRequest(agent_text=common_pb2.AgentText(text=text)))
 
-    async def wait_for(self, predicate: Callable[[oracle_pb2.GuideResponse], bool],
-                       timeout: float = 60.0) -> oracle_pb2.GuideResponse:
+    async def wait_for(
+        self, predicate: Callable[[oracle_pb2.GuideResponse], bool], timeout: float = 60.0
+    ) -> oracle_pb2.GuideResponse:
         """The first response (old or new) that satisfies `predicate`."""
+
         async def _wait():
             async with self._changed:
                 while True:
@@ -93,13 +102,20 @@ class GuideClient:
                     if self._reader.done():
                         raise AssertionError(f"stream ended ({self.error}) before the response")
                     await self._changed.wait()
+
         return await asyncio.wait_for(_wait(), timeout)
 
-    async def wait_event(self, kind: int, generation: int | None = None,
-                         timeout: float = 60.0) -> oracle_pb2.OracleEvent:
+    async def wait_event(
+        self, kind: int, generation: int | None = None, timeout: float = 60.0
+    ) -> oracle_pb2.OracleEvent:
         response = await self.wait_for(
-            lambda r: r.HasField("event") and r.event.kind == kind
-            and (generation is None or r.event.generation == generation), timeout)
+            lambda r: (
+                r.HasField("event")
+                and r.event.kind == kind
+                and (generation is None or r.event.generation == generation)
+            ),
+            timeout,
+        )
         return response.event
 
     async def finish(self, timeout: float = 30.0) -> grpc.StatusCode:
@@ -112,8 +128,11 @@ class GuideClient:
         return code
 
     def events(self, kind: int | None = None) -> list[oracle_pb2.OracleEvent]:
-        return [r.event for r in self.responses
-                if r.HasField("event") and (kind is None or r.event.kind == kind)]
+        return [
+            r.event
+            for r in self.responses
+            if r.HasField("event") and (kind is None or r.event.kind == kind)
+        ]
 
     def updates(self) -> list[common_pb2.OracleUpdate]:
         return [r.update for r in self.responses if r.HasField("update")]
@@ -134,8 +153,9 @@ class GuideClient:
 
     def answer(self, generation: int) -> str:
         """The candidate text of one generation: its APPENDs joined with spaces."""
-        return " ".join(u.text for u in self.updates()
-                        if u.op == Update.APPEND and u.generation == generation)
+        return " ".join(
+            u.text for u in self.updates() if u.op == Update.APPEND and u.generation == generation
+        )
 
 
 @pytest.fixture
@@ -175,30 +195,40 @@ class Responder:
 
     async def json(self, status: int, payload: dict) -> None:
         body = json.dumps(payload).encode()
-        self.writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
-                          f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                          + body)
+        self.writer.write(
+            f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
         await self.writer.drain()
 
     async def start_sse(self) -> None:
-        self.writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                          b"Cache-Control: no-cache\r\nConnection: close\r\n\r\n")
+        self.writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Cache-Control: no-cache\r\nConnection: close\r\n\r\n"
+        )
         await self.writer.drain()
 
     async def sse(self, data: dict | str, event: str = "") -> None:
         payload = data if isinstance(data, str) else json.dumps(data)
-        self.writer.write((f"event: {event}\n" if event else "").encode()
-                          + f"data: {payload}\n\n".encode())
+        self.writer.write(
+            (f"event: {event}\n" if event else "").encode() + f"data: {payload}\n\n".encode()
+        )
         await self.writer.drain()
 
     async def openai_chat(self, chunks: list[str]) -> None:
         """A well-formed OpenAI chat-completions stream of `chunks`."""
         await self.start_sse()
         for chunk in chunks:
-            await self.sse({"id": "chatcmpl-stub", "object": "chat.completion.chunk",
-                            "created": 0, "model": "stub-model",
-                            "choices": [{"index": 0, "delta": {"content": chunk},
-                                         "finish_reason": None}]})
+            await self.sse(
+                {
+                    "id": "chatcmpl-stub",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": "stub-model",
+                    "choices": [{"index": 0, "delta": {"content": chunk}, "finish_reason": None}],
+                }
+            )
         await self.sse("[DONE]")
 
 
@@ -206,8 +236,13 @@ Handler = Callable[[HttpRequest, Responder], Awaitable[None]]
 
 
 async def _models(_request: HttpRequest, respond: Responder) -> None:
-    await respond.json(200, {"object": "list", "data": [
-        {"id": "stub-model", "object": "model", "created": 0, "owned_by": "test"}]})
+    await respond.json(
+        200,
+        {
+            "object": "list",
+            "data": [{"id": "stub-model", "object": "model", "created": 0, "owned_by": "test"}],
+        },
+    )
 
 
 async def _not_found(_request: HttpRequest, respond: Responder) -> None:
@@ -240,8 +275,10 @@ class StubHttpServer:
         try:
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
             method, path, _version = head[0].split(" ", 2)
-            headers = {k.strip().lower(): v.strip()
-                       for k, v in (line.split(":", 1) for line in head[1:] if line)}
+            headers = {
+                k.strip().lower(): v.strip()
+                for k, v in (line.split(":", 1) for line in head[1:] if line)
+            }
             body = await reader.readexactly(int(headers.get("content-length", "0")))
             request = HttpRequest(method, path.split("?")[0], headers, body)
             self.requests.append(request)

@@ -24,70 +24,124 @@ DELTAS = ["Par", "is is the", " capital of Fr", "ance, on the Se", "ine."]
 
 
 async def anthropic_models(_request, respond) -> None:
-    await respond.json(200, {"data": [{"type": "model", "id": "claude-stub",
-                                       "display_name": "Claude stub",
-                                       "created_at": "2025-01-01T00:00:00Z"}],
-                             "has_more": False, "first_id": "claude-stub",
-                             "last_id": "claude-stub"})
+    await respond.json(
+        200,
+        {
+            "data": [
+                {
+                    "type": "model",
+                    "id": "claude-stub",
+                    "display_name": "Claude stub",
+                    "created_at": "2025-01-01T00:00:00Z",
+                }
+            ],
+            "has_more": False,
+            "first_id": "claude-stub",
+            "last_id": "claude-stub",
+        },
+    )
 
 
 async def anthropic_messages(request, respond) -> None:
     """A streamed answer, except when the caller's last words ask only about Spain: then the
     stream fails midway with an `error` event."""
     body = request.json()
-    last_user_line = [line for line in body["messages"][-1]["content"].splitlines()
-                      if line.startswith("User:")][-1]
+    last_user_line = [
+        line for line in body["messages"][-1]["content"].splitlines() if line.startswith("User:")
+    ][-1]
     await respond.start_sse()
-    await respond.sse({"type": "message_start", "message": {
-        "id": "msg_stub", "type": "message", "role": "assistant", "content": [],
-        "model": body["model"], "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": 42, "output_tokens": 1}}}, event="message_start")
-    await respond.sse({"type": "content_block_start", "index": 0,
-                       "content_block": {"type": "text", "text": ""}},
-                      event="content_block_start")
+    await respond.sse(
+        {
+            "type": "message_start",
+            "message": {
+                "id": "msg_stub",
+                "type": "message",
+                "role": "assistant",
+                "content": [],
+                "model": body["model"],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 42, "output_tokens": 1},
+            },
+        },
+        event="message_start",
+    )
+    await respond.sse(
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        event="content_block_start",
+    )
     await respond.sse({"type": "ping"}, event="ping")
     if "Spain" in last_user_line and "Italy" not in last_user_line:
-        await respond.sse({"type": "error", "error": {"type": "overloaded_error",
-                                                      "message": "Overloaded"}}, event="error")
+        await respond.sse(
+            {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+            event="error",
+        )
         return
     for text in DELTAS:
-        await respond.sse({"type": "content_block_delta", "index": 0,
-                           "delta": {"type": "text_delta", "text": text}},
-                          event="content_block_delta")
+        await respond.sse(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": text},
+            },
+            event="content_block_delta",
+        )
     await respond.sse({"type": "content_block_stop", "index": 0}, event="content_block_stop")
-    await respond.sse({"type": "message_delta",
-                       "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                       "usage": {"output_tokens": 11}}, event="message_delta")
+    await respond.sse(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": 11},
+        },
+        event="message_delta",
+    )
     await respond.sse({"type": "message_stop"}, event="message_stop")
 
 
 async def test_anthropic_messages_stream_becomes_oracle_updates(
-        oracle_service, guide_client, stub_http, session_id):
-    server, url = await stub_http({("GET", "/v1/models"): anthropic_models,
-                                   ("POST", "/v1/messages"): anthropic_messages})
-    rate_before = REGISTRY.get_sample_value(
-        "kame_oracle_tokens_per_second_count", {"backend": "anthropic"}) or 0.0
+    oracle_service, guide_client, stub_http, session_id
+):
+    server, url = await stub_http(
+        {("GET", "/v1/models"): anthropic_models, ("POST", "/v1/messages"): anthropic_messages}
+    )
+    rate_before = (
+        REGISTRY.get_sample_value("kame_oracle_tokens_per_second_count", {"backend": "anthropic"})
+        or 0.0
+    )
     # The service default stays openai: the back-end is chosen per session.
     runtime = await oracle_service()
     client = guide_client(runtime.port)
-    await client.config(session_id=session_id, backend="anthropic", base_url=url,
-                        api_key="sk-ant-test", model="claude-stub",
-                        policy=oracle_pb2.OraclePolicy(poll_interval_s=0.05))
+    await client.config(
+        session_id=session_id,
+        backend="anthropic",
+        base_url=url,
+        api_key="sk-ant-test",
+        model="claude-stub",
+        policy=oracle_pb2.OraclePolicy(poll_interval_s=0.05),
+    )
     await client.user("What is the capital of France?", final=True)
     await client.wait_event(Event.DONE, 1, timeout=30)
 
     client.assert_update_protocol()
     assert client.updates()[0].op == Update.RESET
     assert [u.text for u in client.updates()[1:]] == [
-        "Paris is", "the capital of", "France, on the", "Seine."]
-    assert (REGISTRY.get_sample_value("kame_oracle_tokens_per_second_count",
-                                      {"backend": "anthropic"}) or 0.0) == rate_before + 1
+        "Paris is",
+        "the capital of",
+        "France, on the",
+        "Seine.",
+    ]
+    assert (
+        REGISTRY.get_sample_value("kame_oracle_tokens_per_second_count", {"backend": "anthropic"})
+        or 0.0
+    ) == rate_before + 1
 
     request = server.posts()[0]
     assert request.path == "/v1/messages"
     # The SDK picks the header (x-api-key in older versions, a bearer token in 2.x).
-    assert "sk-ant-test" in (request.headers.get("x-api-key", ""),
-                             request.headers.get("authorization", "").removeprefix("Bearer "))
+    assert "sk-ant-test" in (
+        request.headers.get("x-api-key", ""),
+        request.headers.get("authorization", "").removeprefix("Bearer "),
+    )
     assert request.headers["anthropic-version"]
     body = request.json()
     assert body["model"] == "claude-stub" and body["stream"] is True
@@ -101,8 +155,10 @@ async def test_anthropic_messages_stream_becomes_oracle_updates(
     await client.user("And of Spain?", final=True, utterance_id="u2")
     error = await client.wait_event(Event.ERROR, 2, timeout=30)
     assert "Overloaded" in error.detail
-    assert "Assistant: Paris is the capital of France." in server.posts()[1].json()[
-        "messages"][0]["content"]
+    assert (
+        "Assistant: Paris is the capital of France."
+        in server.posts()[1].json()["messages"][0]["content"]
+    )
     await client.user("Thanks, and of Italy?", final=True, utterance_id="u3")
     await client.wait_event(Event.DONE, 3, timeout=30)
     assert client.answer(3) == "Paris is the capital of France, on the Seine."

@@ -32,10 +32,14 @@ BAD_CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("fields, message", BAD_CONFIGS,
-                         ids=[m.split(" ")[0] + str(i) for i, (_f, m) in enumerate(BAD_CONFIGS)])
-async def test_bad_config_is_invalid_argument(fields, message, oracle_service, guide_client,
-                                              stub_http, session_id):
+@pytest.mark.parametrize(
+    "fields, message",
+    BAD_CONFIGS,
+    ids=[m.split(" ")[0] + str(i) for i, (_f, m) in enumerate(BAD_CONFIGS)],
+)
+async def test_bad_config_is_invalid_argument(
+    fields, message, oracle_service, guide_client, stub_http, session_id
+):
     _server, url = await stub_http({})
     runtime = await oracle_service(base_url=f"{url}/v1", model="stub-model")
     client = guide_client(runtime.port)
@@ -45,11 +49,14 @@ async def test_bad_config_is_invalid_argument(fields, message, oracle_service, g
     assert runtime.active_sessions == 0
 
 
-async def test_rejected_key_is_invalid_argument(oracle_service, guide_client, stub_http,
-                                                session_id):
+async def test_rejected_key_is_invalid_argument(
+    oracle_service, guide_client, stub_http, session_id
+):
     async def unauthorized(_request, respond):
-        await respond.json(401, {"error": {"message": "Incorrect API key provided",
-                                           "type": "invalid_request_error"}})
+        await respond.json(
+            401,
+            {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}},
+        )
 
     _server, url = await stub_http({("GET", "/v1/models"): unauthorized})
     runtime = await oracle_service()
@@ -60,7 +67,8 @@ async def test_rejected_key_is_invalid_argument(oracle_service, guide_client, st
 
 
 async def test_a_local_server_needs_no_key_and_a_service_key_is_used(
-        oracle_service, guide_client, stub_http, session_id):
+    oracle_service, guide_client, stub_http, session_id
+):
     server, url = await stub_http({})
     runtime = await oracle_service(base_url=f"{url}/v1")
     client = guide_client(runtime.port)
@@ -74,13 +82,17 @@ async def test_a_local_server_needs_no_key_and_a_service_key_is_used(
     assert server.requests[-1].headers["authorization"] == "Bearer sk-service"
 
 
-@pytest.mark.parametrize("first, message", [
-    (oracle_pb2.GuideRequest(user_transcript=common_pb2.TranscriptEvent(text="hi")),
-     "the first GuideRequest must carry config, got user_transcript"),
-    (oracle_pb2.GuideRequest(), "the first GuideRequest must carry config, got None"),
-])
-async def test_events_before_the_config_are_refused(first, message, oracle_service,
-                                                    guide_client):
+@pytest.mark.parametrize(
+    "first, message",
+    [
+        (
+            oracle_pb2.GuideRequest(user_transcript=common_pb2.TranscriptEvent(text="hi")),
+            "the first GuideRequest must carry config, got user_transcript",
+        ),
+        (oracle_pb2.GuideRequest(), "the first GuideRequest must carry config, got None"),
+    ],
+)
+async def test_events_before_the_config_are_refused(first, message, oracle_service, guide_client):
     runtime = await oracle_service()
     client = guide_client(runtime.port)
     await client.send(first)
@@ -89,7 +101,8 @@ async def test_events_before_the_config_are_refused(first, message, oracle_servi
 
 
 async def test_a_second_config_is_refused_and_the_service_goes_on(
-        oracle_service, guide_client, stub_http, session_id):
+    oracle_service, guide_client, stub_http, session_id
+):
     _server, url = await stub_http({})
     runtime = await oracle_service(base_url=f"{url}/v1")
     client = guide_client(runtime.port)

@@ -18,11 +18,19 @@ def test_defaults_point_at_the_embedded_llm_server():
 
 
 def test_environment_and_flags():
-    env = {"KAME_ORACLE_BACKEND": "anthropic", "KAME_ORACLE_MODEL": "claude-x",
-           "KAME_ORACLE_BASE_URL": "http://llm:9000", "KAME_ORACLE_MAX_TOKENS": "32"}
+    env = {
+        "KAME_ORACLE_BACKEND": "anthropic",
+        "KAME_ORACLE_MODEL": "claude-x",
+        "KAME_ORACLE_BASE_URL": "http://llm:9000",
+        "KAME_ORACLE_MAX_TOKENS": "32",
+    }
     settings = config.load(["--model", "claude-y"], env=env)
     assert (settings.backend, settings.model, settings.base_url, settings.max_tokens) == (
-        "anthropic", "claude-y", "http://llm:9000", 32)
+        "anthropic",
+        "claude-y",
+        "http://llm:9000",
+        32,
+    )
 
 
 def test_an_unknown_backend_setting_names_the_field():
@@ -37,16 +45,31 @@ def test_api_keys_come_from_the_vendor_variables():
 
 def test_a_session_overrides_the_service_defaults():
     service = config.load([], env={})
-    session = resolve_session(oracle_pb2.OracleConfig(
-        session_id="s", model="other", max_tokens=10, temperature=0.7, request_timeout_s=2,
-        policy=oracle_pb2.OraclePolicy(name="cascade", min_new_words=3)), service, ApiKeys())
+    session = resolve_session(
+        oracle_pb2.OracleConfig(
+            session_id="s",
+            model="other",
+            max_tokens=10,
+            temperature=0.7,
+            request_timeout_s=2,
+            policy=oracle_pb2.OraclePolicy(name="cascade", min_new_words=3),
+        ),
+        service,
+        ApiKeys(),
+    )
     backend = session.backend
     assert (backend.backend, backend.model, backend.base_url) == (
-        "openai", "other", "http://127.0.0.1:8080/v1")
+        "openai",
+        "other",
+        "http://127.0.0.1:8080/v1",
+    )
     assert (backend.max_tokens, backend.request_timeout_s) == (10, 2)
     assert backend.temperature == pytest.approx(0.7)
     assert (session.policy.name, session.policy.min_new_words, session.policy.max_starts) == (
-        "cascade", 3, 5)
+        "cascade",
+        3,
+        5,
+    )
 
 
 def test_zero_means_the_service_default():
@@ -59,10 +82,15 @@ def test_zero_means_the_service_default():
 
 def test_another_backend_than_the_default_uses_the_vendor_api_and_the_service_key():
     service = config.load([], env={})
-    session = resolve_session(oracle_pb2.OracleConfig(session_id="s", backend="anthropic"),
-                              service, ApiKeys(anthropic="sk-a"))
+    session = resolve_session(
+        oracle_pb2.OracleConfig(session_id="s", backend="anthropic"),
+        service,
+        ApiKeys(anthropic="sk-a"),
+    )
     assert (session.backend.base_url, session.backend.api_key) == (
-        "https://api.anthropic.com", "sk-a")
+        "https://api.anthropic.com",
+        "sk-a",
+    )
     assert session.backend.model == config.VENDOR_DEFAULT_MODELS["anthropic"]
 
 
@@ -70,6 +98,7 @@ def test_a_key_is_required_for_vendor_apis_only():
     service = config.load([], env={"KAME_ORACLE_BASE_URL": "https://api.openai.com/v1"})
     with pytest.raises(InvalidSessionConfig, match="needs an API key: set OPENAI_API_KEY"):
         resolve_session(oracle_pb2.OracleConfig(session_id="s"), service, ApiKeys())
-    local = resolve_session(oracle_pb2.OracleConfig(session_id="s", base_url="http://vllm:8000/v1"),
-                            service, ApiKeys())
+    local = resolve_session(
+        oracle_pb2.OracleConfig(session_id="s", base_url="http://vllm:8000/v1"), service, ApiKeys()
+    )
     assert local.backend.api_key == ""

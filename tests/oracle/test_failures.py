@@ -23,6 +23,7 @@ def scripted_chat(script: list[str]):
     """A /v1/chat/completions handler that plays `script[n]` on the n-th request
     (the last entry repeats): answer, stall_before_headers, stall_mid_stream,
     drop (close without answering), or error500."""
+
     async def handle(_request, respond):
         step = script.pop(0) if len(script) > 1 else script[0]
         if step == "answer":
@@ -31,33 +32,47 @@ def scripted_chat(script: list[str]):
             await asyncio.sleep(3600)
         elif step == "stall_mid_stream":
             await respond.start_sse()
-            await respond.sse({"id": "c", "object": "chat.completion.chunk", "created": 0,
-                               "model": "stub-model", "choices": [
-                                   {"index": 0, "delta": {"content": "Let me"},
-                                    "finish_reason": None}]})
+            await respond.sse(
+                {
+                    "id": "c",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": "stub-model",
+                    "choices": [
+                        {"index": 0, "delta": {"content": "Let me"}, "finish_reason": None}
+                    ],
+                }
+            )
             await asyncio.sleep(3600)
         elif step == "error500":
             await respond.json(500, {"error": {"message": "model crashed", "type": "server"}})
         else:
             assert step == "drop"  # the handler returns: the connection closes unanswered
+
     return handle
 
 
-async def open_session(script, oracle_service, guide_client, stub_http, session_id,
-                       timeout_s: float = 0.5):
+async def open_session(
+    script, oracle_service, guide_client, stub_http, session_id, timeout_s: float = 0.5
+):
     server, url = await stub_http({("POST", "/v1/chat/completions"): scripted_chat(script)})
     runtime = await oracle_service(base_url=f"{url}/v1", model="stub-model")
     client = guide_client(runtime.port)
-    await client.config(session_id=session_id, request_timeout_s=timeout_s,
-                        policy=oracle_pb2.OraclePolicy(poll_interval_s=0.05))
+    await client.config(
+        session_id=session_id,
+        request_timeout_s=timeout_s,
+        policy=oracle_pb2.OraclePolicy(poll_interval_s=0.05),
+    )
     return server, client, runtime
 
 
 @pytest.mark.parametrize("stall", ["stall_before_headers", "stall_mid_stream"])
-async def test_an_llm_timeout_does_not_end_the_session(stall, oracle_service, guide_client,
-                                                       stub_http, session_id):
-    server, client, _runtime = await open_session([stall, "answer"], oracle_service,
-                                                  guide_client, stub_http, session_id)
+async def test_an_llm_timeout_does_not_end_the_session(
+    stall, oracle_service, guide_client, stub_http, session_id
+):
+    server, client, _runtime = await open_session(
+        [stall, "answer"], oracle_service, guide_client, stub_http, session_id
+    )
     await client.user("What is the capital of France?", final=True)
     started = time.monotonic()
     error = await client.wait_event(Event.ERROR, 1, timeout=10)
@@ -72,10 +87,12 @@ async def test_an_llm_timeout_does_not_end_the_session(stall, oracle_service, gu
     assert await client.finish() == grpc.StatusCode.OK
 
 
-async def test_a_dropped_connection_is_retried_once(oracle_service, guide_client, stub_http,
-                                                    session_id):
-    server, client, _runtime = await open_session(["drop", "answer"], oracle_service,
-                                                  guide_client, stub_http, session_id)
+async def test_a_dropped_connection_is_retried_once(
+    oracle_service, guide_client, stub_http, session_id
+):
+    server, client, _runtime = await open_session(
+        ["drop", "answer"], oracle_service, guide_client, stub_http, session_id
+    )
     await client.user("What is the capital of France?", final=True)
     await client.wait_event(Event.DONE, 1, timeout=10)
     assert client.events(Event.ERROR) == []
@@ -85,10 +102,11 @@ async def test_a_dropped_connection_is_retried_once(oracle_service, guide_client
 
 
 async def test_connection_errors_after_the_retry_and_server_errors_are_reported(
-        oracle_service, guide_client, stub_http, session_id):
+    oracle_service, guide_client, stub_http, session_id
+):
     server, client, _runtime = await open_session(
-        ["drop", "drop", "error500", "answer"], oracle_service, guide_client, stub_http,
-        session_id)
+        ["drop", "drop", "error500", "answer"], oracle_service, guide_client, stub_http, session_id
+    )
     await client.user("What is the capital of France?", final=True)
     error = await client.wait_event(Event.ERROR, 1, timeout=10)
     assert error.detail.startswith("openai: Connection error.")
@@ -103,15 +121,19 @@ async def test_connection_errors_after_the_retry_and_server_errors_are_reported(
 
 
 def session_tasks() -> list[asyncio.Task]:
-    return [t for t in asyncio.all_tasks()
-            if t.get_coro().__qualname__.startswith(("OracleSession.", "OracleServicer."))]
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if t.get_coro().__qualname__.startswith(("OracleSession.", "OracleServicer."))
+    ]
 
 
-async def test_a_client_gone_mid_stream_frees_the_session(oracle_service, guide_client,
-                                                          stub_http, session_id):
-    _server, client, runtime = await open_session(["stall_mid_stream"], oracle_service,
-                                                  guide_client, stub_http, session_id,
-                                                  timeout_s=30)
+async def test_a_client_gone_mid_stream_frees_the_session(
+    oracle_service, guide_client, stub_http, session_id
+):
+    _server, client, runtime = await open_session(
+        ["stall_mid_stream"], oracle_service, guide_client, stub_http, session_id, timeout_s=30
+    )
     await client.user("What is the capital of France?", final=True)
     await client.wait_event(Event.FIRST_TOKEN, 1, timeout=10)
     assert session_tasks() and runtime.active_sessions == 1

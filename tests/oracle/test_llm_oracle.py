@@ -31,7 +31,8 @@ async def speak_partials(client, timeline: list[tuple[float, str, bool]]) -> Non
 
 
 async def test_partials_then_final_stream_an_answer_that_mentions_paris(
-        llm_url, oracle_service, guide_client, redis_client, session_id):
+    llm_url, oracle_service, guide_client, redis_client, session_id
+):
     ttft_before = metric("kame_oracle_time_to_first_token_seconds_count", {"backend": "openai"})
     lag_before = metric("kame_oracle_update_lag_seconds_count")
     runtime = await oracle_service(base_url=llm_url)
@@ -40,13 +41,19 @@ async def test_partials_then_final_stream_an_answer_that_mentions_paris(
     await client.user("What is")
     start = await client.wait_event(Event.REQUEST_START, timeout=30)
     assert (start.generation, start.detail) == (1, "What is")  # the first partial starts it
-    await speak_partials(client, [
-        (0.0, "What is the capital", False),
-        (0.6, "What is the capital of", False),
-        (1.2, QUESTION, True),
-    ])
-    final_start = (await client.wait_for(
-        lambda r: r.event.kind == Event.REQUEST_START and r.event.detail == QUESTION)).event
+    await speak_partials(
+        client,
+        [
+            (0.0, "What is the capital", False),
+            (0.6, "What is the capital of", False),
+            (1.2, QUESTION, True),
+        ],
+    )
+    final_start = (
+        await client.wait_for(
+            lambda r: r.event.kind == Event.REQUEST_START and r.event.detail == QUESTION
+        )
+    ).event
     assert final_start.generation > 1
     generation = final_start.generation
     await client.wait_event(Event.DONE, generation, timeout=120)
@@ -54,11 +61,16 @@ async def test_partials_then_final_stream_an_answer_that_mentions_paris(
     client.assert_update_protocol()
     answer = client.answer(generation)
     assert "paris" in answer.lower(), answer
-    order = [(r.WhichOneof("msg"), r.event.kind if r.HasField("event") else r.update.op)
-             for r in client.responses
-             if (r.event.generation if r.HasField("event") else r.update.generation) == generation]
-    assert order[:3] == [("event", Event.REQUEST_START), ("event", Event.FIRST_TOKEN),
-                         ("update", Update.RESET)]
+    order = [
+        (r.WhichOneof("msg"), r.event.kind if r.HasField("event") else r.update.op)
+        for r in client.responses
+        if (r.event.generation if r.HasField("event") else r.update.generation) == generation
+    ]
+    assert order[:3] == [
+        ("event", Event.REQUEST_START),
+        ("event", Event.FIRST_TOKEN),
+        ("update", Update.RESET),
+    ]
     assert order[-1] == ("event", Event.DONE)
     assert {kind for kind, op in order[3:-1]} == {"update"}  # only APPENDs in between
 
@@ -67,23 +79,31 @@ async def test_partials_then_final_stream_an_answer_that_mentions_paris(
         await client.agent(word)
     assert await client.finish() == grpc.StatusCode.OK
     conversation = await store.SessionStore(redis_client).conversation(session_id)
-    assert [(t["role"], t["text"]) for t in conversation] == [("user", QUESTION),
-                                                              ("agent", answer)]
-    assert metric("kame_oracle_time_to_first_token_seconds_count",
-                  {"backend": "openai"}) > ttft_before
+    assert [(t["role"], t["text"]) for t in conversation] == [("user", QUESTION), ("agent", answer)]
+    assert (
+        metric("kame_oracle_time_to_first_token_seconds_count", {"backend": "openai"}) > ttft_before
+    )
     assert metric("kame_oracle_update_lag_seconds_count") > lag_before
     assert metric("kame_oracle_restarts_total", {"reason": "final"}) >= 1
     assert metric("kame_oracle_tokens_per_second_count", {"backend": "openai"}) >= 1
 
 
 async def test_cascade_calls_the_llm_only_on_the_final(
-        llm_url, oracle_service, guide_client, session_id):
+    llm_url, oracle_service, guide_client, session_id
+):
     runtime = await oracle_service(base_url=llm_url)
     client = guide_client(runtime.port)
-    await client.config(session_id=session_id, policy=oracle_pb2.OraclePolicy(
-        name="cascade", poll_interval_s=0.1))
-    await speak_partials(client, [(0.0, "What is", False), (0.3, "What is the capital", False),
-                                  (0.6, "What is the capital of France", False)])
+    await client.config(
+        session_id=session_id, policy=oracle_pb2.OraclePolicy(name="cascade", poll_interval_s=0.1)
+    )
+    await speak_partials(
+        client,
+        [
+            (0.0, "What is", False),
+            (0.3, "What is the capital", False),
+            (0.6, "What is the capital of France", False),
+        ],
+    )
     await asyncio.sleep(0.5)
     assert client.events(Event.REQUEST_START) == []  # partials start nothing
     await client.user(QUESTION, final=True)
@@ -101,17 +121,24 @@ def open_http_requests(session) -> tuple[int, list]:
 
 
 def stream_tasks() -> list[asyncio.Task]:
-    return [t for t in asyncio.all_tasks() if not t.done()
-            and t.get_coro().__qualname__ == "OracleSession._run_stream"]
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if not t.done() and t.get_coro().__qualname__ == "OracleSession._run_stream"
+    ]
 
 
 async def test_a_cancelled_stream_leaves_no_task_and_no_http_stream(llm_url, session_id):
     tasks_before = asyncio.all_tasks()
     cancellations_before = metric("kame_oracle_cancellations_total")
     factory = SessionFactory(OracleServiceConfig(base_url=llm_url), ApiKeys(), store=None)
-    session = await factory.open(oracle_pb2.OracleConfig(
-        session_id=session_id, max_tokens=200,
-        policy=oracle_pb2.OraclePolicy(poll_interval_s=0.05)))
+    session = await factory.open(
+        oracle_pb2.OracleConfig(
+            session_id=session_id,
+            max_tokens=200,
+            policy=oracle_pb2.OraclePolicy(poll_interval_s=0.05),
+        )
+    )
     seen: list[oracle_pb2.GuideResponse] = []
     arrived = asyncio.Event()
 
@@ -127,13 +154,15 @@ async def test_a_cancelled_stream_leaves_no_task_and_no_http_stream(llm_url, ses
             arrived.clear()
             await asyncio.wait_for(arrived.wait(), 120)
 
-    session.user_transcript(common_pb2.TranscriptEvent(
-        utterance_id="u1", text="Tell me a long story about"))
+    session.user_transcript(
+        common_pb2.TranscriptEvent(utterance_id="u1", text="Tell me a long story about")
+    )
     await wait_event(Event.REQUEST_START, 1)
     # Two more words while generation 1 is still being computed: the next poll
     # (50 ms) cancels it and starts generation 2.
-    session.user_transcript(common_pb2.TranscriptEvent(
-        utterance_id="u1", text="Tell me a long story about a dragon"))
+    session.user_transcript(
+        common_pb2.TranscriptEvent(utterance_id="u1", text="Tell me a long story about a dragon")
+    )
     await wait_event(Event.CANCELLED, 1)
     cancelled_at = next(i for i, r in enumerate(seen) if r.event.kind == Event.CANCELLED)
     assert all(r.update.generation != 1 for r in seen[cancelled_at:] if r.HasField("update"))

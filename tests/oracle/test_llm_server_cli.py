@@ -25,14 +25,20 @@ def test_llm_server_prints_its_url_serves_gemma_and_stops(stop_signal):
     port = free_ports(1)[0]
     process = subprocess.Popen(
         [sys.executable, "-m", "kame_cli", "llm-server", "--port", str(port), "--threads", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         line = process.stdout.readline()  # blocks until the server answers (or the CLI exits)
         url = f"http://127.0.0.1:{port}/v1"
         assert line.startswith(f"LLM server ready at {url} (model gemma-3-270m)"), line
         request = urllib.request.Request(
-            f"{url}/completions", method="POST", headers={"Content-Type": "application/json"},
-            data=json.dumps({"prompt": "User: Hi!\nAssistant:", "max_tokens": 4}).encode())
+            f"{url}/completions",
+            method="POST",
+            headers={"Content-Type": "application/json"},
+            data=json.dumps({"prompt": "User: Hi!\nAssistant:", "max_tokens": 4}).encode(),
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             assert json.load(response)["choices"][0]["text"].strip()
         process.send_signal(stop_signal)
@@ -49,6 +55,9 @@ def test_llm_server_prints_its_url_serves_gemma_and_stops(stop_signal):
 def test_a_missing_model_file_is_reported():
     result = subprocess.run(
         [sys.executable, "-m", "kame_cli", "llm-server", "--model", "/nonexistent/m.gguf"],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert "model file /nonexistent/m.gguf does not exist" in result.stderr

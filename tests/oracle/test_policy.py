@@ -20,8 +20,13 @@ def make_policy(**params) -> tuple[RestartPolicy, FakeClock]:
     return RestartPolicy(PolicyParams(**params), clock=clock), clock
 
 
-def run_script(policy: RestartPolicy, clock: FakeClock, script: dict[float, tuple], until: float,
-               tick: float = 0.5) -> list[tuple[float, StartReason]]:
+def run_script(
+    policy: RestartPolicy,
+    clock: FakeClock,
+    script: dict[float, tuple],
+    until: float,
+    tick: float = 0.5,
+) -> list[tuple[float, StartReason]]:
     """Apply transcript events at their times and poll every `tick`; the starts made."""
     starts = []
     steps = round(until / tick)
@@ -38,14 +43,14 @@ def run_script(policy: RestartPolicy, clock: FakeClock, script: dict[float, tupl
 def test_first_words_start_then_restarts_need_two_new_words_or_a_final():
     policy, clock = make_policy()
     script = {
-        0.1: ("partial", "u1", "What"),                            # first text -> start
-        0.6: ("partial", "u1", "What is"),                         # +1 word: no restart
-        1.1: ("partial", "u1", "What is the"),                     # +2 since the start
-        1.6: ("partial", "u1", "What is the capital"),             # +1
-        2.1: ("partial", "u1", "What is the capital of"),          # +2
-        2.6: ("final", "u1", "What is the capital of France?"),    # final (+1 word)
-        3.1: ("partial", "u2", "And"),                             # +1
-        3.6: ("partial", "u2", "And Spain"),                       # +2
+        0.1: ("partial", "u1", "What"),  # first text -> start
+        0.6: ("partial", "u1", "What is"),  # +1 word: no restart
+        1.1: ("partial", "u1", "What is the"),  # +2 since the start
+        1.6: ("partial", "u1", "What is the capital"),  # +1
+        2.1: ("partial", "u1", "What is the capital of"),  # +2
+        2.6: ("final", "u1", "What is the capital of France?"),  # final (+1 word)
+        3.1: ("partial", "u2", "And"),  # +1
+        3.6: ("partial", "u2", "And Spain"),  # +2
     }
     starts = run_script(policy, clock, script, until=5.0)
     assert starts == [
@@ -61,7 +66,7 @@ def test_words_count_over_finals_plus_the_longest_partial():
     policy, clock = make_policy()
     policy.on_partial("u1", "one two three")
     assert policy.decide() is StartReason.FIRST_TEXT
-    policy.on_partial("u1", "one two")            # a revision shrinks the partial ...
+    policy.on_partial("u1", "one two")  # a revision shrinks the partial ...
     policy.on_partial("u1", "one two three four")  # ... the longest (4) counts: +1
     assert policy.user_words == 4
     assert policy.decide() is None
@@ -71,7 +76,7 @@ def test_words_count_over_finals_plus_the_longest_partial():
     policy.on_partial("u2", "six")
     assert policy.user_words == 6
     assert policy.decide() is StartReason.FINAL  # a final always restarts
-    assert policy.decide() is None               # ... once
+    assert policy.decide() is None  # ... once
     policy.on_partial("u2", "six seven eight")
     assert policy.decide() is StartReason.NEW_WORDS
 
@@ -143,13 +148,16 @@ def test_min_new_words_is_configurable():
     assert policy.decide() is StartReason.NEW_WORDS
 
 
-@pytest.mark.parametrize("params, message", [
-    (dict(name="eager"), "policy 'eager' is unknown"),
-    (dict(poll_interval_s=0), "poll_interval_s must be > 0"),
-    (dict(min_new_words=0), "min_new_words must be >= 1"),
-    (dict(max_starts=-1), "max_starts must be >= 1"),
-    (dict(start_window_s=-2), "start_window_s must be > 0"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (dict(name="eager"), "policy 'eager' is unknown"),
+        (dict(poll_interval_s=0), "poll_interval_s must be > 0"),
+        (dict(min_new_words=0), "min_new_words must be >= 1"),
+        (dict(max_starts=-1), "max_starts must be >= 1"),
+        (dict(start_window_s=-2), "start_window_s must be > 0"),
+    ],
+)
 def test_bad_parameters_are_named(params, message):
     with pytest.raises(ValueError, match=message):
         RestartPolicy(PolicyParams(**params))

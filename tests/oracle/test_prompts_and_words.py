@@ -36,15 +36,20 @@ def test_blank_chunks_and_extra_whitespace_send_nothing():
 
 def test_joined_pieces_give_back_the_text():
     text = " Tokyo is   the capital\nof Japan, and Kyoto was before it."
-    chunks = [text[i:i + 3] for i in range(0, len(text), 3)]
+    chunks = [text[i : i + 3] for i in range(0, len(text), 3)]
     assert " ".join(cut(chunks)) == " ".join(text.split())
 
 
 def test_build_turns_merges_speakers_and_adds_the_current_text():
     history = [Turn(USER, "Hi"), Turn(AGENT, "Hello."), Turn(USER, "One"), Turn(USER, "more")]
     turns = build_turns(history, agent_pending="Sure", user_pending="what is  the", max_turns=10)
-    assert turns == [Turn(USER, "Hi"), Turn(AGENT, "Hello."), Turn(USER, "One more"),
-                     Turn(AGENT, "Sure"), Turn(USER, "what is the")]
+    assert turns == [
+        Turn(USER, "Hi"),
+        Turn(AGENT, "Hello."),
+        Turn(USER, "One more"),
+        Turn(AGENT, "Sure"),
+        Turn(USER, "what is the"),
+    ]
 
 
 def test_build_turns_keeps_only_the_latest_history():

@@ -23,8 +23,10 @@ from services.stt.server import serve
 
 # --- text normalization and word error rate ---
 
-_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
-         "fourteen fifteen sixteen seventeen eighteen nineteen").split()
+_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen "
+    "fourteen fifteen sixteen seventeen eighteen nineteen"
+).split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
 
 
@@ -143,8 +145,11 @@ class StreamResult:
         return self.frame_sent_at[index]
 
     def received_at(self, message) -> float:
-        return next(r.at for r in self.responses
-                    if getattr(r.response, r.response.WhichOneof("msg")) is message)
+        return next(
+            r.at
+            for r in self.responses
+            if getattr(r.response, r.response.WhichOneof("msg")) is message
+        )
 
 
 def audio_frames(samples: np.ndarray) -> list[bytes]:
@@ -156,8 +161,9 @@ def audio_frames(samples: np.ndarray) -> list[bytes]:
 
 def frame_request(pcm: bytes, seq: int, rate: int = SAMPLE_RATE) -> stt_pb2.TranscribeRequest:
     return stt_pb2.TranscribeRequest(
-        audio=common_pb2.AudioFrame(pcm=pcm, sample_rate_hz=rate, seq=seq,
-                                    capture_time_us=time.time_ns() // 1000)
+        audio=common_pb2.AudioFrame(
+            pcm=pcm, sample_rate_hz=rate, seq=seq, capture_time_us=time.time_ns() // 1000
+        )
     )
 
 
@@ -216,7 +222,11 @@ def build_script(speak, texts: list[str], gap_s: float, lead_s: float = 0.5) -> 
 
 @pytest.fixture(scope="session")
 def stream_helpers() -> SimpleNamespace:
-    return SimpleNamespace(stream_audio=stream_audio, frame_request=frame_request,
-                           audio_frames=audio_frames, build_script=build_script,
-                           speech_bounds=speech_bounds,
-                           loopback_settings=loopback_settings)
+    return SimpleNamespace(
+        stream_audio=stream_audio,
+        frame_request=frame_request,
+        audio_frames=audio_frames,
+        build_script=build_script,
+        speech_bounds=speech_bounds,
+        loopback_settings=loopback_settings,
+    )

@@ -6,8 +6,9 @@ from services.stt.agreement import LocalAgreement, Word
 
 
 def _hypothesis(text: str, start: float = 0.0, step: float = 0.3) -> list[Word]:
-    return [Word(w, start + i * step, start + (i + 1) * step, 0.9)
-            for i, w in enumerate(text.split())]
+    return [
+        Word(w, start + i * step, start + (i + 1) * step, 0.9) for i, w in enumerate(text.split())
+    ]
 
 
 def _texts(words: list[Word]) -> str:

@@ -57,31 +57,39 @@ async def test_a_pause_shorter_than_the_endpoint_discards_the_early_final(
     # 0.4 s of silence: past the early-final point (0.2 s), short of the 0.8 s endpoint.
     script = stream_helpers.build_script(speak, texts, gap_s=0.4)
     discarded = _sample("kame_stt_early_finals_discarded_total")
-    responses = await _run_session(stt_engine, stream_helpers.audio_frames(script.audio),
-                                   endpoint_silence_s=0.8)
+    responses = await _run_session(
+        stt_engine, stream_helpers.audio_frames(script.audio), endpoint_silence_s=0.8
+    )
     (final,) = _finals(responses)
     assert text_metrics.wer(" ".join(texts), final.text) <= 0.2, final.text
     assert _sample("kame_stt_early_finals_discarded_total") >= discarded + 1
 
 
 @pytest.mark.slow
-async def test_overload_skips_partials_but_never_finals(stt_engine, speak, stream_helpers,
-                                                        text_metrics):
-    texts = ["The quick brown fox jumps over the lazy dog near the river bank.",
-             "I would like to book a table for two people at seven tonight.",
-             "Can you tell me the weather in Paris tomorrow morning?"]
+async def test_overload_skips_partials_but_never_finals(
+    stt_engine, speak, stream_helpers, text_metrics
+):
+    texts = [
+        "The quick brown fox jumps over the lazy dog near the river bank.",
+        "I would like to book a table for two people at seven tonight.",
+        "Can you tell me the weather in Paris tomorrow morning?",
+    ]
     script = stream_helpers.build_script(speak, texts, gap_s=1.0)
     frames = stream_helpers.audio_frames(script.audio)
-    skipped = sum(_sample("kame_stt_partials_skipped_total", reason=reason)
-                  for reason in ("superseded", "finalized", "output_full"))
+    skipped = sum(
+        _sample("kame_stt_partials_skipped_total", reason=reason)
+        for reason in ("superseded", "finalized", "output_full")
+    )
     # Three sessions fed far faster than real time: partials pile up, finals may not.
     results = await asyncio.gather(*(_run_session(stt_engine, frames) for _ in range(3)))
     for responses in results:
         finals = _finals(responses)
         assert len(finals) == len(texts)
         assert text_metrics.wer(" ".join(texts), " ".join(f.text for f in finals)) <= 0.15
-    skipped_now = sum(_sample("kame_stt_partials_skipped_total", reason=reason)
-                      for reason in ("superseded", "finalized", "output_full"))
+    skipped_now = sum(
+        _sample("kame_stt_partials_skipped_total", reason=reason)
+        for reason in ("superseded", "finalized", "output_full")
+    )
     assert skipped_now > skipped
 
 

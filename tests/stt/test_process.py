@@ -17,8 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_bad_flag_exits_2_naming_the_field():
-    process = subprocess.run([sys.executable, "-m", "services.stt", "--device", "tpu"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    process = subprocess.run(
+        [sys.executable, "-m", "services.stt", "--device", "tpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert process.returncode == 2
     assert "device: 'tpu' is not allowed; choose one of 'cpu', 'cuda', 'auto'" in process.stderr
 
@@ -26,9 +31,20 @@ def test_a_bad_flag_exits_2_naming_the_field():
 @pytest.mark.slow
 def test_serves_health_and_drains_on_sigterm():
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.stt", "--host", "127.0.0.1", "--port", "0",
-         "--metrics-port", "0"],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "services.stt",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+        ],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         address = None

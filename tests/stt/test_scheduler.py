@@ -12,8 +12,10 @@ from services.stt.scheduler import DecodeScheduler
 
 
 def _superseded() -> float:
-    return REGISTRY.get_sample_value("kame_stt_partials_skipped_total",
-                                     {"reason": "superseded"}) or 0.0
+    return (
+        REGISTRY.get_sample_value("kame_stt_partials_skipped_total", {"reason": "superseded"})
+        or 0.0
+    )
 
 
 @pytest.fixture

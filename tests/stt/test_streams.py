@@ -14,21 +14,29 @@ from kame_common.audio import SAMPLE_RATE
 from kamepb import common_pb2, stt_pb2, stt_pb2_grpc
 from services.stt.server import serve
 
-SESSION_A = ["The quick brown fox jumps over the lazy dog.",
-             "Please remind me to call my mother on Sunday."]
-SESSION_B = ["I would like to book a table for two people at seven tonight.",
-             "Can you tell me the weather in Paris tomorrow morning?"]
+SESSION_A = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Please remind me to call my mother on Sunday.",
+]
+SESSION_B = [
+    "I would like to book a table for two people at seven tonight.",
+    "Can you tell me the weather in Paris tomorrow morning?",
+]
 
 
 @pytest.mark.slow
 async def test_two_sessions_at_once_do_not_cross(stt_stub, speak, stream_helpers, text_metrics):
-    scripts = [stream_helpers.build_script(speak, texts, gap_s=1.0) for texts in
-               (SESSION_A, SESSION_B)]
-    results = await asyncio.gather(*(
-        stream_helpers.stream_audio(stt_stub, script.audio,
-                                    stt_pb2.SttConfig(session_id=f"session-{name}"))
-        for name, script in zip("ab", scripts, strict=True)
-    ))
+    scripts = [
+        stream_helpers.build_script(speak, texts, gap_s=1.0) for texts in (SESSION_A, SESSION_B)
+    ]
+    results = await asyncio.gather(
+        *(
+            stream_helpers.stream_audio(
+                stt_stub, script.audio, stt_pb2.SttConfig(session_id=f"session-{name}")
+            )
+            for name, script in zip("ab", scripts, strict=True)
+        )
+    )
     for name, texts, result in zip("ab", (SESSION_A, SESSION_B), results, strict=True):
         assert len(result.finals()) == len(texts), [f.text for f in result.finals()]
         assert text_metrics.wer(" ".join(texts), result.final_text()) <= 0.15, result.final_text()
@@ -41,8 +49,9 @@ async def test_two_sessions_at_once_do_not_cross(stt_stub, speak, stream_helpers
 
 
 @pytest.mark.slow
-async def test_half_close_finalizes_the_open_utterance(stt_stub, speak, stream_helpers,
-                                                       text_metrics):
+async def test_half_close_finalizes_the_open_utterance(
+    stt_stub, speak, stream_helpers, text_metrics
+):
     text = "Please remind me to call my mother on Sunday."
     speech = speak(text)
     end = stream_helpers.speech_bounds(speech)[1] / SAMPLE_RATE
@@ -60,10 +69,13 @@ async def test_half_close_finalizes_the_open_utterance(stt_stub, speak, stream_h
 
 
 @pytest.mark.slow
-async def test_long_speech_is_cut_at_the_maximum_utterance_length(stt_stub, speak, stream_helpers,
-                                                                 text_metrics):
-    text = ("Turn off the lights in the kitchen and lock the front door, "
-            "then set an alarm for six thirty in the morning.")
+async def test_long_speech_is_cut_at_the_maximum_utterance_length(
+    stt_stub, speak, stream_helpers, text_metrics
+):
+    text = (
+        "Turn off the lights in the kitchen and lock the front door, "
+        "then set an alarm for six thirty in the morning."
+    )
     speech = speak(text)
     assert len(speech) / SAMPLE_RATE > 4.5
     result = await stream_helpers.stream_audio(
@@ -75,15 +87,18 @@ async def test_long_speech_is_cut_at_the_maximum_utterance_length(stt_stub, spea
         assert later.span.start_s == pytest.approx(earlier.span.end_s, abs=1e-6)
         assert earlier.span.end_s - earlier.span.start_s == pytest.approx(2.0, abs=0.1)
     # Speech went on across the cuts: one start, one end.
-    assert [a.kind for a in result.activities] == [common_pb2.SpeechActivity.SPEECH_START,
-                                                   common_pb2.SpeechActivity.SPEECH_END]
+    assert [a.kind for a in result.activities] == [
+        common_pb2.SpeechActivity.SPEECH_START,
+        common_pb2.SpeechActivity.SPEECH_END,
+    ]
     # Words split by a cut may be lost; most survive.
     assert text_metrics.wer(text, result.final_text()) <= 0.4, result.final_text()
 
 
 @pytest.mark.slow
-async def test_a_cancelled_call_frees_its_session(stt_stub, stt_server, stt_engine, speak,
-                                                  stream_helpers):
+async def test_a_cancelled_call_frees_its_session(
+    stt_stub, stt_server, stt_engine, speak, stream_helpers
+):
     frames = stream_helpers.audio_frames(speak("The quick brown fox jumps over the lazy dog."))
 
     async def requests():

@@ -36,8 +36,10 @@ METRICS = {
 
 
 def _metric_totals() -> dict[str, float]:
-    return {key: REGISTRY.get_sample_value(name, labels) or 0.0
-            for key, (name, labels) in METRICS.items()}
+    return {
+        key: REGISTRY.get_sample_value(name, labels) or 0.0
+        for key, (name, labels) in METRICS.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,8 @@ def paced(stt_engine, speak, stream_helpers):
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.port}") as channel:
                 return await stream_helpers.stream_audio(
-                    stt_pb2_grpc.SttStub(channel), script.audio,
+                    stt_pb2_grpc.SttStub(channel),
+                    script.audio,
                     stt_pb2.SttConfig(session_id="paced", endpoint_silence_s=ENDPOINT_S),
                     realtime=True,
                 )
@@ -93,8 +96,12 @@ def test_speech_activity_brackets_each_utterance(paced):
         assert isinstance(start, common_pb2.SpeechActivity)
         assert start.kind == common_pb2.SpeechActivity.SPEECH_START
         assert isinstance(final, common_pb2.TranscriptEvent) and final.is_final
-        ends = [e for e in events if isinstance(e, common_pb2.SpeechActivity)
-                and e.kind == common_pb2.SpeechActivity.SPEECH_END]
+        ends = [
+            e
+            for e in events
+            if isinstance(e, common_pb2.SpeechActivity)
+            and e.kind == common_pb2.SpeechActivity.SPEECH_END
+        ]
         assert len(ends) == 1
         end = ends[0]
         assert abs(start.at_s - speech_start) <= VAD_TOLERANCE_S, (start.at_s, speech_start)
@@ -106,8 +113,15 @@ def test_a_partial_precedes_the_final_of_every_long_utterance(paced):
     _, result, _ = paced
     long_utterances = 0
     for events in _utterances(result):
-        start, end = events[0], next(e for e in events if isinstance(e, common_pb2.SpeechActivity)
-                                     and e.kind == common_pb2.SpeechActivity.SPEECH_END)
+        start, end = (
+            events[0],
+            next(
+                e
+                for e in events
+                if isinstance(e, common_pb2.SpeechActivity)
+                and e.kind == common_pb2.SpeechActivity.SPEECH_END
+            ),
+        )
         if end.at_s - start.at_s < 2.0:
             continue
         long_utterances += 1
@@ -121,8 +135,9 @@ def test_partials_keep_their_stable_prefix(paced):
     _, result, _ = paced
     stable_words_seen = 0
     for events in _utterances(result):
-        partials = [e for e in events if isinstance(e, common_pb2.TranscriptEvent)
-                    and not e.is_final]
+        partials = [
+            e for e in events if isinstance(e, common_pb2.TranscriptEvent) and not e.is_final
+        ]
         previous_stable: list[str] = []
         for partial in partials:
             stable = partial.stable_text.split()

@@ -31,13 +31,20 @@ from services.frontend.kame.oracle import KameLMModel, OracleFeed
 @dataclass
 class SlotOutput:
     tokens: list[int] | None  # [text, agent audio codes...]; None while the acoustic delay fills
-    pcm: np.ndarray | None    # float32 FRAME_SAMPLES of agent audio; None when tokens is None
+    pcm: np.ndarray | None  # float32 FRAME_SAMPLES of agent audio; None when tokens is None
 
 
 class SlotBatch:
-    def __init__(self, lm: KameLMModel, slots: int, *, mimi: MimiModel | None = None,
-                 use_sampling: bool = True, sampling_params: Mapping[str, Any] | None = None,
-                 with_oracle: bool = True) -> None:
+    def __init__(
+        self,
+        lm: KameLMModel,
+        slots: int,
+        *,
+        mimi: MimiModel | None = None,
+        use_sampling: bool = True,
+        sampling_params: Mapping[str, Any] | None = None,
+        with_oracle: bool = True,
+    ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
         self.lm = lm
@@ -48,14 +55,16 @@ class SlotBatch:
         self._device = lm.device
         # support_out_of_sync: LMGen then reports "no output yet" per row (offsets
         # and exec mask) instead of with one counter shared by the whole batch.
-        self._gen = LMGen(lm, use_sampling=use_sampling, support_out_of_sync=True,
-                          **dict(sampling_params or {}))
+        self._gen = LMGen(
+            lm, use_sampling=use_sampling, support_out_of_sync=True, **dict(sampling_params or {})
+        )
         self._gen.streaming_forever(slots)
         self._mimi = mimi
         if mimi is not None:
             mimi.streaming_forever(slots)
-        self._feeds = [OracleFeed(lm.text_initial_token_id, lm.text_padding_token_id)
-                       for _ in range(slots)]
+        self._feeds = [
+            OracleFeed(lm.text_initial_token_id, lm.text_padding_token_id) for _ in range(slots)
+        ]
         self._steps = [0] * slots
 
     def warm_up(self, steps: int = 3) -> None:
@@ -90,8 +99,9 @@ class SlotBatch:
 
     def step_codes(self, user_codes: Mapping[int, Sequence[int]]) -> dict[int, list[int] | None]:
         """One LM step for the given slots, fed user audio codes directly."""
-        codes = torch.zeros((self.slots, self.user_codebooks, 1), dtype=torch.long,
-                            device=self._device)
+        codes = torch.zeros(
+            (self.slots, self.user_codebooks, 1), dtype=torch.long, device=self._device
+        )
         for slot, slot_codes in user_codes.items():
             codes[slot, :, 0] = torch.as_tensor(list(slot_codes), dtype=torch.long)
         out = self._step_lm(codes, self._mask(user_codes))
@@ -108,21 +118,23 @@ class SlotBatch:
         with torch.no_grad():
             self._mimi.set_exec_mask(active)
             user_codes = self._mimi.encode(pcm.to(self._device))
-            out = self._step_lm(user_codes[:, :self.user_codebooks], active)
+            out = self._step_lm(user_codes[:, : self.user_codebooks], active)
             has_output = active & (out >= 0).all(dim=1)
             agent_pcm = self._decode(out, has_output) if bool(has_output.any()) else None
         return {
-            slot: SlotOutput(self._tokens(out[slot]),
-                             agent_pcm[slot] if agent_pcm is not None and has_output[slot]
-                             else None)
+            slot: SlotOutput(
+                self._tokens(out[slot]),
+                agent_pcm[slot] if agent_pcm is not None and has_output[slot] else None,
+            )
             for slot in frames
         }
 
     def _step_lm(self, user_codes: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         self._gen.set_exec_mask(active)
         if self.with_oracle:
-            oracle = [feed.token_for(step)
-                      for feed, step in zip(self._feeds, self._steps, strict=True)]
+            oracle = [
+                feed.token_for(step) for feed, step in zip(self._feeds, self._steps, strict=True)
+            ]
             self.lm.set_oracle_tokens(torch.tensor(oracle, dtype=torch.long))
         out = self._gen.step(user_codes)
         for slot in torch.nonzero(active).flatten().tolist():
@@ -133,7 +145,7 @@ class SlotBatch:
         assert self._mimi is not None
         self._mimi.set_exec_mask(has_output)
         # Rows without output are masked out; zeros only keep the lookup in range.
-        agent_codes = out[:, 1:1 + self.lm.dep_q].clamp(min=0)[:, :, None]
+        agent_codes = out[:, 1 : 1 + self.lm.dep_q].clamp(min=0)[:, :, None]
         return self._mimi.decode(agent_codes)[:, 0].float().cpu().numpy()
 
     def _mask(self, slots: Iterable[int]) -> torch.Tensor:

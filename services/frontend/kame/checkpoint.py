@@ -60,8 +60,7 @@ class Checkpoint:
 
     def sampling_params(self) -> dict[str, Any]:
         """LMGen sampling parameters from `lm_gen_config` (moshi's defaults otherwise)."""
-        return {key: self.lm_gen_config[key] for key in _LM_GEN_KEYS
-                if key in self.lm_gen_config}
+        return {key: self.lm_gen_config[key] for key in _LM_GEN_KEYS if key in self.lm_gen_config}
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -77,7 +76,8 @@ def resolve(spec: str) -> Path:
         return path
     if not _REPO_ID.match(spec) or path.exists():
         raise CheckpointError(
-            f"checkpoint {spec!r} is not a directory nor a Hugging Face repo id (owner/name)")
+            f"checkpoint {spec!r} is not a directory nor a Hugging Face repo id (owner/name)"
+        )
     return _fetch_from_hub(spec)
 
 
@@ -90,16 +90,19 @@ def _fetch_from_hub(repo_id: str) -> Path:
         for key in _FILE_KEYS:
             if key in config:
                 hf_hub_download(repo_id, config[key])
-        for key, default in (("moshi_name", loaders.MOSHI_NAME),
-                             ("mimi_name", loaders.MIMI_NAME),
-                             ("tokenizer_name", loaders.TEXT_TOKENIZER_NAME)):
+        for key, default in (
+            ("moshi_name", loaders.MOSHI_NAME),
+            ("mimi_name", loaders.MIMI_NAME),
+            ("tokenizer_name", loaders.TEXT_TOKENIZER_NAME),
+        ):
             if key not in config:
                 hf_hub_download(repo_id, default)
     except Exception as exc:  # offline, unknown repo, gated repo: all end the same way
         raise CheckpointError(
             f"could not fetch checkpoint {repo_id!r} from the Hugging Face Hub "
             f"({type(exc).__name__}: {exc}). Without network access, download it elsewhere "
-            "and pass the local checkpoint directory instead") from exc
+            "and pass the local checkpoint directory instead"
+        ) from exc
     return config_path.parent
 
 
@@ -116,8 +119,11 @@ def read(directory: str | Path) -> Checkpoint:
     unsupported = [key for key in _UNSUPPORTED_KEYS if raw.get(key)]
     if unsupported:
         raise CheckpointError(f"{config_path}: {', '.join(unsupported)} not supported")
-    lm_kwargs = {key: value for key, value in raw.items()
-                 if key not in _FILE_KEYS + _IGNORED_KEYS + _UNSUPPORTED_KEYS}
+    lm_kwargs = {
+        key: value
+        for key, value in raw.items()
+        if key not in _FILE_KEYS + _IGNORED_KEYS + _UNSUPPORTED_KEYS
+    }
     lm_kwargs.pop("depformer_causal", None)  # deprecated, as in moshi's loader
     if "demux_second_stream" in lm_kwargs:
         lm_kwargs["demux_second_text_stream"] = lm_kwargs.pop("demux_second_stream")
@@ -148,17 +154,21 @@ def read(directory: str | Path) -> Checkpoint:
     )
 
 
-def load_lm(checkpoint: Checkpoint, device: str | torch.device = "cpu",
-            dtype: torch.dtype = torch.float32) -> KameLMModel:
+def load_lm(
+    checkpoint: Checkpoint, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> KameLMModel:
     """Build the LM on the meta device and fill it from the safetensors (strict)."""
     try:
         model = KameLMModel(device="meta", dtype=dtype, **checkpoint.lm_kwargs)
     except (TypeError, AssertionError, ValueError) as exc:
         raise CheckpointError(
-            f"{checkpoint.directory / CONFIG_NAME}: not valid LMModel arguments: {exc}") from exc
+            f"{checkpoint.directory / CONFIG_NAME}: not valid LMModel arguments: {exc}"
+        ) from exc
     state = load_file(str(checkpoint.lm_weights), device=str(device))
-    state = {key: value.to(dtype) if value.dtype.is_floating_point else value
-             for key, value in state.items()}
+    state = {
+        key: value.to(dtype) if value.dtype.is_floating_point else value
+        for key, value in state.items()
+    }
     if not any(key.startswith("oracle_emb.") for key in state):
         # A plain Moshi checkpoint: start the oracle table as a copy of the text table.
         for key in [key for key in state if key.startswith("text_emb.")]:
@@ -189,11 +199,13 @@ def load_mimi(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> Mim
     if checkpoint.mimi_weights is None:
         raise CheckpointError(
             f"{checkpoint.directory} has no Mimi weights (config mimi_name); the engine needs "
-            "them to encode the caller's audio and decode the agent's")
+            "them to encode the caller's audio and decode the agent's"
+        )
     codebooks = max(checkpoint.lm_kwargs["dep_q"], checkpoint.user_codebooks)
     try:
-        return loaders.get_mimi(checkpoint.mimi_weights, checkpoint.mimi_config,
-                                device=device, num_codebooks=codebooks)
+        return loaders.get_mimi(
+            checkpoint.mimi_weights, checkpoint.mimi_config, device=device, num_codebooks=codebooks
+        )
     except RuntimeError as exc:  # load_state_dict names the mismatching keys
         raise CheckpointError(f"{checkpoint.mimi_weights}: {exc}") from exc
 
@@ -202,11 +214,13 @@ def load_tokenizer(checkpoint: Checkpoint) -> sentencepiece.SentencePieceProcess
     if checkpoint.tokenizer_path is None:
         raise CheckpointError(
             f"{checkpoint.directory} has no SentencePiece model (config tokenizer_name); "
-            "the kame engine needs it to tokenize oracle text")
+            "the kame engine needs it to tokenize oracle text"
+        )
     tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(checkpoint.tokenizer_path))
     text_card = checkpoint.lm_kwargs["text_card"]
     if tokenizer.vocab_size() > text_card:
         raise CheckpointError(
             f"{checkpoint.tokenizer_path}: vocabulary of {tokenizer.vocab_size()} pieces does "
-            f"not fit the LM's text_card {text_card}")
+            f"not fit the LM's text_card {text_card}"
+        )
     return tokenizer

@@ -83,8 +83,11 @@ class KameSession(EngineSession):
         self._oracle_ops: list[_OracleOp] = []
         self._generation: int | None = None
         self._frame_index = 0
-        self._words = (WordAssembler(engine.tokenizer, engine.padding_ids)
-                       if engine.tokenizer is not None else None)
+        self._words = (
+            WordAssembler(engine.tokenizer, engine.padding_ids)
+            if engine.tokenizer is not None
+            else None
+        )
 
     async def step(self, frame: np.ndarray) -> StepOutput:
         if self._closed:
@@ -143,23 +146,32 @@ class KameSession(EngineSession):
 
 
 class KameEngine(Engine):
-    def __init__(self, batch: SlotBatch, tokenizer: sentencepiece.SentencePieceProcessor | None,
-                 *, tick_deadline_s: float = DEFAULT_TICK_DEADLINE_S) -> None:
+    def __init__(
+        self,
+        batch: SlotBatch,
+        tokenizer: sentencepiece.SentencePieceProcessor | None,
+        *,
+        tick_deadline_s: float = DEFAULT_TICK_DEADLINE_S,
+    ) -> None:
         if batch.with_oracle and tokenizer is None:
             raise ValueError("the kame engine needs the checkpoint's tokenizer for oracle text")
         self.name = "kame" if batch.with_oracle else "moshi"
         self.with_oracle = batch.with_oracle
         self.tokenizer = tokenizer
         lm = batch.lm
-        self.padding_ids = (lm.text_padding_token_id, lm.end_of_text_padding_id,
-                            lm.text_initial_token_id)
+        self.padding_ids = (
+            lm.text_padding_token_id,
+            lm.end_of_text_padding_id,
+            lm.text_initial_token_id,
+        )
         self._batch = batch
         self._tick_deadline_s = tick_deadline_s
         self._sessions: list[KameSession | None] = [None] * batch.slots
         self._pending: dict[int, _Pending] = {}
         self._last_tick: list[KameSession] = []
-        self._model_thread = ThreadPoolExecutor(max_workers=1,
-                                                thread_name_prefix=f"{self.name}-model")
+        self._model_thread = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"{self.name}-model"
+        )
         self._ticker: asyncio.Task | None = None
         self._frame_arrived: asyncio.Event | None = None
         self._closed = False
@@ -173,16 +185,24 @@ class KameEngine(Engine):
         if not config.checkpoint:
             raise checkpoint.CheckpointError(
                 "engines kame and moshi need a checkpoint: a directory in the Hugging Face "
-                "layout or a repo id (--checkpoint / KAME_FRONTEND_CHECKPOINT)")
+                "layout or a repo id (--checkpoint / KAME_FRONTEND_CHECKPOINT)"
+            )
         ckpt = checkpoint.read(checkpoint.resolve(config.checkpoint))
-        lm = checkpoint.load_lm(ckpt, device=config.device,
-                                dtype=checkpoint.parse_dtype(config.dtype))
+        lm = checkpoint.load_lm(
+            ckpt, device=config.device, dtype=checkpoint.parse_dtype(config.dtype)
+        )
         mimi = checkpoint.load_mimi(ckpt, device=config.device)
         tokenizer = None
         if with_oracle or ckpt.tokenizer_path is not None:
             tokenizer = checkpoint.load_tokenizer(ckpt)
-        batch = SlotBatch(lm, config.batch_slots, mimi=mimi, use_sampling=True,
-                          sampling_params=ckpt.sampling_params(), with_oracle=with_oracle)
+        batch = SlotBatch(
+            lm,
+            config.batch_slots,
+            mimi=mimi,
+            use_sampling=True,
+            sampling_params=ckpt.sampling_params(),
+            with_oracle=with_oracle,
+        )
         batch.warm_up()
         return cls(batch, tokenizer)
 
@@ -200,7 +220,8 @@ class KameEngine(Engine):
         free = [slot for slot, session in enumerate(self._sessions) if session is None]
         if not free:
             raise SlotsExhausted(
-                f"all {self.total_slots} batch slots of the {self.name} engine are busy")
+                f"all {self.total_slots} batch slots of the {self.name} engine are busy"
+            )
         session = KameSession(self, free[0], params.session_id)
         self._sessions[session.slot] = session
         self._ensure_ticker()
@@ -219,8 +240,7 @@ class KameEngine(Engine):
 
     def _ensure_ticker(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._ticker is not None and not self._ticker.done() \
-                and self._ticker.get_loop() is loop:
+        if self._ticker is not None and not self._ticker.done() and self._ticker.get_loop() is loop:
             return
         self._frame_arrived = asyncio.Event()
         self._ticker = loop.create_task(self._tick_forever(), name=f"{self.name}-ticker")
@@ -250,8 +270,11 @@ class KameEngine(Engine):
 
     def _ready_to_tick(self) -> bool:
         """Every session still open that was stepped in the last tick has its frame in."""
-        return all(session.slot in self._pending for session in self._last_tick
-                   if self._sessions[session.slot] is session)
+        return all(
+            session.slot in self._pending
+            for session in self._last_tick
+            if self._sessions[session.slot] is session
+        )
 
     async def _tick_forever(self) -> None:
         loop = asyncio.get_running_loop()

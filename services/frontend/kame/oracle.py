@@ -40,8 +40,10 @@ class _KameLMState(State):
         # The reference keeps the previous session's oracle here: a reset row must
         # start with no oracle, i.e. padding.
         self.oracle_tokens[:, 0] = torch.where(
-            reset_mask, torch.full_like(self.oracle_tokens[:, 0], self.padding_token),
-            self.oracle_tokens[:, 0])
+            reset_mask,
+            torch.full_like(self.oracle_tokens[:, 0], self.padding_token),
+            self.oracle_tokens[:, 0],
+        )
 
 
 class KameLMModel(LMModel):
@@ -51,14 +53,32 @@ class KameLMModel(LMModel):
     embedding is loaded but never added, not even as zeros.
     """
 
-    def __init__(self, *, norm_emb: bool = False, demux_second_text_stream: bool = False,
-                 device=None, dtype=None, **kwargs) -> None:
-        super().__init__(norm_emb=norm_emb, demux_second_text_stream=demux_second_text_stream,
-                         device=device, dtype=dtype, **kwargs)
+    def __init__(
+        self,
+        *,
+        norm_emb: bool = False,
+        demux_second_text_stream: bool = False,
+        device=None,
+        dtype=None,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            norm_emb=norm_emb,
+            demux_second_text_stream=demux_second_text_stream,
+            device=device,
+            dtype=dtype,
+            **kwargs,
+        )
         # Same factory and initialisation as `text_emb` in LMModel.__init__.
         self.oracle_emb = ScaledEmbedding(
-            self.text_card + 1, self.dim, norm=norm_emb, zero_idx=self.zero_token_id,
-            demux_second_stream=demux_second_text_stream, device=device, dtype=dtype)
+            self.text_card + 1,
+            self.dim,
+            norm=norm_emb,
+            zero_idx=self.zero_token_id,
+            demux_second_stream=demux_second_text_stream,
+            device=device,
+            dtype=dtype,
+        )
         _init_layer(self.oracle_emb)
         self.oracle_enabled = True
         self._forward_oracle: torch.Tensor | None = None
@@ -80,10 +100,12 @@ class KameLMModel(LMModel):
 
     def _init_streaming_state(self, batch_size: int) -> _KameLMState:
         device = next(iter(self.parameters())).device
-        tokens = torch.full((batch_size, 1), self.text_padding_token_id, dtype=torch.long,
-                            device=device)
-        return _KameLMState(batch_size, device, oracle_tokens=tokens,
-                            padding_token=self.text_padding_token_id)
+        tokens = torch.full(
+            (batch_size, 1), self.text_padding_token_id, dtype=torch.long, device=device
+        )
+        return _KameLMState(
+            batch_size, device, oracle_tokens=tokens, padding_token=self.text_padding_token_id
+        )
 
     def set_oracle_tokens(self, tokens: torch.Tensor) -> None:
         """The oracle token each batch row feeds at the next streaming step.
@@ -96,14 +118,16 @@ class KameLMModel(LMModel):
         repeats = state.batch_size // tokens.shape[0]
         state.oracle_tokens[:, 0].copy_(tokens.to(state.oracle_tokens.device).repeat(repeats))
 
-    def forward(self, codes: torch.Tensor, condition_tensors=None,
-                oracle_tokens: torch.Tensor | None = None) -> LMOutput:
+    def forward(
+        self, codes: torch.Tensor, condition_tensors=None, oracle_tokens: torch.Tensor | None = None
+    ) -> LMOutput:
         """Teacher-forced training path; `oracle_tokens` is [B, T], aligned with `codes`."""
         if oracle_tokens is None or not self.oracle_enabled:
             return super().forward(codes, condition_tensors)
         batch = oracle_tokens.shape[0]
-        initial = torch.full((batch, 1, 1), self.text_initial_token_id, dtype=torch.long,
-                             device=oracle_tokens.device)
+        initial = torch.full(
+            (batch, 1, 1), self.text_initial_token_id, dtype=torch.long, device=oracle_tokens.device
+        )
         delayed = _delay_sequence(self.delays[:1], oracle_tokens[:, None], initial)
         self._forward_oracle = torch.cat([initial, delayed], dim=2)[:, 0, :-1]
         try:

@@ -38,8 +38,9 @@ class WordAssembler:
     it started; its start_s/end_s are the frames its pieces were spoken in.
     """
 
-    def __init__(self, tokenizer: sentencepiece.SentencePieceProcessor,
-                 padding_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self, tokenizer: sentencepiece.SentencePieceProcessor, padding_ids: tuple[int, ...]
+    ) -> None:
         self._tokenizer = tokenizer
         self._padding_ids = frozenset(padding_ids)
         self._word: _OpenWord | None = None
@@ -71,5 +72,11 @@ class WordAssembler:
         word, self._word = self._word, None
         if word is None or not word.text:
             return []
-        return [SpokenWord(word.text, word.start_frame * FRAME_SECONDS,
-                           (word.last_frame + 1) * FRAME_SECONDS, word.generation)]
+        return [
+            SpokenWord(
+                word.text,
+                word.start_frame * FRAME_SECONDS,
+                (word.last_frame + 1) * FRAME_SECONDS,
+                word.generation,
+            )
+        ]

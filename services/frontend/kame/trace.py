@@ -21,16 +21,19 @@ def check_trace(trace: dict[str, Any], batch: SlotBatch) -> None:
     lm = batch.lm
     if not isinstance(trace.get("steps"), list):
         raise TraceError("trace needs a list 'steps'")
-    for key, model_value in (("text_initial_token_id", lm.text_initial_token_id),
-                             ("text_padding_token_id", lm.text_padding_token_id),
-                             ("user_codebooks", batch.user_codebooks)):
+    for key, model_value in (
+        ("text_initial_token_id", lm.text_initial_token_id),
+        ("text_padding_token_id", lm.text_padding_token_id),
+        ("user_codebooks", batch.user_codebooks),
+    ):
         if key in trace and trace[key] != model_value:
             raise TraceError(f"trace {key} is {trace[key]}, the checkpoint's is {model_value}")
     for index, step in enumerate(trace["steps"]):
         codes = step.get("user_codes")
         if not isinstance(codes, list) or len(codes) != batch.user_codebooks:
             raise TraceError(
-                f"step {index}: user_codes must be {batch.user_codebooks} codes, got {codes!r}")
+                f"step {index}: user_codes must be {batch.user_codebooks} codes, got {codes!r}"
+            )
         for op in step.get("oracle", []):
             if op.get("op") not in ("reset", "append"):
                 raise TraceError(f"step {index}: unknown oracle op {op!r}")
@@ -53,5 +56,8 @@ def run_trace(batch: SlotBatch, trace: dict[str, Any], slot: int = 0) -> list[li
 
 def mismatches(trace: dict[str, Any], outputs: list[list[int] | None]) -> list[int]:
     """Indexes of the steps whose output differs from the trace's `expect`."""
-    return [index for index, (step, output) in enumerate(zip(trace["steps"], outputs, strict=True))
-            if "expect" in step and step["expect"] != output]
+    return [
+        index
+        for index, (step, output) in enumerate(zip(trace["steps"], outputs, strict=True))
+        if "expect" in step and step["expect"] != output
+    ]
