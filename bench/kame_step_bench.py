@@ -32,9 +32,9 @@ import torch
 from moshi.models import loaders
 
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
-from services.frontend.kame.batch import SlotBatch
-from services.frontend.kame.checkpoint import parse_dtype
-from services.frontend.kame.oracle import KameLMModel
+from services.frontend.engines.kame.batch import SlotBatch
+from services.frontend.engines.kame.checkpoint import parse_dtype
+from services.frontend.engines.kame.oracle import KameLMModel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -31,10 +32,10 @@ from prometheus_client import REGISTRY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kame_cli import llm_server  # noqa: E402
-from kamepb import common_pb2, oracle_pb2  # noqa: E402
-from services.oracle.config import ApiKeys, OracleServiceConfig  # noqa: E402
-from services.oracle.engine import SessionFactory  # noqa: E402
+from kame_cli import llm_server
+from kamepb import common_pb2, oracle_pb2
+from services.oracle.config import ApiKeys, OracleSettings
+from services.oracle.session import SessionFactory
 
 Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate
@@ -64,11 +65,15 @@ async def ask(factory: SessionFactory, question: str, policy: str, words_per_s: 
         )
     )
     timeline: list[tuple[float, oracle_pb2.GuideResponse]] = []
+    final_answered = asyncio.Event()
 
     async def collect() -> None:
         async for response in session.responses():
             timeline.append((time.monotonic(), response))
+            if final_at is not None and finished(final_generation()):
+                final_answered.set()
 
+    final_at: float | None = None
     collector = asyncio.create_task(collect())
     words = question.split()
     for count in range(1, len(words) + 1):
@@ -100,9 +105,8 @@ async def ask(factory: SessionFactory, question: str, policy: str, words_per_s: 
             for _t, r in timeline
         )
 
-    deadline = time.monotonic() + 60
-    while not finished(final_generation()) and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(final_answered.wait(), 60)
     await session.close()
     await collector
     return summarize(question, timeline, final_at, final_generation())
@@ -141,7 +145,7 @@ def median(values: list[float]) -> float | None:
 
 
 async def bench(base_url: str, rounds: int, words_per_s: float) -> dict:
-    factory = SessionFactory(OracleServiceConfig(base_url=base_url), ApiKeys(), store=None)
+    factory = SessionFactory(OracleSettings(base_url=base_url), ApiKeys(), store=None)
     # Warm-up: the first request evaluates the few-shot prefix; later ones reuse it.
     await ask(factory, "What is the capital of France?", "cascade", 50)
     report = {}

@@ -383,7 +383,7 @@ def conversation_record(
 
 def frame_lag_stats(lags: np.ndarray, late_s: float) -> dict[str, Any]:
     return {
-        "frames": int(len(lags)),
+        "frames": len(lags),
         "late_frames": int(np.sum(lags > late_s)),
         "late_fraction": _round(float(np.mean(lags > late_s))) if len(lags) else None,
         "frame_lag_p50_s": _round(_percentile(lags, 50)),

@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from kame_common.models import gemma_270m_gguf_path
+from kame_common.ports import LLM_PORT
 
 EMBEDDED_ALIAS = "gemma-3-270m"
 
@@ -39,7 +40,7 @@ def base_url(host: str, port: int) -> str:
 def launch(
     model: Path | None = None,
     host: str = "127.0.0.1",
-    port: int = 8080,
+    port: int = LLM_PORT,
     threads: int = 0,
     n_ctx: int = 4096,
     alias: str = "",
@@ -104,7 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", type=Path, default=None, help="a GGUF file (default: the embedded Gemma 3 270M)"
     )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    parser.add_argument(
+        "--port", type=int, default=LLM_PORT, help=f"listen port (default {LLM_PORT})"
+    )
     parser.add_argument(
         "--threads", type=int, default=0, help="CPU threads (default: llama.cpp's choice)"
     )

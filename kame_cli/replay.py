@@ -26,9 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # torch and moshi load only when the command runs.
-    from services.frontend.kame import checkpoint
-    from services.frontend.kame.batch import SlotBatch
-    from services.frontend.kame.trace import TraceError, mismatches, run_trace
+    from services.frontend.engines.kame import checkpoint
+    from services.frontend.engines.kame.batch import SlotBatch
+    from services.frontend.engines.kame.trace import TraceError, mismatches, run_trace
 
     try:
         trace = json.loads(args.trace.read_text())

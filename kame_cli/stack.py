@@ -35,6 +35,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS
+
 LOOPBACK = "127.0.0.1"
 SERVICES = ("stt", "oracle", "frontend", "gateway")
 
@@ -45,16 +47,16 @@ class StackError(RuntimeError):
 
 @dataclass
 class Ports:
-    gateway: int = 50051
-    frontend: int = 50052
-    stt: int = 50053
-    oracle: int = 50054
-    llm: int = 8080
-    redis: int = 6379
-    gateway_metrics: int = 9101
-    frontend_metrics: int = 9102
-    stt_metrics: int = 9103
-    oracle_metrics: int = 9104
+    gateway: int = SERVICE_PORTS["gateway"].grpc
+    frontend: int = SERVICE_PORTS["frontend"].grpc
+    stt: int = SERVICE_PORTS["stt"].grpc
+    oracle: int = SERVICE_PORTS["oracle"].grpc
+    llm: int = LLM_PORT
+    redis: int = REDIS_PORT
+    gateway_metrics: int = SERVICE_PORTS["gateway"].metrics
+    frontend_metrics: int = SERVICE_PORTS["frontend"].metrics
+    stt_metrics: int = SERVICE_PORTS["stt"].metrics
+    oracle_metrics: int = SERVICE_PORTS["oracle"].metrics
 
     @classmethod
     def free(cls, redis: int = 6379) -> Ports:

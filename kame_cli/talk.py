@@ -37,7 +37,9 @@ import grpc
 import numpy as np
 
 from kame_cli.say import write_wav
+from kame_common.aio import cancel_and_wait
 from kame_common.audio import SAMPLE_RATE, pcm16_to_float, resample
+from kame_common.ports import loopback_address
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.gateway.codecs import Decoder, Encoder, resolve_format
 
@@ -58,7 +60,7 @@ LEVEL_RANGE_DB = 35.0
 
 @dataclass
 class TalkOptions:
-    gateway: str = "127.0.0.1:50051"
+    gateway: str = loopback_address("gateway")
     mode: str = "tandem"
     input_codec: str = "pcm16"
     input_rate: int = 0  # 0: the WAV's rate for pcm16, the codec's own rate otherwise
@@ -236,9 +238,8 @@ class _Conversation:
             except grpc.aio.AioRpcError as exc:
                 self.result.status, self.result.status_details = exc.code().name, exc.details()
             finally:
-                sender.cancel()
-                await asyncio.gather(sender, return_exceptions=True)
-        parts = self.agent_parts + [self.decoder.flush()]
+                await cancel_and_wait(sender)
+        parts = [*self.agent_parts, self.decoder.flush()]
         self.result.agent = np.concatenate(parts).astype(np.float32)
         return self.result
 
@@ -438,7 +439,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="WAV for the agent's audio")
     parser.add_argument("--timeline", type=Path, required=True, help="timeline JSON to write")
     parser.add_argument("--plot", type=Path, help="PNG of the timeline")
-    parser.add_argument("--gateway", default="127.0.0.1:50051", help="gateway host:port")
+    parser.add_argument("--gateway", default=loopback_address("gateway"), help="gateway host:port")
     parser.add_argument("--mode", choices=sorted(MODES), default="tandem")
     parser.add_argument("--input-codec", choices=sorted(CODECS), default="pcm16")
     parser.add_argument("--output-codec", choices=sorted(CODECS), default="pcm16")

@@ -14,9 +14,12 @@ import dataclasses
 import os
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
+
+from kame_common.ports import SERVICE_PORTS
 
 T = TypeVar("T")
+SettingsT = TypeVar("SettingsT", bound="ServiceSettings")
 
 
 class ConfigError(ValueError):
@@ -114,3 +117,52 @@ def validate_choices(config: Any) -> None:
         if choices is not None and value not in choices:
             allowed = ", ".join(repr(c) for c in choices)
             raise ConfigError(f"{field.name}: {value!r} is not allowed; choose one of {allowed}")
+
+
+def grpc_port_setting(service: str) -> Any:
+    """The `port` setting of `service`, defaulting to its port in kame_common.ports."""
+    return setting(SERVICE_PORTS[service].grpc, "gRPC port (0 picks a free one)")
+
+
+def metrics_port_setting(service: str) -> Any:
+    return setting(SERVICE_PORTS[service].metrics, "Prometheus /metrics port (0 disables)")
+
+
+@dataclasses.dataclass
+class ServiceSettings:
+    """The settings every service has. A service's settings class extends it,
+    names its service in SERVICE (which also makes the KAME_<SERVICE>_ prefix of
+    its environment variables) and declares its ports with grpc_port_setting /
+    metrics_port_setting. `validate` checks what a type alone cannot."""
+
+    SERVICE: ClassVar[str]
+
+    host: str = setting("0.0.0.0", "address the gRPC server binds")
+    port: int = setting(0, "gRPC port (0 picks a free one)")
+    metrics_port: int = setting(0, "Prometheus /metrics port (0 disables)")
+    max_sessions: int = setting(0, "open sessions before RESOURCE_EXHAUSTED (0 = no limit)")
+    grace_s: float = setting(30.0, "on SIGTERM, seconds open sessions get to finish")
+    otlp_endpoint: str = setting("", "OpenTelemetry OTLP/gRPC endpoint (empty = no export)")
+
+    @classmethod
+    def env_prefix(cls) -> str:
+        return f"KAME_{cls.SERVICE.upper()}_"
+
+    def validate(self) -> None:
+        """Raise ConfigError naming a field whose value is out of its range."""
+        if self.max_sessions < 0:
+            raise ConfigError(f"max_sessions: must not be negative, got {self.max_sessions}")
+        if self.grace_s < 0:
+            raise ConfigError(f"grace_s: must not be negative, got {self.grace_s}")
+
+
+def load_settings(
+    cls: type[SettingsT],
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> SettingsT:
+    """A service's settings from flags, then KAME_<SERVICE>_* variables, then
+    defaults; raises ConfigError naming the first bad field."""
+    settings = load_config(cls, prefix=cls.env_prefix(), argv=argv, env=env)
+    settings.validate()
+    return settings

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import start_http_server
 
 # Per-frame timings live around the 80 ms frame budget.
@@ -12,9 +14,9 @@ TURN_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
 
 
-def start_metrics_server(port: int, host: str = "0.0.0.0") -> int:
-    """Serve /metrics on `port` (0 = disabled). Returns the bound port."""
+def start_metrics_server(port: int, host: str = "0.0.0.0") -> WSGIServer | None:
+    """Serve /metrics on `port` in a thread (0 = disabled); stop it with `shutdown()`."""
     if port <= 0:
-        return 0
+        return None
     server, _thread = start_http_server(port, addr=host)
-    return server.server_port
+    return server

@@ -1,10 +1,17 @@
-"""gRPC server bootstrap shared by every service.
+"""The one start-up and shutdown path of every service.
 
 `ServiceRuntime` owns the aio server, the standard health service, reflection,
-session admission (max sessions -> RESOURCE_EXHAUSTED, draining ->
-UNAVAILABLE) and graceful drain: on SIGTERM/SIGINT every health status turns
-NOT_SERVING, new sessions are refused, and open sessions get up to
-`grace_s` seconds to finish before the server stops.
+the /metrics endpoint, tracing, session admission (max sessions ->
+RESOURCE_EXHAUSTED, draining -> UNAVAILABLE) and graceful drain: on
+SIGTERM/SIGINT every health status turns NOT_SERVING, new sessions are
+refused, and open sessions get up to `grace_s` seconds to finish before the
+server stops.
+
+A service's `serve(settings)` builds what it needs, registers how to undo it
+(`on_drain`: before the server stops taking sessions, e.g. leave the capacity
+registry; `on_close`: after the server stopped, last registered first, e.g.
+release the models and the Redis client), starts the runtime and returns it.
+`service_main(Settings, serve)` is every service's process entry point.
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Gauge
 
 from kame_common import tracing
-from kame_common.config import ConfigError
+from kame_common.config import ConfigError, ServiceSettings, load_settings
+from kame_common.metrics import start_metrics_server
 
 log = logging.getLogger(__name__)
-ConfigT = TypeVar("ConfigT")
+SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
+Hook = Callable[[], Awaitable[None]]
 
 ACTIVE_SESSIONS = Gauge("kame_active_sessions", "Open sessions on this replica", ["service"])
 
@@ -36,26 +45,21 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 class ServiceRuntime:
-    def __init__(
-        self,
-        service_name: str,
-        full_service_names: Iterable[str],
-        host: str = "127.0.0.1",
-        port: int = 0,
-        max_sessions: int = 0,
-        grace_s: float = 30.0,
-    ) -> None:
-        self.service_name = service_name
-        self.full_service_names = list(full_service_names)
-        self.host = host
-        self.port = port
-        self.max_sessions = max_sessions
-        self.grace_s = grace_s
+    def __init__(self, settings: ServiceSettings, grpc_services: Iterable[str]) -> None:
+        self.settings = settings
+        self.service_name = settings.SERVICE
+        self.grpc_services = list(grpc_services)
+        self.host = settings.host
+        self.port = settings.port
+        self.metrics_port = 0
         self.active_sessions = 0
         self.draining = False
         self._sessions_idle = asyncio.Event()
         self._sessions_idle.set()
         self._stopped = asyncio.Event()
+        self._drain_hooks: list[Hook] = []
+        self._close_hooks = contextlib.AsyncExitStack()
+        self._shutdown: asyncio.Future[None] | None = None
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
             interceptors=tracing.server_interceptors(),
@@ -64,18 +68,31 @@ class ServiceRuntime:
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ],
         )
-        self._gauge = ACTIVE_SESSIONS.labels(service=service_name)
+        self._gauge = ACTIVE_SESSIONS.labels(service=self.service_name)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def on_drain(self, hook: Hook) -> None:
+        """Run `hook` first when the service drains or stops (in registration order)."""
+        self._drain_hooks.append(hook)
+
+    def on_close(self, hook: Hook) -> None:
+        """Run `hook` after the server stopped; hooks run last registered first."""
+        self._close_hooks.push_async_callback(hook)
+
     async def start(self, add_servicers: Callable[[grpc.aio.Server], None]) -> None:
-        """Register servicers, bind the port (0 picks a free one) and start serving."""
+        """Tracing, /metrics, servicers; bind the port (0 picks a free one) and serve."""
+        tracing.setup_tracing(self.service_name, self.settings.otlp_endpoint)
+        metrics_server = start_metrics_server(self.settings.metrics_port)
+        if metrics_server is not None:
+            self.metrics_port = metrics_server.server_port
+            self.on_close(lambda: asyncio.to_thread(metrics_server.shutdown))
         add_servicers(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            [*self.full_service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+            [*self.grpc_services, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
         self.port = self.server.add_insecure_port(f"{self.host}:{self.port}")
         if self.port == 0:
@@ -85,7 +102,7 @@ class ServiceRuntime:
         log.info("%s listening on %s", self.service_name, self.address)
 
     async def _set_all(self, status: int) -> None:
-        for name in ["", *self.full_service_names]:
+        for name in ["", *self.grpc_services]:
             await self.health.set(name, status)
 
     @contextlib.asynccontextmanager
@@ -93,10 +110,11 @@ class ServiceRuntime:
         """Admit one session for the duration of the block, or abort the RPC."""
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.service_name} is draining")
-        if self.max_sessions and self.active_sessions >= self.max_sessions:
+        max_sessions = self.settings.max_sessions
+        if max_sessions and self.active_sessions >= max_sessions:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self.service_name} is at its limit of {self.max_sessions} sessions",
+                f"{self.service_name} is at its limit of {max_sessions} sessions",
             )
         self.active_sessions += 1
         self._gauge.set(self.active_sessions)
@@ -111,50 +129,57 @@ class ServiceRuntime:
 
     async def drain(self) -> None:
         """NOT_SERVING, refuse new sessions, wait for open ones (up to grace_s), stop."""
-        if self.draining:
-            return
-        self.draining = True
-        await self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
-        log.info("%s draining: %d open sessions", self.service_name, self.active_sessions)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._sessions_idle.wait(), self.grace_s)
-        await self.server.stop(grace=1.0)
-        self._stopped.set()
-
-    def install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.drain()))
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
+        await self._shut_down(self.settings.grace_s)
 
     async def stop(self) -> None:
         """Stop at once (tests and error paths)."""
+        await self._shut_down(None)
+
+    async def _shut_down(self, grace_s: float | None) -> None:
+        """The first caller decides how; later callers wait for the same shutdown."""
+        if self._shutdown is None:
+            self._shutdown = asyncio.ensure_future(self._run_shutdown(grace_s))
+        await asyncio.shield(self._shutdown)
+
+    async def _run_shutdown(self, grace_s: float | None) -> None:
         self.draining = True
-        await self.server.stop(grace=0)
+        for hook in self._drain_hooks:
+            await hook()
+        await self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if grace_s is not None:
+            log.info("%s draining: %d open sessions", self.service_name, self.active_sessions)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._sessions_idle.wait(), grace_s)
+        await self.server.stop(grace=1.0 if grace_s is not None else 0)
+        await self._close_hooks.aclose()
         self._stopped.set()
 
-
-async def run_until_stopped(runtime: ServiceRuntime) -> None:
-    """The main loop of a service process: serve until SIGTERM/SIGINT has drained it."""
-    runtime.install_signal_handlers()
-    await runtime.wait_stopped()
+    async def serve_until_stopped(self) -> None:
+        """The main loop of a service process: serve until SIGTERM/SIGINT has drained it."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.drain()))
+        await self._stopped.wait()
 
 
 def service_main(
-    name: str,
-    load: Callable[[Sequence[str]], ConfigT],
-    run: Callable[[ConfigT], Awaitable[None]],
+    settings_class: type[SettingsT],
+    serve: Callable[[SettingsT], Awaitable[ServiceRuntime]],
     argv: Sequence[str] | None = None,
 ) -> int:
-    """The process entry point of a service: logging, then its config from flags
-    and environment (a bad setting exits 2 with a message naming it), then `run`."""
+    """The process entry point of a service: logging, then its settings from flags
+    and environment (a bad setting exits 2 with a message naming it), then
+    `serve` until SIGTERM/SIGINT has drained it."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        config = load(sys.argv[1:] if argv is None else argv)
+        settings = load_settings(settings_class, sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:
-        print(f"{name}: {exc}", file=sys.stderr)
+        print(f"{settings_class.SERVICE}: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(run(config))
+
+    async def run() -> None:
+        runtime = await serve(settings)
+        await runtime.serve_until_stopped()
+
+    asyncio.run(run())
     return 0

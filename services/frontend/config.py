@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-from kame_common.config import ConfigError, load_config, setting
+from kame_common.config import (
+    ConfigError,
+    ServiceSettings,
+    grpc_port_setting,
+    metrics_port_setting,
+    setting,
+)
+from kame_common.ports import LOCAL_REDIS_URL
 
-ENV_PREFIX = "KAME_FRONTEND_"
 ENGINES = ("tts", "kame", "moshi")
 
 
 @dataclass
-class FrontendSettings:
-    host: str = setting("0.0.0.0", "Address the gRPC server binds")
-    port: int = setting(50052, "gRPC port (0 picks a free one)")
-    metrics_port: int = setting(9102, "Prometheus /metrics port (0 disables)")
+class FrontendSettings(ServiceSettings):
+    SERVICE: ClassVar[str] = "frontend"
+
+    port: int = grpc_port_setting("frontend")
+    metrics_port: int = metrics_port_setting("frontend")
     engine: str = setting("tts", "Engine this replica serves", choices=ENGINES)
     voice: str = setting("", "tts engine: piper .onnx voice path (empty = embedded joe voice)")
     checkpoint: str = setting("", "kame/moshi engines: checkpoint directory or HF repo id")
@@ -27,9 +34,7 @@ class FrontendSettings:
         4, "Sessions served at once (kame/moshi: the model's batch size; tts: concurrent voices)"
     )
     max_sessions: int = setting(0, "Admission limit on open streams (0 = batch_slots decides)")
-    grace_s: float = setting(30.0, "On SIGTERM, seconds open sessions get to finish")
-    otlp_endpoint: str = setting("", "OpenTelemetry OTLP/gRPC endpoint (empty = no export)")
-    redis_url: str = setting("redis://127.0.0.1:6379/0", "Redis for the capacity registry")
+    redis_url: str = setting(LOCAL_REDIS_URL, "Redis for the capacity registry")
     replica_id: str = setting("", "Name in the capacity registry (empty = hostname-pid)")
     advertise_address: str = setting(
         "", "host:port the gateway dials for this replica (empty = 127.0.0.1:<bound port>)"
@@ -41,13 +46,7 @@ class FrontendSettings:
     def resolved_advertise_address(self, bound_port: int) -> str:
         return self.advertise_address or f"127.0.0.1:{bound_port}"
 
-
-def load(
-    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
-) -> FrontendSettings:
-    settings = load_config(FrontendSettings, prefix=ENV_PREFIX, argv=argv, env=env)
-    if settings.batch_slots < 1:
-        raise ConfigError(f"batch_slots: must be at least 1, got {settings.batch_slots}")
-    if settings.max_sessions < 0:
-        raise ConfigError(f"max_sessions: must not be negative, got {settings.max_sessions}")
-    return settings
+    def validate(self) -> None:
+        super().validate()
+        if self.batch_slots < 1:
+            raise ConfigError(f"batch_slots: must be at least 1, got {self.batch_slots}")

@@ -26,24 +26,22 @@ from redis.exceptions import RedisError
 
 from kame_common import store, tracing
 from kame_common.audio import SAMPLE_RATE, check_frame, float_to_pcm16, pcm16_to_float
-from kame_common.metrics import start_metrics_server
-from kame_common.server import ServiceRuntime, run_until_stopped, service_main
+from kame_common.server import ServiceRuntime, service_main
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
-from services.frontend import config as frontend_config
 from services.frontend import metrics
 from services.frontend.config import ENGINES, FrontendSettings
-from services.frontend.engine import (
+from services.frontend.engines import build_engine
+from services.frontend.engines.base import (
     Engine,
     EngineSession,
     InvalidSessionConfig,
     SessionParams,
     SlotsExhausted,
 )
-from services.frontend.engines import build_engine
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = frontend_pb2.DESCRIPTOR.services_by_name["Frontend"].full_name
+GRPC_SERVICE = frontend_pb2.DESCRIPTOR.services_by_name["Frontend"].full_name
 DEFAULT_TURN_END_SILENCE_S = 0.4
 MAX_TURN_END_SILENCE_S = 5.0
 WITHDRAW_TIMEOUT_S = 2.0
@@ -58,9 +56,9 @@ class CapacityPublisher:
     cancelled heartbeat running forever.
     """
 
-    def __init__(self, redis_url: str, replica_id: str, address: str, engine: Engine) -> None:
+    def __init__(self, redis_url: str, replica_id: str, engine: Engine) -> None:
         self.replica_id = replica_id
-        self.address = address
+        self.address = ""
         self._engine = engine
         self._client = store.connect(redis_url)
         self._registry = store.CapacityRegistry(self._client, "frontend")
@@ -68,7 +66,9 @@ class CapacityPublisher:
         self._closing = False
         self._task: asyncio.Task | None = None
 
-    def start(self) -> None:
+    def start(self, address: str) -> None:
+        """Publish `address` (host:port the gateway dials) from now on."""
+        self.address = address
         self._task = asyncio.create_task(self._heartbeat())
 
     def changed(self) -> None:
@@ -92,69 +92,30 @@ class CapacityPublisher:
 
     async def close(self) -> None:
         """Stop publishing and withdraw from the registry (best effort when Redis is down)."""
-        if self._task is None:
-            return
         task, self._task = self._task, None
-        self._closing = True
-        self._wake.set()
-        # A publish in flight finishes first (or gives up, when Redis is down).
-        done, _ = await asyncio.wait([task], timeout=WITHDRAW_TIMEOUT_S)
-        if not done:
-            task.cancel()
-        try:
-            await asyncio.wait_for(self._registry.withdraw(self.replica_id), WITHDRAW_TIMEOUT_S)
-        except (TimeoutError, RedisError, OSError) as exc:
-            log.warning("could not withdraw %s from the registry: %s", self.replica_id, exc)
+        if task is not None:
+            self._closing = True
+            self._wake.set()
+            # A publish in flight finishes first (or gives up, when Redis is down).
+            done, _ = await asyncio.wait([task], timeout=WITHDRAW_TIMEOUT_S)
+            if not done:
+                task.cancel()
+            try:
+                await asyncio.wait_for(self._registry.withdraw(self.replica_id), WITHDRAW_TIMEOUT_S)
+            except (TimeoutError, RedisError, OSError) as exc:
+                log.warning("could not withdraw %s from the registry: %s", self.replica_id, exc)
         await self._client.aclose()
 
 
-class FrontendRuntime(ServiceRuntime):
-    """ServiceRuntime that also withdraws from the registry and releases the engine."""
-
-    def __init__(self, settings: FrontendSettings, engine: Engine) -> None:
-        super().__init__(
-            "frontend",
-            [SERVICE_NAME],
-            settings.host,
-            settings.port,
-            settings.max_sessions,
-            settings.grace_s,
-        )
-        self.engine = engine
-        self.capacity: CapacityPublisher | None = None  # set once the port is bound
-        self._engine_closing: asyncio.Future | None = None
-
-    def capacity_changed(self) -> None:
-        if self.capacity is not None:
-            self.capacity.changed()
-
-    async def drain(self) -> None:
-        await self._withdraw()  # first, so the gateway stops sending new sessions
-        await super().drain()
-        await self.close_engine()
-
-    async def stop(self) -> None:
-        await self._withdraw()
-        await super().stop()
-        await self.close_engine()
-
-    async def _withdraw(self) -> None:
-        if self.capacity is not None:
-            await self.capacity.close()
-
-    async def close_engine(self) -> None:
-        """Release the engine once, however many callers ask."""
-        if self._engine_closing is None:
-            self._engine_closing = asyncio.ensure_future(self.engine.close())
-        await asyncio.shield(self._engine_closing)
-
-
 class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
-    def __init__(self, runtime: FrontendRuntime, replica_id: str) -> None:
+    def __init__(
+        self, runtime: ServiceRuntime, engine: Engine, capacity: CapacityPublisher
+    ) -> None:
         self._runtime = runtime
-        self._replica_id = replica_id
+        self._engine = engine
+        self._capacity = capacity
 
-    async def Stream(
+    async def Stream(  # noqa: N802 (gRPC method name)
         self,
         request_iterator: AsyncIterator[frontend_pb2.FrontendRequest],
         context: grpc.aio.ServicerContext,
@@ -167,13 +128,13 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             session = await self._open_session(params, context)
             span = tracing.tracer(__name__).start_span(
                 "frontend.session",
-                attributes={"session.id": params.session_id, "engine": self._runtime.engine.name},
+                attributes={"session.id": params.session_id, "engine": self._engine.name},
             )
             try:
                 yield frontend_pb2.FrontendResponse(
                     ready=frontend_pb2.FrontendReady(
-                        engine=self._runtime.engine.name,
-                        replica_id=self._replica_id,
+                        engine=self._engine.name,
+                        replica_id=self._capacity.replica_id,
                         slot=session.slot,
                     )
                 )
@@ -193,7 +154,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             finally:
                 span.end()
                 await session.close()
-                self._runtime.capacity_changed()
+                self._capacity.changed()
 
     async def _session_params(
         self, request: frontend_pb2.FrontendRequest, context: grpc.aio.ServicerContext
@@ -205,7 +166,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 f"the first message must be a config, got {kind or 'an empty message'}",
             )
         config = request.config
-        served = self._runtime.engine.name
+        served = self._engine.name
         if config.engine and config.engine not in ENGINES:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -233,12 +194,12 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         self, params: SessionParams, context: grpc.aio.ServicerContext
     ) -> EngineSession:
         try:
-            session = await self._runtime.engine.open_session(params)
+            session = await self._engine.open_session(params)
         except SlotsExhausted as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except InvalidSessionConfig as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        self._runtime.capacity_changed()
+        self._capacity.changed()
         return session
 
     async def _step(
@@ -257,7 +218,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         started = time.perf_counter()
         output = await session.step(pcm16_to_float(frame.pcm))
         step_s = time.perf_counter() - started
-        metrics.STEP_SECONDS.labels(engine=self._runtime.engine.name).observe(step_s)
+        metrics.STEP_SECONDS.labels(engine=self._engine.name).observe(step_s)
         agent_frame = common_pb2.AudioFrame(
             pcm=float_to_pcm16(output.pcm),
             sample_rate_hz=SAMPLE_RATE,
@@ -304,37 +265,31 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             )
 
 
-async def serve(settings: FrontendSettings) -> FrontendRuntime:
+async def serve(settings: FrontendSettings) -> ServiceRuntime:
     """Load the engine, start serving on settings.host:port, and publish capacity."""
+    runtime = ServiceRuntime(settings, [GRPC_SERVICE])
     engine = await asyncio.to_thread(build_engine, settings)
-    runtime = FrontendRuntime(settings, engine)
-    replica_id = settings.resolved_replica_id()
-    servicer = FrontendServicer(runtime, replica_id)
+    runtime.on_close(engine.close)
+    capacity = CapacityPublisher(settings.redis_url, settings.resolved_replica_id(), engine)
+    runtime.on_drain(capacity.close)  # first, so the gateway stops sending new sessions
+    servicer = FrontendServicer(runtime, engine, capacity)
     try:
         await runtime.start(
             lambda server: frontend_pb2_grpc.add_FrontendServicer_to_server(servicer, server)
         )
     except BaseException:
-        await runtime.close_engine()
+        await runtime.stop()
         raise
-    runtime.capacity = CapacityPublisher(
-        settings.redis_url, replica_id, settings.resolved_advertise_address(runtime.port), engine
-    )
-    runtime.capacity.start()
+    capacity.start(settings.resolved_advertise_address(runtime.port))
     metrics.FREE_SLOTS.set_function(lambda: engine.free_slots)
     log.info(
-        "frontend engine %s with %d slots, replica %s", engine.name, engine.total_slots, replica_id
+        "frontend engine %s with %d slots, replica %s",
+        engine.name,
+        engine.total_slots,
+        capacity.replica_id,
     )
     return runtime
 
 
-async def _run(settings: FrontendSettings) -> None:
-    tracing.setup_tracing("frontend", settings.otlp_endpoint)
-    start_metrics_server(settings.metrics_port)
-    runtime = await serve(settings)
-    await run_until_stopped(runtime)
-    await runtime.close_engine()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    return service_main("frontend", frontend_config.load, _run, argv)
+    return service_main(FrontendSettings, serve, argv)

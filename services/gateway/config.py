@@ -2,30 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-from kame_common.config import load_config, setting
+from kame_common.config import (
+    ServiceSettings,
+    grpc_port_setting,
+    metrics_port_setting,
+    setting,
+)
+from kame_common.ports import LOCAL_REDIS_URL, loopback_address
 
 MODES = ("tandem", "cascade", "s2s")
 
 
 @dataclass
-class GatewayConfig:
-    host: str = setting("0.0.0.0", "interface the Converse API listens on")
-    port: int = setting(50051, "gRPC port of the Converse API")
-    metrics_port: int = setting(9101, "Prometheus /metrics port (0 disables)")
+class GatewaySettings(ServiceSettings):
+    SERVICE: ClassVar[str] = "gateway"
+
+    port: int = grpc_port_setting("gateway")
+    metrics_port: int = metrics_port_setting("gateway")
     max_sessions: int = setting(
         64, "open Converse sessions before RESOURCE_EXHAUSTED (0 = no limit)"
     )
-    grace_s: float = setting(30.0, "on SIGTERM, seconds open sessions get to finish")
-    otlp_endpoint: str = setting("", "OpenTelemetry OTLP/gRPC endpoint (empty = no export)")
-    redis_url: str = setting("redis://127.0.0.1:6379/0", "session records and frontend registry")
+    redis_url: str = setting(LOCAL_REDIS_URL, "session records and frontend registry")
     session_ttl_s: int = setting(3600, "Redis TTL of session records and conversations")
-    stt_address: str = setting("127.0.0.1:50053", "host:port of the stt service")
-    oracle_address: str = setting("127.0.0.1:50054", "host:port of the oracle service")
+    stt_address: str = setting(loopback_address("stt"), "host:port of the stt service")
+    oracle_address: str = setting(loopback_address("oracle"), "host:port of the oracle service")
     frontend_address: str = setting(
-        "127.0.0.1:50052",
+        loopback_address("frontend"),
         "host:port of the frontend used when the Redis capacity registry lists no replica",
     )
     default_mode: str = setting("tandem", "mode of sessions whose config leaves it unset", MODES)
@@ -43,7 +48,3 @@ class GatewayConfig:
     )
     turn_end_silence_s: float = setting(0.0, "tts engine pause that ends a turn (0 = its default)")
     filler_text: str = setting("", "tts engine: said at turn end when no oracle text is ready")
-
-
-def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
-    return load_config(GatewayConfig, prefix="KAME_GATEWAY_", argv=argv, env=env)

@@ -8,16 +8,15 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from kame_common import store, tracing
-from kame_common.metrics import start_metrics_server
-from kame_common.server import ServiceRuntime, run_until_stopped, service_main
+from kame_common import store
+from kame_common.server import ServiceRuntime, service_main
 from kamepb import gateway_pb2, gateway_pb2_grpc
-from services.gateway.config import GatewayConfig, load
+from services.gateway.config import GatewaySettings
 from services.gateway.session import GatewaySession, SessionError, Upstreams, plan_session
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
+GRPC_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
@@ -71,45 +70,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return first.config
 
 
-class GatewayRuntime(ServiceRuntime):
-    """The service runtime, plus the upstream channels and Redis client to close."""
-
-    upstreams: Upstreams
-
-    async def close_upstreams(self) -> None:
-        await self.upstreams.close()
-        await self.upstreams.store.client.aclose()
-
-    async def stop(self) -> None:
-        await super().stop()
-        await self.close_upstreams()
-
-
-async def serve(config: GatewayConfig) -> GatewayRuntime:
+async def serve(settings: GatewaySettings) -> ServiceRuntime:
     """Start the gateway; returns its runtime (`.port` is the bound port)."""
-    tracing.setup_tracing("gateway", config.otlp_endpoint)
-    start_metrics_server(config.metrics_port)
-    runtime = GatewayRuntime(
-        "gateway",
-        [SERVICE_NAME],
-        host=config.host,
-        port=config.port,
-        max_sessions=config.max_sessions,
-        grace_s=config.grace_s,
-    )
-    runtime.upstreams = Upstreams(config, store.connect(config.redis_url))
-    servicer = GatewayServicer(runtime, runtime.upstreams)
+    runtime = ServiceRuntime(settings, [GRPC_SERVICE])
+    redis_client = store.connect(settings.redis_url)
+    runtime.on_close(redis_client.aclose)
+    upstreams = Upstreams(settings, redis_client)
+    runtime.on_close(upstreams.close)
+    servicer = GatewayServicer(runtime, upstreams)
     await runtime.start(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
     )
     return runtime
 
 
-async def _serve_until_stopped(config: GatewayConfig) -> None:
-    runtime = await serve(config)
-    await run_until_stopped(runtime)
-    await runtime.close_upstreams()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    return service_main("gateway", load, _serve_until_stopped, argv)
+    return service_main(GatewaySettings, serve, argv)

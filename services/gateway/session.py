@@ -62,7 +62,7 @@ from kamepb import (
 )
 from services.gateway import metrics
 from services.gateway.codecs import AudioFormat, CodecError, Decoder, Encoder, resolve_format
-from services.gateway.config import GatewayConfig
+from services.gateway.config import GatewaySettings
 from services.gateway.turns import Turn, TurnTracker
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class SessionPlan:
         return self.mode != "s2s"
 
 
-def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewayConfig) -> SessionPlan:
+def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) -> SessionPlan:
     """Check the client's config; raise SessionError naming the bad field."""
     invalid = grpc.StatusCode.INVALID_ARGUMENT
     if settings.auth_token and config.auth_token != settings.auth_token:
@@ -149,7 +149,7 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewayConfig) ->
 class Upstreams:
     """What every session of one gateway shares: channels, Redis store and registry."""
 
-    def __init__(self, settings: GatewayConfig, redis_client: Any) -> None:
+    def __init__(self, settings: GatewaySettings, redis_client: Any) -> None:
         self.settings = settings
         self.store = SessionStore(redis_client, ttl_s=settings.session_ttl_s)
         self.registry = CapacityRegistry(redis_client, "frontend")

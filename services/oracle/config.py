@@ -9,11 +9,17 @@ Secret), never from flags, which `ps` would show.
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
-from kame_common.config import load_config, setting
+from kame_common.config import (
+    ServiceSettings,
+    grpc_port_setting,
+    metrics_port_setting,
+    setting,
+)
+from kame_common.ports import LOCAL_LLM_URL, LOCAL_REDIS_URL
 from kamepb import oracle_pb2
 from services.oracle.backends import (
     ANTHROPIC_API_BASE_URL,
@@ -24,7 +30,6 @@ from services.oracle.backends import (
 )
 from services.oracle.policy import POLICY_NAMES, PolicyParams
 
-ENV_PREFIX = "KAME_ORACLE_"
 # Models used when a session picks a back-end other than the service default
 # and names no model.
 VENDOR_DEFAULT_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
@@ -33,33 +38,23 @@ API_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
 
 @dataclass
-class OracleServiceConfig:
-    host: str = setting("0.0.0.0", "address to listen on")
-    port: int = setting(50054, "gRPC port (0 picks a free one)")
-    metrics_port: int = setting(9104, "Prometheus /metrics port (0 disables)")
+class OracleSettings(ServiceSettings):
+    SERVICE: ClassVar[str] = "oracle"
+
+    port: int = grpc_port_setting("oracle")
+    metrics_port: int = metrics_port_setting("oracle")
     max_sessions: int = setting(100, "concurrent sessions before RESOURCE_EXHAUSTED (0 = no limit)")
-    grace_s: float = setting(30.0, "seconds open sessions get to finish on SIGTERM")
-    otlp_endpoint: str = setting("", "OpenTelemetry OTLP gRPC endpoint (empty: no export)")
-    redis_url: str = setting("redis://127.0.0.1:6379/0", "Redis for conversation history")
+    redis_url: str = setting(LOCAL_REDIS_URL, "Redis for conversation history")
     history_ttl_s: int = setting(3600, "seconds a conversation log lives after its last turn")
     history_turns: int = setting(20, "most recent turns of history put in the prompt")
     backend: str = setting("openai", "default LLM back-end", choices=BACKEND_NAMES)
     model: str = setting("gemma-3-270m", "default model (the embedded llm server's alias)")
-    base_url: str = setting("http://127.0.0.1:8080/v1", "default back-end base URL")
+    base_url: str = setting(LOCAL_LLM_URL, "default back-end base URL")
     policy: str = setting("tandem", "default restart policy", choices=POLICY_NAMES)
     request_timeout_s: float = setting(10.0, "limit on connect and on each wait for LLM output")
     check_timeout_s: float = setting(3.0, "limit on the config-time reachability check")
     max_tokens: int = setting(64, "default max tokens per answer")
     temperature: float = setting(0.0, "default sampling temperature (0 = greedy)")
-
-
-def load(
-    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
-) -> OracleServiceConfig:
-    """Flags, then KAME_ORACLE_* variables, then defaults (raises ConfigError)."""
-    return load_config(
-        OracleServiceConfig, prefix=ENV_PREFIX, argv=sys.argv[1:] if argv is None else argv, env=env
-    )
 
 
 @dataclass(frozen=True)
@@ -85,7 +80,7 @@ class InvalidSessionConfig(ValueError):
     """The session's OracleConfig cannot be served (-> INVALID_ARGUMENT)."""
 
 
-def _policy(config: oracle_pb2.OracleConfig, service: OracleServiceConfig) -> PolicyParams:
+def _policy(config: oracle_pb2.OracleConfig, service: OracleSettings) -> PolicyParams:
     given = config.policy
     defaults = PolicyParams()
     params = PolicyParams(
@@ -103,7 +98,7 @@ def _policy(config: oracle_pb2.OracleConfig, service: OracleServiceConfig) -> Po
 
 
 def _backend(
-    config: oracle_pb2.OracleConfig, service: OracleServiceConfig, keys: ApiKeys
+    config: oracle_pb2.OracleConfig, service: OracleSettings, keys: ApiKeys
 ) -> BackendSettings:
     backend = config.backend or service.backend
     if backend not in BACKEND_NAMES:
@@ -138,7 +133,7 @@ def _backend(
 
 
 def resolve_session(
-    config: oracle_pb2.OracleConfig, service: OracleServiceConfig, keys: ApiKeys
+    config: oracle_pb2.OracleConfig, service: OracleSettings, keys: ApiKeys
 ) -> SessionSettings:
     """Merge a session's OracleConfig over the service defaults; InvalidSessionConfig
     names the first problem."""

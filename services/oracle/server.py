@@ -8,21 +8,17 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
-from redis.asyncio import Redis
 
 from kame_common import store
-from kame_common.metrics import start_metrics_server
-from kame_common.server import ServiceRuntime, run_until_stopped, service_main
-from kame_common.tracing import setup_tracing
+from kame_common.aio import cancel_and_wait
+from kame_common.server import ServiceRuntime, service_main
 from kamepb import oracle_pb2, oracle_pb2_grpc
-from services.oracle import config as oracle_config
-from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleServiceConfig
-from services.oracle.engine import OracleSession, SessionFactory
+from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleSettings
+from services.oracle.session import OracleSession, SessionFactory
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = "oracle"
-FULL_SERVICE_NAME = oracle_pb2.DESCRIPTOR.services_by_name["Oracle"].full_name
+GRPC_SERVICE = oracle_pb2.DESCRIPTOR.services_by_name["Oracle"].full_name
 
 
 class ProtocolError(Exception):
@@ -34,7 +30,7 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
         self.runtime = runtime
         self.factory = factory
 
-    async def Guide(
+    async def Guide(  # noqa: N802 (gRPC method name)
         self,
         request_iterator: AsyncIterator[oracle_pb2.GuideRequest],
         context: grpc.aio.ServicerContext,
@@ -62,8 +58,7 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
                 if isinstance(outcome, ProtocolError):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(outcome))
             finally:
-                feeder.cancel()
-                await asyncio.gather(feeder, return_exceptions=True)
+                await cancel_and_wait(feeder)
                 await session.close()
 
     @staticmethod
@@ -87,59 +82,29 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
             await session.close()
 
 
-class OracleRuntime(ServiceRuntime):
-    """The service runtime plus the Redis client that the sessions share."""
-
-    redis_client: Redis | None = None
-
-    async def stop(self) -> None:
-        await super().stop()
-        await self.close_redis()
-
-    async def close_redis(self) -> None:
-        if self.redis_client is not None:
-            await self.redis_client.aclose()
-            self.redis_client = None
-
-
-async def serve(config: OracleServiceConfig, api_keys: ApiKeys | None = None) -> OracleRuntime:
+async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> ServiceRuntime:
     """Start the Oracle service; `api_keys` default to OPENAI_API_KEY / ANTHROPIC_API_KEY.
     An empty `redis_url` runs without conversation history."""
-    setup_tracing(SERVICE_NAME, config.otlp_endpoint)
-    runtime = OracleRuntime(
-        SERVICE_NAME,
-        [FULL_SERVICE_NAME],
-        host=config.host,
-        port=config.port,
-        max_sessions=config.max_sessions,
-        grace_s=config.grace_s,
-    )
+    runtime = ServiceRuntime(settings, [GRPC_SERVICE])
     session_store = None
-    if config.redis_url:
-        runtime.redis_client = store.connect(config.redis_url)
-        session_store = store.SessionStore(runtime.redis_client, ttl_s=config.history_ttl_s)
+    if settings.redis_url:
+        redis_client = store.connect(settings.redis_url)
+        runtime.on_close(redis_client.aclose)
+        session_store = store.SessionStore(redis_client, ttl_s=settings.history_ttl_s)
     keys = api_keys if api_keys is not None else ApiKeys.from_env()
-    factory = SessionFactory(config, keys, session_store)
+    factory = SessionFactory(settings, keys, session_store)
     servicer = OracleServicer(runtime, factory)
     await runtime.start(
         lambda server: oracle_pb2_grpc.add_OracleServicer_to_server(servicer, server)
     )
+    log.info(
+        "oracle: default backend %s model %s at %s",
+        settings.backend,
+        settings.model,
+        settings.base_url,
+    )
     return runtime
 
 
-async def _run(config: OracleServiceConfig) -> None:
-    metrics_port = start_metrics_server(config.metrics_port)
-    runtime = await serve(config)
-    log.info(
-        "oracle: default backend %s model %s at %s; metrics on :%s",
-        config.backend,
-        config.model,
-        config.base_url,
-        metrics_port or "off",
-    )
-    await run_until_stopped(runtime)
-    await runtime.close_redis()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    return service_main("oracle", oracle_config.load, _run, argv)
+    return service_main(OracleSettings, serve, argv)

@@ -3,12 +3,18 @@ the per-stream settings resolved from a client's SttConfig against the service d
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
-from kame_common.config import ConfigError, load_config, setting
+from kame_common.config import (
+    ConfigError,
+    ServiceSettings,
+    grpc_port_setting,
+    metrics_port_setting,
+    setting,
+)
 
-ENV_PREFIX = "KAME_STT_"
 DEVICES = ("cpu", "cuda", "auto")
 COMPUTE_TYPES = (
     "",  # int8 on CPU, float16 on CUDA
@@ -28,13 +34,11 @@ MAX_UTTERANCE_LIMIT_S = 30.0
 
 
 @dataclass
-class SttSettings:
-    host: str = setting("0.0.0.0", "Address the gRPC server binds")
-    port: int = setting(50053, "gRPC port (0 picks a free one)")
-    metrics_port: int = setting(9103, "Prometheus /metrics port (0 disables)")
-    max_sessions: int = setting(0, "Admission limit on open streams (0 = unlimited)")
-    grace_s: float = setting(30.0, "On SIGTERM, seconds open sessions get to finish")
-    otlp_endpoint: str = setting("", "OpenTelemetry OTLP/gRPC endpoint (empty = no export)")
+class SttSettings(ServiceSettings):
+    SERVICE: ClassVar[str] = "stt"
+
+    port: int = grpc_port_setting("stt")
+    metrics_port: int = metrics_port_setting("stt")
     model_dir: str = setting("", "CTranslate2 Whisper directory (empty = embedded tiny.en)")
     device: str = setting("cpu", "Where Whisper runs", choices=DEVICES)
     compute_type: str = setting(
@@ -48,6 +52,17 @@ class SttSettings:
     endpoint_silence_s: float = setting(0.5, "Default: a pause this long ends the utterance")
     max_utterance_s: float = setting(15.0, "Default: an utterance this long is finalized")
     vad_threshold: float = setting(0.5, "Default: Silero VAD speech probability threshold")
+
+    def validate(self) -> None:
+        super().validate()
+        for name, minimum in (("decode_workers", 1), ("beam_size", 1), ("cpu_threads", 0)):
+            if getattr(self, name) < minimum:
+                raise ConfigError(f"{name}: must be at least {minimum}, got {getattr(self, name)}")
+        for name in RANGES:
+            try:
+                _in_range(name, getattr(self, name))
+            except ValueError as exc:
+                raise ConfigError(str(exc).replace(" (or 0 for the default)", "")) from None
 
 
 @dataclass(frozen=True)
@@ -98,21 +113,3 @@ def stream_settings(
             f"max_utterance_s ({values['max_utterance_s']:g})"
         )
     return StreamSettings(session_id=session_id, language=language or "en", **values)
-
-
-def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> SttSettings:
-    settings = load_config(SttSettings, prefix=ENV_PREFIX, argv=argv, env=env)
-    for name, minimum in (
-        ("decode_workers", 1),
-        ("beam_size", 1),
-        ("cpu_threads", 0),
-        ("max_sessions", 0),
-    ):
-        if getattr(settings, name) < minimum:
-            raise ConfigError(f"{name}: must be at least {minimum}, got {getattr(settings, name)}")
-    for name in RANGES:
-        try:
-            _in_range(name, getattr(settings, name))
-        except ValueError as exc:
-            raise ConfigError(str(exc).replace(" (or 0 for the default)", "")) from None
-    return settings

@@ -149,7 +149,7 @@ class DecodeScheduler:
                 if future.set_running_or_notify_cancel():
                     try:
                         future.set_result(job())
-                    except BaseException as exc:  # noqa: BLE001 - goes to whoever awaits it
+                    except BaseException as exc:
                         future.set_exception(exc)
             finally:
                 if partial_owner is not None:

@@ -13,22 +13,23 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 
 import grpc
 
 from kame_common import tracing
+from kame_common.aio import cancel_and_wait
 from kame_common.audio import check_frame
-from kame_common.metrics import start_metrics_server
-from kame_common.server import ServiceRuntime, run_until_stopped, service_main
+from kame_common.server import ServiceRuntime, service_main
 from kamepb import stt_pb2, stt_pb2_grpc
-from services.stt import config as stt_config
 from services.stt.config import StreamSettings, SttSettings, stream_settings
-from services.stt.engine import SessionFailed, SttEngine, SttSession
+from services.stt.engine import SttEngine
+from services.stt.session import SessionFailed, SttSession
 
 log = logging.getLogger(__name__)
 _tracer = tracing.tracer(__name__)
 
-SERVICE_NAME = stt_pb2.DESCRIPTOR.services_by_name["Stt"].full_name
+GRPC_SERVICE = stt_pb2.DESCRIPTOR.services_by_name["Stt"].full_name
 
 
 class InvalidRequest(ValueError):
@@ -53,7 +54,7 @@ class SttServicer(stt_pb2_grpc.SttServicer):
             with _tracer.start_as_current_span(
                 "stt.session", attributes={"session.id": settings.session_id}
             ):
-                session = self.engine.open_session(settings)
+                session = SttSession(self.engine, settings)
                 reader = asyncio.create_task(self._read_audio(request_iterator, session))
                 try:
                     async for response in session.events():
@@ -64,7 +65,7 @@ class SttServicer(stt_pb2_grpc.SttServicer):
                 except SessionFailed as exc:
                     await context.abort(grpc.StatusCode.INTERNAL, str(exc))
                 finally:
-                    reader.cancel()
+                    await cancel_and_wait(reader)
                     await session.aclose()
 
     def _stream_settings(self, first: stt_pb2.TranscribeRequest | None) -> StreamSettings:
@@ -122,31 +123,19 @@ class SttServicer(stt_pb2_grpc.SttServicer):
 
 
 async def serve(settings: SttSettings, engine: SttEngine | None = None) -> ServiceRuntime:
-    """Start the service (loading the models unless an engine is given); returns the
-    running runtime, `runtime.port` being the bound port."""
-    tracing.setup_tracing("stt", settings.otlp_endpoint)
+    """Start the service, loading the models unless an engine is given (the caller
+    then owns it); returns the running runtime, `runtime.port` being the bound port."""
+    # faster-whisper logs every decode at INFO: twice a second per caller.
+    logging.getLogger("faster_whisper").setLevel(logging.WARNING)
+    runtime = ServiceRuntime(settings, [GRPC_SERVICE])
     if engine is None:
         engine = await asyncio.to_thread(SttEngine, settings)
-    runtime = ServiceRuntime(
-        "stt", [SERVICE_NAME], settings.host, settings.port, settings.max_sessions, settings.grace_s
-    )
+        runtime.on_close(partial(asyncio.to_thread, engine.close))
     servicer = SttServicer(engine, runtime)
     await runtime.start(lambda server: stt_pb2_grpc.add_SttServicer_to_server(servicer, server))
-    start_metrics_server(settings.metrics_port)
+    log.info("stt serving %s on %s", engine.model_dir, runtime.address)
     return runtime
 
 
-async def _run(settings: SttSettings) -> None:
-    # faster-whisper logs every decode at INFO: twice a second per caller.
-    logging.getLogger("faster_whisper").setLevel(logging.WARNING)
-    engine = await asyncio.to_thread(SttEngine, settings)
-    runtime = await serve(settings, engine)
-    log.info("stt serving %s on %s", engine.model_dir, runtime.address)
-    try:
-        await run_until_stopped(runtime)
-    finally:
-        engine.close()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    return service_main("stt", stt_config.load, _run, argv)
+    return service_main(SttSettings, serve, argv)

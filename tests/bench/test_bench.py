@@ -75,7 +75,7 @@ def test_runs_follow_the_checkpoint():
         ("tandem-kame", "kame"),
         ("s2s", "moshi"),
     ]
-    with pytest.raises(ValueError, match="s2s.*need --checkpoint"):
+    with pytest.raises(ValueError, match=r"s2s.*need --checkpoint"):
         bench.select_runs(bench.plan_runs(""), "tandem,s2s")
 
 

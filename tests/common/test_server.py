@@ -9,13 +9,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from kame_common.config import ServiceSettings
 from kame_common.server import ServiceRuntime
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,9 +39,15 @@ def _echo_handler(runtime: ServiceRuntime):
     )
 
 
+@dataclass
+class EchoSettings(ServiceSettings):
+    SERVICE: ClassVar[str] = "echo"
+
+
 @pytest.fixture
 async def runtime():
-    runtime = ServiceRuntime("echo", [ECHO_SERVICE], port=0, max_sessions=1, grace_s=5)
+    settings = EchoSettings(host="127.0.0.1", port=0, max_sessions=1, grace_s=5)
+    runtime = ServiceRuntime(settings, [ECHO_SERVICE])
     await runtime.start(lambda server: server.add_generic_rpc_handlers([_echo_handler(runtime)]))
     yield runtime
     await runtime.stop()
@@ -88,14 +97,18 @@ async def test_admission_limit_and_drain_waits_for_open_session(runtime):
 
 SERVER_SCRIPT = textwrap.dedent(
     """
-    import asyncio, sys
-    from kame_common.server import ServiceRuntime, run_until_stopped
+    import asyncio
+    from kame_common.config import ServiceSettings
+    from kame_common.server import ServiceRuntime
+
+    class ProbeSettings(ServiceSettings):
+        SERVICE = "probe"
 
     async def main():
-        runtime = ServiceRuntime("probe", [], port=0, grace_s=2)
+        runtime = ServiceRuntime(ProbeSettings(host="127.0.0.1", port=0, grace_s=2), [])
         await runtime.start(lambda server: None)
         print(runtime.port, flush=True)
-        await run_until_stopped(runtime)
+        await runtime.serve_until_stopped()
 
     asyncio.run(main())
     """
@@ -103,7 +116,8 @@ SERVER_SCRIPT = textwrap.dedent(
 
 
 async def test_sigterm_turns_not_serving_then_exits():
-    process = subprocess.Popen(
+    # Popen returns once the child is forked; its output is read from a thread.
+    process = subprocess.Popen(  # noqa: ASYNC220
         [sys.executable, "-c", SERVER_SCRIPT], stdout=subprocess.PIPE, text=True, cwd=ROOT
     )
     try:

@@ -15,13 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kame_common.config import load_settings
+from kame_common.ports import SERVICE_PORTS
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "kame"
 SERVICES = ("gateway", "frontend", "stt", "oracle")
-# The conventions' default ports: gRPC and Prometheus.
-PORTS = {"gateway": 50051, "frontend": 50052, "stt": 50053, "oracle": 50054}
-METRICS_PORTS = {"gateway": 9101, "frontend": 9102, "stt": 9103, "oracle": 9104}
-LLM_PORT = 8080
+# The default ports, from their one source: gRPC and Prometheus.
+PORTS = {service: ports.grpc for service, ports in SERVICE_PORTS.items()}
+METRICS_PORTS = {service: ports.metrics for service, ports in SERVICE_PORTS.items()}
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}
 
 
@@ -37,7 +39,7 @@ class ServiceConfig:
     def load(self, env: dict[str, str]) -> typing.Any:
         """The settings the service would run with in `env`, through its own loader (which
         adds its range checks to the dataclass's types and choices)."""
-        return self.module.load([], env)
+        return load_settings(self.cls, [], env)
 
     @property
     def fields(self) -> dict[str, dataclasses.Field]:

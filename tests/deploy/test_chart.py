@@ -410,9 +410,9 @@ def test_external_redis_and_missing_url():
     for service in ("gateway", "frontend", "oracle"):
         env = env_of(containers(rendered.one("Deployment", service))[0])
         assert env[f"KAME_{service.upper()}_REDIS_URL"]["value"] == "redis://cache:6379/2"
-    with pytest.raises(helm.HelmError, match="redis.externalUrl"):
+    with pytest.raises(helm.HelmError, match=r"redis\.externalUrl"):
         helm_render({"redis": {"enabled": False}})
-    with pytest.raises(helm.HelmError, match="secrets.existingSecret"):
+    with pytest.raises(helm.HelmError, match=r"secrets\.existingSecret"):
         helm_render({"redis": {"enabled": False}, "secrets": {"redisUrlKey": "REDIS_URL"}})
     # The in-release Redis wins over a URL key: one REDIS_URL, never two.
     rendered = helm_render({"secrets": {"existingSecret": "k", "redisUrlKey": "REDIS_URL"}})

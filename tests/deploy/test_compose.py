@@ -22,7 +22,8 @@ import yaml
 
 from kame_cli import llm_server
 from kame_cli.stack import Stack, StackOptions
-from tests.deploy.conftest import LLM_PORT, METRICS_PORTS, PORTS, ROOT, SERVICES
+from kame_common.ports import LLM_PORT
+from tests.deploy.conftest import METRICS_PORTS, PORTS, ROOT, SERVICES
 
 COMPOSE = ROOT / "docker-compose.yml"
 GPU_ENV = ROOT / "deploy" / "compose" / "gpu.env"

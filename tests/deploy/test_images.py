@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 from grpc_health.v1 import health_pb2
 
+from kame_common.ports import LLM_PORT
 from kame_common.server import ServiceRuntime
-from tests.deploy.conftest import LLM_PORT, METRICS_PORTS, PORTS, ROOT
+from services.stt.config import SttSettings
+from tests.deploy.conftest import METRICS_PORTS, PORTS, ROOT
 
 HEALTHCHECK = ROOT / "deploy" / "docker" / "healthcheck.py"
 IMAGES = {
@@ -124,7 +126,7 @@ def test_dependencies_come_from_the_lock(image):
     for name in requirements - {"requirements/frontend-cuda.txt"}:
         assert (ROOT / name).is_file(), name
     expected = f"requirements/{service or 'llm'}.txt"
-    assert expected in requirements or dockerfile.name == "Dockerfile" and service == "frontend"
+    assert expected in requirements or (dockerfile.name == "Dockerfile" and service == "frontend")
     if service == "frontend":
         (moshi,) = [i for i in installs if re.search(r"\bmoshi\b", i)]
         assert "--no-deps" in moshi
@@ -277,7 +279,7 @@ async def run_healthcheck(*args: str) -> tuple[int, str]:
 
 
 async def test_grpc_health_check_follows_serving_status():
-    runtime = ServiceRuntime("deploytest", ["kamepb.Stt"], host="127.0.0.1", port=0)
+    runtime = ServiceRuntime(SttSettings(host="127.0.0.1", port=0, metrics_port=0), ["kamepb.Stt"])
     await runtime.start(lambda server: None)
     try:
         code, reason = await run_healthcheck("grpc", "--port", str(runtime.port))
@@ -301,7 +303,7 @@ async def test_grpc_health_check_follows_serving_status():
 
 
 class _ModelsHandler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         self.send_response(200 if self.path == "/v1/models" else 404)
         self.end_headers()
         self.wfile.write(b'{"data": []}')

@@ -39,12 +39,13 @@ from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.frontend.config import FrontendSettings
 from services.frontend.server import serve as serve_frontend
 from services.gateway.codecs import AudioFormat, CodecError, Decoder, Encoder, resolve_format
-from services.gateway.config import GatewayConfig
+from services.gateway.config import GatewaySettings
 from services.gateway.server import serve as serve_gateway
-from services.oracle.config import ApiKeys, OracleServiceConfig
+from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.server import serve as serve_oracle
 from services.stt.config import SttSettings
 from services.stt.server import serve as serve_stt
+from tests.support import wait_until
 
 QUESTION = "What is the capital of France?"
 E2E_DB = 9
@@ -74,7 +75,7 @@ class Services:
         return self._keep(await serve_stt(SttSettings(host="127.0.0.1", port=0, metrics_port=0)))
 
     async def oracle(self) -> ServiceRuntime:
-        config = OracleServiceConfig(
+        config = OracleSettings(
             host="127.0.0.1",
             port=0,
             metrics_port=0,
@@ -105,7 +106,7 @@ class Services:
             oracle_address=oracle.address,
             frontend_address=frontend_address,
         )
-        config = GatewayConfig(**{**settings, **overrides})
+        config = GatewaySettings(**{**settings, **overrides})
         return self._keep(await serve_gateway(config))
 
     def _keep(self, runtime: ServiceRuntime) -> ServiceRuntime:
@@ -135,11 +136,12 @@ class Stack:
 async def wait_registered(redis_url: str, address: str, timeout_s: float = 10.0) -> None:
     client = store.connect(redis_url)
     registry = store.CapacityRegistry(client, "frontend")
+
+    async def registered() -> bool:
+        return address in [r.address for r in await registry.replicas()]
+
     try:
-        deadline = time.monotonic() + timeout_s
-        while address not in [r.address for r in await registry.replicas()]:
-            assert time.monotonic() < deadline, f"frontend {address} never reached the registry"
-            await asyncio.sleep(0.1)
+        await wait_until(registered, f"frontend {address} in the registry", timeout_s)
     finally:
         await client.aclose()
 
@@ -236,9 +238,9 @@ class LiveCall:
         await self.call.write(request)
 
     async def wait_for(
-        self, predicate: Callable[[gateway_pb2.ConverseResponse], bool], timeout: float = 30.0
+        self, predicate: Callable[[gateway_pb2.ConverseResponse], bool], timeout_s: float = 30.0
     ) -> gateway_pb2.ConverseResponse:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout_s
         while True:
             for _, response in self.responses:
                 if predicate(response):
@@ -251,11 +253,11 @@ class LiveCall:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), remaining)
 
-    async def finish(self, timeout: float = 30.0) -> grpc.StatusCode:
+    async def finish(self, timeout_s: float = 30.0) -> grpc.StatusCode:
         """Half-close and wait until the gateway ends the call; its status."""
         with contextlib.suppress(grpc.aio.UsageError, grpc.aio.AioRpcError):
             await self.call.done_writing()
-        await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+        await asyncio.wait_for(asyncio.shield(self._reader), timeout_s)
         return await self.call.code()
 
     async def close(self) -> None:
@@ -275,15 +277,6 @@ class LiveCall:
     def agent_audio(self) -> np.ndarray:
         parts = [self.decoder.decode(chunk.data) for chunk in self.of("audio")]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
-
-
-async def wait_until(
-    condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def session_tasks(session_id: str) -> list[asyncio.Task]:

@@ -63,10 +63,15 @@ async def session_record(redis_url: str, session_id: str) -> dict:
         await client.aclose()
 
 
-async def upstreams_idle(stack, timeout: float = 10.0) -> None:
+def read_url(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+async def upstreams_idle(stack, timeout_s: float = 10.0) -> None:
     for name, runtime in {**stack.upstreams, "gateway": stack.gateway}.items():
         await wait_until(
-            lambda r=runtime: r.active_sessions == 0, timeout, f"{name} to see its session end"
+            lambda r=runtime: r.active_sessions == 0, f"{name} to see its session end", timeout_s
         )
 
 
@@ -113,7 +118,7 @@ async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
     assert agent_turns and "paris" in " ".join(agent_turns).lower(), turns
 
     # /metrics: the per-frame and response-latency histograms have samples.
-    metrics = urllib.request.urlopen(stack.metrics_url, timeout=5).read().decode()
+    metrics = await asyncio.to_thread(read_url, stack.metrics_url)
     assert (
         metric_samples(metrics, "kame_gateway_frame_round_trip_seconds_count")
         >= result.streamed_samples // FRAME_SAMPLES
@@ -174,7 +179,7 @@ async def test_disconnect_mid_turn_frees_every_upstream_stream_and_task(stack, s
     feeding = asyncio.create_task(
         call.stream(np.concatenate([speak(QUESTION), np.zeros(10 * SAMPLE_RATE, np.float32)]))
     )
-    await call.wait_for(lambda r: r.HasField("audio") and r.audio.speaking, timeout=30)
+    await call.wait_for(lambda r: r.HasField("audio") and r.audio.speaking, timeout_s=30)
     session_id = call.session_id
     assert session_tasks(session_id), "the session's pump tasks should be running"
     assert all(r.active_sessions == 1 for r in stack.upstreams.values())
@@ -183,7 +188,7 @@ async def test_disconnect_mid_turn_frees_every_upstream_stream_and_task(stack, s
     await call.close()  # the caller hangs up while the agent is talking
 
     await upstreams_idle(stack)
-    await wait_until(lambda: not session_tasks(session_id), 5.0, "the pump tasks to end")
+    await wait_until(lambda: not session_tasks(session_id), "the pump tasks to end", 5.0)
     engine = stack.frontend.engine
     assert engine.free_slots == engine.total_slots
     record = await session_record(stack.redis_url, session_id)
@@ -207,7 +212,7 @@ async def test_bad_input_gets_a_clear_status_while_others_are_served(stack, spea
                     await call.send_raw(request)
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
                     break  # the gateway already ended the call: its status is what counts
-            code = await call.finish(timeout=20)
+            code = await call.finish(timeout_s=20)
             return code, call.error.details() if call.error else ""
         finally:
             await call.close()
@@ -251,16 +256,16 @@ async def test_bad_input_gets_a_clear_status_while_others_are_served(stack, spea
 async def test_oracle_failure_mid_session_goes_on_without_oracle(stack, speak):
     oracle = await stack.services.oracle()
     gateway = await stack.services.gateway(
-        stack.stt, oracle, stack.gateway.upstreams.settings.frontend_address
+        stack.stt, oracle, stack.gateway.settings.frontend_address
     )
     call = await LiveCall(gateway.address, converse_config()).start()
     try:
         feeding = asyncio.create_task(
             call.stream(np.concatenate([speak(QUESTION), np.zeros(3 * SAMPLE_RATE, np.float32)]))
         )
-        await call.wait_for(lambda r: r.HasField("user_transcript"), timeout=20)
+        await call.wait_for(lambda r: r.HasField("user_transcript"), timeout_s=20)
         await oracle.stop()  # the oracle dies mid-turn
-        notice = await call.wait_for(lambda r: r.HasField("notice"), timeout=10)
+        notice = await call.wait_for(lambda r: r.HasField("notice"), timeout_s=10)
         assert notice.notice.kind == Notice.ORACLE_UNAVAILABLE
         assert "oracle failed" in notice.notice.message
         await feeding
@@ -273,27 +278,27 @@ async def test_oracle_failure_mid_session_goes_on_without_oracle(stack, speak):
         )
     finally:
         await call.close()
-    await wait_until(lambda: stack.stt.active_sessions == 0, 10, "stt to see the session end")
-    await wait_until(lambda: stack.frontend.active_sessions == 0, 10, "the frontend session end")
+    await wait_until(lambda: stack.stt.active_sessions == 0, "stt to see the session end", 10)
+    await wait_until(lambda: stack.frontend.active_sessions == 0, "the frontend session end", 10)
 
 
 async def test_stt_failure_takes_the_oracle_along_and_the_call_goes_on(stack, speak):
     stt = await stack.services.stt()
     gateway = await stack.services.gateway(
-        stt, stack.oracle, stack.gateway.upstreams.settings.frontend_address
+        stt, stack.oracle, stack.gateway.settings.frontend_address
     )
     call = await LiveCall(gateway.address, converse_config()).start()
     try:
         feeding = asyncio.create_task(
             call.stream(np.concatenate([speak(QUESTION), np.zeros(2 * SAMPLE_RATE, np.float32)]))
         )
-        await wait_until(lambda: stack.oracle.active_sessions == 1, 10, "the oracle session")
+        await wait_until(lambda: stack.oracle.active_sessions == 1, "the oracle session", 10)
         await stt.stop()
-        notice = await call.wait_for(lambda r: r.HasField("notice"), timeout=10)
+        notice = await call.wait_for(lambda r: r.HasField("notice"), timeout_s=10)
         assert notice.notice.kind == Notice.ORACLE_UNAVAILABLE
         assert "stt failed" in notice.notice.message
         await wait_until(
-            lambda: stack.oracle.active_sessions == 0, 10, "the oracle stream to close with the stt"
+            lambda: stack.oracle.active_sessions == 0, "the oracle stream to close with the stt", 10
         )
         await feeding
         assert await call.finish() == grpc.StatusCode.OK
@@ -312,30 +317,30 @@ async def test_frontend_failure_ends_the_session_with_unavailable(stack, speak, 
     call = await LiveCall(gateway.address, converse_config()).start()
     try:
         feeding = asyncio.create_task(call.stream(speak(QUESTION)))
-        await call.wait_for(lambda r: r.HasField("audio"), timeout=10)
+        await call.wait_for(lambda r: r.HasField("audio"), timeout_s=10)
         await frontend.stop()
-        code = await call.finish(timeout=15)
+        code = await call.finish(timeout_s=15)
         feeding.cancel()
         assert code == grpc.StatusCode.UNAVAILABLE
         assert re.search(r"the frontend 127\.0\.0\.1:\d+ failed", call.error.details())
     finally:
         await call.close()
-    await wait_until(lambda: stack.stt.active_sessions == 0, 10, "stt to see the session end")
-    await wait_until(lambda: stack.oracle.active_sessions == 0, 10, "oracle session end")
-    await wait_until(lambda: gateway.active_sessions == 0, 10, "the gateway session end")
+    await wait_until(lambda: stack.stt.active_sessions == 0, "stt to see the session end", 10)
+    await wait_until(lambda: stack.oracle.active_sessions == 0, "oracle session end", 10)
+    await wait_until(lambda: gateway.active_sessions == 0, "the gateway session end", 10)
 
 
 async def test_admission_control_refuses_sessions_over_the_limit(stack):
     gateway = await stack.services.gateway(
-        stack.stt, stack.oracle, stack.gateway.upstreams.settings.frontend_address, max_sessions=1
+        stack.stt, stack.oracle, stack.gateway.settings.frontend_address, max_sessions=1
     )
     first = await LiveCall(gateway.address, converse_config()).start()
     second = await LiveCall(gateway.address, converse_config()).start()
     try:
-        await first.wait_for(lambda r: r.HasField("started"), timeout=10)
-        assert await second.finish(timeout=10) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        await first.wait_for(lambda r: r.HasField("started"), timeout_s=10)
+        assert await second.finish(timeout_s=10) == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "limit of 1 sessions" in second.error.details()
-        assert await first.finish(timeout=20) == grpc.StatusCode.OK
+        assert await first.finish(timeout_s=20) == grpc.StatusCode.OK
     finally:
         await first.close()
         await second.close()
@@ -348,7 +353,7 @@ async def test_s2s_runs_without_oracle_and_the_gateway_logs_the_conversation(sta
     gateway = await stack.services.gateway(
         stack.stt,
         stack.oracle,
-        stack.gateway.upstreams.settings.frontend_address,
+        stack.gateway.settings.frontend_address,
         s2s_engine="",
         filler_text="Let me think about that.",
     )
@@ -359,7 +364,7 @@ async def test_s2s_runs_without_oracle_and_the_gateway_logs_the_conversation(sta
         feeding = asyncio.create_task(
             call.stream(np.concatenate([speak(QUESTION), np.zeros(4 * SAMPLE_RATE, np.float32)]))
         )
-        await wait_until(lambda: stack.stt.active_sessions == 1, 10, "the stt session")
+        await wait_until(lambda: stack.stt.active_sessions == 1, "the stt session", 10)
         assert stack.oracle.active_sessions == 0
         await feeding
         assert await call.finish() == grpc.StatusCode.OK
@@ -390,7 +395,7 @@ async def test_session_length_cap_ends_with_out_of_range(stack):
     gateway = await stack.services.gateway(
         stack.stt,
         stack.oracle,
-        stack.gateway.upstreams.settings.frontend_address,
+        stack.gateway.settings.frontend_address,
         max_session_s=0.5,
     )
     call = await LiveCall(gateway.address, converse_config()).start()

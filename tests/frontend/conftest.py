@@ -9,9 +9,10 @@ import uuid
 import grpc
 import pytest
 
+from kame_common.server import ServiceRuntime
 from kamepb import frontend_pb2_grpc
 from services.frontend.config import FrontendSettings
-from services.frontend.server import FrontendRuntime, serve
+from services.frontend.server import serve
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def frontend_settings(redis_url) -> FrontendSettings:
 
 
 @pytest.fixture
-async def frontend(frontend_settings) -> FrontendRuntime:
+async def frontend(frontend_settings) -> ServiceRuntime:
     runtime = await serve(frontend_settings)
     yield runtime
     await runtime.stop()

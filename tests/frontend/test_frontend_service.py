@@ -20,9 +20,9 @@ from prometheus_client import REGISTRY
 
 from kame_common import store
 from kame_common.audio import FRAME_SAMPLES, SAMPLE_RATE, float_to_pcm16
-from kame_common.config import ConfigError
+from kame_common.config import ConfigError, load_settings
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
-from services.frontend import config as frontend_config
+from services.frontend.config import FrontendSettings
 from services.frontend.server import serve
 from tests.frontend.calls import append, frames_of, play_call, reset, silence
 
@@ -169,21 +169,22 @@ async def test_metrics_count_steps_turns_and_first_audio(frontend_stub, speak):
 
 def test_settings_come_from_flags_then_environment_then_defaults():
     env = {"KAME_FRONTEND_ENGINE": "moshi", "KAME_FRONTEND_BATCH_SLOTS": "8"}
-    settings = frontend_config.load(["--batch-slots", "2"], env=env)
+    settings = load_settings(FrontendSettings, ["--batch-slots", "2"], env=env)
     assert (settings.engine, settings.batch_slots, settings.port) == ("moshi", 2, 50052)
     assert (settings.metrics_port, settings.device, settings.dtype) == (9102, "cpu", "float32")
     assert settings.resolved_advertise_address(50099) == "127.0.0.1:50099"
     assert settings.resolved_replica_id().endswith(f"-{os.getpid()}")
     with pytest.raises(ConfigError, match="engine: 'gpt' is not allowed"):
-        frontend_config.load(["--engine", "gpt"], env={})
+        load_settings(FrontendSettings, ["--engine", "gpt"], env={})
     with pytest.raises(ConfigError, match="batch_slots: must be at least 1"):
-        frontend_config.load([], env={"KAME_FRONTEND_BATCH_SLOTS": "0"})
+        load_settings(FrontendSettings, [], env={"KAME_FRONTEND_BATCH_SLOTS": "0"})
 
 
 def test_a_tts_replica_never_imports_torch():
     code = (
-        "import sys; from services.frontend import config, engines; "
-        "engine = engines.build_engine(config.load([], env={})); "
+        "import sys; from services.frontend import engines; "
+        "from services.frontend.config import FrontendSettings; "
+        "engine = engines.build_engine(FrontendSettings()); "
         "print(engine.name, 'torch' in sys.modules)"
     )
     result = subprocess.run(
@@ -212,7 +213,8 @@ async def test_the_process_serves_then_drains_on_sigterm(redis_client, redis_url
         "KAME_FRONTEND_REPLICA_ID": replica_id,
         "KAME_FRONTEND_GRACE_S": "5",
     }
-    process = subprocess.Popen(
+    # Popen returns once the child is forked; the test then polls it.
+    process = subprocess.Popen(  # noqa: ASYNC220
         [sys.executable, "-m", "services.frontend"],
         cwd=REPO,
         env=env,

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, rms_dbfs
-from services.frontend.engine import SessionParams, SlotsExhausted, StepOutput
-from services.frontend.tts_engine import (
+from services.frontend.engines.base import SessionParams, SlotsExhausted, StepOutput
+from services.frontend.engines.tts import (
     Candidate,
     Player,
     TtsEngine,
@@ -21,7 +21,7 @@ from services.frontend.tts_engine import (
     normalize_word,
     shape_phrase,
 )
-from services.frontend.turns import TurnDetector, TurnEvent
+from services.frontend.engines.turns import TurnDetector, TurnEvent
 from tests.frontend.calls import frames_of, silence
 
 OracleStep = Callable[[TtsSession], None]

@@ -64,7 +64,7 @@ async def test_agent_answers_within_three_frames_of_the_callers_end_of_speech(
     first_audio = sounding[0]
     assert end < first_audio <= end + 3, (end, first_audio)
     # Frames flagged silent carry no sound; frames flagged speaking start with the answer.
-    assert [i for i, a in enumerate(call.audio) if a.speaking][0] == first_audio
+    assert next(i for i, a in enumerate(call.audio) if a.speaking) == first_audio
     assert all(a.speaking for i, a in enumerate(call.audio) if i in set(sounding))
     heard = set(words_in(transcribe(call.agent_signal())))
     said = words_in(" ".join(ANSWER))

@@ -8,14 +8,14 @@ import pytest
 
 from kame_common.config import ConfigError
 from kamepb import gateway_pb2
-from services.gateway.config import GatewayConfig, load
+from services.gateway.config import GatewaySettings, load
 from services.gateway.session import SessionError, plan_session
 
 Config = gateway_pb2.ConverseConfig
 
 
 def test_defaults_fill_in():
-    plan = plan_session(Config(), GatewayConfig())
+    plan = plan_session(Config(), GatewaySettings())
     assert plan.mode == "tandem"
     assert (plan.input_format.codec, plan.input_format.sample_rate) == ("pcm16", 24_000)
     assert plan.output_format.sample_rate == 24_000
@@ -30,11 +30,11 @@ def test_modes_and_overrides():
         llm=gateway_pb2.LlmOverride(backend="anthropic"),
         input_format=gateway_pb2.AudioFormat(codec=gateway_pb2.AudioFormat.MULAW),
     )
-    plan = plan_session(config, GatewayConfig(default_mode="cascade"))
+    plan = plan_session(config, GatewaySettings(default_mode="cascade"))
     assert plan.mode == "s2s" and not plan.uses_oracle
     assert plan.input_format.sample_rate == 8_000
     assert plan.llm.backend == "anthropic"
-    assert plan_session(Config(), GatewayConfig(default_mode="cascade")).mode == "cascade"
+    assert plan_session(Config(), GatewaySettings(default_mode="cascade")).mode == "cascade"
 
 
 @pytest.mark.parametrize(
@@ -64,12 +64,12 @@ def test_modes_and_overrides():
 )
 def test_bad_config_names_the_field(config, code, message):
     with pytest.raises(SessionError, match=message) as caught:
-        plan_session(config, GatewayConfig())
+        plan_session(config, GatewaySettings())
     assert caught.value.code == code
 
 
 def test_auth_token_is_required_when_configured():
-    settings = GatewayConfig(auth_token="s3cret")
+    settings = GatewaySettings(auth_token="s3cret")
     with pytest.raises(SessionError) as caught:
         plan_session(Config(auth_token="guess"), settings)
     assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED

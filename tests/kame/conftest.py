@@ -17,9 +17,9 @@ from moshi.models import loaders
 from safetensors.torch import save_file
 
 from kame_common.audio import FRAME_SAMPLES
-from services.frontend.kame import checkpoint
-from services.frontend.kame.batch import SlotBatch
-from services.frontend.kame.oracle import KameLMModel
+from services.frontend.engines.kame import checkpoint
+from services.frontend.engines.kame.batch import SlotBatch
+from services.frontend.engines.kame.oracle import KameLMModel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

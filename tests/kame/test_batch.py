@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from services.frontend.kame.batch import SlotBatch
+from services.frontend.engines.kame.batch import SlotBatch
 
 SAYINGS = [
     "What is the capital of France?",

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.frontend.kame import checkpoint
-from services.frontend.kame.checkpoint import CheckpointError
+from services.frontend.engines.kame import checkpoint
+from services.frontend.engines.kame.checkpoint import CheckpointError
 
 
 def copy_with_weights(parity_dir, target, edit) -> checkpoint.Checkpoint:
@@ -80,11 +80,11 @@ def test_full_layout_loads_mimi_and_tokenizer(tiny_checkpoint):
 
 
 def test_missing_config_and_weights_are_clear_errors(parity_dir, tmp_path):
-    with pytest.raises(CheckpointError, match="config.json is missing"):
+    with pytest.raises(CheckpointError, match=r"config\.json is missing"):
         checkpoint.read(tmp_path)
     config = json.loads((parity_dir / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="LM weights .*model.safetensors are missing"):
+    with pytest.raises(CheckpointError, match=r"LM weights .*model\.safetensors are missing"):
         checkpoint.read(tmp_path)
 
 

@@ -11,10 +11,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from kame_common.audio import FRAME_SAMPLES
-from services.frontend.engine import SessionParams, SlotsExhausted
-from services.frontend.kame import checkpoint, metrics
-from services.frontend.kame.checkpoint import CheckpointError
-from services.frontend.kame.engine import KameEngine
+from services.frontend.engines.base import SessionParams, SlotsExhausted
+from services.frontend.engines.kame import checkpoint, metrics
+from services.frontend.engines.kame.checkpoint import CheckpointError
+from services.frontend.engines.kame.engine import KameEngine
 
 ANSWER = "the capital of france is paris"
 

@@ -18,6 +18,7 @@ from kame_common.audio import FRAME_BYTES, SAMPLE_RATE, float_to_pcm16
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
 from services.frontend.config import FrontendSettings
 from services.frontend.server import serve
+from tests.support import wait_until
 
 SLOTS = 2
 
@@ -66,7 +67,7 @@ def oracle_request(op, generation: int, text: str = "") -> frontend_pb2.Frontend
 async def test_speech_in_one_agent_frame_out_per_frame(
     kame_frontend, speak, to_frames, redis_client
 ):
-    runtime, settings, stub = kame_frontend
+    _runtime, settings, stub = kame_frontend
     frames = to_frames(speak("What is the capital of France? I forgot."), 30)
     oracle_at = {
         6: oracle_request(common_pb2.OracleUpdate.RESET, 1),
@@ -123,7 +124,7 @@ async def published_free_slots(redis_client, replica_id: str, want: int) -> int 
 
 
 async def test_all_slots_busy_is_resource_exhausted(kame_frontend, redis_client):
-    runtime, settings, stub = kame_frontend
+    _runtime, settings, stub = kame_frontend
     release = asyncio.Event()
 
     async def held_open():
@@ -133,7 +134,7 @@ async def test_all_slots_busy_is_resource_exhausted(kame_frontend, redis_client)
     holders = [stub.Stream(held_open()) for _ in range(SLOTS)]
     for call in holders:
         assert (await call.read()).WhichOneof("msg") == "ready"
-    assert runtime.engine.free_slots == 0
+    assert REGISTRY.get_sample_value("kame_frontend_free_slots") == 0
     assert REGISTRY.get_sample_value("kame_frontend_free_slots") == 0
     assert await published_free_slots(redis_client, settings.replica_id, 0) == 0
 
@@ -149,9 +150,7 @@ async def test_all_slots_busy_is_resource_exhausted(kame_frontend, redis_client)
     for call in holders:
         while await call.read() != grpc.aio.EOF:
             pass
-    for _ in range(50):
-        if runtime.engine.free_slots == SLOTS:
-            break
-        await asyncio.sleep(0.02)
-    assert runtime.engine.free_slots == SLOTS
+    await wait_until(
+        lambda: REGISTRY.get_sample_value("kame_frontend_free_slots") == SLOTS, "free slots", 1
+    )
     assert await published_free_slots(redis_client, settings.replica_id, SLOTS) == SLOTS

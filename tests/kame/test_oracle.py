@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.frontend.kame import checkpoint
-from services.frontend.kame.oracle import OracleFeed
-from services.frontend.kame.text import WordAssembler, oracle_token_ids
+from services.frontend.engines.kame import checkpoint
+from services.frontend.engines.kame.oracle import OracleFeed
+from services.frontend.engines.kame.text import WordAssembler, oracle_token_ids
 
 INITIAL, PAD = 96, 3
 
@@ -63,7 +63,7 @@ def test_oracle_text_is_tokenized_whole_words(tokenizer):
     chunks = ["the capital", "of", "france is paris"]
     whole = oracle_token_ids(tokenizer, text)
     assert whole == tokenizer.encode(text)
-    assert sum((oracle_token_ids(tokenizer, chunk) for chunk in chunks), []) == whole
+    assert [t for chunk in chunks for t in oracle_token_ids(tokenizer, chunk)] == whole
     assert oracle_token_ids(tokenizer, "  ") == []
 
 

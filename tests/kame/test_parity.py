@@ -8,7 +8,7 @@ import json
 import torch
 
 from kame_cli.main import main as kame
-from services.frontend.kame import checkpoint
+from services.frontend.engines.kame import checkpoint
 
 
 def test_replay_reproduces_every_expected_step(parity_dir, parity_trace, tmp_path):

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from kamepb import common_pb2, oracle_pb2, oracle_pb2_grpc
-from services.oracle.config import ApiKeys, OracleServiceConfig
+from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.server import serve
 
 Event = oracle_pb2.OracleEvent
@@ -33,7 +33,7 @@ async def oracle_service(redis_url):
     async def start(api_keys: ApiKeys | None = None, **overrides):
         settings = dict(host="127.0.0.1", port=0, metrics_port=0, redis_url=redis_url)
         settings.update(overrides)
-        runtime = await serve(OracleServiceConfig(**settings), api_keys=api_keys or ApiKeys())
+        runtime = await serve(OracleSettings(**settings), api_keys=api_keys or ApiKeys())
         runtimes.append(runtime)
         return runtime
 
@@ -89,7 +89,7 @@ class GuideClient:
         await self.send(oracle_pb2.GuideRequest(agent_text=common_pb2.AgentText(text=text)))
 
     async def wait_for(
-        self, predicate: Callable[[oracle_pb2.GuideResponse], bool], timeout: float = 60.0
+        self, predicate: Callable[[oracle_pb2.GuideResponse], bool], timeout_s: float = 60.0
     ) -> oracle_pb2.GuideResponse:
         """The first response (old or new) that satisfies `predicate`."""
 
@@ -103,10 +103,10 @@ class GuideClient:
                         raise AssertionError(f"stream ended ({self.error}) before the response")
                     await self._changed.wait()
 
-        return await asyncio.wait_for(_wait(), timeout)
+        return await asyncio.wait_for(_wait(), timeout_s)
 
     async def wait_event(
-        self, kind: int, generation: int | None = None, timeout: float = 60.0
+        self, kind: int, generation: int | None = None, timeout_s: float = 60.0
     ) -> oracle_pb2.OracleEvent:
         response = await self.wait_for(
             lambda r: (
@@ -114,15 +114,15 @@ class GuideClient:
                 and r.event.kind == kind
                 and (generation is None or r.event.generation == generation)
             ),
-            timeout,
+            timeout_s,
         )
         return response.event
 
-    async def finish(self, timeout: float = 30.0) -> grpc.StatusCode:
+    async def finish(self, timeout_s: float = 30.0) -> grpc.StatusCode:
         """Half-close, wait for the server to end the stream; the final status code."""
         with contextlib.suppress(grpc.aio.UsageError, grpc.aio.AioRpcError):
             await self.call.done_writing()
-        await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+        await asyncio.wait_for(asyncio.shield(self._reader), timeout_s)
         code = await self.call.code()
         await self.channel.close()
         return code

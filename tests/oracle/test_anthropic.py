@@ -120,7 +120,7 @@ async def test_anthropic_messages_stream_becomes_oracle_updates(
         policy=oracle_pb2.OraclePolicy(poll_interval_s=0.05),
     )
     await client.user("What is the capital of France?", final=True)
-    await client.wait_event(Event.DONE, 1, timeout=30)
+    await client.wait_event(Event.DONE, 1, timeout_s=30)
 
     client.assert_update_protocol()
     assert client.updates()[0].op == Update.RESET
@@ -153,13 +153,13 @@ async def test_anthropic_messages_stream_becomes_oracle_updates(
     # A documented `error` event mid-stream is an ERROR event; the session goes on.
     await client.agent("Paris is the capital of France.")
     await client.user("And of Spain?", final=True, utterance_id="u2")
-    error = await client.wait_event(Event.ERROR, 2, timeout=30)
+    error = await client.wait_event(Event.ERROR, 2, timeout_s=30)
     assert "Overloaded" in error.detail
     assert (
         "Assistant: Paris is the capital of France."
         in server.posts()[1].json()["messages"][0]["content"]
     )
     await client.user("Thanks, and of Italy?", final=True, utterance_id="u3")
-    await client.wait_event(Event.DONE, 3, timeout=30)
+    await client.wait_event(Event.DONE, 3, timeout_s=30)
     assert client.answer(3) == "Paris is the capital of France, on the Seine."
     assert await client.finish() == grpc.StatusCode.OK

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from kame_common.config import ConfigError
+from kame_common.config import ConfigError, load_settings
 from kamepb import oracle_pb2
-from services.oracle import config
-from services.oracle.config import ApiKeys, InvalidSessionConfig, resolve_session
+from services.oracle.config import (
+    VENDOR_DEFAULT_MODELS,
+    ApiKeys,
+    InvalidSessionConfig,
+    OracleSettings,
+    resolve_session,
+)
 
 
 def test_defaults_point_at_the_embedded_llm_server():
-    settings = config.load([], env={})
+    settings = load_settings(OracleSettings, [], env={})
     assert (settings.port, settings.metrics_port) == (50054, 9104)
     assert (settings.backend, settings.model) == ("openai", "gemma-3-270m")
     assert settings.base_url == "http://127.0.0.1:8080/v1"
@@ -24,7 +29,7 @@ def test_environment_and_flags():
         "KAME_ORACLE_BASE_URL": "http://llm:9000",
         "KAME_ORACLE_MAX_TOKENS": "32",
     }
-    settings = config.load(["--model", "claude-y"], env=env)
+    settings = load_settings(OracleSettings, ["--model", "claude-y"], env=env)
     assert (settings.backend, settings.model, settings.base_url, settings.max_tokens) == (
         "anthropic",
         "claude-y",
@@ -35,7 +40,7 @@ def test_environment_and_flags():
 
 def test_an_unknown_backend_setting_names_the_field():
     with pytest.raises(ConfigError, match="backend: 'gemini' is not allowed"):
-        config.load([], env={"KAME_ORACLE_BACKEND": "gemini"})
+        load_settings(OracleSettings, [], env={"KAME_ORACLE_BACKEND": "gemini"})
 
 
 def test_api_keys_come_from_the_vendor_variables():
@@ -44,7 +49,7 @@ def test_api_keys_come_from_the_vendor_variables():
 
 
 def test_a_session_overrides_the_service_defaults():
-    service = config.load([], env={})
+    service = load_settings(OracleSettings, [], env={})
     session = resolve_session(
         oracle_pb2.OracleConfig(
             session_id="s",
@@ -73,7 +78,7 @@ def test_a_session_overrides_the_service_defaults():
 
 
 def test_zero_means_the_service_default():
-    service = config.load([], env={"KAME_ORACLE_TEMPERATURE": "0.3"})
+    service = load_settings(OracleSettings, [], env={"KAME_ORACLE_TEMPERATURE": "0.3"})
     session = resolve_session(oracle_pb2.OracleConfig(session_id="s"), service, ApiKeys())
     assert session.backend.temperature == pytest.approx(0.3)
     assert session.backend.max_tokens == service.max_tokens
@@ -81,7 +86,7 @@ def test_zero_means_the_service_default():
 
 
 def test_another_backend_than_the_default_uses_the_vendor_api_and_the_service_key():
-    service = config.load([], env={})
+    service = load_settings(OracleSettings, [], env={})
     session = resolve_session(
         oracle_pb2.OracleConfig(session_id="s", backend="anthropic"),
         service,
@@ -91,11 +96,13 @@ def test_another_backend_than_the_default_uses_the_vendor_api_and_the_service_ke
         "https://api.anthropic.com",
         "sk-a",
     )
-    assert session.backend.model == config.VENDOR_DEFAULT_MODELS["anthropic"]
+    assert session.backend.model == VENDOR_DEFAULT_MODELS["anthropic"]
 
 
 def test_a_key_is_required_for_vendor_apis_only():
-    service = config.load([], env={"KAME_ORACLE_BASE_URL": "https://api.openai.com/v1"})
+    service = load_settings(
+        OracleSettings, [], env={"KAME_ORACLE_BASE_URL": "https://api.openai.com/v1"}
+    )
     with pytest.raises(InvalidSessionConfig, match="needs an API key: set OPENAI_API_KEY"):
         resolve_session(oracle_pb2.OracleConfig(session_id="s"), service, ApiKeys())
     local = resolve_session(

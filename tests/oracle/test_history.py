@@ -24,16 +24,16 @@ async def test_another_replica_continues_the_conversation(
     first = guide_client(replica_a.port)
     await first.config(session_id=session_id, policy=policy)
     await first.user("What is the capital of France?", final=True)
-    await first.wait_event(Event.DONE, 1, timeout=10)
+    await first.wait_event(Event.DONE, 1, timeout_s=10)
     for word in ["Paris", "is", "the", "capital."]:  # the agent speaks, word by word
         await first.agent(word)
     await first.user("And of", utterance_id="u2")
     await first.user("And of Spain?", final=True, utterance_id="u2")
     start = await first.wait_for(
         lambda r: r.event.kind == Event.REQUEST_START and r.event.detail == "And of Spain?",
-        timeout=10,
+        timeout_s=10,
     )
-    await first.wait_event(Event.DONE, start.event.generation, timeout=10)
+    await first.wait_event(Event.DONE, start.event.generation, timeout_s=10)
     await first.agent("Madrid.")
     assert await first.finish() == grpc.StatusCode.OK  # the stream's end saves "Madrid."
 
@@ -49,7 +49,7 @@ async def test_another_replica_continues_the_conversation(
     second = guide_client(replica_b.port)
     await second.config(session_id=session_id, policy=policy)
     await second.user("And Italy?", final=True)
-    await second.wait_event(Event.DONE, 1, timeout=10)
+    await second.wait_event(Event.DONE, 1, timeout_s=10)
     prompt = server.posts()[-1].json()["messages"][-1]["content"]
     assert (
         "User: What is the capital of France?\nAssistant: Paris is the capital.\n"

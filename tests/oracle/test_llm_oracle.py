@@ -10,8 +10,8 @@ from prometheus_client import REGISTRY
 
 from kame_common import store
 from kamepb import common_pb2, oracle_pb2
-from services.oracle.config import ApiKeys, OracleServiceConfig
-from services.oracle.engine import SessionFactory
+from services.oracle.config import ApiKeys, OracleSettings
+from services.oracle.session import SessionFactory
 
 Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate
@@ -39,7 +39,7 @@ async def test_partials_then_final_stream_an_answer_that_mentions_paris(
     client = guide_client(runtime.port)
     await client.config(session_id=session_id)
     await client.user("What is")
-    start = await client.wait_event(Event.REQUEST_START, timeout=30)
+    start = await client.wait_event(Event.REQUEST_START, timeout_s=30)
     assert (start.generation, start.detail) == (1, "What is")  # the first partial starts it
     await speak_partials(
         client,
@@ -56,7 +56,7 @@ async def test_partials_then_final_stream_an_answer_that_mentions_paris(
     ).event
     assert final_start.generation > 1
     generation = final_start.generation
-    await client.wait_event(Event.DONE, generation, timeout=120)
+    await client.wait_event(Event.DONE, generation, timeout_s=120)
 
     client.assert_update_protocol()
     answer = client.answer(generation)
@@ -107,9 +107,9 @@ async def test_cascade_calls_the_llm_only_on_the_final(
     await asyncio.sleep(0.5)
     assert client.events(Event.REQUEST_START) == []  # partials start nothing
     await client.user(QUESTION, final=True)
-    start = await client.wait_event(Event.REQUEST_START, timeout=30)
+    start = await client.wait_event(Event.REQUEST_START, timeout_s=30)
     assert (start.generation, start.detail) == (1, QUESTION)
-    await client.wait_event(Event.DONE, 1, timeout=120)
+    await client.wait_event(Event.DONE, 1, timeout_s=120)
     assert "paris" in client.answer(1).lower()
     assert await client.finish() == grpc.StatusCode.OK
 
@@ -131,7 +131,7 @@ def stream_tasks() -> list[asyncio.Task]:
 async def test_a_cancelled_stream_leaves_no_task_and_no_http_stream(llm_url, session_id):
     tasks_before = asyncio.all_tasks()
     cancellations_before = metric("kame_oracle_cancellations_total")
-    factory = SessionFactory(OracleServiceConfig(base_url=llm_url), ApiKeys(), store=None)
+    factory = SessionFactory(OracleSettings(base_url=llm_url), ApiKeys(), store=None)
     session = await factory.open(
         oracle_pb2.OracleConfig(
             session_id=session_id,

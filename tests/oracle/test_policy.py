@@ -63,7 +63,7 @@ def test_first_words_start_then_restarts_need_two_new_words_or_a_final():
 
 
 def test_words_count_over_finals_plus_the_longest_partial():
-    policy, clock = make_policy()
+    policy, _clock = make_policy()
     policy.on_partial("u1", "one two three")
     assert policy.decide() is StartReason.FIRST_TEXT
     policy.on_partial("u1", "one two")  # a revision shrinks the partial ...
@@ -82,7 +82,7 @@ def test_words_count_over_finals_plus_the_longest_partial():
 
 
 def test_a_final_restarts_even_without_new_words():
-    policy, clock = make_policy()
+    policy, _clock = make_policy()
     policy.on_partial("u1", "hello there")
     assert policy.decide() is StartReason.FIRST_TEXT
     policy.on_final("u1", "hello there")
@@ -90,7 +90,7 @@ def test_a_final_restarts_even_without_new_words():
 
 
 def test_blank_final_starts_nothing():
-    policy, clock = make_policy()
+    policy, _clock = make_policy()
     policy.on_final("u1", "  ")
     assert policy.decide() is None
     assert policy.user_words == 0
@@ -128,7 +128,7 @@ def test_a_start_held_back_by_the_limit_fires_when_the_window_frees():
 
 
 def test_cascade_starts_only_on_finals():
-    policy, clock = make_policy(name="cascade")
+    policy, _clock = make_policy(name="cascade")
     policy.on_partial("u1", "What is the capital of France")
     assert policy.decide() is None
     policy.on_partial("u1", "What is the capital of France you know")
@@ -139,7 +139,7 @@ def test_cascade_starts_only_on_finals():
 
 
 def test_min_new_words_is_configurable():
-    policy, clock = make_policy(min_new_words=4)
+    policy, _clock = make_policy(min_new_words=4)
     policy.on_partial("u1", "a")
     assert policy.decide() is StartReason.FIRST_TEXT
     policy.on_partial("u1", "a b c d")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from services.oracle.engine import WordCutter
 from services.oracle.prompts import (
     AGENT,
     GEMMA_HEADER,
@@ -13,6 +12,7 @@ from services.oracle.prompts import (
     gemma_prompt,
     is_gemma_270m_base,
 )
+from services.oracle.session import WordCutter
 
 
 def cut(chunks: list[str]) -> list[str]:

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from kame_common.config import ConfigError
-from services.stt import config
+from kame_common.config import ConfigError, load_settings
+from services.stt.config import SttSettings, stream_settings
 
 
 def test_flags_and_environment():
-    settings = config.load(
+    settings = load_settings(
+        SttSettings,
         ["--decode-workers", "2", "--device", "cuda"],
         env={"KAME_STT_PORT": "6000", "KAME_STT_WORD_TIMESTAMPS": "false"},
     )
     assert (settings.decode_workers, settings.device, settings.port) == (2, "cuda", 6000)
     assert settings.word_timestamps is False
-    assert config.load([], env={}).port == 50053
+    assert load_settings(SttSettings, [], env={}).port == 50053
 
 
 @pytest.mark.parametrize(
@@ -29,13 +30,13 @@ def test_flags_and_environment():
 )
 def test_bad_service_settings_name_the_field(argv, message):
     with pytest.raises(ConfigError) as raised:
-        config.load(argv, env={})
+        load_settings(SttSettings, argv, env={})
     assert message in str(raised.value)
 
 
 def test_zero_means_the_service_default():
-    defaults = config.SttSettings(endpoint_silence_s=0.7)
-    settings = config.stream_settings(
+    defaults = SttSettings(endpoint_silence_s=0.7)
+    settings = stream_settings(
         "s", "", {"partial_interval_s": 0.0, "max_utterance_s": 8.0}, defaults
     )
     assert settings.language == "en"
@@ -45,6 +46,6 @@ def test_zero_means_the_service_default():
 
 def test_partial_interval_must_fit_in_an_utterance():
     with pytest.raises(ValueError, match="must not exceed max_utterance_s"):
-        config.stream_settings(
-            "s", "en", {"partial_interval_s": 5.0, "max_utterance_s": 2.0}, config.SttSettings()
+        stream_settings(
+            "s", "en", {"partial_interval_s": 5.0, "max_utterance_s": 2.0}, SttSettings()
         )

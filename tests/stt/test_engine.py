@@ -11,7 +11,8 @@ from prometheus_client import REGISTRY
 from kame_common.audio import SAMPLE_RATE, resample
 from kamepb import common_pb2
 from services.stt.config import SttSettings, stream_settings
-from services.stt.engine import AudioBuffer, SttEngine
+from services.stt.engine import SttEngine
+from services.stt.session import AudioBuffer, SttSession
 
 
 def _sample(name: str, **labels) -> float:
@@ -20,7 +21,7 @@ def _sample(name: str, **labels) -> float:
 
 async def _run_session(engine, frames: list[bytes], **overrides) -> list:
     """Feed every frame as fast as the session takes it, then finish; all responses."""
-    session = engine.open_session(stream_settings("engine", "en", overrides, SttSettings()))
+    session = SttSession(engine, stream_settings("engine", "en", overrides, SttSettings()))
 
     async def feed():
         for pcm in frames:

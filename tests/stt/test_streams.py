@@ -4,7 +4,7 @@ length, cancellation and admission."""
 from __future__ import annotations
 
 import asyncio
-import time
+import itertools
 
 import grpc
 import numpy as np
@@ -13,6 +13,7 @@ import pytest
 from kame_common.audio import SAMPLE_RATE
 from kamepb import common_pb2, stt_pb2, stt_pb2_grpc
 from services.stt.server import serve
+from tests.support import wait_until
 
 SESSION_A = [
     "The quick brown fox jumps over the lazy dog.",
@@ -83,7 +84,7 @@ async def test_long_speech_is_cut_at_the_maximum_utterance_length(
     )
     finals = result.finals()
     assert len(finals) >= 2
-    for earlier, later in zip(finals, finals[1:], strict=False):
+    for earlier, later in itertools.pairwise(finals):
         assert later.span.start_s == pytest.approx(earlier.span.end_s, abs=1e-6)
         assert earlier.span.end_s - earlier.span.start_s == pytest.approx(2.0, abs=0.1)
     # Speech went on across the cuts: one start, one end.
@@ -112,14 +113,8 @@ async def test_a_cancelled_call_frees_its_session(
         if response.HasField("transcript"):
             break  # speech was being decoded when the client went away
     call.cancel()
-    deadline = time.monotonic() + 5
-    while stt_server.active_sessions and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert stt_server.active_sessions == 0
-    deadline = time.monotonic() + 10
-    while stt_engine.scheduler.depth and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert stt_engine.scheduler.depth == 0
+    await wait_until(lambda: not stt_server.active_sessions, "the session to end", 5)
+    await wait_until(lambda: not stt_engine.scheduler.depth, "the decode queue to empty", 10)
 
 
 async def test_a_full_replica_refuses_with_resource_exhausted(stt_engine, stream_helpers):
@@ -135,8 +130,7 @@ async def test_a_full_replica_refuses_with_resource_exhausted(stt_engine, stream
 
             first = stub.Transcribe(held_open())
             first_done = asyncio.ensure_future(first.read())
-            while runtime.active_sessions < 1:
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: runtime.active_sessions == 1, "the first session")
             with pytest.raises(grpc.aio.AioRpcError) as raised:
                 await stream_helpers.stream_audio(
                     stub, np.zeros(0, dtype=np.float32), stt_pb2.SttConfig(session_id="second")

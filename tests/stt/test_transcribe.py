@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from kamepb import common_pb2, stt_pb2, stt_pb2_grpc
-from services.stt.engine import FINAL_TAIL_S, PRE_ROLL_S
 from services.stt.server import serve
+from services.stt.session import FINAL_TAIL_S, PRE_ROLL_S
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +76,7 @@ def _utterances(result):
 
 
 def test_one_final_per_sentence_with_low_word_error_rate(paced, text_metrics):
-    script, result, _ = paced
+    _script, result, _ = paced
     finals = result.finals()
     assert len(finals) == len(SENTENCES), [f.text for f in finals]
     for final, sentence in zip(finals, SENTENCES, strict=True):

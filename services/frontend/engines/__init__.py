@@ -4,15 +4,15 @@ they are imported only when chosen: a tts replica never loads torch."""
 from __future__ import annotations
 
 from services.frontend.config import FrontendSettings
-from services.frontend.engine import Engine
+from services.frontend.engines.base import Engine
 
 
 def build_engine(settings: FrontendSettings) -> Engine:
     """Load the configured engine's models (seconds to minutes: call it off the event loop)."""
     if settings.engine == "tts":
-        from services.frontend.tts_engine import TtsEngine
+        from services.frontend.engines.tts import TtsEngine
 
         return TtsEngine(voice_path=settings.voice, slots=settings.batch_slots)
-    from services.frontend.kame.engine import KameEngine
+    from services.frontend.engines.kame.engine import KameEngine
 
     return KameEngine.from_config(settings, with_oracle=settings.engine == "kame")

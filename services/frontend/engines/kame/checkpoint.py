@@ -26,7 +26,7 @@ from moshi.models import loaders
 from moshi.models.compression import MimiModel
 from safetensors.torch import load_file
 
-from services.frontend.kame.oracle import KameLMModel
+from services.frontend.engines.kame.oracle import KameLMModel
 
 CONFIG_NAME = "config.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -39,16 +39,16 @@ import numpy as np
 import sentencepiece
 
 from kame_common.audio import FRAME_SAMPLES, rms_dbfs
-from services.frontend.engine import (
+from services.frontend.engines.base import (
     Engine,
     EngineSession,
     SessionParams,
     SlotsExhausted,
     StepOutput,
 )
-from services.frontend.kame import checkpoint, metrics
-from services.frontend.kame.batch import SlotBatch, SlotOutput
-from services.frontend.kame.text import WordAssembler, oracle_token_ids
+from services.frontend.engines.kame import checkpoint, metrics
+from services.frontend.engines.kame.batch import SlotBatch, SlotOutput
+from services.frontend.engines.kame.text import WordAssembler, oracle_token_ids
 
 DEFAULT_TICK_DEADLINE_S = 0.02
 SPEAKING_DBFS = -50.0

@@ -34,6 +34,7 @@ from opentelemetry import trace
 from prometheus_client import Counter, Histogram
 from redis.exceptions import RedisError
 
+from kame_common.aio import cancel_and_wait
 from kame_common.metrics import TURN_BUCKETS
 from kame_common.store import SessionStore
 from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
@@ -48,7 +49,7 @@ from services.oracle.backends import (
 from services.oracle.config import (
     ApiKeys,
     InvalidSessionConfig,
-    OracleServiceConfig,
+    OracleSettings,
     SessionSettings,
     resolve_session,
 )
@@ -185,8 +186,7 @@ class OracleSession:
 
     async def _close(self) -> None:
         if self._poll_task is not None:
-            self._poll_task.cancel()
-            await asyncio.gather(self._poll_task, return_exceptions=True)
+            await cancel_and_wait(self._poll_task)
         await self._cancel_stream()
         self._flush_agent_turn()
         if self._writer_task is not None:
@@ -238,10 +238,7 @@ class OracleSession:
 
     async def _cancel_stream(self) -> None:
         """Cancel the running stream and wait until its HTTP stream is closed."""
-        streams = list(self._streams)
-        for task in streams:
-            task.cancel()
-        await asyncio.gather(*streams, return_exceptions=True)
+        await cancel_and_wait(list(self._streams))
 
     async def _restart(self, reason: StartReason) -> None:
         await self._cancel_stream()
@@ -342,9 +339,7 @@ class OracleSession:
 class SessionFactory:
     """Opens sessions: resolves the OracleConfig, checks the back-end, loads history."""
 
-    def __init__(
-        self, service: OracleServiceConfig, keys: ApiKeys, store: SessionStore | None
-    ) -> None:
+    def __init__(self, service: OracleSettings, keys: ApiKeys, store: SessionStore | None) -> None:
         self.service = service
         self.keys = keys
         self.store = store

@@ -71,7 +71,7 @@ from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
 from kame_common.models import piper_voice_path
 from kame_common.voice import Voice, load_voice
 from services.frontend import metrics
-from services.frontend.engine import (
+from services.frontend.engines.base import (
     Engine,
     EngineSession,
     InvalidSessionConfig,
@@ -80,7 +80,7 @@ from services.frontend.engine import (
     SpokenWord,
     StepOutput,
 )
-from services.frontend.turns import TurnDetector, TurnEvent
+from services.frontend.engines.turns import TurnDetector, TurnEvent
 
 log = logging.getLogger(__name__)
 

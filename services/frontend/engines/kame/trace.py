@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.frontend.kame.batch import SlotBatch
+from services.frontend.engines.kame.batch import SlotBatch
 
 
 class TraceError(ValueError):

@@ -25,7 +25,7 @@ from moshi.models.compression import MimiModel
 from moshi.models.lm import LMGen
 
 from kame_common.audio import FRAME_SAMPLES
-from services.frontend.kame.oracle import KameLMModel, OracleFeed
+from services.frontend.engines.kame.oracle import KameLMModel, OracleFeed
 
 
 @dataclass

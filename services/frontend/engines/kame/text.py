@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import sentencepiece
 
 from kame_common.audio import FRAME_SECONDS
-from services.frontend.engine import SpokenWord
+from services.frontend.engines.base import SpokenWord
 
 WORD_START = "\u2581"  # SentencePiece's marker for a piece that starts a word
 

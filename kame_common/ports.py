@@ -1,0 +1,34 @@
+"""Default ports of every process of the stack: the one place they are written.
+
+The services' settings and `kame up` read them from here; docker-compose.yml
+and the Helm chart cannot import Python, so a test checks that they agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServicePorts:
+    grpc: int
+    metrics: int
+
+
+SERVICE_PORTS = {
+    "gateway": ServicePorts(grpc=50051, metrics=9101),
+    "frontend": ServicePorts(grpc=50052, metrics=9102),
+    "stt": ServicePorts(grpc=50053, metrics=9103),
+    "oracle": ServicePorts(grpc=50054, metrics=9104),
+}
+LLM_PORT = 8080  # the embedded OpenAI-compatible LLM server
+REDIS_PORT = 6379
+
+
+def loopback_address(service: str) -> str:
+    """host:port of `service` on this machine, at its default port."""
+    return f"127.0.0.1:{SERVICE_PORTS[service].grpc}"
+
+
+LOCAL_REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
+LOCAL_LLM_URL = f"http://127.0.0.1:{LLM_PORT}/v1"
