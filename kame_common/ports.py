@@ -13,13 +13,16 @@ from dataclasses import dataclass
 class ServicePorts:
     grpc: int
     metrics: int
+    # Plaintext gRPC health only, for probes that cannot speak TLS (Kubernetes'
+    # native gRPC probe). Deployments turn it on; a process started by hand has it off.
+    health: int
 
 
 SERVICE_PORTS = {
-    "gateway": ServicePorts(grpc=50051, metrics=9101),
-    "frontend": ServicePorts(grpc=50052, metrics=9102),
-    "stt": ServicePorts(grpc=50053, metrics=9103),
-    "oracle": ServicePorts(grpc=50054, metrics=9104),
+    "gateway": ServicePorts(grpc=50051, metrics=9101, health=9111),
+    "frontend": ServicePorts(grpc=50052, metrics=9102, health=9112),
+    "stt": ServicePorts(grpc=50053, metrics=9103, health=9113),
+    "oracle": ServicePorts(grpc=50054, metrics=9104, health=9114),
 }
 LLM_PORT = 8080  # the embedded OpenAI-compatible LLM server
 REDIS_PORT = 6379
