@@ -87,7 +87,6 @@ class TalkOptions:
                 codec=CODECS[self.output_codec], sample_rate_hz=self.output_rate
             ),
             voice=self.voice,
-            auth_token=self.auth_token,
             include_oracle_updates=self.oracle_updates,
         )
         if self.llm_backend or self.llm_model or self.llm_base_url or self.llm_api_key:

@@ -77,8 +77,18 @@ class SpeechActivity(_message.Message):
     at_s: float
     def __init__(self, kind: _Optional[_Union[SpeechActivity.Kind, str]] = ..., utterance_id: _Optional[str] = ..., at_s: _Optional[float] = ...) -> None: ...
 
+class CandidateSource(_message.Message):
+    __slots__ = ("utterance_id", "is_final", "text")
+    UTTERANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    IS_FINAL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    utterance_id: str
+    is_final: bool
+    text: str
+    def __init__(self, utterance_id: _Optional[str] = ..., is_final: _Optional[bool] = ..., text: _Optional[str] = ...) -> None: ...
+
 class OracleUpdate(_message.Message):
-    __slots__ = ("op", "generation", "text", "created_time_us")
+    __slots__ = ("op", "generation", "text", "created_time_us", "source")
     class Op(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OP_UNSPECIFIED: _ClassVar[OracleUpdate.Op]
@@ -91,11 +101,13 @@ class OracleUpdate(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CREATED_TIME_US_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     op: OracleUpdate.Op
     generation: int
     text: str
     created_time_us: int
-    def __init__(self, op: _Optional[_Union[OracleUpdate.Op, str]] = ..., generation: _Optional[int] = ..., text: _Optional[str] = ..., created_time_us: _Optional[int] = ...) -> None: ...
+    source: CandidateSource
+    def __init__(self, op: _Optional[_Union[OracleUpdate.Op, str]] = ..., generation: _Optional[int] = ..., text: _Optional[str] = ..., created_time_us: _Optional[int] = ..., source: _Optional[_Union[CandidateSource, _Mapping]] = ...) -> None: ...
 
 class AgentText(_message.Message):
     __slots__ = ("text", "start_s", "end_s", "generation")

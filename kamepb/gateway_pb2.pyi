@@ -1,8 +1,9 @@
 from kamepb import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -39,8 +40,18 @@ class LlmOverride(_message.Message):
     api_key: str
     def __init__(self, backend: _Optional[str] = ..., model: _Optional[str] = ..., base_url: _Optional[str] = ..., api_key: _Optional[str] = ...) -> None: ...
 
+class HoldConfig(_message.Message):
+    __slots__ = ("silent", "phrases", "max_s")
+    SILENT_FIELD_NUMBER: _ClassVar[int]
+    PHRASES_FIELD_NUMBER: _ClassVar[int]
+    MAX_S_FIELD_NUMBER: _ClassVar[int]
+    silent: bool
+    phrases: _containers.RepeatedScalarFieldContainer[str]
+    max_s: float
+    def __init__(self, silent: _Optional[bool] = ..., phrases: _Optional[_Iterable[str]] = ..., max_s: _Optional[float] = ...) -> None: ...
+
 class ConverseConfig(_message.Message):
-    __slots__ = ("mode", "input_format", "output_format", "voice", "llm", "auth_token", "include_oracle_updates", "language")
+    __slots__ = ("mode", "input_format", "output_format", "voice", "llm", "include_oracle_updates", "language", "hold")
     class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         MODE_UNSPECIFIED: _ClassVar[ConverseConfig.Mode]
@@ -56,18 +67,18 @@ class ConverseConfig(_message.Message):
     OUTPUT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     VOICE_FIELD_NUMBER: _ClassVar[int]
     LLM_FIELD_NUMBER: _ClassVar[int]
-    AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_ORACLE_UPDATES_FIELD_NUMBER: _ClassVar[int]
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     mode: ConverseConfig.Mode
     input_format: AudioFormat
     output_format: AudioFormat
     voice: str
     llm: LlmOverride
-    auth_token: str
     include_oracle_updates: bool
     language: str
-    def __init__(self, mode: _Optional[_Union[ConverseConfig.Mode, str]] = ..., input_format: _Optional[_Union[AudioFormat, _Mapping]] = ..., output_format: _Optional[_Union[AudioFormat, _Mapping]] = ..., voice: _Optional[str] = ..., llm: _Optional[_Union[LlmOverride, _Mapping]] = ..., auth_token: _Optional[str] = ..., include_oracle_updates: _Optional[bool] = ..., language: _Optional[str] = ...) -> None: ...
+    hold: HoldConfig
+    def __init__(self, mode: _Optional[_Union[ConverseConfig.Mode, str]] = ..., input_format: _Optional[_Union[AudioFormat, _Mapping]] = ..., output_format: _Optional[_Union[AudioFormat, _Mapping]] = ..., voice: _Optional[str] = ..., llm: _Optional[_Union[LlmOverride, _Mapping]] = ..., include_oracle_updates: _Optional[bool] = ..., language: _Optional[str] = ..., hold: _Optional[_Union[HoldConfig, _Mapping]] = ...) -> None: ...
 
 class ConverseRequest(_message.Message):
     __slots__ = ("config", "audio")
@@ -98,18 +109,20 @@ class AgentAudioChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., seq: _Optional[int] = ..., speaking: _Optional[bool] = ...) -> None: ...
 
 class TurnSummary(_message.Message):
-    __slots__ = ("utterance_id", "user_text", "response_latency_s", "stt_final_lag_s", "oracle_first_update_s")
+    __slots__ = ("utterance_id", "user_text", "response_latency_s", "stt_final_lag_s", "oracle_first_update_s", "answer_latency_s")
     UTTERANCE_ID_FIELD_NUMBER: _ClassVar[int]
     USER_TEXT_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     STT_FINAL_LAG_S_FIELD_NUMBER: _ClassVar[int]
     ORACLE_FIRST_UPDATE_S_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     utterance_id: str
     user_text: str
     response_latency_s: float
     stt_final_lag_s: float
     oracle_first_update_s: float
-    def __init__(self, utterance_id: _Optional[str] = ..., user_text: _Optional[str] = ..., response_latency_s: _Optional[float] = ..., stt_final_lag_s: _Optional[float] = ..., oracle_first_update_s: _Optional[float] = ...) -> None: ...
+    answer_latency_s: float
+    def __init__(self, utterance_id: _Optional[str] = ..., user_text: _Optional[str] = ..., response_latency_s: _Optional[float] = ..., stt_final_lag_s: _Optional[float] = ..., oracle_first_update_s: _Optional[float] = ..., answer_latency_s: _Optional[float] = ...) -> None: ...
 
 class Notice(_message.Message):
     __slots__ = ("kind", "message")

@@ -54,7 +54,8 @@ class GatewayServicer:
         INVALID_ARGUMENT   audio before the config, a second config, an unknown
         mode or codec, audio that does not decode, a bad
         override (the message names the field).
-        UNAUTHENTICATED    the gateway requires a token and it is missing/wrong.
+        UNAUTHENTICATED    the gateway requires a bearer token (metadata
+        `authorization: Bearer <token>`) and it is missing/wrong.
         RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.
         UNAVAILABLE        the gateway is draining, or the front-end failed.
         OUT_OF_RANGE       the session reached its length cap.

@@ -24,13 +24,21 @@ class SttConfig(_message.Message):
     vad_threshold: float
     def __init__(self, session_id: _Optional[str] = ..., language: _Optional[str] = ..., model: _Optional[str] = ..., partial_interval_s: _Optional[float] = ..., endpoint_silence_s: _Optional[float] = ..., max_utterance_s: _Optional[float] = ..., vad_threshold: _Optional[float] = ...) -> None: ...
 
+class EndOfTurn(_message.Message):
+    __slots__ = ("speech_end_s",)
+    SPEECH_END_S_FIELD_NUMBER: _ClassVar[int]
+    speech_end_s: float
+    def __init__(self, speech_end_s: _Optional[float] = ...) -> None: ...
+
 class TranscribeRequest(_message.Message):
-    __slots__ = ("config", "audio")
+    __slots__ = ("config", "audio", "end_of_turn")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FIELD_NUMBER: _ClassVar[int]
+    END_OF_TURN_FIELD_NUMBER: _ClassVar[int]
     config: SttConfig
     audio: _common_pb2.AudioFrame
-    def __init__(self, config: _Optional[_Union[SttConfig, _Mapping]] = ..., audio: _Optional[_Union[_common_pb2.AudioFrame, _Mapping]] = ...) -> None: ...
+    end_of_turn: EndOfTurn
+    def __init__(self, config: _Optional[_Union[SttConfig, _Mapping]] = ..., audio: _Optional[_Union[_common_pb2.AudioFrame, _Mapping]] = ..., end_of_turn: _Optional[_Union[EndOfTurn, _Mapping]] = ...) -> None: ...
 
 class TranscribeResponse(_message.Message):
     __slots__ = ("transcript", "activity")

@@ -187,7 +187,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             session_id=config.session_id,
             voice=config.voice,
             turn_end_silence_s=config.turn_end_silence_s or DEFAULT_TURN_END_SILENCE_S,
-            filler_text=config.filler_text,
+            filler_text=config.hold_phrases[0] if config.hold_phrases else "",
         )
 
     async def _open_session(

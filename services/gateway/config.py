@@ -35,7 +35,6 @@ class GatewaySettings(ServiceSettings):
     )
     default_mode: str = setting("tandem", "mode of sessions whose config leaves it unset", MODES)
     s2s_engine: str = setting("moshi", "frontend engine requested for s2s sessions")
-    auth_token: str = setting("", "token clients must send in the config (empty = no auth)")
     max_session_s: float = setting(3600.0, "caller audio a session may stream (OUT_OF_RANGE after)")
     queue_frames: int = setting(
         25, "bound of each per-session queue, in messages (25 frames = 2 s of audio)"
@@ -47,4 +46,11 @@ class GatewaySettings(ServiceSettings):
         15.0, "after the caller half-closes, seconds upstreams get to finish their output"
     )
     turn_end_silence_s: float = setting(0.0, "tts engine pause that ends a turn (0 = its default)")
-    filler_text: str = setting("", "tts engine: said at turn end when no oracle text is ready")
+    hold_phrases: str = setting(
+        "Hmm,|Let me see,",
+        "tts engine, tandem mode: acknowledgements ('|'-separated) said while the agent holds "
+        "the floor for an answer to what the caller said (empty = hold in silence)",
+    )
+    hold_max_s: float = setting(
+        3.0, "tts engine: longest hold before the agent gives the floor back"
+    )

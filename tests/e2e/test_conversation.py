@@ -349,16 +349,13 @@ async def test_admission_control_refuses_sessions_over_the_limit(stack):
 async def test_s2s_runs_without_oracle_and_the_gateway_logs_the_conversation(stack, speak):
     """s2s: no oracle stream at all; the gateway writes the conversation. The
     local tts replica stands in for moshi here (s2s_engine "" = the replica's
-    engine), saying a filler since no oracle feeds it."""
+    engine), holding the floor with a phrase since no oracle feeds it."""
     gateway = await stack.services.gateway(
-        stack.stt,
-        stack.oracle,
-        stack.gateway.settings.frontend_address,
-        s2s_engine="",
-        filler_text="Let me think about that.",
+        stack.stt, stack.oracle, stack.gateway.settings.frontend_address, s2s_engine=""
     )
+    hold = gateway_pb2.HoldConfig(phrases=["Let me think about that."])
     call = await LiveCall(
-        gateway.address, converse_config(mode=gateway_pb2.ConverseConfig.S2S)
+        gateway.address, converse_config(mode=gateway_pb2.ConverseConfig.S2S, hold=hold)
     ).start()
     try:
         feeding = asyncio.create_task(
