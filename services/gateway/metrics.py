@@ -26,6 +26,13 @@ RESPONSE_LATENCY = Histogram(
     ["mode"],
     buckets=TURN_BUCKETS,
 )
+ANSWER_LATENCY = Histogram(
+    "kame_gateway_answer_latency_seconds",
+    "Caller's end of speech -> the first word of the answer itself leaving the gateway "
+    "(after any hold phrase; an early start counts as 0)",
+    ["mode"],
+    buckets=TURN_BUCKETS,
+)
 EARLY_RESPONSES = Counter(
     "kame_gateway_early_responses_total",
     "Turns whose agent audio started before the caller's end of speech (negative latency)",

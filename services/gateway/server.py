@@ -12,7 +12,9 @@ from kame_common import store
 from kame_common.server import ServiceRuntime, service_main
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.gateway.config import GatewaySettings
-from services.gateway.session import GatewaySession, SessionError, Upstreams, plan_session
+from services.gateway.connections import Connections
+from services.gateway.plan import SessionError, plan_session
+from services.gateway.session import GatewaySession
 
 log = logging.getLogger(__name__)
 
@@ -20,10 +22,10 @@ GRPC_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, runtime: ServiceRuntime, upstreams: Upstreams) -> None:
+    def __init__(self, runtime: ServiceRuntime, connections: Connections) -> None:
         self.runtime = runtime
-        self.upstreams = upstreams
-        self.settings = upstreams.settings
+        self.connections = connections
+        self.settings = connections.settings
 
     async def Converse(  # noqa: N802 (gRPC method name)
         self,
@@ -36,8 +38,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         except SessionError as exc:
             await context.abort(exc.code, exc.message)
         async with self.runtime.session(context):
-            session = GatewaySession(self.upstreams, plan)
-            log.info("session %s started (%s)", session.id, plan.mode)
+            session = GatewaySession(self.connections, plan)
+            log.info("session %s started (%s)", session.id, plan.mode.value)
             try:
                 async for response in session.responses(requests):
                     yield response
@@ -75,9 +77,9 @@ async def serve(settings: GatewaySettings) -> ServiceRuntime:
     runtime = ServiceRuntime(settings, [GRPC_SERVICE])
     redis_client = store.connect(settings.redis_url)
     runtime.on_close(redis_client.aclose)
-    upstreams = Upstreams(settings, redis_client)
-    runtime.on_close(upstreams.close)
-    servicer = GatewayServicer(runtime, upstreams)
+    connections = Connections(settings, redis_client)
+    runtime.on_close(connections.close)
+    servicer = GatewayServicer(runtime, connections)
     await runtime.start(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
     )

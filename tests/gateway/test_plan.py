@@ -9,19 +9,19 @@ import pytest
 from kame_common.config import ConfigError, load_settings
 from kamepb import gateway_pb2
 from services.gateway.config import GatewaySettings
-from services.gateway.session import SessionError, plan_session
+from services.gateway.plan import Mode, SessionError, plan_session
 
 Config = gateway_pb2.ConverseConfig
 
 
 def test_defaults_fill_in():
     plan = plan_session(Config(), GatewaySettings())
-    assert plan.mode == "tandem"
+    assert plan.mode is Mode.TANDEM
     assert (plan.input_format.codec, plan.input_format.sample_rate) == ("pcm16", 24_000)
     assert plan.output_format.sample_rate == 24_000
     assert plan.language == "en"
     assert plan.llm is None
-    assert plan.uses_oracle
+    assert plan.mode.uses_oracle
 
 
 def test_modes_and_overrides():
@@ -31,10 +31,10 @@ def test_modes_and_overrides():
         input_format=gateway_pb2.AudioFormat(codec=gateway_pb2.AudioFormat.MULAW),
     )
     plan = plan_session(config, GatewaySettings(default_mode="cascade"))
-    assert plan.mode == "s2s" and not plan.uses_oracle
+    assert plan.mode is Mode.S2S and not plan.mode.uses_oracle
     assert plan.input_format.sample_rate == 8_000
     assert plan.llm.backend == "anthropic"
-    assert plan_session(Config(), GatewaySettings(default_mode="cascade")).mode == "cascade"
+    assert plan_session(Config(), GatewaySettings(default_mode="cascade")).mode is Mode.CASCADE
 
 
 @pytest.mark.parametrize(
@@ -77,3 +77,19 @@ def test_settings_from_flags_and_env():
     assert (config.port, config.default_mode) == (6000, "cascade")  # the flag wins
     with pytest.raises(ConfigError, match="default_mode"):
         load_settings(GatewaySettings, ["--default-mode", "duplex"], env={})
+
+
+def test_hold_phrases_default_in_tandem_only():
+    settings = GatewaySettings(hold_phrases="Hmm,| Let me see, |")
+    assert plan_session(Config(), settings).hold_phrases == ("Hmm,", "Let me see,")
+    assert plan_session(Config(mode=Config.CASCADE), settings).hold_phrases == ()
+    own = gateway_pb2.HoldConfig(phrases=["One moment."], max_s=1.5)
+    plan = plan_session(Config(mode=Config.CASCADE, hold=own), settings)
+    assert (plan.hold_phrases, plan.hold_max_s) == (("One moment.",), 1.5)
+    silent = plan_session(Config(hold=gateway_pb2.HoldConfig(silent=True)), settings)
+    assert (silent.hold_phrases, silent.hold_max_s) == ((), settings.hold_max_s)
+
+
+def test_a_negative_hold_time_names_the_field():
+    with pytest.raises(SessionError, match=r"hold\.max_s"):
+        plan_session(Config(hold=gateway_pb2.HoldConfig(max_s=-1)), GatewaySettings())

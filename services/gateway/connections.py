@@ -1,0 +1,55 @@
+"""What every session of one gateway shares: gRPC channels to the upstream
+services, the Redis session store and the frontend capacity registry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import redis.asyncio as redis
+from redis.exceptions import RedisError
+
+from kame_common import tracing
+from kame_common.store import CapacityRegistry, Replica, SessionStore
+from services.gateway.config import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+REGISTRY_TIMEOUT_S = 1.0
+
+
+class Connections:
+    def __init__(self, settings: GatewaySettings, redis_client: redis.Redis) -> None:
+        self.settings = settings
+        self.store = SessionStore(redis_client, ttl_s=settings.session_ttl_s)
+        self.registry = CapacityRegistry(redis_client, "frontend")
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """One shared channel per upstream address (gRPC multiplexes the sessions)."""
+        if address not in self._channels:
+            self._channels[address] = grpc.aio.insecure_channel(
+                address, interceptors=tracing.client_interceptors()
+            )
+        return self._channels[address]
+
+    async def frontend_candidates(self) -> list[Replica]:
+        """The registry's replica with most free slots, then the configured address."""
+        try:
+            chosen = await asyncio.wait_for(self.registry.choose(), REGISTRY_TIMEOUT_S)
+        except (TimeoutError, RedisError, OSError) as exc:
+            log.warning(
+                "frontend registry unavailable (%s); using %s", exc, self.settings.frontend_address
+            )
+            chosen = None
+        candidates = [chosen] if chosen is not None else []
+        fallback = self.settings.frontend_address
+        if all(replica.address != fallback for replica in candidates):
+            candidates.append(Replica(replica_id="", address=fallback, free_slots=0, total_slots=0))
+        return candidates
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()

@@ -1,0 +1,117 @@
+"""A session's plan: the client's ConverseConfig checked against the gateway's
+settings before any upstream is touched. Every problem is a SessionError whose
+message names the field."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import grpc
+
+from kamepb import gateway_pb2
+from services.gateway.codecs import AudioFormat, CodecError, resolve_format
+from services.gateway.config import GatewaySettings
+
+ProtoMode = gateway_pb2.ConverseConfig.Mode
+LLM_BACKENDS = ("", "openai", "anthropic")
+
+
+class SessionError(Exception):
+    """Ends the session with this gRPC status; the message says what went wrong
+    in words a client may see (no internal addresses)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Mode(enum.Enum):
+    """A frontend engine plus an oracle policy (DESIGN.md, "Engines and modes")."""
+
+    TANDEM = "tandem"  # oracle on partial transcripts
+    CASCADE = "cascade"  # oracle on final transcripts only
+    S2S = "s2s"  # the speech LM alone, no oracle
+
+    @property
+    def uses_oracle(self) -> bool:
+        return self is not Mode.S2S
+
+
+_FROM_PROTO = {
+    ProtoMode.TANDEM: Mode.TANDEM,
+    ProtoMode.CASCADE: Mode.CASCADE,
+    ProtoMode.S2S: Mode.S2S,
+}
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """A validated ConverseConfig."""
+
+    mode: Mode
+    input_format: AudioFormat
+    output_format: AudioFormat
+    voice: str
+    language: str
+    llm: gateway_pb2.LlmOverride | None
+    include_oracle_updates: bool
+    hold_phrases: tuple[str, ...]
+    hold_max_s: float
+
+
+def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) -> SessionPlan:
+    """Check the client's config; raise SessionError naming the bad field."""
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    mode = _mode(config.mode, settings)
+    try:
+        input_format = resolve_format(config.input_format, "input_format")
+        output_format = resolve_format(config.output_format, "output_format")
+    except CodecError as exc:
+        raise SessionError(invalid, str(exc)) from None
+    llm = config.llm if config.HasField("llm") else None
+    if llm is not None and llm.backend not in LLM_BACKENDS:
+        raise SessionError(
+            invalid,
+            f"llm.backend: unknown back-end {llm.backend!r}; choose 'openai' or 'anthropic'",
+        )
+    if config.hold.max_s < 0:
+        raise SessionError(invalid, f"hold.max_s: must be >= 0, got {config.hold.max_s}")
+    return SessionPlan(
+        mode=mode,
+        input_format=input_format,
+        output_format=output_format,
+        voice=config.voice,
+        language=config.language or "en",
+        llm=llm,
+        include_oracle_updates=config.include_oracle_updates,
+        hold_phrases=_hold_phrases(config.hold, mode, settings),
+        hold_max_s=config.hold.max_s or settings.hold_max_s,
+    )
+
+
+def _mode(requested: int, settings: GatewaySettings) -> Mode:
+    if requested == ProtoMode.MODE_UNSPECIFIED:
+        return Mode(settings.default_mode)
+    if requested not in _FROM_PROTO:
+        raise SessionError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"mode: unknown mode {requested}; choose TANDEM, CASCADE or S2S",
+        )
+    return _FROM_PROTO[requested]
+
+
+def _hold_phrases(
+    hold: gateway_pb2.HoldConfig, mode: Mode, settings: GatewaySettings
+) -> tuple[str, ...]:
+    """The client's phrases; else the gateway's defaults in tandem mode (the mode
+    that speculates, so the one that may have to wait for a fresh answer);
+    silence otherwise."""
+    if hold.silent:
+        return ()
+    if hold.phrases:
+        return tuple(p.strip() for p in hold.phrases if p.strip())
+    if mode is not Mode.TANDEM:
+        return ()
+    return tuple(p.strip() for p in settings.hold_phrases.split("|") if p.strip())

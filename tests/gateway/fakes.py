@@ -1,0 +1,204 @@
+"""Scriptable stand-ins for the frontend, stt and oracle services, served by real
+gRPC servers on loopback, so a gateway session can be tested alone, with no
+models, in milliseconds. Each records what it received and how its stream ended."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from kamepb import (
+    common_pb2,
+    frontend_pb2,
+    frontend_pb2_grpc,
+    oracle_pb2,
+    oracle_pb2_grpc,
+    stt_pb2,
+    stt_pb2_grpc,
+)
+
+Activity = common_pb2.SpeechActivity
+
+
+@dataclass
+class StreamLog:
+    """What one fake saw of its streams."""
+
+    requests: list[object] = field(default_factory=list)
+    opened: int = 0
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    outcome: str = ""  # "finished" (the RPC ended normally) or "cancelled" (by the gateway)
+
+    def of(self, kind: str) -> list:
+        return [getattr(r, kind) for r in self.requests if r.WhichOneof("msg") == kind]
+
+    def watch(self, context: grpc.aio.ServicerContext) -> None:
+        self.opened += 1
+        if not self.outcome:
+            self.outcome = "finished"  # unless the handler is cancelled (see _log_requests)
+        context.add_done_callback(lambda _: self.ended.set())
+
+
+async def _log_requests(requests: AsyncIterator, log: StreamLog) -> AsyncIterator:
+    """The requests, recorded. A cancelled RPC also just ends the request iterator
+    (grpc.aio), then cancels the handler at its next await: the pause after the
+    last request is where a cancellation shows."""
+    async for request in requests:
+        log.requests.append(request)
+        yield request
+    try:
+        await asyncio.sleep(0.05)
+    except asyncio.CancelledError:
+        log.outcome = "cancelled"
+        raise
+
+
+class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
+    """One agent frame per caller frame. `speak_at`: frames from this seq on are
+    speaking; `words`: {seq: (text, generation)} agent words starting in that
+    frame; `turn_end_at`: a TurnEnd after that frame; `fail_at`/`end_at`: abort
+    UNAVAILABLE / end the stream at that frame; `refuse`: abort at the config;
+    `silent_start`: never send ready."""
+
+    def __init__(self) -> None:
+        self.log = StreamLog()
+        self.speak_at: int | None = None
+        self.words: dict[int, tuple[str, int]] = {}
+        self.turn_end_at: int | None = None
+        self.fail_at: int | None = None
+        self.end_at: int | None = None
+        self.refuse: grpc.StatusCode | None = None
+        self.silent_start = False
+
+    async def Stream(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        self.log.watch(context)
+        requests = _log_requests(request_iterator, self.log)
+        first = await anext(requests)
+        assert first.WhichOneof("msg") == "config"
+        if self.refuse == grpc.StatusCode.INVALID_ARGUMENT:
+            await context.abort(self.refuse, "voice 'x' is not served here")
+        if self.refuse is not None:
+            await context.abort(self.refuse, "refused by the fake frontend at 10.9.8.7:50052")
+        if self.silent_start:
+            await asyncio.Event().wait()
+        yield frontend_pb2.FrontendResponse(
+            ready=frontend_pb2.FrontendReady(engine="fake", replica_id="fake-1", slot=0)
+        )
+        async for request in requests:
+            if request.WhichOneof("msg") != "audio":
+                continue
+            seq = request.audio.seq
+            if seq == self.fail_at:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "engine crashed at 10.9.8.7")
+            if seq == self.end_at:
+                return
+            speaking = self.speak_at is not None and seq >= self.speak_at
+            yield frontend_pb2.FrontendResponse(
+                audio=frontend_pb2.AgentAudio(frame=request.audio, speaking=speaking)
+            )
+            if seq in self.words:
+                text, generation = self.words[seq]
+                start_s = seq * 0.08 + 0.02
+                yield frontend_pb2.FrontendResponse(
+                    text=common_pb2.AgentText(
+                        text=text, start_s=start_s, end_s=start_s + 0.2, generation=generation
+                    )
+                )
+            if seq == self.turn_end_at:
+                yield frontend_pb2.FrontendResponse(
+                    turn_end=frontend_pb2.TurnEnd(speech_end_s=seq * 0.08 - 0.4, seq=seq)
+                )
+
+
+class FakeStt(stt_pb2_grpc.SttServicer):
+    """`script`: {seq: [responses]} sent after that audio frame arrives; on
+    half-close it sends `on_close` and ends. `fail_at`: abort at that frame."""
+
+    def __init__(self) -> None:
+        self.log = StreamLog()
+        self.script: dict[int, list[stt_pb2.TranscribeResponse]] = {}
+        self.on_close: list[stt_pb2.TranscribeResponse] = []
+        self.fail_at: int | None = None
+
+    async def Transcribe(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        self.log.watch(context)
+        async for request in _log_requests(request_iterator, self.log):
+            if request.WhichOneof("msg") != "audio":
+                continue
+            if request.audio.seq == self.fail_at:
+                await context.abort(grpc.StatusCode.INTERNAL, "stt broke at 10.9.8.7")
+            for response in self.script.get(request.audio.seq, []):
+                yield response
+        for response in self.on_close:
+            yield response
+
+
+class FakeOracle(oracle_pb2_grpc.OracleServicer):
+    """Answers every final transcript with a RESET carrying `answer`. `reject`:
+    INVALID_ARGUMENT at the config; `fail_after_first`: abort after the first
+    transcript; `stall`: never read past the config (its queue fills up)."""
+
+    def __init__(self) -> None:
+        self.log = StreamLog()
+        self.answer = "Paris is the capital."
+        self.reject = False
+        self.fail_after_first = False
+        self.stall = False
+
+    async def Guide(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        self.log.watch(context)
+        requests = _log_requests(request_iterator, self.log)
+        first = await anext(requests)
+        if self.reject:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "model 'x' is not allowed")
+        if self.stall:
+            await asyncio.Event().wait()
+        generation = 0
+        async for request in requests:
+            if request.WhichOneof("msg") != "user_transcript":
+                continue
+            if self.fail_after_first:
+                await context.abort(grpc.StatusCode.INTERNAL, "oracle broke")
+            event = request.user_transcript
+            if event.is_final:
+                generation += 1
+                source = common_pb2.CandidateSource(
+                    utterance_id=event.utterance_id, is_final=True, text=event.text
+                )
+                yield oracle_pb2.GuideResponse(
+                    update=common_pb2.OracleUpdate(
+                        op=common_pb2.OracleUpdate.RESET,
+                        generation=generation,
+                        text=self.answer,
+                        source=source,
+                    )
+                )
+        del first
+
+
+def transcript(utterance: str, text: str, final: bool, end_s: float) -> stt_pb2.TranscribeResponse:
+    return stt_pb2.TranscribeResponse(
+        transcript=common_pb2.TranscriptEvent(
+            utterance_id=utterance,
+            is_final=final,
+            text=text,
+            span=common_pb2.AudioSpan(start_s=0.0, end_s=end_s),
+        )
+    )
+
+
+def activity(kind: int, utterance: str, at_s: float) -> stt_pb2.TranscribeResponse:
+    return stt_pb2.TranscribeResponse(
+        activity=common_pb2.SpeechActivity(kind=kind, utterance_id=utterance, at_s=at_s)
+    )
+
+
+async def serve_fake(add: object, servicer: object) -> tuple[grpc.aio.Server, str]:
+    server = grpc.aio.server()
+    add(servicer, server)  # type: ignore[operator]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"

@@ -1,0 +1,423 @@
+"""The gateway session alone: a real gateway on loopback against scripted fake
+frontend, stt and oracle servers (tests/gateway/fakes.py) and the real Redis.
+No models, so each case takes milliseconds. Every failure path named in
+services/gateway/session.py's docstring is here, plus the limits, drain and
+teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import urllib.parse
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from kame_common import store
+from kame_common.audio import FRAME_SAMPLES, float_to_pcm16
+from kame_common.server import ServiceRuntime
+from kamepb import (
+    frontend_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    oracle_pb2_grpc,
+    stt_pb2_grpc,
+)
+from services.gateway.config import GatewaySettings
+from services.gateway.server import serve
+from tests.gateway.fakes import (
+    Activity,
+    FakeFrontend,
+    FakeOracle,
+    FakeStt,
+    activity,
+    serve_fake,
+    transcript,
+)
+from tests.support import wait_until
+
+SESSION_DB = 10  # a database no frontend publishes to: the gateway uses frontend_address
+Config = gateway_pb2.ConverseConfig
+Notice = gateway_pb2.Notice
+
+
+@dataclass
+class Fakes:
+    frontend: FakeFrontend
+    stt: FakeStt
+    oracle: FakeOracle
+    addresses: dict[str, str]
+    redis_url: str
+    servers: list[grpc.aio.Server] = field(default_factory=list)
+    gateways: list[ServiceRuntime] = field(default_factory=list)
+
+    async def gateway(self, **overrides: object) -> ServiceRuntime:
+        fields: dict[str, object] = {
+            "host": "127.0.0.1",
+            "port": 0,
+            "metrics_port": 0,
+            "redis_url": self.redis_url,
+            "frontend_address": self.addresses["frontend"],
+            "stt_address": self.addresses["stt"],
+            "oracle_address": self.addresses["oracle"],
+            "connect_timeout_s": 2.0,
+            "drain_timeout_s": 2.0,
+        }
+        settings = GatewaySettings(**{**fields, **overrides})  # type: ignore[arg-type]
+        runtime = await serve(settings)
+        self.gateways.append(runtime)
+        return runtime
+
+
+@pytest.fixture
+async def fakes(redis_url):
+    parts = urllib.parse.urlsplit(redis_url)
+    session_redis = urllib.parse.urlunsplit(parts._replace(path=f"/{SESSION_DB}"))
+    made = Fakes(FakeFrontend(), FakeStt(), FakeOracle(), {}, session_redis)
+    for name, add, servicer in (
+        ("frontend", frontend_pb2_grpc.add_FrontendServicer_to_server, made.frontend),
+        ("stt", stt_pb2_grpc.add_SttServicer_to_server, made.stt),
+        ("oracle", oracle_pb2_grpc.add_OracleServicer_to_server, made.oracle),
+    ):
+        server, made.addresses[name] = await serve_fake(add, servicer)
+        made.servers.append(server)
+    yield made
+    for runtime in made.gateways:
+        await runtime.stop()
+    for server in made.servers:
+        await server.stop(grace=0)
+
+
+def frame_bytes() -> bytes:
+    return float_to_pcm16(np.zeros(FRAME_SAMPLES, dtype=np.float32))
+
+
+@dataclass
+class Outcome:
+    responses: list[gateway_pb2.ConverseResponse]
+    code: grpc.StatusCode
+    details: str
+
+    def of(self, kind: str) -> list:
+        return [getattr(r, kind) for r in self.responses if r.WhichOneof("msg") == kind]
+
+
+async def converse(
+    address: str,
+    frames: int,
+    config: gateway_pb2.ConverseConfig | None = None,
+    pace_s: float = 0.0,
+) -> Outcome:
+    """A whole call: config, `frames` 80 ms frames (one every `pace_s`, or as fast
+    as flow control allows), half-close; every response and the final status."""
+
+    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=config or Config(include_oracle_updates=True))
+        for _ in range(frames):
+            yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+            await asyncio.sleep(pace_s)
+
+    responses: list[gateway_pb2.ConverseResponse] = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for response in call:
+                responses.append(response)
+        return Outcome(responses, await call.code(), await call.details() or "")
+
+
+def dropped_oracle_messages() -> float:
+    labels = {"queue": "oracle"}
+    return REGISTRY.get_sample_value("kame_gateway_dropped_messages_total", labels) or 0.0
+
+
+def gateway_tasks() -> list[asyncio.Task]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("gateway-")]
+
+
+def no_internal_address(outcome: Outcome) -> bool:
+    texts = [outcome.details, *(n.message for n in outcome.of("notice"))]
+    return not any("127.0.0.1" in t or "10.9.8.7" in t for t in texts)
+
+
+async def test_a_call_flows_through_every_upstream_and_ends_in_order(fakes):
+    fakes.stt.script = {
+        2: [activity(Activity.SPEECH_START, "s-1", 0.1)],
+        4: [transcript("s-1", "what is the", False, 0.3)],
+        8: [
+            activity(Activity.SPEECH_END, "s-1", 0.5),
+            transcript("s-1", "what is the capital", True, 0.6),
+        ],
+    }
+    fakes.frontend.speak_at = 12
+    fakes.frontend.words = {12: ("Hmm,", 0), 14: ("Paris", 1)}
+    fakes.frontend.turn_end_at = 11
+    gateway = await fakes.gateway()
+    outcome = await converse(gateway.address, frames=20, pace_s=0.04)
+
+    assert outcome.code == grpc.StatusCode.OK, outcome.details
+    (started,) = outcome.of("started")
+    assert started.frontend_replica == "fake-1" and started.engine == "fake"
+    assert len(outcome.of("audio")) == 20  # one agent frame per caller frame
+    assert [t.text for t in outcome.of("user_transcript")] == [
+        "what is the",
+        "what is the capital",
+    ]
+    # stt's transcripts reach the frontend; the oracle's RESET reaches the frontend
+    # and the client; the agent's words reach the oracle.
+    assert [t.text for t in fakes.frontend.log.of("user_transcript")] == [
+        "what is the",
+        "what is the capital",
+    ]
+    (update,) = fakes.frontend.log.of("oracle")
+    assert update.text == "Paris is the capital." and update.source.text == "what is the capital"
+    assert len(outcome.of("oracle_update")) == 1
+    assert [a.text for a in fakes.oracle.log.of("agent_text")] == ["Hmm,", "Paris"]
+    # The frontend's turn end reaches stt as EndOfTurn.
+    (end_of_turn,) = fakes.stt.log.of("end_of_turn")
+    assert end_of_turn.speech_end_s == pytest.approx(11 * 0.08 - 0.4)
+    # Every upstream's stream ended normally, none was cancelled.
+    for fake in (fakes.frontend, fakes.stt, fakes.oracle):
+        await asyncio.wait_for(fake.log.ended.wait(), 2)
+        assert fake.log.outcome == "finished"
+    (turn,) = outcome.of("turn")
+    assert turn.user_text == "what is the capital"
+    # The hold phrase started the audio; the answer word came two frames (at 40 ms
+    # each here) later: a hold phrase is no answer.
+    assert turn.answer_latency_s - turn.response_latency_s == pytest.approx(0.08, abs=0.035)
+    client = store.connect(fakes.redis_url)
+    try:
+        record = await client.hgetall(f"kame:session:{started.session_id}")
+    finally:
+        await client.aclose()
+    assert record["state"] == "ended" and record["replica_id"] == "fake-1"
+    await wait_until(lambda: not gateway_tasks(), "the session's tasks to end", 2)
+
+
+async def test_stt_failure_takes_the_oracle_along_and_the_call_goes_on(fakes):
+    fakes.stt.fail_at = 3
+    gateway = await fakes.gateway()
+    outcome = await converse(gateway.address, frames=10)
+    assert outcome.code == grpc.StatusCode.OK
+    assert len(outcome.of("audio")) == 10
+    (notice,) = outcome.of("notice")
+    assert notice.kind == Notice.ORACLE_UNAVAILABLE and "stt failed" in notice.message
+    await asyncio.wait_for(fakes.oracle.log.ended.wait(), 2)
+    assert fakes.oracle.log.outcome == "cancelled"
+    assert no_internal_address(outcome)
+
+
+async def test_oracle_failure_leaves_the_voice_alone(fakes):
+    fakes.oracle.fail_after_first = True
+    fakes.stt.script = {2: [transcript("s-1", "hello", False, 0.2)]}
+    gateway = await fakes.gateway()
+    outcome = await converse(gateway.address, frames=10)
+    assert outcome.code == grpc.StatusCode.OK
+    assert len(outcome.of("audio")) == 10
+    (notice,) = outcome.of("notice")
+    assert notice.kind == Notice.ORACLE_UNAVAILABLE and "oracle failed" in notice.message
+    await asyncio.wait_for(fakes.stt.log.ended.wait(), 2)
+    assert fakes.stt.log.outcome == "finished"  # stt carried on to the end
+
+
+async def test_an_oracle_that_rejects_the_llm_override_ends_the_call(fakes):
+    fakes.oracle.reject = True
+    gateway = await fakes.gateway()
+    config = Config(llm=gateway_pb2.LlmOverride(model="x"))
+    outcome = await converse(gateway.address, frames=5, config=config)
+    assert outcome.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "model 'x' is not allowed" in outcome.details
+
+
+async def test_a_stalled_oracle_costs_agent_text_not_frames(fakes):
+    fakes.oracle.stall = True
+    fakes.frontend.speak_at = 0
+    # Long "words" fill the HTTP/2 window to the stalled oracle quickly.
+    fakes.frontend.words = {seq: ("w" * 50_000, 1) for seq in range(200)}
+    gateway = await fakes.gateway(queue_frames=2, drain_timeout_s=0.3)
+    before = dropped_oracle_messages()
+    outcome = await converse(gateway.address, frames=200)
+    assert outcome.code == grpc.StatusCode.OK
+    assert len(outcome.of("audio")) == 200 and len(outcome.of("agent_text")) == 200
+    assert dropped_oracle_messages() > before
+
+
+async def test_frontend_failure_ends_the_call_unavailable_without_its_address(fakes):
+    fakes.frontend.fail_at = 4
+    gateway = await fakes.gateway()
+    outcome = await converse(gateway.address, frames=100, pace_s=0.01)
+    assert outcome.code == grpc.StatusCode.UNAVAILABLE
+    assert "frontend failed" in outcome.details
+    assert no_internal_address(outcome)
+    for fake in (fakes.stt, fakes.oracle):
+        await asyncio.wait_for(fake.log.ended.wait(), 2)
+        assert fake.log.outcome == "cancelled"
+
+
+async def test_a_frontend_that_ends_early_is_a_failure(fakes):
+    fakes.frontend.end_at = 3
+    gateway = await fakes.gateway()
+    outcome = await converse(gateway.address, frames=10)
+    assert outcome.code == grpc.StatusCode.UNAVAILABLE and "frontend" in outcome.details
+
+
+@pytest.mark.parametrize(
+    ("refusal", "code", "message"),
+    [
+        (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "no frontend slot",
+        ),
+        (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "rejected the session",
+        ),
+        (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE, "frontend is unavailable"),
+    ],
+)
+async def test_a_refusing_frontend(fakes, refusal, code, message):
+    fakes.frontend.refuse = refusal
+    gateway = await fakes.gateway()
+    outcome = await converse(gateway.address, frames=3)
+    assert outcome.code == code and message in outcome.details
+    assert no_internal_address(outcome)
+    assert not outcome.of("started")
+
+
+async def test_a_frontend_that_never_gets_ready_times_out(fakes):
+    fakes.frontend.silent_start = True
+    gateway = await fakes.gateway(connect_timeout_s=0.3)
+    outcome = await converse(gateway.address, frames=3)
+    assert outcome.code == grpc.StatusCode.UNAVAILABLE
+    assert "did not start the session within 0.3 s" in outcome.details
+
+
+async def test_a_side_service_that_is_down_is_a_notice(fakes):
+    gateway = await fakes.gateway(stt_address="127.0.0.1:1")
+    outcome = await converse(gateway.address, frames=5)
+    assert outcome.code == grpc.StatusCode.OK and len(outcome.of("audio")) == 5
+    (notice,) = outcome.of("notice")
+    assert notice.kind == Notice.ORACLE_UNAVAILABLE
+    assert no_internal_address(outcome)
+
+
+async def test_a_caller_who_hangs_up_frees_every_upstream(fakes):
+    gateway = await fakes.gateway()
+    release = asyncio.Event()
+
+    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=Config())
+        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+        await release.wait()
+
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        assert (await call.read()).HasField("started")
+        await wait_until(lambda: fakes.oracle.log.opened == 1, "the oracle stream", 2)
+        call.cancel()
+    for fake in (fakes.frontend, fakes.stt, fakes.oracle):
+        await asyncio.wait_for(fake.log.ended.wait(), 2)
+        assert fake.log.outcome == "cancelled"
+    await wait_until(lambda: not gateway_tasks(), "the session's tasks to end", 2)
+    await wait_until(lambda: gateway.active_sessions == 0, "the session to close", 2)
+
+
+async def test_limits(fakes):
+    gateway = await fakes.gateway(max_session_s=0.4, max_sessions=1)
+    over = await converse(gateway.address, frames=10)
+    assert over.code == grpc.StatusCode.OUT_OF_RANGE and "0.4 s" in over.details
+
+    release = asyncio.Event()
+
+    async def held() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=Config())
+        await release.wait()
+
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        first = gateway_pb2_grpc.GatewayStub(channel).Converse(held())
+        assert (await first.read()).HasField("started")
+        refused = await converse(gateway.address, frames=1)
+        assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        release.set()
+        assert await first.code() == grpc.StatusCode.OK
+
+
+@pytest.mark.parametrize(
+    ("second", "message"),
+    [
+        (gateway_pb2.ConverseRequest(config=Config()), "a second config"),
+        (gateway_pb2.ConverseRequest(), "neither config nor audio"),
+        (gateway_pb2.ConverseRequest(audio=b"\x01"), "audio chunk 0"),
+    ],
+)
+async def test_bad_input_after_the_config(fakes, second, message):
+    gateway = await fakes.gateway()
+
+    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=Config())
+        yield second
+
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for _ in call:
+                pass
+        assert await call.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert message in await call.details()
+
+
+async def test_drain_lets_an_open_call_finish_and_refuses_new_ones(fakes):
+    gateway = await fakes.gateway(grace_s=5)
+    release = asyncio.Event()
+
+    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=Config())
+        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+        await release.wait()
+        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        assert (await call.read()).HasField("started")
+        drain = asyncio.ensure_future(gateway.drain())
+        await wait_until(lambda: gateway.draining, "the gateway to drain", 2)
+        refused = await converse(gateway.address, frames=1)
+        assert refused.code == grpc.StatusCode.UNAVAILABLE
+        release.set()
+        responses = []
+        while (response := await call.read()) is not grpc.aio.EOF:
+            responses.append(response)
+        audio = [r for r in responses if r.HasField("audio")]
+        assert await call.code() == grpc.StatusCode.OK and len(audio) == 2
+    await asyncio.wait_for(drain, 5)
+
+
+async def test_s2s_opens_no_oracle_and_logs_the_conversation(fakes):
+    fakes.stt.script = {
+        1: [activity(Activity.SPEECH_START, "s-1", 0.0)],
+        4: [activity(Activity.SPEECH_END, "s-1", 0.3), transcript("s-1", "hi there", True, 0.4)],
+    }
+    fakes.frontend.speak_at = 6
+    fakes.frontend.words = {6: ("Hello", 0), 7: ("friend", 0)}
+    gateway = await fakes.gateway()
+    outcome = await converse(gateway.address, frames=12, config=Config(mode=Config.S2S))
+    assert outcome.code == grpc.StatusCode.OK
+    assert fakes.oracle.log.opened == 0
+    (turn,) = outcome.of("turn")
+    assert turn.answer_latency_s == pytest.approx(turn.response_latency_s, abs=0.05)
+    session_id = outcome.of("started")[0].session_id
+    client = store.connect(fakes.redis_url)
+    try:
+        turns = await store.SessionStore(client).conversation(session_id)
+    finally:
+        await client.aclose()
+    assert [(t["role"], t["text"]) for t in turns] == [
+        ("user", "hi there"),
+        ("agent", "Hello friend"),
+    ]
