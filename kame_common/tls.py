@@ -66,11 +66,8 @@ class ReloadingCertificate:
         self.reloads = 0  # configurations handed to gRPC after the first
         self._lock = threading.Lock()  # gRPC may call the fetcher from several threads
         self._refused: Stamp | None = None
-        try:
-            self._stamp = _stamp(self._files)
-        except OSError as exc:
-            raise ConfigError(f"TLS file {exc.filename}: {exc.strerror}") from None
-        self.initial = self._load()
+        self.initial = self._load()  # an unreadable file: ConfigError naming its setting
+        self._stamp = _stamp(self._files)
         try:
             _check_pair(cert_file, key_file)
         except ssl.SSLError as exc:
