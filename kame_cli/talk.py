@@ -240,14 +240,16 @@ class _Conversation:
         async with self.options.client_tls().channel(self.options.gateway) as channel:
             call = gateway_pb2_grpc.GatewayStub(channel).Converse(metadata=self.options.metadata())
             self.t0 = time.monotonic()
-            await call.write(gateway_pb2.ConverseRequest(config=self.config))
-            sender = asyncio.ensure_future(self._send(call))
-            try:
+            sender: asyncio.Future[None] | None = None
+            try:  # a gateway that refuses the connection fails the very first write
+                await call.write(gateway_pb2.ConverseRequest(config=self.config))
+                sender = asyncio.ensure_future(self._send(call))
                 await self._receive(call)
             except grpc.aio.AioRpcError as exc:
                 self.result.status, self.result.status_details = exc.code().name, exc.details()
             finally:
-                await cancel_and_wait(sender)
+                if sender is not None:
+                    await cancel_and_wait(sender)
         parts = [*self.agent_parts, self.decoder.flush()]
         self.result.agent = np.concatenate(parts).astype(np.float32)
         return self.result
