@@ -36,6 +36,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS
+from kame_common.store import redacted_url
 
 LOOPBACK = "127.0.0.1"
 SERVICES = ("stt", "oracle", "frontend", "gateway")
@@ -354,7 +355,7 @@ class Stack:
         ports = self.ports
         rows = [(c.name, c.endpoint) for c in self.children]
         if not self.started_redis:
-            rows.insert(0, ("redis", f"{self.redis_url} (already running)"))
+            rows.insert(0, ("redis", f"{redacted_url(self.redis_url)} (already running)"))
         if not self.embedded_llm:
             rows.insert(1, ("llm", f"{self.llm_base_url} (external)"))
         rows.append(

@@ -40,6 +40,7 @@ from kame_cli.say import write_wav
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import SAMPLE_RATE, pcm16_to_float, resample
 from kame_common.ports import loopback_address
+from kame_common.tls import ClientTls
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.gateway.codecs import Decoder, Encoder, resolve_format
 
@@ -71,11 +72,20 @@ class TalkOptions:
     max_wait_s: float = 30.0
     oracle_updates: bool = True
     voice: str = ""
-    auth_token: str = ""
+    auth_token: str = ""  # sent as 'authorization: Bearer <token>' metadata
+    ca_file: str = ""  # non-empty: TLS, verifying the gateway's certificate with this CA
+    tls: bool = False  # TLS with the system's roots (a public certificate)
+    tls_server_name: str = ""  # the name the gateway's certificate carries, if not the host
     llm_backend: str = ""
     llm_model: str = ""
     llm_base_url: str = ""
     llm_api_key: str = ""
+
+    def client_tls(self) -> ClientTls:
+        return ClientTls(ca_file=self.ca_file, tls=self.tls, server_name=self.tls_server_name)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.auth_token}"),) if self.auth_token else ()
 
     def converse_config(self) -> gateway_pb2.ConverseConfig:
         config = gateway_pb2.ConverseConfig(
@@ -227,17 +237,19 @@ class _Conversation:
         self.result.events.append({"t": round(self.now(), 4), "type": event_type, **fields})
 
     async def run(self) -> TalkResult:
-        async with grpc.aio.insecure_channel(self.options.gateway) as channel:
-            call = gateway_pb2_grpc.GatewayStub(channel).Converse()
+        async with self.options.client_tls().channel(self.options.gateway) as channel:
+            call = gateway_pb2_grpc.GatewayStub(channel).Converse(metadata=self.options.metadata())
             self.t0 = time.monotonic()
-            await call.write(gateway_pb2.ConverseRequest(config=self.config))
-            sender = asyncio.ensure_future(self._send(call))
-            try:
+            sender: asyncio.Future[None] | None = None
+            try:  # a gateway that refuses the connection fails the very first write
+                await call.write(gateway_pb2.ConverseRequest(config=self.config))
+                sender = asyncio.ensure_future(self._send(call))
                 await self._receive(call)
             except grpc.aio.AioRpcError as exc:
                 self.result.status, self.result.status_details = exc.code().name, exc.details()
             finally:
-                await cancel_and_wait(sender)
+                if sender is not None:
+                    await cancel_and_wait(sender)
         parts = [*self.agent_parts, self.decoder.flush()]
         self.result.agent = np.concatenate(parts).astype(np.float32)
         return self.result
@@ -439,6 +451,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeline", type=Path, required=True, help="timeline JSON to write")
     parser.add_argument("--plot", type=Path, help="PNG of the timeline")
     parser.add_argument("--gateway", default=loopback_address("gateway"), help="gateway host:port")
+    parser.add_argument(
+        "--ca-file", default="", help="PEM CA of the gateway's certificate (turns TLS on)"
+    )
+    parser.add_argument(
+        "--tls", action="store_true", help="TLS with the system's CAs (a public certificate)"
+    )
+    parser.add_argument(
+        "--tls-server-name",
+        default="",
+        help="name on the gateway's certificate when --gateway is an IP or another name",
+    )
+    parser.add_argument(
+        "--auth-token",
+        default=os.environ.get("KAME_AUTH_TOKEN", ""),
+        help="bearer token for the gateway (default: env KAME_AUTH_TOKEN; prefer the "
+        "variable, flags show in ps)",
+    )
     parser.add_argument("--mode", choices=sorted(MODES), default="tandem")
     parser.add_argument("--input-codec", choices=sorted(CODECS), default="pcm16")
     parser.add_argument("--output-codec", choices=sorted(CODECS), default="pcm16")
@@ -473,7 +502,10 @@ def options_from_args(args: argparse.Namespace, wav_rate: int) -> TalkOptions:
         max_wait_s=args.max_wait_s,
         oracle_updates=not args.no_oracle_updates,
         voice=args.voice,
-        auth_token=os.environ.get("KAME_AUTH_TOKEN", ""),
+        auth_token=args.auth_token,
+        ca_file=args.ca_file,
+        tls=args.tls,
+        tls_server_name=args.tls_server_name,
         llm_backend=args.llm_backend,
         llm_model=args.llm_model,
         llm_base_url=args.llm_base_url,

@@ -119,6 +119,18 @@ def validate_choices(config: Any) -> None:
             raise ConfigError(f"{field.name}: {value!r} is not allowed; choose one of {allowed}")
 
 
+# Shorter shared secrets (bearer tokens, HMAC keys) are guessable.
+MIN_SECRET_CHARS = 16
+
+
+def check_secret(field_name: str, value: str) -> None:
+    """ConfigError naming the field unless `value` is empty or long enough."""
+    if value and len(value) < MIN_SECRET_CHARS:
+        raise ConfigError(
+            f"{field_name}: a secret needs at least {MIN_SECRET_CHARS} characters, got {len(value)}"
+        )
+
+
 def grpc_port_setting(service: str) -> Any:
     """The `port` setting of `service`, defaulting to its port in kame_common.ports."""
     return setting(SERVICE_PORTS[service].grpc, "gRPC port (0 picks a free one)")
@@ -142,7 +154,24 @@ class ServiceSettings:
     metrics_port: int = setting(0, "Prometheus /metrics port (0 disables)")
     max_sessions: int = setting(0, "open sessions before RESOURCE_EXHAUSTED (0 = no limit)")
     grace_s: float = setting(30.0, "on SIGTERM, seconds open sessions get to finish")
-    otlp_endpoint: str = setting("", "OpenTelemetry OTLP/gRPC endpoint (empty = no export)")
+    otlp_endpoint: str = setting(
+        "", "OpenTelemetry OTLP/gRPC endpoint (empty = no export; https://... = TLS)"
+    )
+    otlp_ca_file: str = setting(
+        "", "PEM CA that signs the OTLP collector's certificate (non-empty = TLS to it)"
+    )
+    tls_cert_file: str = setting(
+        "",
+        "PEM certificate chain of the gRPC port, re-read when it changes (empty = plaintext)",
+    )
+    tls_key_file: str = setting("", "PEM private key of tls_cert_file, re-read with it")
+    tls_client_ca_file: str = setting(
+        "", "PEM CA: require client certificates it signed (mTLS; needs tls_cert_file)"
+    )
+    health_port: int = setting(
+        0, "plaintext port serving only grpc.health.v1, for probes that cannot speak TLS (0 = off)"
+    )
+    reflection: bool = setting(True, "serve gRPC reflection on the gRPC port")
 
     @classmethod
     def env_prefix(cls) -> str:
@@ -154,6 +183,22 @@ class ServiceSettings:
             raise ConfigError(f"max_sessions: must not be negative, got {self.max_sessions}")
         if self.grace_s < 0:
             raise ConfigError(f"grace_s: must not be negative, got {self.grace_s}")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError(
+                "tls_cert_file, tls_key_file: set both (TLS) or neither (plaintext), "
+                f"got cert {self.tls_cert_file!r} and key {self.tls_key_file!r}"
+            )
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ConfigError(
+                "tls_client_ca_file: client certificates (mTLS) need TLS: set tls_cert_file "
+                "and tls_key_file too"
+            )
+        if self.health_port < 0:
+            raise ConfigError(f"health_port: must not be negative, got {self.health_port}")
+        if self.health_port and self.health_port == self.port:
+            raise ConfigError(
+                f"health_port: must differ from port ({self.port}): it serves plaintext health only"
+            )
 
 
 def load_settings(

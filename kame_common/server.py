@@ -1,7 +1,9 @@
 """The one start-up and shutdown path of every service.
 
-`ServiceRuntime` owns the aio server, the standard health service, reflection,
-the /metrics endpoint, tracing, session admission (max sessions ->
+`ServiceRuntime` owns the aio server (TLS or mTLS when the settings give a
+certificate), the standard health service (also on a plaintext health-only
+port for probes, when `health_port` is set), reflection (unless switched
+off), the /metrics endpoint, tracing, session admission (max sessions ->
 RESOURCE_EXHAUSTED, draining -> UNAVAILABLE) and graceful drain: on
 SIGTERM/SIGINT every health status turns NOT_SERVING, new sessions are
 refused, and open sessions get up to `grace_s` seconds to finish before the
@@ -29,7 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Gauge
 
-from kame_common import tracing
+from kame_common import tls, tracing
 from kame_common.config import ConfigError, ServiceSettings, load_settings
 from kame_common.metrics import start_metrics_server
 
@@ -52,6 +54,8 @@ class ServiceRuntime:
         self.host = settings.host
         self.port = settings.port
         self.metrics_port = 0
+        self.health_port = 0
+        self._health_server: grpc.aio.Server | None = None
         self.active_sessions = 0
         self.draining = False
         self._sessions_idle = asyncio.Event()
@@ -84,22 +88,48 @@ class ServiceRuntime:
 
     async def start(self, add_servicers: Callable[[grpc.aio.Server], None]) -> None:
         """Tracing, /metrics, servicers; bind the port (0 picks a free one) and serve."""
-        tracing.setup_tracing(self.service_name, self.settings.otlp_endpoint)
-        metrics_server = start_metrics_server(self.settings.metrics_port)
+        settings = self.settings
+        tracing.setup_tracing(self.service_name, settings.otlp_endpoint, settings.otlp_ca_file)
+        metrics_server = start_metrics_server(settings.metrics_port)
         if metrics_server is not None:
             self.metrics_port = metrics_server.server_port
             self.on_close(lambda: asyncio.to_thread(metrics_server.shutdown))
         add_servicers(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            [*self.grpc_services, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
-        )
-        self.port = self.server.add_insecure_port(f"{self.host}:{self.port}")
-        if self.port == 0:
-            raise RuntimeError(f"{self.service_name}: could not bind {self.host}")
+        if settings.reflection:
+            reflection.enable_server_reflection(
+                [*self.grpc_services, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+            )
+        self.port = self._bind(self.server, self.port, secure=True)
+        if settings.health_port:
+            self._health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+            self.health_port = self._bind(self._health_server, settings.health_port, secure=False)
+            await self._health_server.start()
         await self.server.start()
         await self._set_all(health_pb2.HealthCheckResponse.SERVING)
-        log.info("%s listening on %s", self.service_name, self.address)
+        log.info("%s listening on %s (%s)", self.service_name, self.address, self.transport)
+
+    @property
+    def transport(self) -> str:
+        """What the gRPC port speaks: plaintext, TLS or mTLS."""
+        if self.settings.tls_client_ca_file:
+            return "mTLS"
+        return "TLS" if self.settings.tls_cert_file else "plaintext"
+
+    def _bind(self, server: grpc.aio.Server, port: int, secure: bool) -> int:
+        """Bind `server` to host:port, with the settings' TLS if `secure` and configured."""
+        settings, address = self.settings, f"{self.host}:{port}"
+        if secure and settings.tls_cert_file:
+            credentials = tls.server_credentials(
+                settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
+            )
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
+        if bound == 0:
+            raise RuntimeError(f"{self.service_name}: could not bind {address}")
+        return bound
 
     async def _set_all(self, status: int) -> None:
         for name in ["", *self.grpc_services]:
@@ -151,6 +181,8 @@ class ServiceRuntime:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._sessions_idle.wait(), grace_s)
         await self.server.stop(grace=1.0 if grace_s is not None else 0)
+        if self._health_server is not None:  # probes saw NOT_SERVING until now
+            await self._health_server.stop(0)
         await self._close_hooks.aclose()
         self._stopped.set()
 
@@ -181,5 +213,9 @@ def service_main(
         runtime = await serve(settings)
         await runtime.serve_until_stopped()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except ConfigError as exc:  # found at start: an unreadable certificate, say
+        print(f"{settings_class.SERVICE}: {exc}", file=sys.stderr)
+        return 2
     return 0

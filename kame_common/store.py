@@ -4,25 +4,62 @@ Keys (all under the `kame:` prefix):
 - `kame:session:{id}`        hash, the session record; expires `ttl_s` after the last write.
 - `kame:conversation:{id}`   list of JSON turns {role, text, ts}, append-only, same TTL.
 - `kame:replicas:{service}`  sorted set of replica ids scored by heartbeat expiry time.
-- `kame:replica:{service}:{id}` hash {address, free_slots, total_slots}; expires with its heartbeat.
+- `kame:replica:{service}:{id}` hash {address, free_slots, total_slots, expires_at_ms,
+  signature}; expires with its heartbeat.
+
+Replica records are signed when the registry has a secret: HMAC-SHA256 over
+the service, the replica id, the address, the slot counts and the expiry, so
+whoever can write to Redis but lacks the secret cannot point the gateway at an
+address of their own, inflate a replica's slots, or replay an expired record.
+A registry with a secret skips (and counts in
+kame_registry_rejected_records_total) every record it cannot verify.
 
 The client retries commands on connection errors (with backoff), so a Redis
-restart or a dropped connection costs a retry, not a session.
+restart or a dropped connection costs a retry, not a session. A password
+travels in the URL (`redis://:PASSWORD@host:6379/0`, from a Secret); never
+log a Redis URL, log `redacted_url(url)`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import logging
 import time
+import urllib.parse
 from dataclasses import dataclass
 
 import redis.asyncio as redis
+from prometheus_client import Counter
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+log = logging.getLogger(__name__)
+
 PREFIX = "kame"
+RECORD_VERSION = "kame-replica-v1"
+_MAX_REPORTED = 1024  # bounds the memory of which bad records were logged
+
+REJECTED_RECORDS = Counter(
+    "kame_registry_rejected_records",
+    "Capacity registry records skipped (reason: unsigned, bad_signature, expired, malformed)",
+    ["service", "reason"],
+)
+
+
+def redacted_url(url: str) -> str:
+    """`url` with any password replaced by ***, for logs and printed endpoints."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def connect(url: str) -> redis.Redis:
@@ -88,12 +125,17 @@ class Replica:
 
 class CapacityRegistry:
     """Replicas publish their free slots at least every `ttl_s / 3` seconds; a
-    replica that stops publishing disappears after `ttl_s`."""
+    replica that stops publishing disappears after `ttl_s`. With a `secret`,
+    records are signed on publish and verified on read (see the module doc)."""
 
-    def __init__(self, client: redis.Redis, service: str, ttl_s: float = 10.0) -> None:
+    def __init__(
+        self, client: redis.Redis, service: str, ttl_s: float = 10.0, secret: str = ""
+    ) -> None:
         self.client = client
         self.service = service
         self.ttl_s = ttl_s
+        self._secret = secret.encode()
+        self._reported: set[tuple[str, str]] = set()  # (replica, reason) already logged
 
     def _index_key(self) -> str:
         return f"{PREFIX}:replicas:{self.service}"
@@ -101,17 +143,38 @@ class CapacityRegistry:
     def _replica_key(self, replica_id: str) -> str:
         return f"{PREFIX}:replica:{self.service}:{replica_id}"
 
+    def _signature(self, replica_id: str, fields: dict[str, str]) -> str:
+        # JSON of a list: no choice of field values can make two records sign alike.
+        signed = [
+            RECORD_VERSION,
+            self.service,
+            replica_id,
+            fields["address"],
+            fields["free_slots"],
+            fields["total_slots"],
+            fields.get("expires_at_ms", ""),
+        ]
+        message = json.dumps(signed, separators=(",", ":")).encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
     async def publish(
         self, replica_id: str, address: str, free_slots: int, total_slots: int
     ) -> None:
         key = self._replica_key(replica_id)
+        expires_at = time.time() + self.ttl_s
+        fields = {
+            "address": address,
+            "free_slots": str(free_slots),
+            "total_slots": str(total_slots),
+            "expires_at_ms": str(int(expires_at * 1000)),
+        }
+        if self._secret:
+            fields["signature"] = self._signature(replica_id, fields)
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                key,
-                mapping={"address": address, "free_slots": free_slots, "total_slots": total_slots},
-            )
+            pipe.delete(key)  # no field of an older record survives into this one
+            pipe.hset(key, mapping=fields)
             pipe.pexpire(key, int(self.ttl_s * 1000))
-            pipe.zadd(self._index_key(), {replica_id: time.time() + self.ttl_s})
+            pipe.zadd(self._index_key(), {replica_id: expires_at})
             await pipe.execute()
 
     async def withdraw(self, replica_id: str) -> None:
@@ -119,21 +182,51 @@ class CapacityRegistry:
         await self.client.zrem(self._index_key(), replica_id)
 
     async def replicas(self) -> list[Replica]:
-        """Live replicas (expired ones are pruned from the index)."""
+        """Live replicas whose records verify (expired ones are pruned from the index)."""
         await self.client.zremrangebyscore(self._index_key(), "-inf", time.time())
         live = []
         for replica_id in await self.client.zrange(self._index_key(), 0, -1):
             fields = await self.client.hgetall(self._replica_key(replica_id))
-            if fields:
-                live.append(
-                    Replica(
-                        replica_id,
-                        fields["address"],
-                        int(fields["free_slots"]),
-                        int(fields["total_slots"]),
-                    )
-                )
+            if not fields:
+                continue
+            replica = self._verified(replica_id, fields)
+            if replica is not None:
+                live.append(replica)
         return live
+
+    def _verified(self, replica_id: str, fields: dict[str, str]) -> Replica | None:
+        reason = self._rejection(replica_id, fields)
+        if reason is None:
+            return Replica(
+                replica_id, fields["address"], int(fields["free_slots"]), int(fields["total_slots"])
+            )
+        REJECTED_RECORDS.labels(service=self.service, reason=reason).inc()
+        if (replica_id, reason) not in self._reported:  # once each, not at every choice
+            if len(self._reported) >= _MAX_REPORTED:
+                self._reported.clear()
+            self._reported.add((replica_id, reason))
+            log.warning("%s registry: ignoring replica %r: %s", self.service, replica_id, reason)
+        return None
+
+    def _rejection(self, replica_id: str, fields: dict[str, str]) -> str | None:
+        """Why the record cannot be used, or None."""
+        try:
+            int(fields["free_slots"]), int(fields["total_slots"])
+            expires_at_ms = int(fields.get("expires_at_ms", "0"))
+            fields["address"]
+        except (KeyError, ValueError):
+            return "malformed"
+        if not self._secret:
+            return None
+        signature = fields.get("signature", "")
+        if not signature:
+            return "unsigned"
+        expected = self._signature(replica_id, fields)
+        if not hmac.compare_digest(signature.encode(), expected.encode()):
+            return "bad_signature"
+        if expires_at_ms <= time.time() * 1000:
+            return "expired"
+        return None
 
     async def choose(self) -> Replica | None:
         """The live replica with the most free slots, or None if none has one."""

@@ -14,7 +14,9 @@ from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_serv
 from opentelemetry.instrumentation.grpc.filters import service_prefix
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+from kame_common.tls import ClientTls
 
 _configured = False
 
@@ -22,20 +24,27 @@ _configured = False
 TRANSCRIPTS_IN_SPANS = os.environ.get("KAME_TRACE_TRANSCRIPTS", "").lower() in ("1", "true")
 
 
-def setup_tracing(service_name: str, otlp_endpoint: str = "") -> None:
+def setup_tracing(service_name: str, otlp_endpoint: str = "", ca_file: str = "") -> None:
     """Install the tracer provider once per process."""
     global _configured
     if _configured:
         return
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     if otlp_endpoint:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, insecure=True))
-        )
+        provider.add_span_processor(BatchSpanProcessor(otlp_exporter(otlp_endpoint, ca_file)))
     trace.set_tracer_provider(provider)
     _configured = True
+
+
+def otlp_exporter(endpoint: str, ca_file: str = "") -> SpanExporter:
+    """OTLP/gRPC to `endpoint`: TLS when it is https:// or a CA file is given
+    (that CA, else the system's roots), plaintext otherwise (a collector beside the pod)."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    client = ClientTls(ca_file=ca_file, tls=endpoint.startswith("https://"), setting_prefix="otlp_")
+    if not client.enabled:
+        return OTLPSpanExporter(endpoint=endpoint, insecure=True)
+    return OTLPSpanExporter(endpoint=endpoint, insecure=False, credentials=client.credentials())
 
 
 def tracer(name: str) -> trace.Tracer:

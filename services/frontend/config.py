@@ -10,6 +10,7 @@ from typing import ClassVar
 from kame_common.config import (
     ConfigError,
     ServiceSettings,
+    check_secret,
     grpc_port_setting,
     metrics_port_setting,
     setting,
@@ -36,6 +37,9 @@ class FrontendSettings(ServiceSettings):
     max_sessions: int = setting(0, "Admission limit on open streams (0 = batch_slots decides)")
     redis_url: str = setting(LOCAL_REDIS_URL, "Redis for the capacity registry")
     replica_id: str = setting("", "Name in the capacity registry (empty = hostname-pid)")
+    registry_secret: str = setting(
+        "", "HMAC key that signs this replica's capacity records (the gateway's registry_secret)"
+    )
     advertise_address: str = setting(
         "", "host:port the gateway dials for this replica (empty = 127.0.0.1:<bound port>)"
     )
@@ -50,3 +54,4 @@ class FrontendSettings(ServiceSettings):
         super().validate()
         if self.batch_slots < 1:
             raise ConfigError(f"batch_slots: must be at least 1, got {self.batch_slots}")
+        check_secret("registry_secret", self.registry_secret)

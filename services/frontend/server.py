@@ -7,10 +7,11 @@ AgentAudio (its seq and capture time copied, `step_s` = engine time,
 word that starts in that frame.
 
 Capacity: the engine's free slots go to the Redis capacity registry (a
-heartbeat, plus a publish whenever a session opens or closes) and to the gauge
-kame_frontend_free_slots. The gateway picks replicas from the registry. If Redis
-is down the replica keeps serving and the heartbeat keeps trying; on drain or
-stop the replica withdraws first so the gateway stops choosing it.
+heartbeat, plus a publish whenever a session opens or closes), signed with
+`registry_secret`, and to the gauge kame_frontend_free_slots. The gateway
+picks replicas from the registry. If Redis is down the replica keeps serving
+and the heartbeat keeps trying; on drain or stop the replica withdraws first
+so the gateway stops choosing it.
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ class CapacityPublisher:
     cancelled heartbeat running forever.
     """
 
-    def __init__(self, redis_url: str, replica_id: str, engine: Engine) -> None:
+    def __init__(self, redis_url: str, replica_id: str, engine: Engine, secret: str = "") -> None:
         self.replica_id = replica_id
         self.address = ""
         self._engine = engine
         self._client = store.connect(redis_url)
-        self._registry = store.CapacityRegistry(self._client, "frontend")
+        self._registry = store.CapacityRegistry(self._client, "frontend", secret=secret)
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
@@ -270,7 +271,9 @@ async def serve(settings: FrontendSettings) -> ServiceRuntime:
     runtime = ServiceRuntime(settings, [GRPC_SERVICE])
     engine = await asyncio.to_thread(build_engine, settings)
     runtime.on_close(engine.close)
-    capacity = CapacityPublisher(settings.redis_url, settings.resolved_replica_id(), engine)
+    capacity = CapacityPublisher(
+        settings.redis_url, settings.resolved_replica_id(), engine, settings.registry_secret
+    )
     runtime.on_drain(capacity.close)  # first, so the gateway stops sending new sessions
     servicer = FrontendServicer(runtime, engine, capacity)
     try:

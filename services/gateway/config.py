@@ -5,13 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kame_common.auth import parse_tokens
 from kame_common.config import (
+    ConfigError,
     ServiceSettings,
+    check_secret,
     grpc_port_setting,
     metrics_port_setting,
     setting,
 )
 from kame_common.ports import LOCAL_REDIS_URL, loopback_address
+from kame_common.tls import ClientTls
 
 MODES = ("tandem", "cascade", "s2s")
 
@@ -22,6 +26,27 @@ class GatewaySettings(ServiceSettings):
 
     port: int = grpc_port_setting("gateway")
     metrics_port: int = metrics_port_setting("gateway")
+    # The client-facing port shows callers no more of the API than they need.
+    reflection: bool = setting(False, "serve gRPC reflection on the client port")
+    auth_tokens: str = setting(
+        "",
+        "comma-separated bearer tokens callers may send as 'authorization: Bearer <token>' "
+        "metadata (several at once for rotation; empty = no auth)",
+    )
+    upstream_ca_file: str = setting(
+        "", "PEM CA of the frontend/stt/oracle server certificates (non-empty = TLS to upstreams)"
+    )
+    upstream_cert_file: str = setting(
+        "", "PEM client certificate the gateway shows upstreams (mTLS; with upstream_key_file)"
+    )
+    upstream_key_file: str = setting("", "PEM private key of upstream_cert_file")
+    upstream_server_name: str = setting(
+        "", "name the upstream certificates must carry when addresses are IPs (empty = the host)"
+    )
+    registry_secret: str = setting(
+        "",
+        "HMAC key of the frontend capacity registry (non-empty = use only records signed with it)",
+    )
     max_sessions: int = setting(
         64, "open Converse sessions before RESOURCE_EXHAUSTED (0 = no limit)"
     )
@@ -54,3 +79,28 @@ class GatewaySettings(ServiceSettings):
     hold_max_s: float = setting(
         3.0, "tts engine: longest hold before the agent gives the floor back"
     )
+
+    def upstream_tls(self) -> ClientTls:
+        """How the gateway dials frontend, stt and oracle: plaintext, TLS or mTLS."""
+        return ClientTls(
+            ca_file=self.upstream_ca_file,
+            cert_file=self.upstream_cert_file,
+            key_file=self.upstream_key_file,
+            server_name=self.upstream_server_name,
+            setting_prefix="upstream_",
+        )
+
+    def validate(self) -> None:
+        super().validate()
+        for token in parse_tokens(self.auth_tokens):
+            check_secret("auth_tokens", token)
+        check_secret("registry_secret", self.registry_secret)
+        if bool(self.upstream_cert_file) != bool(self.upstream_key_file):
+            raise ConfigError("upstream_cert_file, upstream_key_file: set both (mTLS) or neither")
+        if self.upstream_cert_file and not self.upstream_ca_file:
+            raise ConfigError(
+                "upstream_cert_file: a client certificate needs TLS to upstreams: "
+                "set upstream_ca_file too"
+            )
+        if self.upstream_server_name and not self.upstream_ca_file:
+            raise ConfigError("upstream_server_name: applies to TLS only: set upstream_ca_file")

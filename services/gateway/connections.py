@@ -23,13 +23,19 @@ class Connections:
     def __init__(self, settings: GatewaySettings, redis_client: redis.Redis) -> None:
         self.settings = settings
         self.store = SessionStore(redis_client, ttl_s=settings.session_ttl_s)
-        self.registry = CapacityRegistry(redis_client, "frontend")
+        # With a secret, only records the frontends signed with it are believed:
+        # the gateway never dials an address someone else wrote into Redis.
+        self.registry = CapacityRegistry(redis_client, "frontend", secret=settings.registry_secret)
+        self._tls = settings.upstream_tls()
+        if self._tls.enabled:
+            self._tls.credentials()  # a missing or unreadable file fails the start, not a call
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
-        """One shared channel per upstream address (gRPC multiplexes the sessions)."""
+        """One shared channel per upstream address (gRPC multiplexes the sessions),
+        plaintext, TLS or mTLS as the upstream_* settings say."""
         if address not in self._channels:
-            self._channels[address] = grpc.aio.insecure_channel(
+            self._channels[address] = self._tls.channel(
                 address, interceptors=tracing.client_interceptors()
             )
         return self._channels[address]

@@ -1,14 +1,22 @@
-"""gRPC glue of the gateway: the Converse servicer, `serve(config)` and `main`."""
+"""gRPC glue of the gateway: the Converse servicer, `serve(config)` and `main`.
+
+The client port is the edge of the cluster: every call is authenticated
+first (bearer token in metadata, kame_common.auth), and no status message or
+notice leaves it naming an internal address (`redact_addresses`); the full
+message stays in the gateway's log.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
 from kame_common import store
+from kame_common.auth import BearerAuth, parse_tokens
 from kame_common.server import ServiceRuntime, service_main
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.gateway.config import GatewaySettings
@@ -20,32 +28,56 @@ log = logging.getLogger(__name__)
 
 GRPC_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 
+# What an address looks like in an error text: a URL, a gRPC peer, an IPv6 or
+# IPv4 address (port optional), or host:port.
+_ADDRESS = re.compile(
+    r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"),]+"
+    r"|\bipv[46]:\S+"
+    r"|\[[0-9a-fA-F:.]+\](?::\d{1,5})?"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"
+    r"|\b[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?:\d{1,5}\b"
+)
+REDACTED = "<internal address>"
+
+
+def redact_addresses(message: str) -> str:
+    """`message` with every address replaced, for a client outside the cluster."""
+    return _ADDRESS.sub(REDACTED, message)
+
+
+def _for_client(response: gateway_pb2.ConverseResponse) -> gateway_pb2.ConverseResponse:
+    if response.WhichOneof("msg") == "notice":
+        response.notice.message = redact_addresses(response.notice.message)
+    return response
+
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, runtime: ServiceRuntime, connections: Connections) -> None:
+    def __init__(self, runtime: ServiceRuntime, connections: Connections, auth: BearerAuth) -> None:
         self.runtime = runtime
         self.connections = connections
         self.settings = connections.settings
+        self.auth = auth
 
     async def Converse(  # noqa: N802 (gRPC method name)
         self,
         request_iterator: AsyncIterator[gateway_pb2.ConverseRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[gateway_pb2.ConverseResponse]:
+        await self.auth.check(context)
         requests = aiter(request_iterator)
         try:
             plan = plan_session(await self._read_config(requests), self.settings)
         except SessionError as exc:
-            await context.abort(exc.code, exc.message)
+            await context.abort(exc.code, redact_addresses(exc.message))
         async with self.runtime.session(context):
             session = GatewaySession(self.connections, plan)
             log.info("session %s started (%s)", session.id, plan.mode.value)
             try:
                 async for response in session.responses(requests):
-                    yield response
+                    yield _for_client(response)
             except SessionError as exc:
                 log.info("session %s ended: %s: %s", session.id, exc.code.name, exc.message)
-                await context.abort(exc.code, exc.message)
+                await context.abort(exc.code, redact_addresses(exc.message))
             log.info("session %s ended", session.id)
 
     async def _read_config(
@@ -79,7 +111,10 @@ async def serve(settings: GatewaySettings) -> ServiceRuntime:
     runtime.on_close(redis_client.aclose)
     connections = Connections(settings, redis_client)
     runtime.on_close(connections.close)
-    servicer = GatewayServicer(runtime, connections)
+    auth = BearerAuth(parse_tokens(settings.auth_tokens))
+    if not auth.enabled:
+        log.warning("gateway: no auth_tokens, every caller is admitted")
+    servicer = GatewayServicer(runtime, connections, auth)
     await runtime.start(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
     )

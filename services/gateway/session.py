@@ -212,9 +212,12 @@ class GatewaySession:
                     f"{self.settings.connect_timeout_s:g} s",
                 )
                 continue
-            except grpc.aio.AioRpcError as exc:
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                # InvalidStateError: the write found the call already ended (refused).
                 call.cancel()
-                log.warning("session %s: frontend %s refused: %s", self.id, replica.address, exc)
+                log.warning(
+                    "session %s: frontend %s refused: %s", self.id, replica.address, _describe(exc)
+                )
                 error = _frontend_open_error(exc)
                 if error.code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise error from None
@@ -619,8 +622,10 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _frontend_open_error(exc: grpc.aio.AioRpcError) -> SessionError:
+def _frontend_open_error(exc: grpc.aio.AioRpcError | asyncio.InvalidStateError) -> SessionError:
     """What the client hears when a frontend refused: its reason, never its address."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return SessionError(grpc.StatusCode.UNAVAILABLE, "the frontend is unavailable")
     code = exc.code()
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return SessionError(code, "no frontend slot is free; try again shortly")

@@ -1,19 +1,30 @@
 """Oracle service settings (flags / KAME_ORACLE_* env) and per-session resolution.
 
 The service settings hold the defaults; each session's OracleConfig may
-override back-end, model, base URL, key, prompt, policy and limits. API keys
-come from the environment (OPENAI_API_KEY, ANTHROPIC_API_KEY: a Kubernetes
-Secret), never from flags, which `ps` would show.
+override back-end, model, base URL, key, prompt, policy and limits, within
+what the operator allows. API keys come from the environment (OPENAI_API_KEY,
+ANTHROPIC_API_KEY: a Kubernetes Secret), never from flags, which `ps` would
+show.
+
+Keys stay with their URLs. A service key goes only to the URLs that belong to
+its back-end: the operator's `base_url` (for the configured back-end) and the
+vendor's own API. A session may name another base URL only if the operator
+lists it (or a prefix of it) in `allowed_base_urls`, and then only with its
+own `api_key`: the service's keys never go there. A session may name a model
+only from `allowed_models` (empty: the configured model; `*`: any). Whatever
+breaks these rules is refused here, before any request is made.
 """
 
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from kame_common.config import (
+    ConfigError,
     ServiceSettings,
     grpc_port_setting,
     metrics_port_setting,
@@ -55,6 +66,22 @@ class OracleSettings(ServiceSettings):
     check_timeout_s: float = setting(3.0, "limit on the config-time reachability check")
     max_tokens: int = setting(64, "default max tokens per answer")
     temperature: float = setting(0.0, "default sampling temperature (0 = greedy)")
+    allowed_base_urls: str = setting(
+        "",
+        "comma-separated URLs or URL prefixes a session may choose as base_url, always with "
+        "its own api_key (empty = sessions cannot choose one)",
+    )
+    allowed_models: str = setting(
+        "",
+        "comma-separated models a session may choose (empty = only the configured model; * = any)",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        for entry in _entries(self.allowed_base_urls):
+            problem = _url_problem(entry)
+            if problem:
+                raise ConfigError(f"allowed_base_urls: {entry!r} {problem}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +124,107 @@ def _policy(config: oracle_pb2.OracleConfig, service: OracleSettings) -> PolicyP
     return params
 
 
+def _entries(value: str) -> list[str]:
+    return [entry.strip() for entry in value.split(",") if entry.strip()]
+
+
+def _url_problem(url: str) -> str:
+    """What makes `url` unfit as a base URL, or ''."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError on a bad port)
+    except ValueError as exc:
+        return f"is not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host"
+    if parts.username is not None or parts.password is not None:
+        return "must not carry credentials (send the key as api_key)"
+    if parts.query or parts.fragment:
+        return "must not have a query or a fragment"
+    if ".." in parts.path.split("/"):
+        return "must not contain '..'"
+    return ""
+
+
+def _origin_and_path(url: str) -> tuple[tuple[str, str, int], str]:
+    """((scheme, host, port), path without trailing slash) of a URL that has no problem."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or (443 if scheme == "https" else 80)
+    return (scheme, (parts.hostname or "").lower(), port), parts.path.rstrip("/")
+
+
+def same_url(url: str, other: str) -> bool:
+    """The same base URL, up to case of scheme and host, default port and a trailing slash."""
+    if _url_problem(url) or _url_problem(other):
+        return False
+    return _origin_and_path(url) == _origin_and_path(other)
+
+
+def url_allowed(url: str, allowed: list[str]) -> bool:
+    """`url` is an entry of `allowed` or lies under one: same scheme, host and port,
+    and a path equal to the entry's or below it at a '/' (so an entry
+    https://llm.example.com/v1 admits .../v1/x, not .../v10 nor llm.example.com.evil)."""
+    if _url_problem(url):
+        return False
+    origin, path = _origin_and_path(url)
+    for entry in allowed:
+        if _url_problem(entry):
+            continue
+        entry_origin, entry_path = _origin_and_path(entry)
+        if origin == entry_origin and (path == entry_path or path.startswith(entry_path + "/")):
+            return True
+    return False
+
+
+def _service_urls(service: OracleSettings, backend: str) -> list[str]:
+    """The URLs a service key of `backend` may go to: the operator's and the vendor's."""
+    own = [service.base_url] if backend == service.backend else []
+    return [*own, VENDOR_BASE_URLS[backend]]
+
+
+def _model(config: oracle_pb2.OracleConfig, service: OracleSettings, backend: str) -> str:
+    default = service.model if backend == service.backend else VENDOR_DEFAULT_MODELS[backend]
+    if not config.model or config.model == default:
+        return default
+    allowed = _entries(service.allowed_models)
+    if "*" in allowed or config.model in allowed:
+        return config.model
+    listed = f"it lists {', '.join(repr(m) for m in allowed)}" if allowed else "it is empty"
+    raise InvalidSessionConfig(
+        f"model {config.model!r} is not allowed: sessions may choose models from the oracle's "
+        f"allowed_models setting (KAME_ORACLE_ALLOWED_MODELS), and {listed}"
+    )
+
+
+def _endpoint(
+    config: oracle_pb2.OracleConfig, service: OracleSettings, backend: str, keys: ApiKeys
+) -> tuple[str, str]:
+    """(base URL, API key) of the session: a service URL with the service's key
+    (unless the session brings its own), or an allowed URL with the session's key."""
+    service_urls = _service_urls(service, backend)
+    if not config.base_url:
+        return service_urls[0], config.api_key or getattr(keys, backend)
+    for url in service_urls:
+        if same_url(config.base_url, url):
+            return url, config.api_key or getattr(keys, backend)
+    problem = _url_problem(config.base_url)
+    if problem:
+        raise InvalidSessionConfig(f"base_url {config.base_url!r} {problem}")
+    if not url_allowed(config.base_url, _entries(service.allowed_base_urls)):
+        raise InvalidSessionConfig(
+            f"base_url {config.base_url!r} is not allowed: sessions may choose only URLs listed "
+            "in the oracle's allowed_base_urls setting (KAME_ORACLE_ALLOWED_BASE_URLS)"
+            + ("" if service.allowed_base_urls.strip() else ", which is empty")
+        )
+    if not config.api_key:
+        raise InvalidSessionConfig(
+            f"api_key is required with base_url {config.base_url!r}: a base URL the session "
+            "chooses gets the session's own key, never the service's"
+        )
+    return config.base_url, config.api_key
+
+
 def _backend(
     config: oracle_pb2.OracleConfig, service: OracleSettings, keys: ApiKeys
 ) -> BackendSettings:
@@ -104,14 +232,12 @@ def _backend(
     if backend not in BACKEND_NAMES:
         allowed = ", ".join(repr(b) for b in BACKEND_NAMES)
         raise InvalidSessionConfig(f"backend {backend!r} is unknown; choose one of {allowed}")
-    is_default = backend == service.backend
-    base_url = config.base_url or (service.base_url if is_default else VENDOR_BASE_URLS[backend])
-    model = config.model or (service.model if is_default else VENDOR_DEFAULT_MODELS[backend])
-    api_key = config.api_key or getattr(keys, backend)
+    model = _model(config, service, backend)
+    base_url, api_key = _endpoint(config, service, backend, keys)
     if not api_key and is_vendor_api(backend, base_url):
         raise InvalidSessionConfig(
-            f"backend {backend!r} at {base_url} needs an API key: set {API_KEY_ENV[backend]} "
-            "in the oracle service's environment or api_key in the OracleConfig"
+            f"backend {backend!r} needs an API key: set {API_KEY_ENV[backend]} in the oracle "
+            "service's environment or api_key in the OracleConfig"
         )
     for name, value in (
         ("request_timeout_s", config.request_timeout_s),

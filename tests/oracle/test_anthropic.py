@@ -108,8 +108,9 @@ async def test_anthropic_messages_stream_becomes_oracle_updates(
         REGISTRY.get_sample_value("kame_oracle_tokens_per_second_count", {"backend": "anthropic"})
         or 0.0
     )
-    # The service default stays openai: the back-end is chosen per session.
-    runtime = await oracle_service()
+    # The service default stays openai: the back-end is chosen per session, at a
+    # URL and with a model the operator allows.
+    runtime = await oracle_service(allowed_base_urls=url, allowed_models="claude-stub")
     client = guide_client(runtime.port)
     await client.config(
         session_id=session_id,

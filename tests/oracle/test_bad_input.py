@@ -24,7 +24,8 @@ BAD_CONFIGS = [
     (dict(backend="gemini"), "backend 'gemini' is unknown; choose one of 'openai', 'anthropic'"),
     (dict(backend="openai", base_url="https://api.openai.com/v1"), "set OPENAI_API_KEY"),
     (dict(backend="anthropic"), "set ANTHROPIC_API_KEY"),  # the vendor's default URL
-    (dict(base_url=closed_port_url()), "is unreachable"),
+    (dict(base_url=closed_port_url()), "is not allowed: sessions may choose only URLs listed"),
+    (dict(model="gpt-4o"), "model 'gpt-4o' is not allowed"),
     (dict(policy=oracle_pb2.OraclePolicy(name="eager")), "policy 'eager' is unknown"),
     (dict(policy=oracle_pb2.OraclePolicy(min_new_words=-1)), "min_new_words must be >= 1"),
     (dict(max_tokens=-5), "max_tokens must be >= 0"),
@@ -49,6 +50,18 @@ async def test_bad_config_is_invalid_argument(
     assert runtime.active_sessions == 0
 
 
+async def test_an_unreachable_configured_url_is_invalid_argument_and_stays_unnamed(
+    oracle_service, guide_client, session_id
+):
+    internal = closed_port_url()
+    runtime = await oracle_service(base_url=internal)
+    client = guide_client(runtime.port)
+    await client.config(session_id=session_id)
+    assert await client.finish() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "configured base URL is unreachable" in client.error.details()
+    assert internal not in client.error.details()  # the caller learns no internal address
+
+
 async def test_rejected_key_is_invalid_argument(
     oracle_service, guide_client, stub_http, session_id
 ):
@@ -59,7 +72,7 @@ async def test_rejected_key_is_invalid_argument(
         )
 
     _server, url = await stub_http({("GET", "/v1/models"): unauthorized})
-    runtime = await oracle_service()
+    runtime = await oracle_service(allowed_base_urls=url)
     client = guide_client(runtime.port)
     await client.config(session_id=session_id, base_url=f"{url}/v1", api_key="sk-wrong")
     assert await client.finish() == grpc.StatusCode.INVALID_ARGUMENT

@@ -49,7 +49,7 @@ def test_api_keys_come_from_the_vendor_variables():
 
 
 def test_a_session_overrides_the_service_defaults():
-    service = load_settings(OracleSettings, [], env={})
+    service = load_settings(OracleSettings, [], env={"KAME_ORACLE_ALLOWED_MODELS": "other"})
     session = resolve_session(
         oracle_pb2.OracleConfig(
             session_id="s",
@@ -105,7 +105,8 @@ def test_a_key_is_required_for_vendor_apis_only():
     )
     with pytest.raises(InvalidSessionConfig, match="needs an API key: set OPENAI_API_KEY"):
         resolve_session(oracle_pb2.OracleConfig(session_id="s"), service, ApiKeys())
-    local = resolve_session(
-        oracle_pb2.OracleConfig(session_id="s", base_url="http://vllm:8000/v1"), service, ApiKeys()
+    local_service = load_settings(
+        OracleSettings, [], env={"KAME_ORACLE_BASE_URL": "http://vllm:8000/v1"}
     )
-    assert local.backend.api_key == ""
+    local = resolve_session(oracle_pb2.OracleConfig(session_id="s"), local_service, ApiKeys())
+    assert (local.backend.base_url, local.backend.api_key) == ("http://vllm:8000/v1", "")
