@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast demo protos lint lock llm-server up bench clean
+.PHONY: setup test test-fast demo protos fmt lint typecheck check lock llm-server up bench clean
 
 setup: $(STAMP)
 
@@ -27,8 +27,19 @@ lock: setup
 protos: setup
 	$(PY) scripts/gen_protos.py
 
+# Style and types: `make check` is what CI runs before the tests.
+fmt: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
 lint: setup
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+check: lint typecheck
 
 test: setup
 	$(PY) -m pytest -q

@@ -17,13 +17,20 @@ ROOT = Path(__file__).resolve().parent.parent
 def generate(out_dir: Path) -> list[Path]:
     protos = sorted((ROOT / "protos" / "kamepb").glob("*.proto"))
     include = Path(protoc.__file__).parent / "_proto"
+    # mypy-protobuf's plugins (installed beside this interpreter) write typed stubs
+    # for the messages and for the gRPC stubs and servicers, so the type checker
+    # sees every field and every RPC.
+    plugins = Path(sys.executable).parent
     args = [
         "protoc",
         f"-I{ROOT / 'protos'}",
         f"-I{include}",
+        f"--plugin=protoc-gen-mypy={plugins / 'protoc-gen-mypy'}",
+        f"--plugin=protoc-gen-mypy_grpc={plugins / 'protoc-gen-mypy_grpc'}",
         f"--python_out={out_dir}",
-        f"--pyi_out={out_dir}",
+        f"--mypy_out={out_dir}",
         f"--grpc_python_out={out_dir}",
+        f"--mypy_grpc_out={out_dir}",
         *[str(p) for p in protos],
     ]
     if protoc.main(args) != 0:
