@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
 
-async def cancel_and_wait(tasks: asyncio.Future[object] | Iterable[asyncio.Future[object]]) -> None:
+async def cancel_and_wait(tasks: asyncio.Future[Any] | Iterable[asyncio.Future[Any]]) -> None:
     """Cancel `tasks` and wait until every one has finished, whatever it raises.
 
     A task that is already done is only awaited. The exceptions of the tasks are

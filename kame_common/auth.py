@@ -27,6 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from prometheus_client import Counter
@@ -107,7 +108,7 @@ class PeerThrottle:
         over = failures - self.free_failures
         if over <= 0:
             return 0.0
-        return min(self.max_delay_s, self.base_delay_s * 2 ** (over - 1))
+        return min(self.max_delay_s, self.base_delay_s * 2.0 ** (over - 1))
 
     def _forget_old(self, now: float) -> None:
         while self._peers:
@@ -143,7 +144,7 @@ class BearerAuth:
             matched |= hmac.compare_digest(presented, digest)
         return None if matched else ("invalid", "the bearer token is not valid")
 
-    async def check(self, context: grpc.aio.ServicerContext) -> None:
+    async def check(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """Return if the call may go on; else abort it with UNAUTHENTICATED."""
         if not self.enabled:
             return

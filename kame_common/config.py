@@ -69,13 +69,14 @@ def load_config(
 ) -> T:
     """Build `cls` from flags (argv), then `env` (default os.environ), then defaults."""
     env = os.environ if env is None else env
+    fields = dataclasses.fields(typing.cast("type[Any]", cls))
     hints = typing.get_type_hints(cls)
     parser = argparse.ArgumentParser(
         description=f"Settings of {cls.__name__}: each flag also reads the environment "
         "variable named after it; flags win.",
         exit_on_error=False,
     )
-    for field in dataclasses.fields(cls):
+    for field in fields:
         choices = field.metadata.get("choices")
         allowed = f", one of {list(choices)}" if choices else ""
         text = (
@@ -90,7 +91,7 @@ def load_config(
     except argparse.ArgumentError as exc:
         raise ConfigError(str(exc)) from exc
     values: dict[str, Any] = {}
-    for field in dataclasses.fields(cls):
+    for field in fields:
         kind = hints[field.name]
         raw, source = getattr(args, field.name), flag_name(field.name)
         if raw is None and env_name(prefix, field.name) in env:

@@ -24,7 +24,7 @@ import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -136,7 +136,7 @@ class ServiceRuntime:
             await self.health.set(name, status)
 
     @contextlib.asynccontextmanager
-    async def session(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    async def session(self, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
         """Admit one session for the duration of the block, or abort the RPC."""
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.service_name} is draining")

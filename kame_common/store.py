@@ -27,8 +27,11 @@ import hmac
 import json
 import logging
 import time
+import typing
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as redis
 from prometheus_client import Counter
@@ -96,7 +99,7 @@ class SessionStore:
             await pipe.execute()
 
     async def get_session(self, session_id: str) -> dict[str, str]:
-        return await self.client.hgetall(self._session_key(session_id))
+        return _texts(await self.client.hgetall(self._session_key(session_id)))
 
     async def append_turn(self, session_id: str, role: str, text: str) -> None:
         """Append one turn ("user" or "agent") to the conversation log."""
@@ -107,7 +110,7 @@ class SessionStore:
             pipe.expire(key, self.ttl_s)
             await pipe.execute()
 
-    async def conversation(self, session_id: str) -> list[dict]:
+    async def conversation(self, session_id: str) -> list[dict[str, Any]]:
         turns = await self.client.lrange(self._conversation_key(session_id), 0, -1)
         return [json.loads(turn) for turn in turns]
 
@@ -162,7 +165,7 @@ class CapacityRegistry:
     ) -> None:
         key = self._replica_key(replica_id)
         expires_at = time.time() + self.ttl_s
-        fields = {
+        fields: dict[str, str] = {
             "address": address,
             "free_slots": str(free_slots),
             "total_slots": str(total_slots),
@@ -172,7 +175,8 @@ class CapacityRegistry:
             fields["signature"] = self._signature(replica_id, fields)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(key)  # no field of an older record survives into this one
-            pipe.hset(key, mapping=fields)
+            # redis-py types the mapping's keys invariantly as its whole key union.
+            pipe.hset(key, mapping=typing.cast("Mapping[Any, Any]", fields))
             pipe.pexpire(key, int(self.ttl_s * 1000))
             pipe.zadd(self._index_key(), {replica_id: expires_at})
             await pipe.execute()
@@ -186,7 +190,8 @@ class CapacityRegistry:
         await self.client.zremrangebyscore(self._index_key(), "-inf", time.time())
         live = []
         for replica_id in await self.client.zrange(self._index_key(), 0, -1):
-            fields = await self.client.hgetall(self._replica_key(replica_id))
+            assert isinstance(replica_id, str)  # the client decodes responses
+            fields = _texts(await self.client.hgetall(self._replica_key(replica_id)))
             if not fields:
                 continue
             replica = self._verified(replica_id, fields)
@@ -232,3 +237,8 @@ class CapacityRegistry:
         """The live replica with the most free slots, or None if none has one."""
         candidates = [r for r in await self.replicas() if r.free_slots > 0]
         return max(candidates, key=lambda r: (r.free_slots, r.replica_id), default=None)
+
+
+def _texts(fields: Mapping[Any, Any]) -> dict[str, str]:
+    """A hash as the client returns it (decode_responses: str keys and values)."""
+    return {str(key): str(value) for key, value in fields.items()}

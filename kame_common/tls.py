@@ -119,7 +119,8 @@ def server_credentials(
     certificate = ReloadingCertificate(cert_file, key_file, client_ca_file)
     return grpc.dynamic_ssl_server_credentials(
         certificate.initial,
-        certificate.fetch,
+        # grpc takes None from the fetcher as "keep the current certificate".
+        certificate.fetch,  # type: ignore[arg-type]
         require_client_authentication=bool(client_ca_file),
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import grpc
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.instrumentation.grpc.filters import service_prefix
@@ -57,9 +58,13 @@ def tracer(name: str) -> trace.Tracer:
 _OUR_SERVICES = service_prefix("kame.v1.")
 
 
-def server_interceptors() -> list:
-    return [aio_server_interceptor(filter_=_OUR_SERVICES)]
+def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
+    interceptor: grpc.aio.ServerInterceptor = aio_server_interceptor(filter_=_OUR_SERVICES)  # type: ignore[no-untyped-call]
+    return [interceptor]
 
 
-def client_interceptors() -> list:
-    return list(aio_client_interceptors(filter_=_OUR_SERVICES))
+def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
+    interceptors: list[grpc.aio.ClientInterceptor] = list(
+        aio_client_interceptors(filter_=_OUR_SERVICES)  # type: ignore[no-untyped-call]
+    )
+    return interceptors

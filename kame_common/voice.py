@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kame_common.audio import SAMPLE_RATE, resample
+from kame_common.audio import SAMPLE_RATE, Samples, resample
 from kame_common.models import piper_voice_path
 
 
@@ -24,13 +24,13 @@ class Voice:
         self._config = SynthesisConfig(length_scale=length_scale)
         self.native_rate = int(self._voice.config.sample_rate)
 
-    def sentences(self, text: str) -> Iterator[np.ndarray]:
+    def sentences(self, text: str) -> Iterator[Samples]:
         """Synthesize sentence by sentence (float32 at 24 kHz), so speech can
         start before the whole text is rendered."""
         for chunk in self._voice.synthesize(text, syn_config=self._config):
             yield resample(chunk.audio_float_array, chunk.sample_rate, SAMPLE_RATE)
 
-    def synthesize(self, text: str) -> np.ndarray:
+    def synthesize(self, text: str) -> Samples:
         """The whole text as one float32 signal at 24 kHz."""
         parts = list(self.sentences(text))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)

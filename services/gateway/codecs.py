@@ -22,6 +22,7 @@ import numpy as np
 from kame_common.audio import (
     SAMPLE_RATE,
     Framer,
+    Samples,
     StreamResampler,
     alaw_decode,
     alaw_encode,
@@ -82,7 +83,7 @@ def resolve_format(fmt: gateway_pb2.AudioFormat, field: str) -> AudioFormat:
     return AudioFormat(name, rate)
 
 
-def _pcm16_samples(chunk: bytes) -> np.ndarray:
+def _pcm16_samples(chunk: bytes) -> Samples:
     if len(chunk) % 2:
         raise CodecError(
             "PCM16 chunks must hold whole 16-bit samples (an even byte count), "
@@ -91,7 +92,7 @@ def _pcm16_samples(chunk: bytes) -> np.ndarray:
     return pcm16_to_float(chunk)
 
 
-def _frame_to_float(frame: av.AudioFrame) -> np.ndarray:
+def _frame_to_float(frame: av.AudioFrame) -> Samples:
     """A decoded PyAV frame as mono float32 (channels averaged, if a packet had several)."""
     data = frame.to_ndarray()
     if data.dtype == np.int16:
@@ -101,7 +102,8 @@ def _frame_to_float(frame: av.AudioFrame) -> np.ndarray:
         per_channel = data.reshape(channels, -1)
     else:
         per_channel = data.reshape(-1, channels).T
-    return per_channel.mean(axis=0).astype(np.float32)
+    mono: Samples = per_channel.mean(axis=0).astype(np.float32)
+    return mono
 
 
 class _OpusPacketDecoder:
@@ -110,7 +112,7 @@ class _OpusPacketDecoder:
         self._codec.sample_rate = OPUS_RATE
         self._codec.layout = "mono"
 
-    def __call__(self, packet: bytes) -> np.ndarray:
+    def __call__(self, packet: bytes) -> Samples:
         if not packet:
             raise CodecError("an OPUS chunk must hold one Opus packet, got 0 bytes")
         try:
@@ -128,18 +130,19 @@ class Decoder:
 
     def __init__(self, fmt: AudioFormat) -> None:
         self.format = fmt
-        self._to_samples: Callable[[bytes], np.ndarray] = {
+        decoders: dict[str, Callable[[bytes], Samples]] = {
             "pcm16": _pcm16_samples,
             "mulaw": lambda chunk: pcm16_to_float(mulaw_decode(chunk)),
             "alaw": lambda chunk: pcm16_to_float(alaw_decode(chunk)),
             "opus": _OpusPacketDecoder(),
-        }[fmt.codec]
+        }
+        self._to_samples = decoders[fmt.codec]
         self._resampler = StreamResampler(fmt.sample_rate, SAMPLE_RATE)
 
-    def decode(self, chunk: bytes) -> np.ndarray:
+    def decode(self, chunk: bytes) -> Samples:
         return self._resampler.process(self._to_samples(chunk))
 
-    def flush(self) -> np.ndarray:
+    def flush(self) -> Samples:
         return self._resampler.flush()
 
 
@@ -157,7 +160,7 @@ class _OpusPacketEncoder:
         self._framer = Framer(OPUS_RATE * OPUS_FRAME_MS // 1000)
         self._pts = 0
 
-    def _encode_frame(self, samples: np.ndarray | None) -> list[bytes]:
+    def _encode_frame(self, samples: Samples | None) -> list[bytes]:
         if samples is None:
             return [bytes(p) for p in self._codec.encode(None)]
         pcm = np.frombuffer(float_to_pcm16(samples), dtype=np.int16)
@@ -167,7 +170,7 @@ class _OpusPacketEncoder:
         self._pts += len(pcm)
         return [bytes(p) for p in self._codec.encode(frame)]
 
-    def __call__(self, samples: np.ndarray) -> list[bytes]:
+    def __call__(self, samples: Samples) -> list[bytes]:
         return [p for frame in self._framer.push(samples) for p in self._encode_frame(frame)]
 
     def flush(self) -> list[bytes]:
@@ -185,7 +188,7 @@ class Encoder:
         self._resampler = StreamResampler(SAMPLE_RATE, fmt.sample_rate)
         self._opus = _OpusPacketEncoder(opus_bitrate) if fmt.codec == "opus" else None
 
-    def _from_samples(self, samples: np.ndarray) -> list[bytes]:
+    def _from_samples(self, samples: Samples) -> list[bytes]:
         if self._opus is not None:
             return self._opus(samples)
         if not len(samples):
@@ -197,7 +200,7 @@ class Encoder:
             return [alaw_encode(pcm)]
         return [pcm]
 
-    def encode(self, samples: np.ndarray) -> list[bytes]:
+    def encode(self, samples: Samples) -> list[bytes]:
         return self._from_samples(self._resampler.process(samples))
 
     def flush(self) -> list[bytes]:

@@ -91,7 +91,7 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
     )
 
 
-def _mode(requested: int, settings: GatewaySettings) -> Mode:
+def _mode(requested: gateway_pb2.ConverseConfig.Mode.ValueType, settings: GatewaySettings) -> Mode:
     if requested == ProtoMode.MODE_UNSPECIFIED:
         return Mode(settings.default_mode)
     if requested not in _FROM_PROTO:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 
@@ -61,7 +62,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def Converse(  # noqa: N802 (gRPC method name)
         self,
         request_iterator: AsyncIterator[gateway_pb2.ConverseRequest],
-        context: grpc.aio.ServicerContext,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[gateway_pb2.ConverseResponse]:
         await self.auth.check(context)
         requests = aiter(request_iterator)

@@ -47,12 +47,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import numpy as np
 from opentelemetry import trace
 
 from kame_common import tracing
 from kame_common.aio import cancel_and_wait
-from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE, Framer, float_to_pcm16, pcm16_to_float
+from kame_common.audio import (
+    FRAME_SECONDS,
+    SAMPLE_RATE,
+    Framer,
+    Samples,
+    float_to_pcm16,
+    pcm16_to_float,
+)
 from kame_common.store import Replica
 from kamepb import (
     common_pb2,
@@ -222,7 +228,7 @@ class GatewaySession:
                 if error.code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise error from None
                 continue
-            if first is grpc.aio.EOF or first.WhichOneof("msg") != "ready":
+            if not isinstance(first, frontend_pb2.FrontendResponse) or not first.HasField("ready"):
                 call.cancel()
                 error = SessionError(grpc.StatusCode.UNAVAILABLE, "the frontend did not start")
                 continue
@@ -407,7 +413,7 @@ class GatewaySession:
         await self.frontend.close_input()
         await self.stt.close_input()
 
-    async def _send_caller_frame(self, samples: np.ndarray, capture_us: int) -> None:
+    async def _send_caller_frame(self, samples: Samples, capture_us: int) -> None:
         assert self.frontend is not None and self.stt is not None
         seq = len(self._capture_us)
         if (seq + 1) * FRAME_SECONDS > self.settings.max_session_s:
@@ -612,7 +618,7 @@ class GatewaySession:
         self._span.end()
 
 
-def _notice(kind: int, message: str) -> gateway_pb2.ConverseResponse:
+def _notice(kind: gateway_pb2.Notice.Kind.ValueType, message: str) -> gateway_pb2.ConverseResponse:
     return gateway_pb2.ConverseResponse(notice=gateway_pb2.Notice(kind=kind, message=message))
 
 

@@ -192,7 +192,7 @@ async def test_a_failing_frontend_is_reported_without_its_address(gateway):
     runtime = await gateway(frontend_address=not_a_frontend.address)
     code, details = await converse(runtime.address, CONFIG_FIRST)
     assert code == "UNAVAILABLE"
-    assert "frontend" in details and "UNIMPLEMENTED" in details and REDACTED in details
+    assert "frontend" in details and "UNIMPLEMENTED" in details
     assert "127.0.0.1" not in details and str(not_a_frontend.port) not in details
 
 
