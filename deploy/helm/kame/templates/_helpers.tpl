@@ -59,16 +59,57 @@ app.kubernetes.io/part-of: kame
 {{- end }}
 
 {{/* The Redis URL every service uses (empty when it comes from the Secret). */}}
+{{/*
+Name of secrets.existingSecret for a reference to one of its keys: (dict "root" $ "key" "redisPasswordKey").
+*/}}
+{{- define "kame.existingSecret" -}}
+{{- if not .root.Values.secrets.existingSecret }}
+{{- fail (printf "secrets.%s names a key of secrets.existingSecret, which is not set" .key) }}
+{{- end }}
+{{- .root.Values.secrets.existingSecret }}
+{{- end }}
+
+{{/* The Secret generated for the in-release Redis password (redis.auth.generatePassword). */}}
+{{- define "kame.generatedRedisSecret" -}}
+{{- include "kame.componentName" (dict "root" . "component" "redis-auth") }}
+{{- end }}
+
+{{/*
+Where the Redis password lives, as YAML {name, key}; empty when Redis has none (an external Redis
+without secrets.redisPasswordKey). The in-release Redis always has one.
+*/}}
+{{- define "kame.redisPasswordRef" -}}
+{{- $secrets := .Values.secrets }}
+{{- if $secrets.redisPasswordKey }}
+{{- toYaml (dict "name" (include "kame.existingSecret" (dict "root" . "key" "redisPasswordKey")) "key" $secrets.redisPasswordKey) }}
+{{- else if and .Values.redis.enabled .Values.redis.auth.generatePassword }}
+{{- toYaml (dict "name" (include "kame.generatedRedisSecret" .) "key" "redis-password") }}
+{{- else if .Values.redis.enabled }}
+{{- fail "the in-release Redis requires a password: set secrets.redisPasswordKey (a key of secrets.existingSecret) or redis.auth.generatePassword=true" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Redis URL every service uses; empty when the whole URL comes from secrets.redisUrlKey. With a
+password it reads $(REDIS_PASSWORD), which the kubelet expands from the container's own env.
+*/}}
 {{- define "kame.redisUrl" -}}
+{{- $secrets := .Values.secrets }}
+{{- $url := "" }}
 {{- if .Values.redis.enabled }}
-{{- printf "redis://%s:6379/0" (include "kame.componentName" (dict "root" . "component" "redis")) }}
-{{- else if .Values.secrets.redisUrlKey }}
-{{- if not .Values.secrets.existingSecret }}
-{{- fail "secrets.redisUrlKey names a key of secrets.existingSecret, which is not set" }}
+{{- $url = printf "redis://%s:6379/0" (include "kame.componentName" (dict "root" . "component" "redis")) }}
+{{- else if $secrets.redisUrlKey }}
+{{- $_ := include "kame.existingSecret" (dict "root" . "key" "redisUrlKey") }}
+{{- if $secrets.redisPasswordKey }}
+{{- fail "secrets.redisUrlKey holds the whole Redis URL: leave secrets.redisPasswordKey empty" }}
 {{- end }}
 {{- else }}
-{{- required "redis.externalUrl (or secrets.redisUrlKey) is required when redis.enabled=false" .Values.redis.externalUrl }}
+{{- $url = required "redis.externalUrl (or secrets.redisUrlKey) is required when redis.enabled=false" .Values.redis.externalUrl }}
 {{- end }}
+{{- if and $url (include "kame.redisPasswordRef" .) }}
+{{- $url = regexReplaceAll "^(rediss?://)" $url "${1}:$$(REDIS_PASSWORD)@" }}
+{{- end }}
+{{- $url }}
 {{- end }}
 
 {{/* An env value as the service's config loader parses it: whole numbers without exponent. */}}
@@ -80,13 +121,25 @@ app.kubernetes.io/part-of: kame
 {{- end }}
 {{- end }}
 
+{{/* An env entry from a Secret key: (dict "name" "OPENAI_API_KEY" "secret" "kame-keys" "key" "..." ["optional" true]). */}}
+{{- define "kame.secretEnv" -}}
+{{- $ref := dict "name" .secret "key" .key }}
+{{- if .optional }}
+{{- $_ := set $ref "optional" true }}
+{{- end }}
+{{- toYaml (list (dict "name" .name "valueFrom" (dict "secretKeyRef" $ref))) }}
+{{- end }}
+
 {{/*
-Environment of a KAME service: (dict "root" $ "component" "stt" "prefix" "KAME_STT_"
-"settings" (dict ...chart-owned fields...)). The component's `config` map adds the other fields;
-chart-owned fields win so that ports and addresses always agree with the Services and probes.
+Environment of a KAME service: (dict "root" $ "component" "stt" "settings" (dict ...chart-owned
+fields...) "redis" bool "secretEnv" (list (dict "name" ENV "key" "<secrets.* value name>"
+["optional" true]) ...)). The component's `config` map adds the other fields; chart-owned fields
+win so that ports, addresses and TLS files always agree with the Services, probes and mounts.
 */}}
 {{- define "kame.serviceEnv" -}}
-{{- $values := index .root.Values .component }}
+{{- $root := .root }}
+{{- $values := index $root.Values .component }}
+{{- $prefix := printf "KAME_%s_" (upper .component) }}
 {{- $settings := merge (dict) .settings (deepCopy ($values.config | default dict)) }}
 - name: POD_NAME
   valueFrom:
@@ -96,26 +149,93 @@ chart-owned fields win so that ports and addresses always agree with the Service
   valueFrom:
     fieldRef:
       fieldPath: status.podIP
+{{- if .redis }}
+{{- with include "kame.redisPasswordRef" $root | fromYaml }}
+{{ include "kame.secretEnv" (dict "name" "REDIS_PASSWORD" "secret" .name "key" .key) }}
+{{- end }}
+{{- end }}
 {{- range $field := keys $settings | sortAlpha }}
-- name: {{ printf "%s%s" $.prefix (upper $field) }}
+- name: {{ printf "%s%s" $prefix (upper $field) }}
   value: {{ include "kame.envValue" (index $settings $field) | quote }}
 {{- end }}
-{{- if and .redis (not .root.Values.redis.enabled) .root.Values.secrets.redisUrlKey }}
-- name: {{ printf "%sREDIS_URL" .prefix }}
-  valueFrom:
-    secretKeyRef:
-      name: {{ .root.Values.secrets.existingSecret }}
-      key: {{ .root.Values.secrets.redisUrlKey }}
+{{- if and .redis (not $root.Values.redis.enabled) $root.Values.secrets.redisUrlKey }}
+{{ include "kame.secretEnv" (dict "name" (printf "%sREDIS_URL" $prefix) "secret" (include "kame.existingSecret" (dict "root" $root "key" "redisUrlKey")) "key" $root.Values.secrets.redisUrlKey) }}
+{{- end }}
+{{- range .secretEnv }}
+{{- $key := index $root.Values.secrets .key }}
+{{- if $key }}
+{{ include "kame.secretEnv" (dict "name" .name "secret" (include "kame.existingSecret" (dict "root" $root "key" .key)) "key" $key "optional" .optional) }}
+{{- end }}
 {{- end }}
 {{- with $values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
 
-{{/* Chart-owned settings shared by every KAME gRPC service. */}}
+{{/* Where the TLS Secrets are mounted (read-only, whole Secrets so that updates reach the files). */}}
+{{- define "kame.tlsDir" -}}/etc/kame/tls{{- end }}
+
+{{/* Name of a TLS Secret: its existingSecret, or the one the chart's Certificate writes. */}}
+{{- define "kame.tlsSecret" -}}
+{{- $block := index .root.Values.tls .name }}
+{{- if $block.existingSecret }}
+{{- $block.existingSecret }}
+{{- else if .root.Values.tls.certManager.enabled }}
+{{- include "kame.componentName" (dict "root" .root "component" (printf "%s-tls" .name)) }}
+{{- else }}
+{{- fail (printf "tls.%s.enabled needs tls.%s.existingSecret or tls.certManager.enabled" .name .name) }}
+{{- end }}
+{{- end }}
+
+{{/*
+TLS of a component as YAML {settings, volumes, mounts}: (dict "root" $ "component" "gateway").
+The gateway serves tls.gateway to clients and presents tls.internal to its upstreams;
+frontend, stt and oracle serve tls.internal and require client certificates from its CA.
+*/}}
+{{- define "kame.tls" -}}
+{{- $tls := .root.Values.tls }}
+{{- $dir := include "kame.tlsDir" . }}
+{{- $settings := dict }}
+{{- $secrets := dict }}
+{{- $internal := printf "%s/internal" $dir }}
+{{- if eq .component "gateway" }}
+{{- if $tls.gateway.enabled }}
+{{- $_ := set $secrets "gateway" (include "kame.tlsSecret" (dict "root" .root "name" "gateway")) }}
+{{- $_ = set $settings "tls_cert_file" (printf "%s/gateway/tls.crt" $dir) }}
+{{- $_ = set $settings "tls_key_file" (printf "%s/gateway/tls.key" $dir) }}
+{{- with $tls.gateway.clientCaSecret }}
+{{- $_ = set $secrets "client-ca" . }}
+{{- $_ = set $settings "tls_client_ca_file" (printf "%s/client-ca/ca.crt" $dir) }}
+{{- end }}
+{{- end }}
+{{- if $tls.internal.enabled }}
+{{- $_ := set $settings "upstream_ca_file" (printf "%s/ca.crt" $internal) }}
+{{- $_ = set $settings "upstream_cert_file" (printf "%s/tls.crt" $internal) }}
+{{- $_ = set $settings "upstream_key_file" (printf "%s/tls.key" $internal) }}
+{{- $_ = set $settings "upstream_server_name" (required "tls.internal.serverName is required" $tls.internal.serverName) }}
+{{- end }}
+{{- else if $tls.internal.enabled }}
+{{- $_ := set $settings "tls_cert_file" (printf "%s/tls.crt" $internal) }}
+{{- $_ = set $settings "tls_key_file" (printf "%s/tls.key" $internal) }}
+{{- $_ = set $settings "tls_client_ca_file" (printf "%s/ca.crt" $internal) }}
+{{- end }}
+{{- if $tls.internal.enabled }}
+{{- $_ := set $secrets "internal" (include "kame.tlsSecret" (dict "root" .root "name" "internal")) }}
+{{- end }}
+{{- $volumes := list }}
+{{- $mounts := list }}
+{{- range $name := keys $secrets | sortAlpha }}
+{{- /* 288 = 0440: readable by the pod's group (fsGroup), nobody else. */}}
+{{- $volumes = append $volumes (dict "name" (printf "tls-%s" $name) "secret" (dict "secretName" (index $secrets $name) "defaultMode" 288)) }}
+{{- $mounts = append $mounts (dict "name" (printf "tls-%s" $name) "mountPath" (printf "%s/%s" $dir $name) "readOnly" true) }}
+{{- end }}
+{{- toYaml (dict "settings" $settings "volumes" $volumes "mounts" $mounts) }}
+{{- end }}
+
+{{/* Chart-owned settings shared by every KAME gRPC service, TLS included. */}}
 {{- define "kame.commonSettings" -}}
 {{- $values := index .root.Values .component }}
-{{- $settings := dict "port" $values.port "metrics_port" $values.metricsPort "grace_s" $values.graceS "max_sessions" $values.maxSessions }}
+{{- $settings := dict "port" $values.port "metrics_port" $values.metricsPort "health_port" $values.healthPort "grace_s" $values.graceS "max_sessions" $values.maxSessions }}
 {{- with .root.Values.tracing.otlpEndpoint }}
 {{- $_ := set $settings "otlp_endpoint" . }}
 {{- end }}
@@ -125,7 +245,8 @@ chart-owned fields win so that ports and addresses always agree with the Service
 {{- $_ := set $settings "redis_url" $redisUrl }}
 {{- end }}
 {{- end }}
-{{- toYaml $settings }}
+{{- $tls := include "kame.tls" . | fromYaml }}
+{{- toYaml (merge $settings $tls.settings) }}
 {{- end }}
 
 {{/* terminationGracePeriodSeconds: preStop sleep + the service's grace + a margin. */}}
@@ -134,14 +255,18 @@ chart-owned fields win so that ports and addresses always agree with the Service
 {{- end }}
 
 {{/*
-Deployment of a KAME gRPC service with native gRPC probes, drain on SIGTERM and resource
-requests: (dict "root" $ "component" "stt" "env" <env YAML> "volumes" <YAML> "volumeMounts" <YAML>
-"podSpec" <extra pod spec YAML> "resources" <resources dict>).
+Deployment of a KAME gRPC service with native gRPC probes on its plaintext health port, drain on
+SIGTERM, resource requests and its TLS Secrets mounted: (dict "root" $ "component" "stt" "env"
+<env YAML> "volumes" <list> "volumeMounts" <list> "podSpec" <extra pod spec YAML> "resources"
+<resources dict>).
 */}}
 {{- define "kame.grpcDeployment" -}}
 {{- $root := .root }}
 {{- $values := index $root.Values .component }}
 {{- $ctx := dict "root" $root "component" .component }}
+{{- $tls := include "kame.tls" $ctx | fromYaml }}
+{{- $volumes := concat (list (dict "name" "tmp" "emptyDir" dict)) (.volumes | default list) $tls.volumes }}
+{{- $mounts := concat (list (dict "name" "tmp" "mountPath" "/tmp")) (.volumeMounts | default list) $tls.mounts }}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -209,25 +334,29 @@ spec:
             - name: metrics
               containerPort: {{ $values.metricsPort }}
               protocol: TCP
+            - name: health
+              containerPort: {{ $values.healthPort }}
+              protocol: TCP
           env:
             {{- .env | trim | nindent 12 }}
-          # Native gRPC probes on grpc.health.v1 (registered by every service). Startup covers
-          # model load; readiness turns false as soon as a drain starts (NOT_SERVING).
+          # Native gRPC probes on grpc.health.v1 at the plaintext health port (the kubelet cannot
+          # speak the service's TLS). Startup covers model load; readiness turns false as soon as
+          # a drain starts (NOT_SERVING).
           startupProbe:
             grpc:
-              port: {{ $values.port }}
+              port: {{ $values.healthPort }}
             periodSeconds: {{ $values.startupProbe.periodSeconds }}
             failureThreshold: {{ $values.startupProbe.failureThreshold }}
             timeoutSeconds: 5
           readinessProbe:
             grpc:
-              port: {{ $values.port }}
+              port: {{ $values.healthPort }}
             periodSeconds: 5
             failureThreshold: 2
             timeoutSeconds: 5
           livenessProbe:
             grpc:
-              port: {{ $values.port }}
+              port: {{ $values.healthPort }}
             periodSeconds: 10
             failureThreshold: 3
             timeoutSeconds: 5
@@ -240,20 +369,12 @@ spec:
           securityContext:
             {{- toYaml $root.Values.containerSecurityContext | nindent 12 }}
           volumeMounts:
-            - name: tmp
-              mountPath: /tmp
-            {{- with .volumeMounts }}
-            {{- . | nindent 12 }}
-            {{- end }}
+            {{- toYaml $mounts | nindent 12 }}
       volumes:
-        - name: tmp
-          emptyDir: {}
-        {{- with .volumes }}
-        {{- . | nindent 8 }}
-        {{- end }}
+        {{- toYaml $volumes | nindent 8 }}
 {{- end }}
 
-{{/* ClusterIP (or LoadBalancer) Service with the gRPC and metrics ports. */}}
+{{/* The in-cluster Service of a component: gRPC, metrics and health ports. */}}
 {{- define "kame.grpcService" -}}
 {{- $values := index .root.Values .component }}
 apiVersion: v1
@@ -262,12 +383,12 @@ metadata:
   name: {{ include "kame.componentName" . }}
   labels:
     {{- include "kame.labels" . | nindent 4 }}
-  {{- with $values.service.annotations }}
+  {{- with .annotations }}
   annotations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 spec:
-  type: {{ $values.service.type }}
+  type: ClusterIP
   selector:
     {{- include "kame.selectorLabels" . | nindent 4 }}
   ports:
@@ -280,6 +401,11 @@ spec:
       port: {{ $values.metricsPort }}
       targetPort: metrics
       protocol: TCP
+    - name: health
+      port: {{ $values.healthPort }}
+      targetPort: health
+      protocol: TCP
+      appProtocol: grpc
 {{- end }}
 
 {{/* PodDisruptionBudget of a component, when enabled. */}}

@@ -1,0 +1,110 @@
+# syntax=docker/dockerfile:1
+# The one image recipe of the four KAME gRPC services. Build from the repository root:
+#
+#   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=gateway -t kame/gateway:0.1.0 .
+#   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=stt     -t kame/stt:0.1.0 .
+#   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=oracle  -t kame/oracle:0.1.0 .
+#   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=frontend \
+#     --build-arg DEPS=frontend-cpu  -t kame/frontend:0.1.0-cpu .
+#   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=frontend \
+#     --build-arg DEPS=frontend-cuda -t kame/frontend:0.1.0-cuda .
+#
+# SERVICE picks the code (services/<SERVICE>/), the requirements set (requirements/<SERVICE>.txt),
+# the command (python -m services.<SERVICE>) and the exposed ports (the service-* stages below,
+# the defaults of kame_common/ports.py; tests/deploy checks that they agree). DEPS picks how the
+# dependencies install:
+#   python         requirements/<SERVICE>.txt at the lock's versions (gateway, stt, oracle)
+#   frontend-cpu   the same on python:3.11, with the lock's CPU torch from PyTorch's CPU index
+#   frontend-cuda  on a CUDA torch base image (moshi needs torch<2.10, the lock pins the CPU 2.13)
+# Configure the container with KAME_<SERVICE>_* variables (services/<SERVICE>/config.py).
+# BuildKit builds only the stages the chosen SERVICE and DEPS need.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# Another CUDA: --build-arg TORCH_IMAGE=pytorch/pytorch:<2.9.x tag> (with DEPS=frontend-cuda).
+ARG TORCH_IMAGE=pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
+ARG DEPS=python
+ARG SERVICE
+
+FROM ${PYTHON_IMAGE} AS base-python
+FROM ${PYTHON_IMAGE} AS base-frontend-cpu
+FROM ${TORCH_IMAGE} AS base-frontend-cuda
+
+FROM base-${DEPS} AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONPATH=/app \
+    HOME=/home/kame
+RUN useradd --uid 10001 --user-group --create-home --home-dir /home/kame --shell /usr/sbin/nologin kame
+WORKDIR /app
+# Dependencies before code so that code edits reuse these layers. constraints.txt is the lock:
+# the same versions as make setup and CI.
+COPY constraints.txt ./
+COPY requirements/ requirements/
+
+FROM base AS deps-python
+ARG SERVICE
+RUN case "${SERVICE}" in \
+      gateway|stt|oracle) ;; \
+      frontend) echo "SERVICE=frontend: build with DEPS=frontend-cpu or DEPS=frontend-cuda" >&2; exit 1 ;; \
+      *) echo "SERVICE=${SERVICE}: expected gateway, stt, oracle or frontend" >&2; exit 1 ;; \
+    esac \
+ && pip install -c constraints.txt -r "requirements/${SERVICE}.txt"
+
+# The lock pins torch==2.13.0; PyPI's Linux wheel of it pulls the CUDA libraries, so the CPU
+# wheel of the same version comes from PyTorch's CPU index (TORCH_CPU_INDEX: a mirror of it).
+# moshi pins torch<2.10, so it installs without its deps; requirements/frontend.txt lists them.
+FROM base AS deps-frontend-cpu
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+RUN pip install --extra-index-url "${TORCH_CPU_INDEX}" -c constraints.txt -r requirements/frontend.txt \
+ && pip install --no-deps -c constraints.txt moshi \
+ && python -c "import torch; assert not torch.version.cuda, torch.__version__"
+
+# The base image brings a CUDA torch 2.9.x, which moshi accepts. The lock's CPU torch (and any
+# CUDA wheels) are dropped from it and torch is pinned to the base image's own build, so pip keeps
+# that torch and installs everything else at the locked versions.
+FROM base AS deps-frontend-cuda
+RUN python -c "import sys; assert sys.version_info >= (3, 11), 'KAME needs Python >= 3.11, base has ' + sys.version" \
+ && base_torch="$(python -c 'import torch; print(torch.__version__)')" \
+ && python -c "import torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); assert v < (2, 10) and torch.version.cuda, 'moshi needs a CUDA torch<2.10, base has ' + torch.__version__" \
+ && grep -v -E '^torch($|[^A-Za-z0-9_.-])' requirements/frontend.txt > requirements/frontend-cuda.txt \
+ && grep -v -i -E '^(torch|triton|nvidia-[A-Za-z0-9_.-]+)($|[^A-Za-z0-9_.-])' constraints.txt > constraints-cuda.txt \
+ && echo "torch==${base_torch}" >> constraints-cuda.txt \
+ && pip install -c constraints-cuda.txt -r requirements/frontend-cuda.txt \
+ && pip install --no-deps -c constraints-cuda.txt moshi \
+ && python -c "import torch, moshi.models; assert torch.__version__ == '${base_torch}', torch.__version__"
+ENV KAME_FRONTEND_ENGINE=kame \
+    KAME_FRONTEND_DEVICE=cuda \
+    KAME_FRONTEND_DTYPE=bfloat16
+
+FROM deps-${DEPS} AS app
+ARG SERVICE
+COPY kamepb/ kamepb/
+COPY kame_common/ kame_common/
+COPY services/__init__.py services/
+COPY services/${SERVICE}/ services/${SERVICE}/
+COPY deploy/docker/healthcheck.py deploy/docker/
+ENV KAME_SERVICE=${SERVICE}
+USER 10001:10001
+# grpc.health.v1 on the service's plaintext health port (KAME_<SERVICE>_HEALTH_PORT), or on its
+# gRPC port when that is off: the check the Kubernetes probes make, NOT_SERVING while draining.
+# The start period covers model load (a 7B model onto a GPU); a healthy answer ends it at once.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
+  CMD ["python", "deploy/docker/healthcheck.py", "service"]
+# SIGTERM starts the drain: health NOT_SERVING, open sessions get grace_s to finish. `exec`
+# makes python PID 1, so it receives the signal itself.
+STOPSIGNAL SIGTERM
+CMD ["sh", "-c", "exec python -m \"services.${KAME_SERVICE}\""]
+
+# Ports of each service (gRPC, Prometheus metrics, plaintext health): kame_common/ports.py.
+FROM app AS service-gateway
+EXPOSE 50051 9101 9111
+FROM app AS service-frontend
+EXPOSE 50052 9102 9112
+FROM app AS service-stt
+EXPOSE 50053 9103 9113
+FROM app AS service-oracle
+EXPOSE 50054 9104 9114
+
+FROM service-${SERVICE}
