@@ -278,6 +278,15 @@ def test_an_earlier_utterances_transcript_never_makes_a_candidate_fresh(clock):
     assert text_of(say_all(policy)) == [("Berlin.", 4)]
 
 
+def test_a_transcript_without_words_changes_nothing(clock):
+    policy = make_policy(clock)
+    heard(policy, QUESTION, final=True)
+    policy.candidate_reset(1, "Paris.", source(QUESTION))
+    heard(policy, "", final=True, end_s=SPEECH_END_S + 0.3, utterance="u2")  # a cough
+    policy.caller_turn_ended(SPEECH_END_S)
+    assert text_of(say_all(policy)) == [("Paris.", 1)]
+
+
 def test_caller_speech_stops_the_agent_and_closes_its_answer(clock):
     policy = make_policy(clock)
     heard(policy, QUESTION, final=True)

@@ -22,7 +22,8 @@ lasts longer than that. A hypothesis belongs to this turn when its audio
 reaches past the start of the turn's speech, so a transcript of an earlier
 utterance (even a final) never makes a candidate fresh. The latest utterance
 is the one stt spoke of last; a late event of an utterance already superseded
-is ignored.
+is ignored, and so is a hypothesis without words (stt heard a cough or a
+breath: that says nothing new about what the caller asked).
 
 Turn end. A fresh candidate with words is committed and spoken at once (its
 first phrase was usually synthesized ahead while the caller talked: see
@@ -192,13 +193,12 @@ class AnswerPolicy:
     # --- inputs ---
 
     def transcript(self, event: Transcript) -> None:
-        if event.utterance_id in self._superseded:
-            return  # late news of an utterance stt has already moved on from
+        words = normalize_words(event.text)
+        if not words or event.utterance_id in self._superseded:
+            return  # a noise, or late news of an utterance stt has already moved on from
         if self._latest is not None and self._latest.utterance_id != event.utterance_id:
             self._superseded.add(self._latest.utterance_id)
-        self._latest = Hypothesis(
-            event.utterance_id, normalize_words(event.text), event.is_final, event.end_s
-        )
+        self._latest = Hypothesis(event.utterance_id, words, event.is_final, event.end_s)
         self._consider(self._candidate)
 
     def candidate_reset(self, generation: int, text: str, source: CandidateSource | None) -> None:
@@ -306,7 +306,6 @@ class AnswerPolicy:
         return (
             latest is not None
             and source is not None
-            and bool(latest.words)
             and source.utterance_id == latest.utterance_id
             and normalize_words(source.text) == latest.words
         )
