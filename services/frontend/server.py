@@ -34,6 +34,7 @@ from services.frontend import metrics
 from services.frontend.config import ENGINES, FrontendSettings
 from services.frontend.engines import build_engine
 from services.frontend.engines.base import (
+    DEFAULT_HOLD_MAX_S,
     CandidateSource,
     Engine,
     EngineSession,
@@ -48,7 +49,6 @@ log = logging.getLogger(__name__)
 GRPC_SERVICE = frontend_pb2.DESCRIPTOR.services_by_name["Frontend"].full_name
 DEFAULT_TURN_END_SILENCE_S = 0.4
 MAX_TURN_END_SILENCE_S = 5.0
-DEFAULT_HOLD_MAX_S = 3.0
 MAX_HOLD_MAX_S = 10.0
 # Hold phrases are short acknowledgements that the engine synthesizes once and
 # caches; a long one would delay the answer (a hold phrase is never cut).

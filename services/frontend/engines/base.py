@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+DEFAULT_HOLD_MAX_S = 3.0
+
 
 class SlotsExhausted(RuntimeError):
     """Every session slot of the engine is taken (-> RESOURCE_EXHAUSTED)."""
@@ -37,7 +39,7 @@ class SessionParams:
     # tts engine: what the agent says while it waits for an answer to what the
     # caller said (empty = it waits in silence), and for how long at most.
     hold_phrases: tuple[str, ...] = ()
-    hold_max_s: float = 3.0
+    hold_max_s: float = DEFAULT_HOLD_MAX_S
 
 
 @dataclass(frozen=True)

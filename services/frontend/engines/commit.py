@@ -71,10 +71,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from services.frontend import metrics
-from services.frontend.engines.base import CandidateSource, Transcript
+from services.frontend.engines.base import DEFAULT_HOLD_MAX_S, CandidateSource, Transcript
 
 COVER_TOLERANCE_S = 0.16
-DEFAULT_HOLD_MAX_S = 3.0
 REPAIR_PHRASE = "Sorry,"
 FIRST_PHRASE_WORDS = 3
 MID_PHRASE_WORDS = 6
@@ -266,9 +265,9 @@ class AnswerPolicy:
         None when there is nothing to say yet."""
         if self.floor is Floor.HOLDING and self._hold_due:
             self._hold_due = False
-            words = self._hold_lines[self._holds_said % len(self._hold_lines)]
+            hold = self._hold_lines[self._holds_said % len(self._hold_lines)]
             self._holds_said += 1
-            return self._hand_out(Line(LineKind.HOLD, words))
+            return self._hand_out(Line(LineKind.HOLD, hold))
         if self.floor is not Floor.ANSWERING or self._answer is None:
             return None
         if self._repair_due:

@@ -253,7 +253,7 @@ class _Synthesis:
     """The one synthesis a session waits for."""
 
     line: Line
-    future: Future
+    future: Future[Phrase]
     play: bool  # False: a first phrase synthesized ahead, kept aside until its line is due
     owned: bool  # False: a phrase from the engine's cache, shared with other sessions
 
@@ -422,7 +422,7 @@ class TtsEngine(Engine):
         self.worker = SynthesisWorker()
         self._slots = slots
         self._open = 0
-        self._cached: OrderedDict[str, Future] = OrderedDict()
+        self._cached: OrderedDict[str, Future[Phrase]] = OrderedDict()
 
     @property
     def total_slots(self) -> int:
@@ -445,7 +445,7 @@ class TtsEngine(Engine):
     def release_slot(self) -> None:
         self._open -= 1
 
-    def cached_phrase(self, text: str) -> Future:
+    def cached_phrase(self, text: str) -> Future[Phrase]:
         """A fixed phrase (hold or repair), synthesized once per engine and shared."""
         key = phrase_key(text)
         future = self._cached.pop(key, None)
