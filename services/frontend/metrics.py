@@ -15,9 +15,25 @@ STEP_SECONDS = Histogram(
 FREE_SLOTS = Gauge("kame_frontend_free_slots", "Sessions this replica can still take")
 FIRST_AUDIO_SECONDS = Histogram(
     "kame_frontend_first_audio_seconds",
-    "tts engine: wall time from the caller's turn end to the agent's first audio frame "
-    "(includes waiting for oracle text when none was there at the turn end)",
+    "tts engine: wall time from the caller's turn end to the agent's first audio "
+    "(a hold phrase counts; turns that the agent gave back in silence are not observed)",
     buckets=TURN_BUCKETS,
+)
+ANSWER_SECONDS = Histogram(
+    "kame_frontend_answer_seconds",
+    "tts engine: wall time from the caller's turn end to the first word of the answer "
+    "(after any hold phrase; turns without an answer are not observed)",
+    buckets=TURN_BUCKETS,
+)
+HOLDS = Counter(
+    "kame_frontend_holds_total",
+    "tts engine: turn ends without an answer to what the caller said, by how the hold "
+    "ended (answered, timed_out: the floor was given back, barged_in: the caller spoke)",
+    ["outcome"],
+)
+REPAIRS = Counter(
+    "kame_frontend_repairs_total",
+    "tts engine: answers replaced mid-speech by a different one, said after a repair phrase",
 )
 SYNTHESIS_RTF = Histogram(
     "kame_frontend_synthesis_rtf",

@@ -1,10 +1,12 @@
 """gRPC glue of the frontend: `Frontend.Stream`, capacity publishing, `serve` and `main`.
 
-Per stream: a FrontendConfig first, then caller AudioFrames and OracleUpdates
-in any order. Out: FrontendReady once, then for every caller frame exactly one
-AgentAudio (its seq and capture time copied, `step_s` = engine time,
-`received_time_us` = when the frame arrived), followed by an AgentText for each
-word that starts in that frame.
+Per stream: a FrontendConfig first, then caller AudioFrames, OracleUpdates and
+the caller's TranscriptEvents in any order (updates and transcripts go to the
+engine session as they arrive). Out: FrontendReady once, then for every caller
+frame exactly one AgentAudio (its seq and capture time copied, `step_s` =
+engine time, `received_time_us` = when the frame arrived), followed by a
+TurnEnd if the engine's turn detector ended the caller's turn on that frame,
+and an AgentText for each word that starts in that frame.
 
 Capacity: the engine's free slots go to the Redis capacity registry (a
 heartbeat, plus a publish whenever a session opens or closes), signed with
@@ -33,11 +35,14 @@ from services.frontend import metrics
 from services.frontend.config import ENGINES, FrontendSettings
 from services.frontend.engines import build_engine
 from services.frontend.engines.base import (
+    DEFAULT_HOLD_MAX_S,
+    CandidateSource,
     Engine,
     EngineSession,
     InvalidSessionConfig,
     SessionParams,
     SlotsExhausted,
+    Transcript,
 )
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,11 @@ log = logging.getLogger(__name__)
 GRPC_SERVICE = frontend_pb2.DESCRIPTOR.services_by_name["Frontend"].full_name
 DEFAULT_TURN_END_SILENCE_S = 0.4
 MAX_TURN_END_SILENCE_S = 5.0
+MAX_HOLD_MAX_S = 10.0
+# Hold phrases are short acknowledgements that the engine synthesizes once and
+# caches; a long one would delay the answer (a hold phrase is never cut).
+MAX_HOLD_PHRASES = 8
+MAX_HOLD_PHRASE_CHARS = 60
 WITHDRAW_TIMEOUT_S = 2.0
 
 
@@ -146,11 +156,14 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                             yield response
                     elif kind == "oracle":
                         await self._apply_oracle(session, request.oracle, context)
+                    elif kind == "user_transcript":
+                        session.user_transcript(transcript_of(request.user_transcript))
                     else:
                         await context.abort(
                             grpc.StatusCode.INVALID_ARGUMENT,
-                            "after the first message (the config) a stream takes only audio "
-                            f"and oracle messages, got {kind or 'an empty message'}",
+                            "after the first message (the config) a stream takes only audio, "
+                            "oracle and user_transcript messages, "
+                            f"got {kind or 'an empty message'}",
                         )
             finally:
                 span.end()
@@ -184,11 +197,31 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 f"turn_end_silence_s must be 0 (default {DEFAULT_TURN_END_SILENCE_S}) to "
                 f"{MAX_TURN_END_SILENCE_S} seconds, got {config.turn_end_silence_s}",
             )
+        if not 0 <= config.hold_max_s <= MAX_HOLD_MAX_S:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"hold_max_s must be 0 (default {DEFAULT_HOLD_MAX_S}) to {MAX_HOLD_MAX_S} "
+                f"seconds, got {config.hold_max_s}",
+            )
+        hold_phrases = tuple(" ".join(p.split()) for p in config.hold_phrases if p.strip())
+        if len(hold_phrases) > MAX_HOLD_PHRASES:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"hold_phrases takes at most {MAX_HOLD_PHRASES} phrases, got {len(hold_phrases)}",
+            )
+        too_long = [p for p in hold_phrases if len(p) > MAX_HOLD_PHRASE_CHARS]
+        if too_long:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"hold_phrases must be at most {MAX_HOLD_PHRASE_CHARS} characters each, "
+                f"got {too_long[0][:MAX_HOLD_PHRASE_CHARS]!r}...",
+            )
         return SessionParams(
             session_id=config.session_id,
             voice=config.voice,
             turn_end_silence_s=config.turn_end_silence_s or DEFAULT_TURN_END_SILENCE_S,
-            filler_text=config.hold_phrases[0] if config.hold_phrases else "",
+            hold_phrases=hold_phrases,
+            hold_max_s=config.hold_max_s or DEFAULT_HOLD_MAX_S,
         )
 
     async def _open_session(
@@ -236,6 +269,9 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 )
             )
         ]
+        if output.turn_end_s is not None:
+            turn_end = frontend_pb2.TurnEnd(speech_end_s=output.turn_end_s, seq=frame.seq)
+            responses.append(frontend_pb2.FrontendResponse(turn_end=turn_end))
         responses += [
             frontend_pb2.FrontendResponse(
                 text=common_pb2.AgentText(
@@ -256,7 +292,12 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         context: grpc.aio.ServicerContext,
     ) -> None:
         if update.op == common_pb2.OracleUpdate.RESET:
-            session.oracle_reset(update.generation)
+            source = None
+            if update.HasField("source"):
+                source = CandidateSource(
+                    update.source.utterance_id, update.source.text, update.source.is_final
+                )
+            session.oracle_reset(update.generation, update.text, source)
         elif update.op == common_pb2.OracleUpdate.APPEND:
             session.oracle_append(update.generation, update.text)
         else:
@@ -264,6 +305,10 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"oracle update op must be RESET or APPEND, got {update.op}",
             )
+
+
+def transcript_of(event: common_pb2.TranscriptEvent) -> Transcript:
+    return Transcript(event.utterance_id, event.text, event.is_final, event.span.end_s)
 
 
 async def serve(settings: FrontendSettings) -> ServiceRuntime:

@@ -1,5 +1,5 @@
-"""Helpers for frontend tests: caller audio as frames, oracle updates, and a
-client that plays a scripted call into a frontend at real time."""
+"""Helpers for frontend tests: caller audio as frames, oracle updates and caller
+transcripts, and a client that plays a scripted call into a frontend at real time."""
 
 from __future__ import annotations
 
@@ -43,14 +43,48 @@ def speech_frames(frames: list[np.ndarray]) -> list[int]:
     return [i for i, frame in enumerate(frames) if rms_dbfs(frame) > SILENT_DB]
 
 
-def reset(generation: int) -> common_pb2.OracleUpdate:
-    return common_pb2.OracleUpdate(op=common_pb2.OracleUpdate.RESET, generation=generation)
+def reset(
+    generation: int, text: str = "", answers: common_pb2.TranscriptEvent | None = None
+) -> common_pb2.OracleUpdate:
+    """A RESET with the candidate's first words; `answers` is the transcript event
+    the candidate was started from (its source)."""
+    update = common_pb2.OracleUpdate(
+        op=common_pb2.OracleUpdate.RESET, generation=generation, text=text
+    )
+    if answers is not None:
+        update.source.CopyFrom(
+            common_pb2.CandidateSource(
+                utterance_id=answers.utterance_id, is_final=answers.is_final, text=answers.text
+            )
+        )
+    return update
 
 
 def append(generation: int, text: str) -> common_pb2.OracleUpdate:
     return common_pb2.OracleUpdate(
         op=common_pb2.OracleUpdate.APPEND, generation=generation, text=text
     )
+
+
+def transcript(
+    text: str, end_s: float, final: bool = True, utterance_id: str = "u1"
+) -> common_pb2.TranscriptEvent:
+    """stt's hypothesis of the caller's utterance, covering audio up to `end_s`."""
+    return common_pb2.TranscriptEvent(
+        utterance_id=utterance_id,
+        is_final=final,
+        text=text,
+        span=common_pb2.AudioSpan(start_s=0.0, end_s=end_s),
+    )
+
+
+Message = common_pb2.OracleUpdate | common_pb2.TranscriptEvent
+
+
+def request_of(message: Message) -> frontend_pb2.FrontendRequest:
+    if isinstance(message, common_pb2.TranscriptEvent):
+        return frontend_pb2.FrontendRequest(user_transcript=message)
+    return frontend_pb2.FrontendRequest(oracle=message)
 
 
 @dataclass
@@ -60,8 +94,10 @@ class Call:
     ready: frontend_pb2.FrontendReady | None = None
     audio: list[frontend_pb2.AgentAudio] = field(default_factory=list)
     words: list[common_pb2.AgentText] = field(default_factory=list)
-    # Oracle updates sent in reaction to the agent's words, by the frame they preceded.
-    reactions: dict[int, list[common_pb2.OracleUpdate]] = field(default_factory=dict)
+    turn_ends: list[frontend_pb2.TurnEnd] = field(default_factory=list)
+    responses: list[frontend_pb2.FrontendResponse] = field(default_factory=list)  # in order
+    # Messages sent in reaction to the agent's words, by the frame they preceded.
+    reactions: dict[int, list[Message]] = field(default_factory=dict)
 
     def agent_frames(self) -> list[np.ndarray]:
         return [pcm16_to_float(a.frame.pcm) for a in self.audio]
@@ -78,25 +114,26 @@ class Call:
         return [w for w in self.words if w.generation == generation]
 
 
-React = Callable[[common_pb2.AgentText], list[common_pb2.OracleUpdate]]
+React = Callable[[common_pb2.AgentText], list[Message]]
 
 
 async def play_call(
     stub: frontend_pb2_grpc.FrontendStub,
     caller: list[np.ndarray],
-    oracle: dict[int, list[common_pb2.OracleUpdate]] | None = None,
+    oracle: dict[int, list[Message]] | None = None,
     config: frontend_pb2.FrontendConfig | None = None,
     pace_s: float = FRAME_SECONDS,
     react: React | None = None,
 ) -> Call:
     """Send the config, then caller frame i every `pace_s` (real time by default,
     so synthesis gets the wall time it would get in a call), each preceded by the
-    oracle updates scheduled for it and by those `react(word)` returned for the
-    agent words received since; collect everything the frontend answers."""
+    oracle updates and transcripts scheduled for it and by those `react(word)`
+    returned for the agent words received since; collect everything the
+    frontend answers."""
     oracle = oracle or {}
     config = config or frontend_pb2.FrontendConfig(session_id=f"test-{uuid.uuid4().hex[:8]}")
     call = Call()
-    reactions: list[common_pb2.OracleUpdate] = []
+    reactions: list[Message] = []
 
     async def requests():
         yield frontend_pb2.FrontendRequest(config=config)
@@ -105,8 +142,8 @@ async def play_call(
             if reactions:
                 call.reactions[i] = reactions[:]
                 reactions.clear()
-            for update in oracle.get(i, []) + call.reactions.get(i, []):
-                yield frontend_pb2.FrontendRequest(oracle=update)
+            for message in oracle.get(i, []) + call.reactions.get(i, []):
+                yield request_of(message)
             yield frontend_pb2.FrontendRequest(
                 audio=common_pb2.AudioFrame(
                     pcm=float_to_pcm16(frame),
@@ -118,11 +155,14 @@ async def play_call(
             await asyncio.sleep(max(0.0, started + (i + 1) * pace_s - time.monotonic()))
 
     async for response in stub.Stream(requests()):
+        call.responses.append(response)
         kind = response.WhichOneof("msg")
         if kind == "ready":
             call.ready = response.ready
         elif kind == "audio":
             call.audio.append(response.audio)
+        elif kind == "turn_end":
+            call.turn_ends.append(response.turn_end)
         else:
             call.words.append(response.text)
             if react is not None:

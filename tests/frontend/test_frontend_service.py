@@ -24,7 +24,7 @@ from kame_common.config import ConfigError, load_settings
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
 from services.frontend.config import FrontendSettings
 from services.frontend.server import serve
-from tests.frontend.calls import append, frames_of, play_call, reset, silence
+from tests.frontend.calls import frames_of, play_call, reset, silence, transcript
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,6 +57,10 @@ async def stream_error(stub, requests: list[frontend_pb2.FrontendRequest]) -> gr
     ("requests", "expected"),
     [
         ([frontend_pb2.FrontendRequest(oracle=reset(1))], "first message must be a config"),
+        (
+            [frontend_pb2.FrontendRequest(user_transcript=transcript("Hi.", end_s=1.0))],
+            "first message must be a config",
+        ),
         ([audio_request(SILENT_FRAME)], "first message must be a config"),
         ([config_request(), audio_request(SILENT_FRAME[:-2])], "must be 1920 samples"),
         ([config_request(), audio_request(SILENT_FRAME[:-1])], "even byte count"),
@@ -66,6 +70,9 @@ async def stream_error(stub, requests: list[frontend_pb2.FrontendRequest]) -> gr
         ([config_request(engine="kame")], "serves engine 'tts', not 'kame'"),
         ([config_request(voice="en_GB-alba")], "voice 'en_GB-alba' is not served"),
         ([config_request(turn_end_silence_s=-1)], "turn_end_silence_s"),
+        ([config_request(hold_max_s=11)], "hold_max_s must be 0 (default 3.0) to 10.0"),
+        ([config_request(hold_phrases=["Hmm,"] * 9)], "hold_phrases takes at most 8"),
+        ([config_request(hold_phrases=["Let me see " * 8])], "at most 60 characters"),
         (
             [config_request(), frontend_pb2.FrontendRequest(oracle=common_pb2.OracleUpdate())],
             "RESET or APPEND",
@@ -156,14 +163,19 @@ async def test_metrics_count_steps_turns_and_first_audio(frontend_stub, speak):
     steps_before = metric("kame_frontend_step_seconds_count", engine="tts")
     turns_before = metric("kame_frontend_turn_ends_total")
     first_audio_before = metric("kame_frontend_first_audio_seconds_count")
+    answer_before = metric("kame_frontend_answer_seconds_count")
+    holds_before = metric("kame_frontend_holds_total", outcome="answered")
     synthesis_before = metric("kame_frontend_synthesis_rtf_count")
     caller = frames_of(np.concatenate([silence(0.24), speak("Hello there."), silence(2.0)]))
-    oracle = {3: [reset(1), append(1, "Hi, how can I help?")]}
+    final = transcript("Hello there.", end_s=1.4)
+    oracle = {3: [final, reset(1, "Hi, how can I help?", answers=final)]}
     call = await play_call(frontend_stub, caller, oracle)
     assert call.sounding_frames()
     assert metric("kame_frontend_step_seconds_count", engine="tts") - steps_before == len(caller)
     assert metric("kame_frontend_turn_ends_total") - turns_before == 1
     assert metric("kame_frontend_first_audio_seconds_count") - first_audio_before == 1
+    assert metric("kame_frontend_answer_seconds_count") - answer_before == 1
+    assert metric("kame_frontend_holds_total", outcome="answered") == holds_before  # no hold
     assert metric("kame_frontend_synthesis_rtf_count") > synthesis_before
 
 

@@ -1,12 +1,17 @@
-"""The tts engine through the real gRPC frontend: turn taking, speech, barge-in, RESET.
+"""The tts engine through the real gRPC frontend: turn taking, speech, barge-in,
+RESET with its first words and source, TurnEnd, caller transcripts.
 
 Calls are played at real time (one 80 ms frame every 80 ms), so synthesis gets
-the wall time it would get in a call; every latency is counted in frames.
+the wall time it would get in a call; every latency is counted in frames. The
+caller's transcripts are written by the test (stt is not what is tested here):
+their text and the audio span they cover are what the frontend checks
+candidates against.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from kame_common.audio import FRAME_SECONDS
 from kamepb import common_pb2, frontend_pb2
@@ -17,6 +22,7 @@ from tests.frontend.calls import (
     reset,
     silence,
     speech_frames,
+    transcript,
     words_in,
 )
 
@@ -46,11 +52,16 @@ async def test_agent_answers_within_three_frames_of_the_callers_end_of_speech(
     assert 2.7 < len(question) / 24_000 < 3.5  # about 3 s of caller speech
     start, end = speech_span(question)
     caller = caller_with(question, after_s=6.0)
-    # The oracle answers while the caller is still talking.
+    # The oracle answers while the caller is still talking, from an early partial
+    # that already has every word (as if the recognizer were ahead of the audio, so
+    # that the answer's first phrase can be synthesized ahead); a partial with the
+    # same words that covers the end of speech arrives on the frame after it.
+    early = transcript(QUESTION, end_s=(start + 2) * FRAME_SECONDS, final=False)
     oracle = {
-        start + 2: [reset(1), append(1, ANSWER[0])],
+        start + 2: [early, reset(1, ANSWER[0], answers=early)],
         start + 12: [append(1, ANSWER[1])],
         start + 22: [append(1, ANSWER[2])],
+        end + 1: [transcript(QUESTION, end_s=(end + 1) * FRAME_SECONDS, final=False)],
     }
     assert start + 22 < end
     config = frontend_pb2.FrontendConfig(session_id="answer", turn_end_silence_s=0.16)
@@ -104,7 +115,8 @@ async def test_caller_speech_stops_the_agent_within_two_frames(frontend_stub, sp
     caller = caller_with(speech, after_s=3.0)
     interruption_start = LEAD_FRAMES + len(frames_of(question)) + round(2.0 / FRAME_SECONDS)
     interruption_start += speech_frames(frames_of(interruption))[0]
-    oracle = {start + 2: [reset(1), append(1, answer)]}
+    heard = transcript("What is the weather like today?", end_s=(start + 2) * FRAME_SECONDS)
+    oracle = {start + 2: [heard, reset(1, answer, answers=heard)]}
     config = frontend_pb2.FrontendConfig(session_id="barge-in", turn_end_silence_s=0.4)
 
     call = await play_call(frontend_stub, caller, oracle, config)
@@ -123,42 +135,102 @@ async def test_caller_speech_stops_the_agent_within_two_frames(frontend_stub, sp
     assert 0 < len(spoken) < len(answer.split())
 
 
-async def test_reset_mid_speech_finishes_the_word_then_speaks_the_new_candidate(
+async def test_a_different_answer_mid_speech_finishes_the_phrase_then_is_repaired(
     frontend_stub, speak, transcribe
 ):
     question = speak("Where should we go for dinner tonight?")
+    # Punctuation fixes the phrases: "We could try", "the Italian place,", "they
+    # make wonderful fresh pasta,", ...
     first = (
-        "We could try the little Italian place on the corner, they make wonderful "
-        "pasta and the tables outside are lovely in the evening."
+        "We could try the Italian place, they make wonderful fresh pasta, "
+        "and the tables outside are lovely."
     )
-    second = "Actually the sushi bar downtown has a table free at eight."
-    start, _ = speech_span(question)
+    second = "The sushi bar downtown has a table free at eight."
+    start, end = speech_span(question)
     caller = caller_with(question, after_s=9.0)
-    oracle = {start + 2: [reset(1), append(1, first)]}
-    config = frontend_pb2.FrontendConfig(session_id="reset", turn_end_silence_s=0.4)
+    asked = "Where should we go for dinner"
+    partial = transcript(asked, end_s=(start + 2) * FRAME_SECONDS, final=False)
+    final = transcript(f"{asked} tonight, somewhere new?", end_s=(end + 4) * FRAME_SECONDS)
+    # As in the first test: an early partial with the words, then the same words
+    # covering the end of speech; the agent answers them at the turn end.
+    oracle = {
+        start + 2: [partial, reset(1, first, answers=partial)],
+        end + 1: [transcript(asked, end_s=(end + 1) * FRAME_SECONDS, final=False)],
+    }
+    config = frontend_pb2.FrontendConfig(session_id="repair", turn_end_silence_s=0.4)
 
-    def reset_during_wonderful(word: common_pb2.AgentText) -> list[common_pb2.OracleUpdate]:
-        # Sent before the next caller frame: lands early in a long word.
-        return [reset(2), append(2, second)] if word.text == "wonderful" else []
+    def new_final_during_wonderful(word: common_pb2.AgentText) -> list:
+        # The final differs from what the agent answered; the oracle answers it anew.
+        return [final, reset(2, second, answers=final)] if word.text == "wonderful" else []
 
-    call = await play_call(frontend_stub, caller, oracle, config, react=reset_during_wonderful)
+    call = await play_call(frontend_stub, caller, oracle, config, react=new_final_during_wonderful)
 
     [reset_frame] = call.reactions
-    old, new = call.words_of(1), call.words_of(2)
-    assert [w.text for w in old] == first.split()[: first.split().index("wonderful") + 1]
-    wonderful = old[-1]
-    assert wonderful.start_s < reset_frame * FRAME_SECONDS < wonderful.end_s - 2 * FRAME_SECONDS
-    # The word in progress is finished: the agent keeps sounding up to its end
-    # rather than stopping at the RESET (word timings are estimates and one frame
-    # inside the word may be quiet, so one silent frame is tolerated)...
+    said = [(w.text, w.generation) for w in call.words]
+    # The phrase in progress is finished, then the repair, then the new answer whole.
+    upto_pasta = first.split()[: first.split().index("pasta,") + 1]
+    assert said == [(w, 1) for w in upto_pasta] + [("Sorry,", 0)] + [(w, 2) for w in second.split()]
+    old, repair, new = call.words_of(1), call.words_of(0), call.words_of(2)
+    assert old[-3].text == "wonderful" and old[-3].start_s <= reset_frame * FRAME_SECONDS
+    assert old[-1].end_s <= repair[0].start_s < new[0].start_s
+    # The agent keeps sounding from the RESET to the end of the phrase (word timings
+    # are estimates and a frame between words may be quiet: two silent frames allowed).
     sounding = set(call.sounding_frames())
-    frames_of_word = range(reset_frame, int(wonderful.end_s / FRAME_SECONDS))
-    assert {frames_of_word[-1], frames_of_word[-2]} & sounding, (frames_of_word, sounding)
-    assert sum(i in sounding for i in frames_of_word) >= len(frames_of_word) - 1
-    # ...and then goes on with the whole new candidate, nothing more of the old one.
-    assert [w.text for w in new] == second.split()
-    assert wonderful.end_s - 0.06 <= new[0].start_s < wonderful.end_s + 1.0
+    phrase_frames = range(reset_frame, int(old[-1].end_s / FRAME_SECONDS))
+    assert sum(i not in sounding for i in phrase_frames) <= 2, (phrase_frames, sounding)
     new_audio = call.agent_signal(from_frame=int(new[0].start_s / FRAME_SECONDS))
     heard = set(words_in(transcribe(new_audio)))
     assert {"sushi", "downtown", "table"} <= heard, heard
-    assert not {"pasta", "tables", "evening"} & heard, heard
+    assert not {"tables", "outside", "lovely"} & heard, heard
+
+
+async def test_one_reset_with_text_and_source_is_spoken_and_turn_end_follows_its_frame(
+    frontend_stub, speak
+):
+    hello = speak("Hello there, can you help me?")
+    start, end = speech_span(hello)
+    caller = caller_with(hello, after_s=2.5)
+    partial = transcript("Hello there", end_s=(start + 8) * FRAME_SECONDS, final=False)
+    final = transcript("Hello there, can you help me?", end_s=(end + 3) * FRAME_SECONDS)
+    # Transcripts and the one RESET (first words and source in one message) arrive
+    # in the caller's pause, before the turn ends (0.4 s = 5 frames after the speech).
+    oracle = {start + 8: [partial], end + 3: [final, reset(7, "Sure, what do you need?", final)]}
+    config = frontend_pb2.FrontendConfig(session_id="one-reset", turn_end_silence_s=0.4)
+
+    call = await play_call(frontend_stub, caller, oracle, config)
+
+    [turn_end] = call.turn_ends
+    assert end + 1 <= turn_end.seq <= end + 6, (end, turn_end.seq)
+    # The speech ended where the 5-frame silent run began (the hiss is below the VAD).
+    assert turn_end.speech_end_s == pytest.approx((turn_end.seq - 4) * FRAME_SECONDS)
+    assert abs(turn_end.speech_end_s - (end + 1) * FRAME_SECONDS) <= 2 * FRAME_SECONDS
+    position = next(i for i, r in enumerate(call.responses) if r.HasField("turn_end"))
+    before = call.responses[position - 1]
+    assert before.HasField("audio") and before.audio.frame.seq == turn_end.seq
+    assert [(w.text, w.generation) for w in call.words] == [
+        (w, 7) for w in "Sure, what do you need?".split()
+    ]
+    assert call.words[0].start_s >= turn_end.seq * FRAME_SECONDS - 1e-9
+
+
+async def test_a_candidate_that_answers_something_else_is_held_then_the_floor_given_back(
+    frontend_stub, speak
+):
+    question = speak("What is the capital of France?")
+    start, end = speech_span(question)
+    caller = caller_with(question, after_s=3.0)
+    partial = transcript("What is the capital", end_s=(start + 10) * FRAME_SECONDS, final=False)
+    final = transcript("What is the capital of France?", end_s=(end + 2) * FRAME_SECONDS)
+    oracle = {start + 10: [partial, reset(1, "Rome is the capital of Italy.", partial)]}
+    oracle[end + 2] = [final]  # no answer to the final comes
+    config = frontend_pb2.FrontendConfig(
+        session_id="stale", turn_end_silence_s=0.4, hold_phrases=["Hmm,"], hold_max_s=1.0
+    )
+
+    call = await play_call(frontend_stub, caller, oracle, config)
+
+    assert [(w.text, w.generation) for w in call.words] == [("Hmm,", 0)]
+    [turn_end] = call.turn_ends
+    sounding = call.sounding_frames()
+    assert sounding and sounding[0] >= turn_end.seq
+    assert max(sounding) < turn_end.seq + round(1.0 / FRAME_SECONDS)  # only the hold phrase

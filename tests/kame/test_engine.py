@@ -11,7 +11,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from kame_common.audio import FRAME_SAMPLES
-from services.frontend.engines.base import SessionParams, SlotsExhausted
+from services.frontend.engines.base import (
+    CandidateSource,
+    SessionParams,
+    SlotsExhausted,
+    Transcript,
+)
 from services.frontend.engines.kame import checkpoint, metrics
 from services.frontend.engines.kame.checkpoint import CheckpointError
 from services.frontend.engines.kame.engine import KameEngine
@@ -51,7 +56,8 @@ async def run_session(
     start_delay_s: float = 0.0,
     pause_s: float = 0.0,
 ):
-    """Play frames into a new session; oracle ops are ("reset", gen) or ("append", gen, text)."""
+    """Play frames into a new session; ops are ("reset", gen), ("reset", gen, first
+    words, source), ("append", gen, text) or ("transcript", Transcript)."""
     await asyncio.sleep(start_delay_s)
     session = await engine.open_session(SessionParams(session_id="s"))
     outputs = []
@@ -59,7 +65,9 @@ async def run_session(
         for index, frame in enumerate(frames):
             for op in (oracle or {}).get(index, []):
                 if op[0] == "reset":
-                    session.oracle_reset(op[1])
+                    session.oracle_reset(*op[1:])
+                elif op[0] == "transcript":
+                    session.user_transcript(op[1])
                 else:
                     session.oracle_append(op[1], op[2])
             outputs.append(await session.step(frame))
@@ -151,6 +159,24 @@ async def test_stale_appends_are_dropped(make_engine, callers):
     )
     np.testing.assert_allclose(pcm_of(clean), pcm_of(with_stale), atol=1e-5)
     assert metrics.STALE_ORACLE_UPDATES._value.get() == stale_before + 1
+
+
+async def test_a_reset_with_its_first_words_is_a_reset_then_an_append(make_engine, callers):
+    """The wire's RESET carries the candidate's first words; the kame engine keeps
+    the reference semantics: the same oracle stream as RESET + APPEND in one step.
+    Transcripts are ignored and the engine never reports a turn end."""
+    engine = make_engine(slots=1)
+    frames = callers[0][:12]
+    split = await run_session(engine, frames, {2: [("reset", 1), ("append", 1, ANSWER)]})
+    question = "What is the capital of France?"
+    heard = ("transcript", Transcript("u1", question, True, 0.16))
+    source = CandidateSource("u1", question, True)
+    together = await run_session(engine, frames, {1: [heard], 2: [("reset", 1, ANSWER, source)]})
+    np.testing.assert_allclose(pcm_of(split), pcm_of(together), atol=1e-5)
+    assert [o.words for o in split] == [o.words for o in together]
+    assert all(o.turn_end_s is None for o in together)
+    without = await run_session(engine, frames)
+    assert not np.allclose(pcm_of(without), pcm_of(together), atol=1e-3)  # the text steered
 
 
 async def test_moshi_engine_ignores_oracle_text_and_kame_follows_it(make_engine, callers):

@@ -6,6 +6,11 @@ exactly one 80 ms caller frame per `step` and gets exactly one 80 ms agent
 frame back. `step` is async so that a batched engine can gather the frames of
 all its active sessions into one model tick; engines run their compute off
 the event loop thread.
+
+Between steps the service hands the session what the gateway relays: oracle
+updates (a RESET carries the candidate's first words and what it answers, its
+`CandidateSource`) and the caller's transcripts. An engine whose own turn
+detector ends the caller's turn (tts) says so in the StepOutput of that frame.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import abc
 from dataclasses import dataclass, field
 
 import numpy as np
+
+DEFAULT_HOLD_MAX_S = 3.0
 
 
 class SlotsExhausted(RuntimeError):
@@ -29,7 +36,30 @@ class SessionParams:
     session_id: str
     voice: str = ""
     turn_end_silence_s: float = 0.4
-    filler_text: str = ""
+    # tts engine: what the agent says while it waits for an answer to what the
+    # caller said (empty = it waits in silence), and for how long at most.
+    hold_phrases: tuple[str, ...] = ()
+    hold_max_s: float = DEFAULT_HOLD_MAX_S
+
+
+@dataclass(frozen=True)
+class CandidateSource:
+    """What an oracle candidate answers: the caller's utterance as the oracle saw it."""
+
+    utterance_id: str
+    text: str
+    is_final: bool = False
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """One stt hypothesis of a caller utterance; `end_s` is where the audio it
+    covers ends, in seconds from the start of the stream."""
+
+    utterance_id: str
+    text: str
+    is_final: bool
+    end_s: float
 
 
 @dataclass
@@ -48,6 +78,9 @@ class StepOutput:
     pcm: np.ndarray  # float32, exactly FRAME_SAMPLES at 24 kHz
     speaking: bool  # False when the frame is silence
     words: list[SpokenWord] = field(default_factory=list)  # words that start in this frame
+    # Set when the engine's turn detector ended the caller's turn on this frame:
+    # where the caller's speech ended, in seconds from the start of the stream.
+    turn_end_s: float | None = None
 
 
 class EngineSession(abc.ABC):
@@ -58,12 +91,19 @@ class EngineSession(abc.ABC):
         """Consume one caller frame (float32, FRAME_SAMPLES), return one agent frame."""
 
     @abc.abstractmethod
-    def oracle_reset(self, generation: int) -> None:
-        """Start a new oracle candidate (anchored at the next step)."""
+    def oracle_reset(
+        self, generation: int, text: str = "", source: CandidateSource | None = None
+    ) -> None:
+        """Start a new oracle candidate (anchored at the next step) with its first
+        words, if any; `source` is what it answers (None when the update named none)."""
 
     @abc.abstractmethod
     def oracle_append(self, generation: int, text: str) -> None:
         """Extend the current oracle candidate with whole words."""
+
+    def user_transcript(self, transcript: Transcript) -> None:  # noqa: B027 (optional hook)
+        """A caller transcript event, in stt order. Engines that do not check
+        candidates against what the caller said ignore it."""
 
     @abc.abstractmethod
     async def close(self) -> None:

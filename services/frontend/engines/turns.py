@@ -13,7 +13,10 @@ faint hiss do not count as speech.
 
 Events: SPEECH_START when `onset_frames` voiced frames follow each other (a
 click or a single loud frame does not start a turn); TURN_END when the caller
-has been silent for `turn_end_silence_s` after speech.
+has been silent for `turn_end_silence_s` after speech. With each event the
+detector records where it happened in the stream (seconds from the first
+frame pushed): `speech_start_s`, the start of the voiced run that started the
+turn, and `speech_end_s`, the start of the silent run that ended it.
 """
 
 from __future__ import annotations
@@ -64,10 +67,14 @@ class TurnDetector:
         # The pause is counted in whole frames; a hair of tolerance keeps 0.16 s at 2 frames.
         self.end_frames = max(1, math.ceil(turn_end_silence_s / FRAME_SECONDS - 1e-6))
         self.caller_speaking = False
+        self.speech_start_s = 0.0
+        self.speech_end_s = 0.0
+        self._frames = 0
         self._voiced_run = 0
         self._silent_run = 0
 
     def push(self, frame: np.ndarray) -> TurnEvent:
+        self._frames += 1
         if self.vad.voiced(frame):
             self._voiced_run += 1
             self._silent_run = 0
@@ -76,8 +83,10 @@ class TurnDetector:
             self._silent_run += 1
         if not self.caller_speaking and self._voiced_run >= self.onset_frames:
             self.caller_speaking = True
+            self.speech_start_s = (self._frames - self._voiced_run) * FRAME_SECONDS
             return TurnEvent.SPEECH_START
         if self.caller_speaking and self._silent_run >= self.end_frames:
             self.caller_speaking = False
+            self.speech_end_s = (self._frames - self._silent_run) * FRAME_SECONDS
             return TurnEvent.TURN_END
         return TurnEvent.NONE

@@ -17,9 +17,13 @@ session that takes it, so a new session starts with no oracle.
 Oracle updates (kame engine; the moshi engine ignores them): text is tokenized
 whole words at a time on arrival and queued; the queue is handed to the model
 thread with the session's next frame, so an update takes effect from the next
-step that starts after it arrived. An APPEND of an older generation than the
-current oracle is dropped as stale; one of a newer generation, or with no
-oracle yet, starts a new oracle first (as RESET would).
+step that starts after it arrived. A RESET that carries the candidate's first
+words is a RESET followed by an APPEND of them, in the same step (the
+reference semantics); its source is not used: the LM itself decides how to use
+the oracle stream. An APPEND of an older generation than the current oracle is
+dropped as stale; one of a newer generation, or with no oracle yet, starts a
+new oracle first (as RESET would). Caller transcripts are ignored, and the
+engine never reports turn ends: KAME is full duplex, it takes turns itself.
 
 Agent audio: Mimi's decode of the step's agent codes; silence while the LM is
 still filling its acoustic delay (the first step of a session). `speaking` is
@@ -40,6 +44,7 @@ import sentencepiece
 
 from kame_common.audio import FRAME_SAMPLES, rms_dbfs
 from services.frontend.engines.base import (
+    CandidateSource,
     Engine,
     EngineSession,
     SessionParams,
@@ -98,11 +103,15 @@ class KameSession(EngineSession):
         output = await self._engine._submit(self.slot, frame)
         return self._step_output(output)
 
-    def oracle_reset(self, generation: int) -> None:
+    def oracle_reset(
+        self, generation: int, text: str = "", source: CandidateSource | None = None
+    ) -> None:
         if not self._engine.with_oracle or self._closed:
             return
         self._generation = generation
         self._oracle_ops.append(_OracleOp(tokens=None))
+        if text:
+            self._queue_tokens(text)
 
     def oracle_append(self, generation: int, text: str) -> None:
         if not self._engine.with_oracle or self._closed:
@@ -112,6 +121,9 @@ class KameSession(EngineSession):
             return
         if self._generation is None or generation > self._generation:
             self.oracle_reset(generation)
+        self._queue_tokens(text)
+
+    def _queue_tokens(self, text: str) -> None:
         assert self._engine.tokenizer is not None  # the kame engine always loads one
         tokens = oracle_token_ids(self._engine.tokenizer, text)
         if tokens:
