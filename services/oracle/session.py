@@ -116,7 +116,7 @@ FINALS_KEPT = Counter(
 
 # The last run of whitespace and the (possibly unfinished) word after it.
 _LAST_GAP = re.compile(r"\s+(\S*)$")
-_WORD = re.compile(r"[\w']+")
+_NOT_IN_WORD = re.compile(r"[^\w']")
 # On close, how long pending Redis writes may take before they are dropped.
 _HISTORY_FLUSH_S = 5.0
 
@@ -127,8 +127,10 @@ def _now_us() -> int:
 
 def normalized_words(text: str) -> list[str]:
     """The words of a transcript, without case or punctuation: "What is it?" and
-    "what is it" are the same words."""
-    return _WORD.findall(text.lower())
+    "what is it" are the same words. (The tts engine compares a candidate's source
+    with the latest transcript the same way, so a final kept here is fresh there.)"""
+    words = (_NOT_IN_WORD.sub("", word.lower()) for word in text.split())
+    return [word for word in words if word]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from services.oracle.prompts import (
     gemma_prompt,
     is_gemma_270m_base,
 )
-from services.oracle.session import WordCutter
+from services.oracle.session import WordCutter, normalized_words
 
 
 def cut(chunks: list[str]) -> list[str]:
@@ -38,6 +38,13 @@ def test_joined_pieces_give_back_the_text():
     text = " Tokyo is   the capital\nof Japan, and Kyoto was before it."
     chunks = [text[i : i + 3] for i in range(0, len(text), 3)]
     assert " ".join(cut(chunks)) == " ".join(text.split())
+
+
+def test_finals_and_sources_compare_words_without_case_or_punctuation():
+    assert normalized_words("What's the U.S.  capital?") == ["what's", "the", "us", "capital"]
+    assert normalized_words("what's the US capital") == ["what's", "the", "us", "capital"]
+    assert normalized_words("twelve-four ... ok") == ["twelvefour", "ok"]
+    assert normalized_words("What is it?") != normalized_words("What is it now?")
 
 
 def test_build_turns_merges_speakers_and_adds_the_current_text():
