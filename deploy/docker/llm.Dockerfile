@@ -38,6 +38,9 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
 COPY kamepb/ kamepb/
 COPY kame_common/ kame_common/
 COPY kame_cli/ kame_cli/
+# kame llm-server warms the model with the oracle's own prompt prefix.
+COPY services/__init__.py services/
+COPY services/oracle/__init__.py services/oracle/prompts.py services/oracle/
 COPY deploy/docker/healthcheck.py deploy/docker/
 
 USER 10001:10001

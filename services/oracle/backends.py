@@ -14,14 +14,23 @@ connect is retried once, but only before its first chunk (later the caller
 has already seen text; a retry would repeat it). A timeout is not retried:
 `request_timeout_s` bounds every wait (connect, and each gap between chunks),
 so a stalled server costs one timeout, not two. Every failure surfaces as a
-`BackendError` with a message for the session's ERROR event.
+`BackendError` whose message is safe to show a caller (the session's ERROR
+event reaches the gateway's clients): the back-end, what failed, an HTTP
+status and the server's error type, never a base URL, a key or the server's
+free text. The full story (URL, cause) goes to the log.
+
+`warm_up` sends the fixed prompt prefix once with max_tokens 1, so that a
+server with a prefix cache (llama.cpp, vLLM) has evaluated it before the
+first caller comes.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -30,11 +39,13 @@ import anthropic
 import openai
 
 from services.oracle.prompts import (
-    KAME_SYSTEM_PROMPT,
+    GEMMA_HEADER,
     Turn,
-    chat_user_message,
+    chat_messages,
+    gemma_prefix,
     gemma_prompt,
     is_gemma_270m_base,
+    warm_up_chat_messages,
 )
 
 log = logging.getLogger(__name__)
@@ -46,10 +57,15 @@ ANTHROPIC_API_BASE_URL = "https://api.anthropic.com"
 _VENDOR_HOST_SUFFIXES = {"openai": "openai.com", "anthropic": "anthropic.com"}
 # The openai SDK refuses to build a client without a key; keyless local servers ignore it.
 _NO_KEY_PLACEHOLDER = "no-key"
+# An error type a server names (e.g. "overloaded_error") is shown only if it looks like one.
+_ERROR_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+# While the LLM server is still starting, the warm-up tries again this often.
+_WARM_UP_RETRY_S = 0.5
 
 
 class BackendError(Exception):
-    """An LLM request failed; `kind` is timeout, connection or status."""
+    """An LLM request failed; `kind` is timeout, connection or status. The message
+    is safe to show a caller; the exception chained as the cause has the details."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -85,9 +101,37 @@ def is_vendor_api(backend: str, base_url: str) -> bool:
     return host == suffix or host.endswith("." + suffix)
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """An SDK exception and its cause, for the log (may name URLs; never for callers)."""
     cause = exc.__cause__ or exc.__context__
     return f"{exc} ({type(cause).__name__}: {cause})" if cause else str(exc)
+
+
+def _cause_name(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    return type(cause or exc).__name__
+
+
+def _error_type(exc: BaseException) -> str:
+    """The error type in the server's error body (OpenAI: {"type": ...}; Anthropic:
+    {"error": {"type": ...}}), if it is a plain identifier."""
+    body = getattr(exc, "body", None)
+    if not isinstance(body, dict):
+        return ""
+    inner = body.get("error")
+    kind = inner.get("type") if isinstance(inner, dict) else body.get("type")
+    return kind if isinstance(kind, str) and _ERROR_TYPE.fullmatch(kind) else ""
+
+
+def _status_message(name: str, exc: BaseException) -> str:
+    status = getattr(exc, "status_code", None)
+    kind = _error_type(exc)
+    what = (
+        f"the LLM server answered HTTP {status}"
+        if isinstance(status, int) and status >= 400
+        else "the LLM server reported an error"
+    )
+    return f"{name}: {what}" + (f" ({kind})" if kind else "")
 
 
 class LLMBackend(abc.ABC):
@@ -113,6 +157,10 @@ class LLMBackend(abc.ABC):
         """A cheap authenticated GET, to check the base URL and key."""
 
     @abc.abstractmethod
+    async def _warm_up_once(self) -> None:
+        """One request of the fixed prompt prefix with max_tokens 1."""
+
+    @abc.abstractmethod
     async def aclose(self) -> None:
         """Close the SDK client and its connection pool."""
 
@@ -120,20 +168,50 @@ class LLMBackend(abc.ABC):
         """Config-time check: the server answers and does not reject the key.
 
         Any other HTTP answer (a 404 from a server without /models) proves that
-        the base URL is reachable, which is all that is checked here."""
-        url = self.settings.base_url
+        the base URL is reachable, which is all that is checked here. The message
+        reaches the client: it names no URL and quotes no server text."""
         try:
             await self._list_models(timeout_s)
         except self._auth_errors as exc:
+            log.warning("%s at %s rejected the API key: %s", self.name, self.settings.base_url, exc)
             raise BackendConfigError(
-                f"{self.name} base URL {url} rejected the API key: {exc}"
+                f"{self.name}: the base URL rejected the API key "
+                f"(HTTP {getattr(exc, 'status_code', '?')})"
             ) from None
         except self._connection_error as exc:
+            log.warning(
+                "%s at %s is unreachable: %s", self.name, self.settings.base_url, describe(exc)
+            )
             raise BackendConfigError(
-                f"{self.name} base URL {url} is unreachable: {_describe(exc)}"
+                f"{self.name}: the base URL is unreachable ({_cause_name(exc)})"
             ) from None
         except self._status_error:
             pass
+
+    async def warm_up(self, timeout_s: float) -> None:
+        """Have the server evaluate the fixed prompt prefix once, within `timeout_s`
+        in all. A server that does not answer yet (still starting) is tried again.
+        Raises BackendError."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._warm_up_until_answered()
+        except TimeoutError as exc:
+            raise BackendError("timeout", f"{self.name}: no answer within {timeout_s:g} s") from exc
+
+    async def _warm_up_until_answered(self) -> None:
+        while True:
+            try:
+                await self._warm_up_once()
+                return
+            except self._timeout_error as exc:
+                raise BackendError(
+                    "timeout",
+                    f"{self.name}: no answer within {self.settings.request_timeout_s:g} s",
+                ) from exc
+            except self._connection_error:
+                await asyncio.sleep(_WARM_UP_RETRY_S)
+            except self._status_error as exc:
+                raise BackendError("status", _status_message(self.name, exc)) from exc
 
     async def stream(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
         """Text chunks of one answer; one retry on a connection error before the first chunk."""
@@ -148,15 +226,16 @@ class LLMBackend(abc.ABC):
             except self._timeout_error as exc:
                 raise BackendError(
                     "timeout",
-                    f"{self.name}: no answer within {self.settings.request_timeout_s:g} s "
-                    f"from {self.settings.base_url}",
+                    f"{self.name}: no answer within {self.settings.request_timeout_s:g} s",
                 ) from exc
             except self._connection_error as exc:
                 if produced or attempt == 2:
-                    raise BackendError("connection", f"{self.name}: {_describe(exc)}") from exc
+                    raise BackendError(
+                        "connection", f"{self.name}: connection to the LLM server failed"
+                    ) from exc
                 log.info("%s: connection error, retrying once: %s", self.name, exc)
             except self._status_error as exc:
-                raise BackendError("status", f"{self.name}: {exc}") from exc
+                raise BackendError("status", _status_message(self.name, exc)) from exc
 
 
 class OpenAIBackend(LLMBackend):
@@ -181,14 +260,33 @@ class OpenAIBackend(LLMBackend):
     async def _list_models(self, timeout_s: float) -> None:
         await self.client.models.list(timeout=timeout_s)
 
+    @property
+    def _header(self) -> str:
+        return self.settings.system_prompt or GEMMA_HEADER
+
+    async def _warm_up_once(self) -> None:
+        if self.few_shot:
+            await self.client.completions.create(
+                model=self.settings.model,
+                prompt=gemma_prefix(self._header),
+                max_tokens=1,
+                temperature=0.0,
+            )
+        else:
+            await self.client.chat.completions.create(
+                model=self.settings.model,
+                messages=warm_up_chat_messages(self.settings.system_prompt),
+                max_tokens=1,
+                temperature=0.0,
+            )
+
     def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
         return self._complete(turns, stats) if self.few_shot else self._chat(turns, stats)
 
     async def _complete(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
-        header = {"header": self.settings.system_prompt} if self.settings.system_prompt else {}
         stream = await self.client.completions.create(
             model=self.settings.model,
-            prompt=gemma_prompt(turns, **header),
+            prompt=gemma_prompt(turns, self._header),
             stop=["\n"],
             max_tokens=self.settings.max_tokens,
             temperature=self.settings.temperature,
@@ -204,10 +302,7 @@ class OpenAIBackend(LLMBackend):
     async def _chat(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
         stream = await self.client.chat.completions.create(
             model=self.settings.model,
-            messages=[
-                {"role": "system", "content": self.settings.system_prompt or KAME_SYSTEM_PROMPT},
-                {"role": "user", "content": chat_user_message(turns)},
-            ],
+            messages=chat_messages(turns, self.settings.system_prompt),
             max_tokens=self.settings.max_tokens,
             temperature=self.settings.temperature,
             stream=True,
@@ -245,11 +340,21 @@ class AnthropicBackend(LLMBackend):
     async def _list_models(self, timeout_s: float) -> None:
         await self.client.models.list(timeout=timeout_s)
 
+    async def _warm_up_once(self) -> None:
+        system, opening = warm_up_chat_messages(self.settings.system_prompt)
+        await self.client.messages.create(
+            model=self.settings.model,
+            system=system["content"],
+            messages=[opening],
+            max_tokens=1,
+        )
+
     async def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+        system, user = chat_messages(turns, self.settings.system_prompt)
         stream = await self.client.messages.create(
             model=self.settings.model,
-            system=self.settings.system_prompt or KAME_SYSTEM_PROMPT,
-            messages=[{"role": "user", "content": chat_user_message(turns)}],
+            system=system["content"],
+            messages=[user],
             max_tokens=self.settings.max_tokens,
             stream=True,
         )

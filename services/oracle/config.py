@@ -64,6 +64,9 @@ class OracleSettings(ServiceSettings):
     policy: str = setting("tandem", "default restart policy", choices=POLICY_NAMES)
     request_timeout_s: float = setting(10.0, "limit on connect and on each wait for LLM output")
     check_timeout_s: float = setting(3.0, "limit on the config-time reachability check")
+    warmup_timeout_s: float = setting(
+        20.0, "limit on warming the default back-end's prompt prefix at start (0 = no warm-up)"
+    )
     max_tokens: int = setting(64, "default max tokens per answer")
     temperature: float = setting(0.0, "default sampling temperature (0 = greedy)")
     allowed_base_urls: str = setting(

@@ -1,8 +1,9 @@
 """When to (re)start the oracle's LLM stream: KAME's restart policy.
 
 Pure logic with an injectable clock, so tests drive it tick by tick. The
-engine calls `decide()` every `poll_interval_s` and starts a new LLM stream
-(cancelling the previous one) whenever it returns a reason.
+session calls `decide()` every `poll_interval_s`, and at once after a final
+that wants a start, and starts a new LLM stream (cancelling the previous one)
+whenever it returns a reason.
 
 `tandem` (the KAME reference policy):
 - the first stream of a session starts as soon as there is user text that no
@@ -10,6 +11,9 @@ engine calls `decide()` every `poll_interval_s` and starts a new LLM stream
 - afterwards a stream restarts on >= `min_new_words` new user words or on a
   final. Words are counted over the committed finals plus the LONGEST partial
   of each open utterance (a shrinking partial is a revision, not new speech);
+- a final that is already answered (the session found that the stream in
+  flight, or the one just finished, was started from the same words) commits
+  its words but wants no start;
 - at most `max_starts` starts in any sliding window of `start_window_s`: a
   start that would exceed it stays pending until the window frees up.
 
@@ -76,13 +80,13 @@ class RestartPolicy:
         if words > self._longest_partial.get(utterance_id, 0):
             self._longest_partial[utterance_id] = words
 
-    def on_final(self, utterance_id: str, text: str) -> None:
+    def on_final(self, utterance_id: str, text: str, answered: bool = False) -> None:
         """Commit an utterance. A blank final (nothing was said after all) only
-        drops the utterance's partials."""
+        drops the utterance's partials; an `answered` one starts nothing."""
         self._longest_partial.pop(utterance_id, None)
         words = count_words(text)
         self._final_words += words
-        self._final_pending = self._final_pending or words > 0
+        self._final_pending = self._final_pending or (words > 0 and not answered)
 
     @property
     def user_words(self) -> int:

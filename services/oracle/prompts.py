@@ -12,6 +12,14 @@ then, and the caller's current (possibly unfinished) utterance.
   few-shot completion prompt (examples of unfinished questions answered in one
   spoken sentence, then the conversation, then "Assistant:") sent to
   /v1/completions with a newline stop, so it writes exactly one agent line.
+
+Every prompt starts with a fixed prefix (the few-shot header and examples, or
+the system prompt and the opening of the user message). Servers that cache
+prompt prefixes (llama.cpp reuses the longest common prefix of its previous
+request; vLLM caches prefixes) evaluate it once: `warm_up_*` below are that
+prefix alone, sent once at start (`max_tokens` 1), so the first caller does
+not pay for it. They are built from the same pieces as the real prompts, so
+the prefix is byte-identical.
 """
 
 from __future__ import annotations
@@ -80,17 +88,39 @@ def transcript(turns: Iterable[Turn]) -> str:
     return "\n".join(f"{_LABELS[t.role]}: {t.text}" for t in turns)
 
 
+_CHAT_OPENING = "Conversation so far (the last user line may be unfinished):\n"
+
+
 def chat_user_message(turns: Sequence[Turn]) -> str:
-    return (
-        "Conversation so far (the last user line may be unfinished):\n"
-        f"{transcript(turns)}\n\nWhat does the assistant say next?"
-    )
+    return f"{_CHAT_OPENING}{transcript(turns)}\n\nWhat does the assistant say next?"
+
+
+def chat_messages(turns: Sequence[Turn], system_prompt: str = "") -> list[dict[str, str]]:
+    """OpenAI chat messages: the system prompt (empty = KAME's), then the transcript."""
+    return [
+        {"role": "system", "content": system_prompt or KAME_SYSTEM_PROMPT},
+        {"role": "user", "content": chat_user_message(turns)},
+    ]
+
+
+def gemma_prefix(header: str = GEMMA_HEADER) -> str:
+    """The fixed start of every few-shot prompt: the header and the examples."""
+    examples = [transcript([Turn(USER, q), Turn(AGENT, a)]) for q, a in GEMMA_EXAMPLES]
+    return "".join(f"{part}\n\n" for part in [header, *examples])
 
 
 def gemma_prompt(turns: Sequence[Turn], header: str = GEMMA_HEADER) -> str:
     """Few-shot completion prompt; the model continues after the final "Assistant:"."""
-    examples = [transcript([Turn(USER, q), Turn(AGENT, a)]) for q, a in GEMMA_EXAMPLES]
-    return "\n\n".join([header, *examples, f"{transcript(turns)}\n{_LABELS[AGENT]}:"])
+    return f"{gemma_prefix(header)}{transcript(turns)}\n{_LABELS[AGENT]}:"
+
+
+def warm_up_chat_messages(system_prompt: str = "") -> list[dict[str, str]]:
+    """The fixed prefix of chat prompts: the system prompt and the user message's
+    opening (a chat template closes the message after it, so only that much is shared)."""
+    return [
+        {"role": "system", "content": system_prompt or KAME_SYSTEM_PROMPT},
+        {"role": "user", "content": _CHAT_OPENING},
+    ]
 
 
 def is_gemma_270m_base(model: str) -> bool:

@@ -84,7 +84,8 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
 
 async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> ServiceRuntime:
     """Start the Oracle service; `api_keys` default to OPENAI_API_KEY / ANTHROPIC_API_KEY.
-    An empty `redis_url` runs without conversation history."""
+    An empty `redis_url` runs without conversation history. The default back-end is
+    warmed up before the server listens, so health reports SERVING only after it."""
     runtime = ServiceRuntime(settings, [GRPC_SERVICE])
     session_store = None
     if settings.redis_url:
@@ -93,6 +94,7 @@ async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> Se
         session_store = store.SessionStore(redis_client, ttl_s=settings.history_ttl_s)
     keys = api_keys if api_keys is not None else ApiKeys.from_env()
     factory = SessionFactory(settings, keys, session_store)
+    await factory.warm_up()
     servicer = OracleServicer(runtime, factory)
     await runtime.start(
         lambda server: oracle_pb2_grpc.add_OracleServicer_to_server(servicer, server)

@@ -1,24 +1,40 @@
 """One oracle session: transcript events in, oracle updates and timing events out.
 
 The session keeps the conversation (history from Redis, agent words spoken
-since the last user final, the caller's current partial), runs the restart
-policy every `poll_interval_s`, and runs at most one LLM stream at a time:
+but not yet saved, the caller's current partial), asks the restart policy
+every `poll_interval_s` (and at once when a final lands) whether to start a
+new LLM stream, and runs at most one LLM stream at a time:
 
 - a start cancels the previous stream (CANCELLED event for its generation),
-  bumps the generation id and sends REQUEST_START;
-- the new stream's first non-blank chunk sends FIRST_TOKEN and RESET; until
-  then the front-end keeps steering by the previous candidate;
-- then APPENDs carry whole words only (text is cut at whitespace and a
-  trailing partial word is held back until the next space or the end), so
-  consecutive APPEND texts join with one space; every APPEND carries its
+  bumps the generation id and sends REQUEST_START. The new generation's
+  source is the caller's latest utterance as it is now: the utterance of the
+  most recent transcript event, with its latest hypothesis (partial or final);
+- the stream's first non-blank chunk sends FIRST_TOKEN; its first whole words
+  send RESET, carrying those words and the source in one update, so a
+  front-end never anchors a candidate whose first word has not arrived (a
+  stream that ends without a word sends no RESET at all). Until then the
+  front-end keeps steering by the previous candidate;
+- then APPENDs carry the following whole words (text is cut at whitespace and
+  a trailing partial word is held back until the next space or the end), so
+  consecutive update texts join with one space; every APPEND carries its
   RESET's generation;
-- DONE when the stream ends, ERROR (with the message) when it fails: the
-  session goes on, and the next policy start tries again.
+- DONE when the stream ends, ERROR when it fails (with a message safe for
+  callers: no URL, no key): the session goes on, and the next start tries again.
 
-The oracle writes the conversation log in Redis: each committed user final is
-a user turn; agent words (AgentText, word by word) are gathered and written as
-one agent turn when the next user final arrives or the session ends. Writes go
-through one writer task, in order, so a slow Redis never stalls the oracle.
+A final whose words equal the source of the generation in flight, or of the
+one that just finished with words, does not restart: that candidate already
+answers it (the front-end finds its source fresh). Any other final restarts
+at once, without waiting for the next poll tick; partials wait for the tick.
+
+The oracle writes the conversation log in Redis: each user final is a user
+turn; agent words (AgentText, word by word) wait and are written as one agent
+turn. Agent and caller audio share one time base (one agent frame per caller
+frame), so a user final first saves the agent words that started before its
+utterance began (AgentText.start_s < span.start_s), then the user turn; agent
+words that started later answer this user turn and wait for the next final
+or the session's end. In tandem the agent starts answering before the
+caller's final arrives, and its answer is stored after the question. Writes
+go through one writer task, in order, so a slow Redis never stalls the oracle.
 """
 
 from __future__ import annotations
@@ -26,9 +42,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from opentelemetry import trace
 from prometheus_client import Counter, Histogram
@@ -38,6 +56,7 @@ from kame_common.aio import cancel_and_wait
 from kame_common.metrics import TURN_BUCKETS
 from kame_common.store import SessionStore
 from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
+from kame_common.words import normalize_words
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.backends import (
     BackendConfigError,
@@ -45,6 +64,7 @@ from services.oracle.backends import (
     LLMBackend,
     StreamStats,
     create_backend,
+    describe,
 )
 from services.oracle.config import (
     ApiKeys,
@@ -89,6 +109,11 @@ ERRORS = Counter("kame_oracle_errors", "Failed LLM streams", ["backend", "kind"]
 HISTORY_WRITE_ERRORS = Counter(
     "kame_oracle_history_write_errors", "Conversation turns that could not be written to Redis"
 )
+FINALS_KEPT = Counter(
+    "kame_oracle_finals_kept",
+    "Finals that started no stream: the generation in flight (or just finished) was "
+    "started from the same words",
+)
 
 # The last run of whitespace and the (possibly unfinished) word after it.
 _LAST_GAP = re.compile(r"\s+(\S*)$")
@@ -98,6 +123,36 @@ _HISTORY_FLUSH_S = 5.0
 
 def _now_us() -> int:
     return time.time_ns() // 1000
+
+
+@dataclass(frozen=True)
+class SpokenWord:
+    """Agent text actually spoken, not yet saved to the conversation."""
+
+    start_s: float  # agent stream seconds (the caller stream's time base)
+    text: str
+
+
+@dataclass
+class Generation:
+    """One LLM stream and what it answers."""
+
+    number: int
+    source: common_pb2.CandidateSource
+    running: bool = True
+    failed: bool = False
+    words_sent: bool = False  # its RESET went out
+
+    def answers(self, utterance_id: str, text: str) -> bool:
+        """Whether this candidate already answers a final: it was started from the
+        same utterance with the same words, and it is still streaming or ended
+        with words."""
+        return (
+            not self.failed
+            and (self.running or self.words_sent)
+            and self.source.utterance_id == utterance_id
+            and normalize_words(self.source.text) == normalize_words(text)
+        )
 
 
 class WordCutter:
@@ -136,10 +191,14 @@ class OracleSession:
         self.generation = 0
         self._store = store
         self._history = history
-        self._agent_words: list[str] = []
+        self._agent_words: list[SpokenWord] = []  # spoken, not yet saved
         self._partials: dict[str, str] = {}  # open utterance id -> latest hypothesis
+        # The caller's latest utterance (of the most recent non-blank transcript event).
+        self._latest = common_pb2.CandidateSource()
         self._last_event_at: float | None = None  # monotonic arrival of the latest user event
+        self._current: Generation | None = None  # the latest LLM stream started
         self._streams: set[asyncio.Task] = set()  # the running LLM stream (at most one)
+        self._final_landed = asyncio.Event()  # wakes the policy loop before its tick
         self._poll_task: asyncio.Task | None = None
         self._writer_task: asyncio.Task | None = None
         self._writes: asyncio.Queue[Turn | None] = asyncio.Queue()
@@ -156,19 +215,33 @@ class OracleSession:
     def user_transcript(self, event: common_pb2.TranscriptEvent) -> None:
         self._last_event_at = time.monotonic()
         text = " ".join(event.text.split())
+        if text:
+            self._latest = common_pb2.CandidateSource(
+                utterance_id=event.utterance_id, is_final=event.is_final, text=text
+            )
         if not event.is_final:
             self._partials[event.utterance_id] = text
             self.policy.on_partial(event.utterance_id, text)
             return
         self._partials.pop(event.utterance_id, None)
-        self.policy.on_final(event.utterance_id, text)
-        if text:  # a blank final (nothing was said after all) commits nothing
-            self._flush_agent_turn()
-            self._commit(Turn(USER, text))
+        if not text:  # a blank final (nothing was said after all) commits nothing
+            self.policy.on_final(event.utterance_id, text)
+            return
+        answered = self._current is not None and self._current.answers(event.utterance_id, text)
+        self.policy.on_final(event.utterance_id, text, answered=answered)
+        if answered:
+            FINALS_KEPT.inc()
+        else:
+            self._final_landed.set()
+        # Without a span (no audio position) the arrival order is all there is.
+        began_s = event.span.start_s if event.HasField("span") else math.inf
+        self._save_agent_words(spoken_before_s=began_s)
+        self._commit(Turn(USER, text))
 
     def agent_text(self, event: common_pb2.AgentText) -> None:
-        if event.text.strip():
-            self._agent_words.append(event.text.strip())
+        text = " ".join(event.text.split())
+        if text:
+            self._agent_words.append(SpokenWord(event.start_s, text))
 
     # -- outputs --------------------------------------------------------------
 
@@ -188,7 +261,7 @@ class OracleSession:
         if self._poll_task is not None:
             await cancel_and_wait(self._poll_task)
         await self._cancel_stream()
-        self._flush_agent_turn()
+        self._save_agent_words()
         if self._writer_task is not None:
             self._writes.put_nowait(None)
             try:
@@ -208,10 +281,13 @@ class OracleSession:
         if self._store is not None:
             self._writes.put_nowait(turn)
 
-    def _flush_agent_turn(self) -> None:
-        if self._agent_words:
-            self._commit(Turn(AGENT, " ".join(self._agent_words)))
-            self._agent_words.clear()
+    def _save_agent_words(self, spoken_before_s: float = math.inf) -> None:
+        """Commit, as one agent turn, the waiting agent words that started before
+        `spoken_before_s`; later ones keep waiting."""
+        said = [w.text for w in self._agent_words if w.start_s < spoken_before_s]
+        self._agent_words = [w for w in self._agent_words if w.start_s >= spoken_before_s]
+        if said:
+            self._commit(Turn(AGENT, " ".join(said)))
 
     async def _write_history_forever(self) -> None:
         assert self._store is not None
@@ -230,8 +306,17 @@ class OracleSession:
     # -- LLM streams ----------------------------------------------------------
 
     async def _poll_forever(self) -> None:
+        """Ask the policy every poll tick, and at once when a final lands."""
+        loop = asyncio.get_running_loop()
+        interval = self.settings.policy.poll_interval_s
+        next_tick = loop.time() + interval
         while True:
-            await asyncio.sleep(self.settings.policy.poll_interval_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(next_tick):
+                    await self._final_landed.wait()
+            self._final_landed.clear()
+            while next_tick <= loop.time():
+                next_tick += interval
             reason = self.policy.decide()
             if reason is not None:
                 await self._restart(reason)
@@ -243,9 +328,12 @@ class OracleSession:
     async def _restart(self, reason: StartReason) -> None:
         await self._cancel_stream()
         self.generation += 1
+        source = common_pb2.CandidateSource()
+        source.CopyFrom(self._latest)
+        self._current = Generation(self.generation, source)
         turns = build_turns(
             self._history,
-            " ".join(self._agent_words),
+            " ".join(w.text for w in self._agent_words),
             " ".join(self._partials.values()),
             self.settings.history_turns,
         )
@@ -253,18 +341,23 @@ class OracleSession:
         RESTARTS.labels(reason=reason.value).inc()
         self._emit_event(Event.REQUEST_START, self.generation, user_text)
         task = asyncio.create_task(
-            self._run_stream(self.generation, turns, reason, self._last_event_at)
+            self._run_stream(self._current, turns, reason, self._last_event_at)
         )
         self._streams.add(task)
         task.add_done_callback(self._streams.discard)
 
     async def _run_stream(
-        self, generation: int, turns: list[Turn], reason: StartReason, trigger_at: float | None
+        self,
+        generation: Generation,
+        turns: list[Turn],
+        reason: StartReason,
+        trigger_at: float | None,
     ) -> None:
         backend = self.backend.name
+        number = generation.number
         attributes = {
             "kame.session_id": self.settings.session_id,
-            "kame.generation": generation,
+            "kame.generation": number,
             "kame.reason": reason.value,
             "llm.backend": backend,
             "llm.model": self.backend.settings.model,
@@ -277,20 +370,31 @@ class OracleSession:
             except asyncio.CancelledError:
                 CANCELLATIONS.inc()
                 span.set_attribute("kame.cancelled", True)
-                self._emit_event(Event.CANCELLED, generation)
+                self._emit_event(Event.CANCELLED, number)
                 raise
             except BackendError as exc:
+                generation.failed = True
                 ERRORS.labels(backend=backend, kind=exc.kind).inc()
                 span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
-                log.warning("session %s gen %d: %s", self.settings.session_id, generation, exc)
-                self._emit_event(Event.ERROR, generation, str(exc))
-            except Exception as exc:  # a bug or an unexpected answer must not end the session
+                log.warning(
+                    "session %s gen %d: %s; at %s: %s",
+                    self.settings.session_id,
+                    number,
+                    exc,
+                    self.backend.settings.base_url,
+                    describe(exc.__cause__) if exc.__cause__ else "",
+                )
+                self._emit_event(Event.ERROR, number, str(exc))
+            except Exception:  # a bug or an unexpected answer must not end the session
+                generation.failed = True
                 ERRORS.labels(backend=backend, kind="internal").inc()
-                log.exception("session %s gen %d failed", self.settings.session_id, generation)
-                self._emit_event(Event.ERROR, generation, f"{type(exc).__name__}: {exc}")
+                log.exception("session %s gen %d failed", self.settings.session_id, number)
+                self._emit_event(Event.ERROR, number, f"{backend}: internal error in the oracle")
+            finally:
+                generation.running = False
 
     async def _stream_updates(
-        self, generation: int, turns: list[Turn], trigger_at: float | None
+        self, generation: Generation, turns: list[Turn], trigger_at: float | None
     ) -> None:
         stats = StreamStats()
         cutter = WordCutter()
@@ -305,21 +409,36 @@ class OracleSession:
                     TIME_TO_FIRST_TOKEN.labels(backend=self.backend.name).observe(
                         first_at - started_at
                     )
-                    if trigger_at is not None:
-                        UPDATE_LAG.observe(first_at - trigger_at)
-                    self._emit_event(Event.FIRST_TOKEN, generation)
-                    self._emit_update(Update.RESET, generation)
-                if words := cutter.feed(chunk):
-                    self._emit_update(Update.APPEND, generation, words)
-        if words := cutter.flush():
-            self._emit_update(Update.APPEND, generation, words)
+                    self._emit_event(Event.FIRST_TOKEN, generation.number)
+                self._send_words(generation, cutter.feed(chunk), trigger_at)
+        self._send_words(generation, cutter.flush(), trigger_at)
         if first_at is not None and stats.output_tokens > 1:
             elapsed = time.monotonic() - first_at
             if elapsed > 0:
                 TOKENS_PER_SECOND.labels(backend=self.backend.name).observe(
                     (stats.output_tokens - 1) / elapsed
                 )
-        self._emit_event(Event.DONE, generation)
+        self._emit_event(Event.DONE, generation.number)
+
+    def _send_words(self, generation: Generation, words: str, trigger_at: float | None) -> None:
+        """The candidate's first words go out in its RESET (with its source), the rest
+        in APPENDs."""
+        if not words:
+            return
+        if generation.words_sent:
+            self._emit_update(Update(op=Update.APPEND, generation=generation.number, text=words))
+            return
+        generation.words_sent = True
+        if trigger_at is not None:
+            UPDATE_LAG.observe(time.monotonic() - trigger_at)
+        self._emit_update(
+            Update(
+                op=Update.RESET,
+                generation=generation.number,
+                text=words,
+                source=generation.source,
+            )
+        )
 
     def _emit_event(self, kind: int, generation: int, detail: str = "") -> None:
         self._outbox.put_nowait(
@@ -328,12 +447,9 @@ class OracleSession:
             )
         )
 
-    def _emit_update(self, op: int, generation: int, text: str = "") -> None:
-        self._outbox.put_nowait(
-            oracle_pb2.GuideResponse(
-                update=Update(op=op, generation=generation, text=text, created_time_us=_now_us())
-            )
-        )
+    def _emit_update(self, update: common_pb2.OracleUpdate) -> None:
+        update.created_time_us = _now_us()
+        self._outbox.put_nowait(oracle_pb2.GuideResponse(update=update))
 
 
 class SessionFactory:
@@ -344,6 +460,44 @@ class SessionFactory:
         self.service = service
         self.keys = keys
         self.store = store
+
+    async def warm_up(self) -> None:
+        """Warm the service's default back-end: one request of its fixed prompt prefix
+        (max_tokens 1), so the first caller does not pay for evaluating it. Bounded by
+        `warmup_timeout_s` (0: no warm-up); a failure is logged and the service starts
+        anyway (the LLM may come up later)."""
+        timeout_s = self.service.warmup_timeout_s
+        if timeout_s <= 0:
+            return
+        try:
+            settings = resolve_session(
+                oracle_pb2.OracleConfig(session_id="warm-up"), self.service, self.keys
+            )
+        except InvalidSessionConfig as exc:
+            log.warning("oracle: no warm-up: %s", exc)
+            return
+        backend = create_backend(settings.backend)
+        started = time.monotonic()
+        try:
+            await backend.warm_up(timeout_s)
+        except BackendError as exc:
+            log.warning(
+                "oracle: warm-up of %s model %s at %s failed: %s (%s)",
+                backend.name,
+                settings.backend.model,
+                settings.backend.base_url,
+                exc,
+                describe(exc.__cause__) if exc.__cause__ else "",
+            )
+        else:
+            log.info(
+                "oracle: warmed up %s model %s in %.2f s",
+                backend.name,
+                settings.backend.model,
+                time.monotonic() - started,
+            )
+        finally:
+            await backend.aclose()
 
     async def open(self, config: oracle_pb2.OracleConfig) -> OracleSession:
         """A started session; raises InvalidSessionConfig (-> INVALID_ARGUMENT)."""

@@ -38,3 +38,9 @@ EARLY_FINALS_DISCARDED = Counter(
     "Final decodes started during a pause that the caller then talked through",
 )
 TRANSCRIPTS = Counter("kame_stt_transcripts_total", "Transcript events emitted", ["kind"])
+END_OF_TURN = Counter(
+    "kame_stt_end_of_turn_total",
+    "EndOfTurn requests: finalized (an open utterance ended at once), no_utterance (none was "
+    "open, or it began after the given speech end: nothing to do)",
+    ["outcome"],
+)

@@ -1,8 +1,10 @@
 """gRPC glue of the STT service: `Stt.Transcribe`, `serve` and `main`.
 
-Per stream: an SttConfig first, then 80 ms AudioFrames; the client
-half-closing its side finalizes the open utterance and ends the stream once
-every final is out. Out: SpeechActivity and TranscriptEvents (see engine.py).
+Per stream: an SttConfig first, then 80 ms AudioFrames, and an EndOfTurn
+whenever the front-end's turn detector ends the caller's turn (the open
+utterance is finalized at once); the client half-closing its side finalizes
+the open utterance and ends the stream once every final is out. Out:
+SpeechActivity and TranscriptEvents (see session.py).
 A bad config or frame ends the stream with INVALID_ARGUMENT saying what was
 expected; a failed final decode with INTERNAL.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from functools import partial
@@ -104,9 +107,12 @@ class SttServicer(stt_pb2_grpc.SttServicer):
             async for request in request_iterator:
                 received_at = time.monotonic()
                 kind = request.WhichOneof("msg")
+                if kind == "end_of_turn":
+                    await session.end_turn(_speech_end_s(request.end_of_turn))
+                    continue
                 if kind != "audio":
                     raise InvalidRequest(
-                        "after the SttConfig only audio frames may follow; "
+                        "after the SttConfig only audio frames and end_of_turn may follow; "
                         f"got {'a second config' if kind == 'config' else 'an empty message'}"
                     )
                 try:
@@ -120,6 +126,15 @@ class SttServicer(stt_pb2_grpc.SttServicer):
         except Exception as exc:  # a bug: end the stream rather than leave it hanging
             log.exception("stt stream %s failed", session.settings.session_id)
             session.fail(SessionFailed(f"internal error: {exc}"))
+
+
+def _speech_end_s(end_of_turn: stt_pb2.EndOfTurn) -> float:
+    value = end_of_turn.speech_end_s
+    if not math.isfinite(value) or value < 0:
+        raise InvalidRequest(
+            f"end_of_turn.speech_end_s must be seconds into the stream (>= 0), got {value}"
+        )
+    return value
 
 
 async def serve(settings: SttSettings, engine: SttEngine | None = None) -> ServiceRuntime:

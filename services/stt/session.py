@@ -7,6 +7,10 @@
       pause of 0.2 s -> the final decode starts early (discarded if the caller
                        goes on), so it is usually done when the endpoint is
       pause of `endpoint_silence_s` -> SPEECH_END, final transcript
+      EndOfTurn (the front-end's turn detector: the caller's turn is over)
+                    -> SPEECH_END and final at once, without waiting for the
+                       endpoint pause (the early final is reused when it covers
+                       the same audio); the next speech opens a new utterance
       `max_utterance_s` of audio -> final transcript, the next utterance
                        starts at once (speech goes on: no activity events)
 
@@ -121,6 +125,7 @@ class FrameClock:
 class Utterance:
     utterance_id: str
     audio_start_s: float  # decoded audio starts here (speech start minus pre-roll)
+    speech_start_s: float  # where the VAD heard it begin (or where a max-length cut began it)
     opened_ns: int = field(default_factory=time.time_ns)
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
     last_partial_end_s: float = 0.0  # audio end of the newest partial submitted
@@ -182,6 +187,21 @@ class SttSession:
         samples = self._resampler.process(pcm16_to_float(pcm))
         return samples, self._vad.process(samples)
 
+    async def end_turn(self, speech_end_s: float) -> None:
+        """EndOfTurn: finalize the open utterance now. Its SPEECH_END is where the VAD
+        saw the pause begin, else `speech_end_s`. Without an open utterance, or when
+        it began after `speech_end_s` (the turn that ended was an earlier one), it
+        does nothing."""
+        utterance = self._utterance
+        if self._finished or utterance is None or speech_end_s <= utterance.speech_start_s:
+            metrics.END_OF_TURN.labels(outcome="no_utterance").inc()
+            return
+        pause = self._segmenter.pause_start_s
+        end_s = min(speech_end_s if pause is None else pause, self._audio.end_s)
+        self._segmenter.end_speech()
+        metrics.END_OF_TURN.labels(outcome="finalized").inc()
+        await self._end_speech(utterance, end_s)
+
     async def finish(self) -> None:
         """End of audio: finalize the open utterance; `events()` ends after its final."""
         if self._finished:
@@ -226,7 +246,9 @@ class SttSession:
             utterance_id = f"{self.settings.session_id or 'stt'}-{self._utterance_count}"
             start = max(event.at_s - PRE_ROLL_S, self._last_speech_end_s, self._audio.start_s)
             # The first partial comes after partial_interval_s of speech, not of pre-roll.
-            self._utterance = Utterance(utterance_id, start, last_partial_end_s=event.at_s)
+            self._utterance = Utterance(
+                utterance_id, start, speech_start_s=event.at_s, last_partial_end_s=event.at_s
+            )
             await self._emit_activity(SPEECH_START, utterance_id, event.at_s)
         elif self._utterance is not None:
             await self._end_speech(self._utterance, event.at_s)
@@ -275,6 +297,7 @@ class SttSession:
         self._utterance = Utterance(
             f"{self.settings.session_id or 'stt'}-{self._utterance_count}",
             end_s,
+            speech_start_s=end_s,
             last_partial_end_s=end_s,
         )
 

@@ -121,6 +121,11 @@ class Segmenter:
                 self.speaking, self._pause_start = False, None
         return events
 
+    def end_speech(self) -> None:
+        """The speech ended by decision from outside (the caller's turn is over):
+        forget it and the pause in it, so the next speech window starts anew."""
+        self.speaking, self._pause_start = False, None
+
     def pause_s(self) -> float:
         """How long the current pause inside speech has lasted (0 when none)."""
         return 0.0 if self._pause_start is None else (self._windows - self._pause_start) * WINDOW_S

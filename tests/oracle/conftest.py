@@ -27,11 +27,13 @@ Update = common_pb2.OracleUpdate
 @pytest.fixture
 async def oracle_service(redis_url):
     """start(api_keys=None, **config overrides) -> a running oracle runtime with no API keys
-    unless given (stopped at teardown)."""
+    unless given and no start-up warm-up unless `warmup_timeout_s` is (stopped at teardown)."""
     runtimes = []
 
     async def start(api_keys: ApiKeys | None = None, **overrides):
-        settings = dict(host="127.0.0.1", port=0, metrics_port=0, redis_url=redis_url)
+        settings = dict(
+            host="127.0.0.1", port=0, metrics_port=0, redis_url=redis_url, warmup_timeout_s=0
+        )
         settings.update(overrides)
         runtime = await serve(OracleSettings(**settings), api_keys=api_keys or ApiKeys())
         runtimes.append(runtime)
@@ -73,20 +75,26 @@ class GuideClient:
     async def config(self, **fields) -> None:
         await self.send(oracle_pb2.GuideRequest(config=oracle_pb2.OracleConfig(**fields)))
 
-    async def user(self, text: str, final: bool = False, utterance_id: str = "u1") -> None:
-        await self.send(
-            oracle_pb2.GuideRequest(
-                user_transcript=common_pb2.TranscriptEvent(
-                    utterance_id=utterance_id,
-                    is_final=final,
-                    text=text,
-                    stability=1.0 if final else 0.5,
-                )
-            )
+    async def user(
+        self,
+        text: str,
+        final: bool = False,
+        utterance_id: str = "u1",
+        span: tuple[float, float] | None = None,
+    ) -> None:
+        """A transcript event; `span` (start_s, end_s) places it in the caller's audio."""
+        event = common_pb2.TranscriptEvent(
+            utterance_id=utterance_id, is_final=final, text=text, stability=1.0 if final else 0.5
         )
+        if span is not None:
+            event.span.start_s, event.span.end_s = span
+        await self.send(oracle_pb2.GuideRequest(user_transcript=event))
 
-    async def agent(self, text: str) -> None:
-        await self.send(oracle_pb2.GuideRequest(agent_text=common_pb2.AgentText(text=text)))
+    async def agent(self, text: str, start_s: float = 0.0) -> None:
+        """Agent words spoken at `start_s` seconds into the agent's audio."""
+        await self.send(
+            oracle_pb2.GuideRequest(agent_text=common_pb2.AgentText(text=text, start_s=start_s))
+        )
 
     async def wait_for(
         self, predicate: Callable[[oracle_pb2.GuideResponse], bool], timeout_s: float = 60.0
@@ -138,24 +146,29 @@ class GuideClient:
         return [r.update for r in self.responses if r.HasField("update")]
 
     def assert_update_protocol(self) -> None:
-        """Generations only grow; every APPEND follows the RESET of its own generation
-        and carries whole, trimmed words."""
+        """Generations only grow; a RESET carries its candidate's first words and a
+        source, every APPEND follows the RESET of its own generation; every update
+        carries whole, trimmed words."""
         current = 0
         for update in self.updates():
             if update.op == Update.RESET:
                 assert update.generation > current, "a RESET must carry a new, larger generation"
-                assert update.text == ""
+                assert update.HasField("source") and update.source.utterance_id
                 current = update.generation
             else:
                 assert update.op == Update.APPEND
+                assert not update.HasField("source"), "only a RESET names its source"
                 assert update.generation == current, "an APPEND must carry its RESET's generation"
-                assert update.text and update.text == update.text.strip()
+            assert update.text and update.text == " ".join(update.text.split())
+
+    def reset(self, generation: int) -> common_pb2.OracleUpdate:
+        return next(
+            u for u in self.updates() if u.op == Update.RESET and u.generation == generation
+        )
 
     def answer(self, generation: int) -> str:
-        """The candidate text of one generation: its APPENDs joined with spaces."""
-        return " ".join(
-            u.text for u in self.updates() if u.op == Update.APPEND and u.generation == generation
-        )
+        """The candidate text of one generation: its RESET's and APPENDs' words."""
+        return " ".join(u.text for u in self.updates() if u.generation == generation)
 
 
 @pytest.fixture
@@ -260,9 +273,9 @@ class StubHttpServer:
     _server: asyncio.Server | None = None
     _handlers: set[asyncio.Task] = field(default_factory=set)
 
-    async def start(self) -> str:
+    async def start(self, port: int = 0) -> str:
         self.routes = {("GET", "/v1/models"): _models, **self.routes}
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
         self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         return self.url
 
@@ -300,13 +313,15 @@ class StubHttpServer:
 
 @pytest.fixture
 async def stub_http():
-    """start(routes) -> (StubHttpServer, its base URL); closed at teardown."""
+    """start(routes, port=0) -> (StubHttpServer, its base URL); closed at teardown."""
     servers: list[StubHttpServer] = []
 
-    async def start(routes: dict[tuple[str, str], Handler]) -> tuple[StubHttpServer, str]:
+    async def start(
+        routes: dict[tuple[str, str], Handler], port: int = 0
+    ) -> tuple[StubHttpServer, str]:
         server = StubHttpServer(routes)
         servers.append(server)
-        return server, await server.start()
+        return server, await server.start(port)
 
     yield start
     for server in servers:

@@ -76,7 +76,10 @@ async def test_rejected_key_is_invalid_argument(
     client = guide_client(runtime.port)
     await client.config(session_id=session_id, base_url=f"{url}/v1", api_key="sk-wrong")
     assert await client.finish() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "rejected the API key" in client.error.details()
+    details = client.error.details()
+    assert "rejected the API key" in details
+    # The caller may see this: no URL, no key, no server text (the log has them).
+    assert url not in details and "sk-wrong" not in details and "Incorrect" not in details
 
 
 async def test_a_local_server_needs_no_key_and_a_service_key_is_used(

@@ -78,7 +78,7 @@ async def test_an_llm_timeout_does_not_end_the_session(
     started = time.monotonic()
     error = await client.wait_event(Event.ERROR, 1, timeout_s=10)
     assert time.monotonic() - started < 5
-    assert error.detail == f"openai: no answer within 0.5 s from {server.url}/v1"
+    assert error.detail == "openai: no answer within 0.5 s"  # no URL: callers may see it
     assert len(server.posts()) == 1  # a timeout is not retried
 
     await client.user("Hello?", final=True, utterance_id="u2")
@@ -110,10 +110,11 @@ async def test_connection_errors_after_the_retry_and_server_errors_are_reported(
     )
     await client.user("What is the capital of France?", final=True)
     error = await client.wait_event(Event.ERROR, 1, timeout_s=10)
-    assert error.detail.startswith("openai: Connection error.")
+    assert error.detail == "openai: connection to the LLM server failed"
     await client.user("Are you there?", final=True, utterance_id="u2")
     error = await client.wait_event(Event.ERROR, 2, timeout_s=10)
-    assert "model crashed" in error.detail
+    # The status and the error type, not the server's own words (nor its URL).
+    assert error.detail == "openai: the LLM server answered HTTP 500 (server)"
     assert len(server.posts()) == 3  # two tries, then one for the HTTP 500 (not retried)
     await client.user("Hello?", final=True, utterance_id="u3")
     await client.wait_event(Event.DONE, 3, timeout_s=10)

@@ -61,6 +61,12 @@ async def test_partials_then_final_stream_an_answer_that_mentions_paris(
     client.assert_update_protocol()
     answer = client.answer(generation)
     assert "paris" in answer.lower(), answer
+    # The RESET holds the answer's first words and names the final it answers.
+    reset = client.reset(generation)
+    assert reset.text and answer.startswith(reset.text)
+    assert reset.source == common_pb2.CandidateSource(
+        utterance_id="u1", is_final=True, text=QUESTION
+    )
     order = [
         (r.WhichOneof("msg"), r.event.kind if r.HasField("event") else r.update.op)
         for r in client.responses

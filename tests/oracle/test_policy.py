@@ -89,6 +89,32 @@ def test_a_final_restarts_even_without_new_words():
     assert policy.decide() is StartReason.FINAL
 
 
+def test_an_answered_final_starts_nothing_and_later_words_still_count():
+    policy, clock = make_policy()
+    policy.on_partial("u1", "what is the capital of France")
+    assert policy.decide() is StartReason.FIRST_TEXT
+    clock.now = 0.5
+    # The session found the running stream started from these very words.
+    policy.on_final("u1", "What is the capital of France?", answered=True)
+    assert policy.user_words == 6
+    assert policy.decide() is None
+    clock.now = 1.0
+    assert policy.decide() is None  # not later either
+    policy.on_partial("u2", "And Spain")
+    assert policy.decide() is StartReason.NEW_WORDS  # counted from the last start
+
+
+def test_an_answered_final_leaves_an_earlier_pending_final_pending():
+    policy, clock = make_policy(max_starts=1)
+    policy.on_partial("u1", "hello")
+    assert policy.decide() is StartReason.FIRST_TEXT
+    policy.on_final("u1", "hello there")  # held back by the start limit ...
+    assert policy.decide() is None
+    policy.on_final("u2", "yes", answered=True)
+    clock.now = 2.0
+    assert policy.decide() is StartReason.FINAL  # ... and still due
+
+
 def test_blank_final_starts_nothing():
     policy, _clock = make_policy()
     policy.on_final("u1", "  ")

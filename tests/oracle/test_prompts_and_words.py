@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kame_common.words import normalize_words
 from services.oracle.prompts import (
     AGENT,
     GEMMA_HEADER,
@@ -38,6 +39,13 @@ def test_joined_pieces_give_back_the_text():
     text = " Tokyo is   the capital\nof Japan, and Kyoto was before it."
     chunks = [text[i : i + 3] for i in range(0, len(text), 3)]
     assert " ".join(cut(chunks)) == " ".join(text.split())
+
+
+def test_finals_and_sources_compare_words_without_case_or_punctuation():
+    assert normalize_words("What's the U.S.  capital?") == ("what's", "the", "us", "capital")
+    assert normalize_words("what's the US capital") == ("what's", "the", "us", "capital")
+    assert normalize_words("twelve-four ... ok") == ("twelvefour", "ok")
+    assert normalize_words("What is it?") != normalize_words("What is it now?")
 
 
 def test_build_turns_merges_speakers_and_adds_the_current_text():

@@ -17,6 +17,10 @@ def _config(**fields) -> stt_pb2.TranscribeRequest:
     return stt_pb2.TranscribeRequest(config=stt_pb2.SttConfig(session_id="bad-input", **fields))
 
 
+def _end_of_turn(speech_end_s: float) -> stt_pb2.TranscribeRequest:
+    return stt_pb2.TranscribeRequest(end_of_turn=stt_pb2.EndOfTurn(speech_end_s=speech_end_s))
+
+
 async def _status_of(stub, requests: list[stt_pb2.TranscribeRequest]) -> grpc.aio.AioRpcError:
     async def feed():
         for request in requests:
@@ -58,6 +62,21 @@ async def _status_of(stub, requests: list[stt_pb2.TranscribeRequest]) -> grpc.ai
             "a second config",
             lambda f: [_config(), f(SILENT_FRAME, 0), _config()],
             "got a second config",
+        ),
+        (
+            "an end of turn before the config",
+            lambda f: [_end_of_turn(1.0)],
+            "must be an SttConfig (config), then audio frames; got end_of_turn",
+        ),
+        (
+            "a negative speech end",
+            lambda f: [_config(), f(SILENT_FRAME, 0), _end_of_turn(-0.5)],
+            "end_of_turn.speech_end_s must be seconds into the stream (>= 0), got -0.5",
+        ),
+        (
+            "a speech end that is not a number",
+            lambda f: [_config(), _end_of_turn(float("nan"))],
+            "end_of_turn.speech_end_s must be seconds into the stream (>= 0), got nan",
         ),
         (
             "negative partial interval",

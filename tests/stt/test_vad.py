@@ -54,3 +54,12 @@ def test_speech_inside_the_pause_cancels_it_and_in_between_keeps_it():
     assert segmenter.pause_start_s == pytest.approx(17 * WINDOW_S)
     assert segmenter.push(_windows("....")) == []
     assert segmenter.push(_windows(".")) == [VadEvent("end", 17 * WINDOW_S)]
+
+
+def test_an_outside_end_of_speech_lets_the_next_speech_start_anew():
+    segmenter = Segmenter(threshold=0.5, endpoint_silence_s=10 * WINDOW_S)
+    assert segmenter.push(_windows("sss..")) == [VadEvent("start", 0.0)]
+    segmenter.end_speech()  # the caller's turn ended before the endpoint pause
+    assert not segmenter.speaking and segmenter.pause_start_s is None
+    assert segmenter.push(_windows("." * 20)) == []  # no late end for the ended speech
+    assert segmenter.push(_windows("s")) == [VadEvent("start", 25 * WINDOW_S)]

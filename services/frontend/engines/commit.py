@@ -70,6 +70,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from kame_common.words import normalize_word, normalize_words
 from services.frontend import metrics
 from services.frontend.engines.base import DEFAULT_HOLD_MAX_S, CandidateSource, Transcript
 
@@ -81,15 +82,6 @@ MAX_PHRASE_WORDS = 12
 MID_PHRASE_QUEUED_S = 1.5  # below this much queued audio, phrases stay mid-sized
 LOW_WATER_S = 0.5  # an unfinished phrase is said once less audio than this is queued
 _CLAUSE_END = re.compile(r"[.,!?;:]['\")\]]*$")
-
-
-def normalize_word(word: str) -> str:
-    """Lower case without punctuation: how words are compared."""
-    return re.sub(r"[^\w']", "", word.lower())
-
-
-def normalize_words(text: str) -> tuple[str, ...]:
-    return tuple(w for w in (normalize_word(word) for word in text.split()) if w)
 
 
 class Floor(enum.Enum):

@@ -1,0 +1,201 @@
+"""What each candidate carries and when a final restarts the LLM.
+
+- A RESET carries the candidate's first whole words and its source (the caller's
+  utterance it answers) in one message; a stream without words sends no RESET.
+- A final whose words equal the source of the generation in flight, or of the one
+  that just finished, keeps that generation; any other final restarts at once,
+  without waiting for the poll tick.
+
+A local OpenAI-compatible server (chat completions) plays scripted answers, so
+the chunking and the timing of each stream are known exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from prometheus_client import REGISTRY
+
+from kamepb import common_pb2, oracle_pb2
+
+Event = oracle_pb2.OracleEvent
+Update = common_pb2.OracleUpdate
+QUESTION = "What is the capital of France?"
+
+
+def finals_kept() -> float:
+    return REGISTRY.get_sample_value("kame_oracle_finals_kept_total") or 0.0
+
+
+def scripted_chat(*answers: list[str], hold: asyncio.Event | None = None):
+    """A /v1/chat/completions handler that streams `answers[n]` (chunks) on the n-th
+    request (the last repeats); "<error>" answers HTTP 500. With `hold`, the first
+    request stops after its first chunk until `hold` is set."""
+    script = list(answers)
+
+    async def handle(_request, respond):
+        chunks = script.pop(0) if len(script) > 1 else script[0]
+        if chunks == ["<error>"]:
+            await respond.json(500, {"error": {"message": "boom", "type": "server"}})
+            return
+        if hold is not None and not hold.is_set():
+            await respond.start_sse()
+            await respond.sse(chat_chunk(chunks[0]))
+            await hold.wait()
+            for chunk in chunks[1:]:
+                await respond.sse(chat_chunk(chunk))
+            await respond.sse("[DONE]")
+            return
+        await respond.openai_chat(chunks)
+
+    return handle
+
+
+def chat_chunk(text: str) -> dict:
+    return {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "stub-model",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
+
+
+async def open_client(handler, oracle_service, guide_client, stub_http, session_id, poll_s=0.05):
+    _server, url = await stub_http({("POST", "/v1/chat/completions"): handler})
+    runtime = await oracle_service(base_url=f"{url}/v1", model="stub-model")
+    client = guide_client(runtime.port)
+    await client.config(
+        session_id=session_id, policy=oracle_pb2.OraclePolicy(poll_interval_s=poll_s)
+    )
+    return client
+
+
+def of_generation(client, generation: int) -> list[tuple[str, int]]:
+    """(message kind, event kind or update op) of one generation, in arrival order."""
+    return [
+        ("event", r.event.kind) if r.HasField("event") else ("update", r.update.op)
+        for r in client.responses
+        if (r.event.generation if r.HasField("event") else r.update.generation) == generation
+    ]
+
+
+async def test_the_reset_carries_the_first_whole_words_and_the_source(
+    oracle_service, guide_client, stub_http, session_id
+):
+    # The first chunk is half a word: nothing goes out until the word is whole.
+    handler = scripted_chat([" Par", "is", " is the", " capital", "."])
+    client = await open_client(handler, oracle_service, guide_client, stub_http, session_id)
+    await client.user("What is the capital  of", utterance_id="u7")
+    await client.wait_event(Event.DONE, 1, timeout_s=10)
+
+    client.assert_update_protocol()
+    assert [(u.op, u.text) for u in client.updates()] == [
+        (Update.RESET, "Paris is"),  # one message: the anchor and its first words
+        (Update.APPEND, "the"),
+        (Update.APPEND, "capital."),
+    ]
+    assert client.reset(1).source == common_pb2.CandidateSource(
+        utterance_id="u7", is_final=False, text="What is the capital of"
+    )
+    assert of_generation(client, 1) == [
+        ("event", Event.REQUEST_START),
+        ("event", Event.FIRST_TOKEN),
+        ("update", Update.RESET),
+        ("update", Update.APPEND),
+        ("update", Update.APPEND),
+        ("event", Event.DONE),
+    ]
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_a_one_word_answer_resets_at_the_end_and_a_blank_one_not_at_all(
+    oracle_service, guide_client, stub_http, session_id
+):
+    handler = scripted_chat(["Paris."], ["  ", "\n"])
+    client = await open_client(handler, oracle_service, guide_client, stub_http, session_id)
+    await client.user(QUESTION, final=True)
+    await client.wait_event(Event.DONE, 1, timeout_s=10)
+    await client.user("And of Spain?", final=True, utterance_id="u2")
+    await client.wait_event(Event.DONE, 2, timeout_s=10)
+
+    updates = client.updates()
+    assert [(u.op, u.generation, u.text) for u in updates] == [(Update.RESET, 1, "Paris.")]
+    assert updates[0].source == common_pb2.CandidateSource(
+        utterance_id="u1", is_final=True, text=QUESTION
+    )
+    assert client.events(Event.FIRST_TOKEN) != [] and client.events(Event.ERROR) == []
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_a_final_with_the_words_of_the_finished_generation_keeps_it(
+    oracle_service, guide_client, stub_http, session_id
+):
+    handler = scripted_chat(["Paris is the capital."])
+    client = await open_client(handler, oracle_service, guide_client, stub_http, session_id)
+    kept_before = finals_kept()
+    await client.user("what is the capital of France")
+    await client.wait_event(Event.DONE, 1, timeout_s=10)
+    # The final differs only in case and punctuation: generation 1 already answers it.
+    await client.user(QUESTION, final=True)
+    await asyncio.sleep(0.5)  # ten poll ticks
+    assert [e.generation for e in client.events(Event.REQUEST_START)] == [1]
+    assert finals_kept() == kept_before + 1
+
+    await client.user("And of Spain?", final=True, utterance_id="u2")  # other words: restart
+    start = await client.wait_event(Event.REQUEST_START, 2, timeout_s=10)
+    assert start.detail.endswith("And of Spain?")
+    await client.wait_event(Event.DONE, 2, timeout_s=10)
+    assert client.reset(2).source.is_final
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_a_final_with_the_words_of_the_generation_in_flight_keeps_it(
+    oracle_service, guide_client, stub_http, session_id
+):
+    hold = asyncio.Event()
+    handler = scripted_chat(["Paris", " is the capital."], hold=hold)
+    client = await open_client(handler, oracle_service, guide_client, stub_http, session_id)
+    kept_before = finals_kept()
+    await client.user("What is the capital of France")
+    await client.wait_event(Event.FIRST_TOKEN, 1, timeout_s=10)
+    await client.user(QUESTION, final=True)  # generation 1 is still streaming
+    await asyncio.sleep(0.5)
+    assert client.events(Event.CANCELLED) == []
+    assert [e.generation for e in client.events(Event.REQUEST_START)] == [1]
+    assert finals_kept() == kept_before + 1
+    hold.set()
+    await client.wait_event(Event.DONE, 1, timeout_s=10)
+    assert client.answer(1) == "Paris is the capital."
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_a_final_after_a_failed_generation_restarts(
+    oracle_service, guide_client, stub_http, session_id
+):
+    handler = scripted_chat(["<error>"], ["Paris."])
+    client = await open_client(handler, oracle_service, guide_client, stub_http, session_id)
+    await client.user("What is the capital of France")
+    await client.wait_event(Event.ERROR, 1, timeout_s=10)
+    await client.user(QUESTION, final=True)  # same words, but generation 1 has no answer
+    await client.wait_event(Event.DONE, 2, timeout_s=10)
+    assert client.answer(2) == "Paris."
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_a_final_starts_a_stream_without_waiting_for_the_poll_tick(
+    oracle_service, guide_client, stub_http, session_id
+):
+    handler = scripted_chat(["Paris."])
+    client = await open_client(
+        handler, oracle_service, guide_client, stub_http, session_id, poll_s=60.0
+    )
+    await client.user("What is the capital", utterance_id="u1")
+    await client.user(QUESTION, final=True, utterance_id="u1")
+    # The first tick would come a minute after the config; the final does not wait for it.
+    start = await client.wait_event(Event.REQUEST_START, 1, timeout_s=20)
+    assert start.detail == QUESTION
+    await client.wait_event(Event.DONE, 1, timeout_s=20)
+    assert client.answer(1) == "Paris."
+    assert await client.finish() == grpc.StatusCode.OK
