@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -26,3 +27,17 @@ async def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+def words_of(text: str) -> list[str]:
+    """Lower-case words without punctuation."""
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+def word_recall(expected: str, heard: str) -> float:
+    """The share of `expected`'s distinct words that are in `heard`. Speech
+    recognition of synthesized audio on a loaded CPU mishears a word now and then
+    (Whisper tiny.en hears piper's "Paris" as "Harris"), so tests that check what
+    was recognized compare a share against a threshold, never one exact word."""
+    wanted = set(words_of(expected))
+    return len(wanted & set(words_of(heard))) / len(wanted) if wanted else 1.0

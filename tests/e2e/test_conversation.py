@@ -29,6 +29,7 @@ from tests.e2e.conftest import (
     session_tasks,
     wait_until,
 )
+from tests.support import word_recall, words_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -76,31 +77,28 @@ async def upstreams_idle(stack, timeout_s: float = 10.0) -> None:
 
 
 async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
-    question = speak(QUESTION)
-    # Whisper tiny.en sometimes hears piper's "Paris" as "Harris" (piper's output
-    # varies from call to call): the caller asks once more before the test fails.
-    for _attempt in range(2):
-        result = await talk(
-            question,
-            TalkOptions(gateway=stack.gateway.address, mode="tandem", tail_s=1.5, max_wait_s=25.0),
-        )
-        heard = await asyncio.to_thread(transcribe, result.agent)
-        if "paris" in heard:
-            break
+    result = await talk(
+        speak(QUESTION),
+        TalkOptions(gateway=stack.gateway.address, mode="tandem", tail_s=1.5, max_wait_s=25.0),
+    )
     assert result.status == "OK", result.status_details
     session_id = result.started["session_id"]
-    assert result.started["frontend_replica"] == f"127.0.0.1:{stack.frontend.port}"
+    assert result.started["frontend_replica"] == stack.frontend.settings.replica_id
 
-    # The caller's words came back as the final transcript.
-    assert {"what", "capital", "france"} <= words(result.user_transcript)
-    # The oracle streamed candidate answers (RESET, then APPENDs with text).
-    kinds = [e["type"] for e in result.events]
-    assert "oracle_reset" in kinds and "oracle_append" in kinds
-    # The agent spoke, and what it said is Paris.
+    # The caller's words came back as the final transcript (Whisper may mishear one).
+    assert word_recall(QUESTION, result.user_transcript) >= 0.6, result.user_transcript
+    # The oracle streamed candidate answers: a RESET carries the first words and
+    # what they answer.
+    resets = [e for e in result.events if e["type"] == "oracle_reset"]
+    assert resets and all(e["text"] for e in resets), resets
+    # The agent said Paris (its own account of its words: no speech recognition),
+    # and its audio carries those words (heard back by Whisper, which may mishear some).
     speaking = [e for e in result.events if e["type"] == "agent_audio_start"]
     assert speaking, "the agent never started speaking"
     assert rms_dbfs(result.agent) > -40.0
-    assert "paris" in heard, f"the agent said {heard!r} (agent text {result.agent_text!r})"
+    assert "paris" in words_of(result.agent_text), result.agent_text
+    heard = await asyncio.to_thread(transcribe, result.agent)
+    assert word_recall(result.agent_text, heard) >= 0.5, (result.agent_text, heard)
     # Latency, measured at the client and summarized by the gateway (how fast is
     # for the benchmark; here: both exist and are sane).
     assert result.response_latency_s is not None and 0 < result.response_latency_s < 20
@@ -114,7 +112,7 @@ async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
     turns = await conversation(stack.redis_url, session_id)
     user_turns = [t["text"] for t in turns if t["role"] == "user"]
     agent_turns = [t["text"] for t in turns if t["role"] == "agent"]
-    assert any({"capital", "france"} <= words(t) for t in user_turns), turns
+    assert any(word_recall("capital France", t) >= 0.5 for t in user_turns), turns
     assert agent_turns and "paris" in " ".join(agent_turns).lower(), turns
 
     # /metrics: the per-frame and response-latency histograms have samples.
@@ -160,8 +158,8 @@ async def test_two_concurrent_sessions_do_not_cross(stack, speak):
     )
     assert first.status == second.status == "OK"
     assert first.started["session_id"] != second.started["session_id"]
-    assert {"france"} <= words(first.user_transcript)
-    assert {"spider", "legs"} <= words(second.user_transcript)
+    assert word_recall(QUESTION, first.user_transcript) >= 0.6, first.user_transcript
+    assert word_recall(SECOND_QUESTION, second.user_transcript) >= 0.6, second.user_transcript
     assert not words(first.user_transcript) & {"spider", "legs"}
     assert not words(second.user_transcript) & {"france", "capital"}
     for result in (first, second):  # each caller got exactly its own stream of frames back
@@ -169,8 +167,9 @@ async def test_two_concurrent_sessions_do_not_cross(stack, speak):
     logs = [await conversation(stack.redis_url, r.started["session_id"]) for r in (first, second)]
     first_user = " ".join(t["text"] for t in logs[0] if t["role"] == "user")
     second_user = " ".join(t["text"] for t in logs[1] if t["role"] == "user")
-    assert "france" in words(first_user) and not words(first_user) & {"spider", "legs"}
-    assert "spider" in words(second_user) and not words(second_user) & {"france"}
+    assert word_recall(QUESTION, first_user) >= 0.6 and not words(first_user) & {"spider", "legs"}
+    assert word_recall(SECOND_QUESTION, second_user) >= 0.6
+    assert not words(second_user) & {"france"}
     await upstreams_idle(stack)
 
 
@@ -248,7 +247,7 @@ async def test_bad_input_gets_a_clear_status_while_others_are_served(stack, spea
 
     result = await good  # the well-behaved caller never noticed
     assert result.status == "OK"
-    assert {"capital", "france"} <= words(result.user_transcript)
+    assert word_recall(QUESTION, result.user_transcript) >= 0.6, result.user_transcript
     assert any(e["type"] == "agent_audio_start" for e in result.events)
     await upstreams_idle(stack)
 
@@ -372,7 +371,7 @@ async def test_s2s_runs_without_oracle_and_the_gateway_logs_the_conversation(sta
     assert not call.of("oracle_update")
     turns = await conversation(stack.redis_url, call.session_id)
     assert [t["role"] for t in turns] == ["user", "agent"], turns
-    assert {"capital", "france"} <= words(turns[0]["text"])
+    assert word_recall(QUESTION, turns[0]["text"]) >= 0.6, turns
     assert words(turns[1]["text"]) == {"let", "me", "think", "about", "that"}
 
 
