@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 from redis.exceptions import RedisError
@@ -75,7 +76,7 @@ class CapacityPublisher:
         self._registry = store.CapacityRegistry(self._client, "frontend", secret=secret)
         self._wake = asyncio.Event()
         self._closing = False
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self, address: str) -> None:
         """Publish `address` (host:port the gateway dials) from now on."""
@@ -129,7 +130,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
     async def Stream(  # noqa: N802 (gRPC method name)
         self,
         request_iterator: AsyncIterator[frontend_pb2.FrontendRequest],
-        context: grpc.aio.ServicerContext,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[frontend_pb2.FrontendResponse]:
         async with self._runtime.session(context):
             first = await anext(request_iterator, None)
@@ -171,7 +172,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 self._capacity.changed()
 
     async def _session_params(
-        self, request: frontend_pb2.FrontendRequest, context: grpc.aio.ServicerContext
+        self, request: frontend_pb2.FrontendRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> SessionParams:
         kind = request.WhichOneof("msg")
         if kind != "config":
@@ -225,7 +226,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         )
 
     async def _open_session(
-        self, params: SessionParams, context: grpc.aio.ServicerContext
+        self, params: SessionParams, context: grpc.aio.ServicerContext[Any, Any]
     ) -> EngineSession:
         try:
             session = await self._engine.open_session(params)
@@ -240,7 +241,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         self,
         session: EngineSession,
         frame: common_pb2.AudioFrame,
-        context: grpc.aio.ServicerContext,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> list[frontend_pb2.FrontendResponse]:
         received_time_us = time.time_ns() // 1000
         try:
@@ -289,7 +290,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         self,
         session: EngineSession,
         update: common_pb2.OracleUpdate,
-        context: grpc.aio.ServicerContext,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> None:
         if update.op == common_pb2.OracleUpdate.RESET:
             source = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-import numpy as np
+from kame_common.audio import Samples
 
 DEFAULT_HOLD_MAX_S = 3.0
 
@@ -75,7 +75,7 @@ class SpokenWord:
 
 @dataclass
 class StepOutput:
-    pcm: np.ndarray  # float32, exactly FRAME_SAMPLES at 24 kHz
+    pcm: Samples  # exactly FRAME_SAMPLES at 24 kHz
     speaking: bool  # False when the frame is silence
     words: list[SpokenWord] = field(default_factory=list)  # words that start in this frame
     # Set when the engine's turn detector ended the caller's turn on this frame:
@@ -87,7 +87,7 @@ class EngineSession(abc.ABC):
     slot: int = -1  # the batch slot, for engines that batch sessions
 
     @abc.abstractmethod
-    async def step(self, frame: np.ndarray) -> StepOutput:
+    async def step(self, frame: Samples) -> StepOutput:
         """Consume one caller frame (float32, FRAME_SAMPLES), return one agent frame."""
 
     @abc.abstractmethod

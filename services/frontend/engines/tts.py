@@ -58,11 +58,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
+from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, Samples
 from kame_common.models import piper_voice_path
 from kame_common.voice import Voice, load_voice
 from services.frontend import metrics
@@ -104,11 +103,11 @@ class WordSpan:
 
 @dataclass
 class Phrase:
-    audio: np.ndarray
+    audio: Samples
     words: list[WordSpan]
 
 
-def voiced_bounds(audio: np.ndarray) -> tuple[int, int]:
+def voiced_bounds(audio: Samples) -> tuple[int, int]:
     """First and last sample of the phrase's sound (10 ms energy envelope)."""
     windows = len(audio) // ENVELOPE_WINDOW
     if windows == 0:
@@ -122,7 +121,7 @@ def voiced_bounds(audio: np.ndarray) -> tuple[int, int]:
     return int(loud[0]) * ENVELOPE_WINDOW, (int(loud[-1]) + 1) * ENVELOPE_WINDOW
 
 
-def shape_phrase(audio: np.ndarray, words: list[str]) -> Phrase:
+def shape_phrase(audio: Samples, words: list[str]) -> Phrase:
     """Trim the synthesized phrase to LEAD_IN_S + sound + a pause fitting its last
     punctuation, and spread its words over the sound by character count."""
     start, end = voiced_bounds(audio)
@@ -154,15 +153,15 @@ class SynthesisWorker:
     queued to say) before the rest, each in submission order."""
 
     def __init__(self) -> None:
-        self._jobs: queue.PriorityQueue[tuple[int, int, Callable[[], Any] | None, Future]] = (
-            queue.PriorityQueue()
-        )
+        self._jobs: queue.PriorityQueue[
+            tuple[int, int, Callable[[], Phrase] | None, Future[Phrase]]
+        ] = queue.PriorityQueue()
         self._order = itertools.count()
         self._thread = threading.Thread(target=self._run, name="tts-synthesis", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Callable[[], Any], urgent: bool) -> Future:
-        future: Future = Future()
+    def submit(self, job: Callable[[], Phrase], urgent: bool) -> Future[Phrase]:
+        future: Future[Phrase] = Future()
         self._jobs.put((0 if urgent else 1, next(self._order), job, future))
         return future
 
@@ -191,7 +190,7 @@ class SynthesisWorker:
 
 @dataclass
 class Rendered:
-    pcm: np.ndarray  # one frame
+    pcm: Samples  # one frame
     words: list[SpokenWord]  # the words that start in it
     filled: int  # samples of it that came from phrases (the rest is silence)
     started: list[Line]  # lines whose audio began in it, in order
@@ -279,7 +278,7 @@ class TtsSession(EngineSession):
         self._frame_index = 0
         self._closed = False
 
-    async def step(self, frame: np.ndarray) -> StepOutput:
+    async def step(self, frame: Samples) -> StepOutput:
         event = self._turns.push(frame)
         turn_end_s = None
         if event is TurnEvent.SPEECH_START:

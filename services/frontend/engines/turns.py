@@ -25,9 +25,7 @@ import enum
 import math
 from collections import deque
 
-import numpy as np
-
-from kame_common.audio import FRAME_SECONDS, rms_dbfs
+from kame_common.audio import FRAME_SECONDS, Samples, rms_dbfs
 
 # Levels below this are treated as this (digital silence is -inf dBFS).
 _LEVEL_FLOOR_DB = -100.0
@@ -49,7 +47,7 @@ class LevelVad:
         self.margin_db = margin_db
         self._levels: deque[float] = deque(maxlen=max(1, round(floor_window_s / FRAME_SECONDS)))
 
-    def voiced(self, frame: np.ndarray) -> bool:
+    def voiced(self, frame: Samples) -> bool:
         level = max(rms_dbfs(frame), _LEVEL_FLOOR_DB)
         self._levels.append(level)
         noise_floor = min(self._levels)
@@ -73,7 +71,7 @@ class TurnDetector:
         self._voiced_run = 0
         self._silent_run = 0
 
-    def push(self, frame: np.ndarray) -> TurnEvent:
+    def push(self, frame: Samples) -> TurnEvent:
         self._frames += 1
         if self.vad.voiced(frame):
             self._voiced_run += 1

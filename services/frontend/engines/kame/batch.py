@@ -24,14 +24,14 @@ import torch
 from moshi.models.compression import MimiModel
 from moshi.models.lm import LMGen
 
-from kame_common.audio import FRAME_SAMPLES
+from kame_common.audio import FRAME_SAMPLES, Samples
 from services.frontend.engines.kame.oracle import KameLMModel, OracleFeed
 
 
 @dataclass
 class SlotOutput:
     tokens: list[int] | None  # [text, agent audio codes...]; None while the acoustic delay fills
-    pcm: np.ndarray | None  # float32 FRAME_SAMPLES of agent audio; None when tokens is None
+    pcm: Samples | None  # FRAME_SAMPLES of agent audio; None when tokens is None
 
 
 class SlotBatch:
@@ -107,7 +107,7 @@ class SlotBatch:
         out = self._step_lm(codes, self._mask(user_codes))
         return {slot: self._tokens(out[slot]) for slot in user_codes}
 
-    def step_audio(self, frames: Mapping[int, np.ndarray]) -> dict[int, SlotOutput]:
+    def step_audio(self, frames: Mapping[int, Samples]) -> dict[int, SlotOutput]:
         """One 80 ms step for the given slots: Mimi encode, LM step, Mimi decode."""
         if self._mimi is None:
             raise RuntimeError("step_audio needs Mimi; this batch was built without it")
@@ -137,16 +137,18 @@ class SlotBatch:
             ]
             self.lm.set_oracle_tokens(torch.tensor(oracle, dtype=torch.long))
         out = self._gen.step(user_codes)
+        assert out is not None  # support_out_of_sync: never None (rows without output hold -1)
         for slot in torch.nonzero(active).flatten().tolist():
             self._steps[slot] += 1
         return out[:, :, 0]
 
-    def _decode(self, out: torch.Tensor, has_output: torch.Tensor) -> np.ndarray:
+    def _decode(self, out: torch.Tensor, has_output: torch.Tensor) -> Samples:
         assert self._mimi is not None
         self._mimi.set_exec_mask(has_output)
         # Rows without output are masked out; zeros only keep the lookup in range.
         agent_codes = out[:, 1 : 1 + self.lm.dep_q].clamp(min=0)[:, :, None]
-        return self._mimi.decode(agent_codes)[:, 0].float().cpu().numpy()
+        agent_audio: torch.Tensor = self._mimi.decode(agent_codes)  # [slots, 1, FRAME_SAMPLES]
+        return agent_audio[:, 0].float().cpu().numpy()
 
     def _mask(self, slots: Iterable[int]) -> torch.Tensor:
         mask = torch.zeros(self.slots, dtype=torch.bool)

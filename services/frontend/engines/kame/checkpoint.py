@@ -56,7 +56,9 @@ class Checkpoint:
 
     @property
     def user_codebooks(self) -> int:
-        return self.lm_kwargs["n_q"] - self.lm_kwargs["dep_q"]
+        codebooks: int = self.lm_kwargs["n_q"]
+        agent_codebooks: int = self.lm_kwargs["dep_q"]
+        return codebooks - agent_codebooks
 
     def sampling_params(self) -> dict[str, Any]:
         """LMGen sampling parameters from `lm_gen_config` (moshi's defaults otherwise)."""

@@ -37,12 +37,12 @@ import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 import sentencepiece
 
-from kame_common.audio import FRAME_SAMPLES, rms_dbfs
+from kame_common.audio import FRAME_SAMPLES, Samples, rms_dbfs
 from services.frontend.engines.base import (
     CandidateSource,
     Engine,
@@ -59,6 +59,15 @@ DEFAULT_TICK_DEADLINE_S = 0.02
 SPEAKING_DBFS = -50.0
 
 
+class ModelSettings(Protocol):
+    """The settings `KameEngine.from_config` reads (FrontendSettings has them)."""
+
+    checkpoint: str
+    device: str
+    dtype: str
+    batch_slots: int
+
+
 @dataclass
 class _OracleOp:
     tokens: list[int] | None  # None: RESET
@@ -66,14 +75,14 @@ class _OracleOp:
 
 @dataclass
 class _Pending:
-    frame: np.ndarray
-    future: asyncio.Future
+    frame: Samples
+    future: asyncio.Future[SlotOutput]
 
 
 @dataclass
 class _SlotWork:
     slot: int
-    frame: np.ndarray
+    frame: Samples
     reset: bool
     oracle_ops: list[_OracleOp] = field(default_factory=list)
 
@@ -94,7 +103,7 @@ class KameSession(EngineSession):
             else None
         )
 
-    async def step(self, frame: np.ndarray) -> StepOutput:
+    async def step(self, frame: Samples) -> StepOutput:
         if self._closed:
             raise RuntimeError(f"session {self.session_id} is closed")
         frame = np.asarray(frame, dtype=np.float32)
@@ -135,7 +144,7 @@ class KameSession(EngineSession):
             self._closed = True
             self._engine._release(self)
 
-    def _take_work(self, frame: np.ndarray) -> _SlotWork:
+    def _take_work(self, frame: Samples) -> _SlotWork:
         work = _SlotWork(self.slot, frame, self._needs_reset, self._oracle_ops)
         self._needs_reset = False
         self._oracle_ops = []
@@ -145,7 +154,7 @@ class KameSession(EngineSession):
         frame_index = self._frame_index
         self._frame_index += 1
         if output.pcm is None:
-            pcm = np.zeros(FRAME_SAMPLES, dtype=np.float32)
+            pcm: Samples = np.zeros(FRAME_SAMPLES, dtype=np.float32)
             speaking = False
         else:
             pcm = output.pcm.astype(np.float32, copy=False)
@@ -184,16 +193,15 @@ class KameEngine(Engine):
         self._model_thread = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"{self.name}-model"
         )
-        self._ticker: asyncio.Task | None = None
+        self._ticker: asyncio.Task[None] | None = None
         self._frame_arrived: asyncio.Event | None = None
         self._closed = False
 
     @classmethod
-    def from_config(cls, config: Any, with_oracle: bool) -> KameEngine:
+    def from_config(cls, config: ModelSettings, with_oracle: bool) -> KameEngine:
         """Load the checkpoint named by config.checkpoint (blocking: seconds to minutes).
 
-        Uses config.checkpoint, device, dtype and batch_slots; sampling parameters
-        come from the checkpoint's lm_gen_config."""
+        Sampling parameters come from the checkpoint's lm_gen_config."""
         if not config.checkpoint:
             raise checkpoint.CheckpointError(
                 "engines kame and moshi need a checkpoint: a directory in the Hugging Face "
@@ -257,11 +265,11 @@ class KameEngine(Engine):
         self._frame_arrived = asyncio.Event()
         self._ticker = loop.create_task(self._tick_forever(), name=f"{self.name}-ticker")
 
-    async def _submit(self, slot: int, frame: np.ndarray) -> SlotOutput:
+    async def _submit(self, slot: int, frame: Samples) -> SlotOutput:
         if slot in self._pending:
             raise RuntimeError(f"slot {slot} already has a frame waiting for its tick")
         self._ensure_ticker()
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[SlotOutput] = asyncio.get_running_loop().create_future()
         self._pending[slot] = _Pending(frame, future)
         assert self._frame_arrived is not None
         self._frame_arrived.set()
@@ -316,9 +324,9 @@ class KameEngine(Engine):
             if self._pending:
                 arrived.set()
 
-    def _collect_work(self) -> tuple[list[_SlotWork], dict[int, asyncio.Future]]:
+    def _collect_work(self) -> tuple[list[_SlotWork], dict[int, asyncio.Future[SlotOutput]]]:
         work: list[_SlotWork] = []
-        futures: dict[int, asyncio.Future] = {}
+        futures: dict[int, asyncio.Future[SlotOutput]] = {}
         stepped: list[KameSession] = []
         for slot, pending in list(self._pending.items()):
             session = self._sessions[slot]

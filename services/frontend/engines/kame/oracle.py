@@ -23,8 +23,10 @@ Where the oracle token comes from:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from moshi.conditioners.base import ConditionTensors
 from moshi.models.lm import LMModel, LMOutput
 from moshi.models.lm_utils import ScaledEmbedding, _delay_sequence, _init_layer
 from moshi.modules.streaming import State
@@ -58,9 +60,9 @@ class KameLMModel(LMModel):
         *,
         norm_emb: bool = False,
         demux_second_text_stream: bool = False,
-        device=None,
-        dtype=None,
-        **kwargs,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
             norm_emb=norm_emb,
@@ -84,11 +86,14 @@ class KameLMModel(LMModel):
         self._forward_oracle: torch.Tensor | None = None
         self.text_emb.register_forward_hook(self._add_oracle_embedding)
 
-    def _add_oracle_embedding(self, _module, _args, text_embedding: torch.Tensor) -> torch.Tensor:
+    def _add_oracle_embedding(
+        self, _module: torch.nn.Module, _args: tuple[Any, ...], text_embedding: torch.Tensor
+    ) -> torch.Tensor:
         tokens = self._current_oracle_tokens()
         if tokens is None:
             return text_embedding
-        return text_embedding + self.oracle_emb(tokens)
+        oracle_embedding: torch.Tensor = self.oracle_emb(tokens)
+        return text_embedding + oracle_embedding
 
     def _current_oracle_tokens(self) -> torch.Tensor | None:
         if self._forward_oracle is not None:
@@ -119,7 +124,10 @@ class KameLMModel(LMModel):
         state.oracle_tokens[:, 0].copy_(tokens.to(state.oracle_tokens.device).repeat(repeats))
 
     def forward(
-        self, codes: torch.Tensor, condition_tensors=None, oracle_tokens: torch.Tensor | None = None
+        self,
+        codes: torch.Tensor,
+        condition_tensors: ConditionTensors | None = None,
+        oracle_tokens: torch.Tensor | None = None,
     ) -> LMOutput:
         """Teacher-forced training path; `oracle_tokens` is [B, T], aligned with `codes`."""
         if oracle_tokens is None or not self.oracle_enabled:
@@ -168,6 +176,7 @@ class OracleFeed:
         """Add tokens; returns how many of them are already too late to be fed."""
         if self._anchor is None:
             self.reset(next_step)
+        assert self._anchor is not None  # reset() anchors it
         start = len(self._tokens)
         self._tokens.extend(tokens)
         first_future_index = next_step - self._anchor
