@@ -313,6 +313,7 @@ class _Conversation:
                         "response_latency_s",
                         "stt_final_lag_s",
                         "oracle_first_update_s",
+                        "answer_latency_s",
                     )
                 }
                 self.result.turns.append(turn)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from kame_cli import bench, say, talk
+from kame_cli import say, talk
+from kame_cli.bench import conversation, metrics, questions, runs
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
 from kame_common.metrics import FRAME_BUCKETS
 
@@ -35,40 +36,42 @@ def exposition(values: list[float], mode: str = "tandem") -> str:
 def test_histogram_quantiles_follow_prometheus_interpolation():
     # 100 frames: 50 in (0.001, 0.0025], 49 in (0.0025, 0.005], one in (0.08, 0.1].
     values = [0.002] * 50 + [0.004] * 49 + [0.09]
-    parsed = bench.parse_histogram(exposition(values), bench.ROUND_TRIP_METRIC, {"mode": "tandem"})
+    parsed = metrics.parse_histogram(
+        exposition(values), metrics.ROUND_TRIP_METRIC, {"mode": "tandem"}
+    )
     assert parsed.count == 100
     assert parsed.total == pytest.approx(sum(values))
     assert parsed.quantile(0.5) == pytest.approx(0.0025)  # the 50th frame closes a bucket
     assert parsed.quantile(0.75) == pytest.approx(0.0025 + 0.0025 * 25 / 49)
     assert parsed.quantile(0.995) == pytest.approx(0.08 + 0.02 * 0.5)
-    assert bench.Histogram().quantile(0.5) is None
+    assert metrics.Histogram().quantile(0.5) is None
 
 
 def test_histogram_difference_keeps_only_what_happened_between_scrapes():
-    before = bench.parse_histogram(
-        exposition([0.002] * 10), bench.ROUND_TRIP_METRIC, {"mode": "tandem"}
+    before = metrics.parse_histogram(
+        exposition([0.002] * 10), metrics.ROUND_TRIP_METRIC, {"mode": "tandem"}
     )
-    after = bench.parse_histogram(
-        exposition([0.002] * 10 + [0.3] * 5), bench.ROUND_TRIP_METRIC, {"mode": "tandem"}
+    after = metrics.parse_histogram(
+        exposition([0.002] * 10 + [0.3] * 5), metrics.ROUND_TRIP_METRIC, {"mode": "tandem"}
     )
     delta = after - before
     assert delta.count == 5
     assert delta.quantile(0.5) == pytest.approx(0.25 + 0.25 * 2.5 / 5)
-    times = (bench.FrameTimes(delta, delta + delta, delta) - bench.FrameTimes()).summary()
+    times = (metrics.FrameTimes(delta, delta + delta, delta) - metrics.FrameTimes()).summary()
     assert times["round_trip_p50_s"] == pytest.approx(times["step_p50_s"])  # 10 frames, same p50
     assert times["transport_p99_s"] == pytest.approx(delta.quantile(0.99), abs=1e-5)
 
 
 def test_keywords_are_whole_words_with_alternatives():
-    assert bench.heard("A spider has 8 legs.", ("eight|8",))
-    assert bench.heard("Paris, of course! It's the capital.", ("paris", "capital"))
-    assert not bench.heard("Harris is the capital of France.", ("paris",))
-    assert not bench.heard("Parisian food", ("paris",))
+    assert questions.heard("A spider has 8 legs.", ("eight|8",))
+    assert questions.heard("Paris, of course! It's the capital.", ("paris", "capital"))
+    assert not questions.heard("Harris is the capital of France.", ("paris",))
+    assert not questions.heard("Parisian food", ("paris",))
 
 
 def test_runs_follow_the_checkpoint():
-    assert [r.label for r in bench.plan_runs("")] == ["tandem", "cascade"]
-    with_checkpoint = bench.plan_runs("/ckpt")
+    assert [r.label for r in runs.plan_runs("")] == ["tandem", "cascade"]
+    with_checkpoint = runs.plan_runs("/ckpt")
     assert [(r.label, r.engine) for r in with_checkpoint] == [
         ("tandem", "tts"),
         ("cascade", "tts"),
@@ -76,7 +79,7 @@ def test_runs_follow_the_checkpoint():
         ("s2s", "moshi"),
     ]
     with pytest.raises(ValueError, match=r"s2s.*need --checkpoint"):
-        bench.select_runs(bench.plan_runs(""), "tandem,s2s")
+        runs.select_runs(runs.plan_runs(""), "tandem,s2s")
 
 
 def test_question_file_takes_wavs_and_texts(tmp_path):
@@ -90,21 +93,21 @@ def test_question_file_takes_wavs_and_texts(tmp_path):
             ]
         )
     )
-    first, second = bench.load_questions(tmp_path / "q.json")
+    first, second = questions.load_questions(tmp_path / "q.json")
     assert len(first.audio) == SAMPLE_RATE and first.keywords == ("beep",)  # resampled to 24 kHz
     assert second.source == "piper" and len(second.audio) > SAMPLE_RATE
     (tmp_path / "bad.json").write_text(json.dumps([{"text": "hello"}]))
     with pytest.raises(ValueError, match="keywords"):
-        bench.load_questions(tmp_path / "bad.json")
+        questions.load_questions(tmp_path / "bad.json")
 
 
 def test_frame_lag_counts_from_when_the_caller_frame_was_due():
     result = talk.TalkResult(caller=np.zeros(0, np.float32), speech_start_s=None, speech_end_s=None)
     arrivals = [0.085, 0.17, 0.40]  # frames 0, 1, 2 were due at 0.08, 0.16, 0.24
     result.agent_t = [t + np.arange(1920) / SAMPLE_RATE for t in arrivals]
-    lags = bench.frame_lags(result)
+    lags = conversation.frame_lags(result)
     assert lags == pytest.approx([0.005, 0.01, 0.16])
-    stats = bench.frame_lag_stats(lags, late_s=FRAME_SECONDS)
+    stats = conversation.frame_lag_stats(lags, late_s=FRAME_SECONDS)
     assert stats["frames"] == 3 and stats["late_frames"] == 1
 
 
@@ -144,7 +147,7 @@ def test_one_question_one_run_through_the_stack(tmp_path):
     assert conversation["stt_final_lag_s"] > 0
     assert conversation["frames"] > 20 and conversation["step_p50_s"] is not None
     assert conversation["agent_transcript"], "the agent's audio should hold speech"
-    assert conversation["correct"] == bench.heard(conversation["agent_transcript"], ("paris",))
+    assert conversation["correct"] == questions.heard(conversation["agent_transcript"], ("paris",))
     row = report["summary"]["tandem"]
     assert (
         row["ok"] == 1 and row["response_latency_s"]["median"] == conversation["response_latency_s"]
