@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,6 +68,8 @@ def test_keywords_are_whole_words_with_alternatives():
     assert questions.heard("Paris, of course! It's the capital.", ("paris", "capital"))
     assert not questions.heard("Harris is the capital of France.", ("paris",))
     assert not questions.heard("Parisian food", ("paris",))
+    assert questions.heard("Twenty-four hours.", ("24|twenty four",))
+    assert not questions.heard("Twenty hours, four days.", ("24|twenty four",))
 
 
 def test_runs_follow_the_checkpoint():
@@ -111,10 +114,23 @@ def test_frame_lag_counts_from_when_the_caller_frame_was_due():
     assert stats["frames"] == 3 and stats["late_frames"] == 1
 
 
+ESPEAK_QUESTIONS = Path(__file__).resolve().parents[2] / "bench/questions/espeak/questions.json"
+QUESTION_TEXT = "What is the capital of Germany?"
+
+
+def word_recall(expected: str, heard_text: str) -> float:
+    """The share of `expected`'s words that `heard_text` holds."""
+    wanted, got = questions.words(expected), set(questions.words(heard_text))
+    return sum(word in got for word in wanted) / len(wanted)
+
+
 @pytest.mark.slow
 def test_one_question_one_run_through_the_stack(tmp_path):
-    question = "What is the capital of France?"
-    (tmp_path / "q.json").write_text(json.dumps([{"text": question, "keywords": ["paris"]}]))
+    """One espeak-ng question from the committed set, through the tandem run: the
+    stack's cold call, one measured call and a load level of two sessions."""
+    entry = next(e for e in json.loads(ESPEAK_QUESTIONS.read_text()) if e["text"] == QUESTION_TEXT)
+    entry["wav"] = str(ESPEAK_QUESTIONS.parent / entry["wav"])
+    (tmp_path / "q.json").write_text(json.dumps([entry]))
     command = [
         sys.executable,
         "-m",
@@ -133,25 +149,48 @@ def test_one_question_one_run_through_the_stack(tmp_path):
         "--name",
         "t",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=420)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     report = json.loads((tmp_path / "out" / "t.json").read_text())
     assert report["command"].startswith("python -m kame_cli bench --questions")
     assert report["machine"]["cores"] >= 1 and report["machine"]["cpu"]
+    keywords = tuple(entry["keywords"])
     (conversation,) = report["conversations"]
     assert conversation["status"] == "OK" and conversation["engine"] == "tts"
-    assert {"capital", "france"} <= set(conversation["user_transcript"].lower().strip("?").split())
+    # Whisper tiny.en on a robotic voice, on a busy machine: most words, not all.
+    assert word_recall(QUESTION_TEXT, conversation["user_transcript"]) >= 0.5
     assert conversation["response_latency_s"] is not None
     assert conversation["oracle_first_update_s"] is not None
     assert conversation["stt_final_lag_s"] > 0
     assert conversation["frames"] > 20 and conversation["step_p50_s"] is not None
     assert conversation["agent_transcript"], "the agent's audio should hold speech"
-    assert conversation["correct"] == questions.heard(conversation["agent_transcript"], ("paris",))
+    assert conversation["correct"] == questions.heard(conversation["agent_transcript"], keywords)
+    assert conversation["text_correct"] == questions.heard(conversation["agent_text"], keywords)
+    answer_words = [
+        e for e in conversation["events"] if e["type"] == "agent_text" and e["generation"] != 0
+    ]
+    if answer_words:  # the answer's first word cannot come before the first audio
+        assert conversation["answer_latency_s"] >= conversation["response_latency_s"] - 0.01
+        assert all(e["heard_t"] is not None for e in answer_words[:1])
+    else:
+        assert conversation["answer_latency_s"] is None
+    assert isinstance(conversation["coherent"], bool)
+    assert conversation["coherent"] == (conversation["coherence_note"] == "")
     row = report["summary"]["tandem"]
     assert (
         row["ok"] == 1 and row["response_latency_s"]["median"] == conversation["response_latency_s"]
     )
+    assert row["coherent"] == int(conversation["coherent"])
+
+    (cold,) = report["cold_calls"]
+    (cold_call,) = report["cold_conversations"]
+    assert cold["engine"] == "tts" and cold["run"] == "tandem" and cold_call["cold"]
+    assert cold["warm_calls"] == 1 and cold_call["session_id"] != conversation["session_id"]
+    if cold["response_latency_s"] is not None and conversation["response_latency_s"]:
+        assert cold["response_latency_vs_warm"] == pytest.approx(
+            cold["response_latency_s"] / conversation["response_latency_s"], abs=1e-3
+        )
 
     (level,) = report["load"]
     assert level["sessions"] == 2 and level["ok"] == 2
@@ -161,5 +200,6 @@ def test_one_question_one_run_through_the_stack(tmp_path):
     markdown = (tmp_path / "out" / "t.md").read_text()
     assert report["command"] in markdown and report["machine"]["cpu"] in markdown
     assert "| tandem | tts | 1/1 |" in markdown
+    assert "## Cold first call" in markdown
     for png in ("t.png", "t_timeline.png"):
         assert (tmp_path / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
