@@ -180,15 +180,18 @@ def _plot_load(axis: Any, levels: list[dict]) -> None:
     late.legend(loc="upper right", fontsize=8)
 
 
-def _latency_arrow(axis: Any, y: float, start: float, latency: float, name: str) -> None:
+def _latency_arrow(
+    axis: Any, y: float, start: float, latency: float, name: str, above: bool
+) -> None:
     axis.annotate(
         "", (start + latency, y), (start, y), arrowprops={"arrowstyle": "->", "color": "tab:purple"}
     )
     axis.text(
         start + latency / 2,
-        y + 0.02,
+        y + (0.02 if above else -0.02),
         f"{name} {latency:.2f} s",
         ha="center",
+        va="bottom" if above else "top",
         fontsize=8,
         color="tab:purple",
     )
@@ -255,12 +258,12 @@ def _plot_timelines(axis: Any, labels: list[str], records: list[dict]) -> None:
                 axis.plot(marks[key], y + 0.18, marker, color=color, ms=9, label=once(name))
         end = marks["speech_end_s"]
         if end is not None:
-            for key, offset, name in (
-                ("response_latency_s", -0.02, "first audio"),
-                ("answer_latency_s", -0.1, "answer"),
+            for key, offset, name, above in (
+                ("response_latency_s", 0.0, "first audio", True),
+                ("answer_latency_s", -0.06, "answer", False),
             ):
                 if record[key] is not None:
-                    _latency_arrow(axis, y + offset, end, record[key], name)
+                    _latency_arrow(axis, y + offset, end, record[key], name, above)
     axis.set_yticks(range(len(labels)), list(reversed(labels)))
     axis.set_ylim(-0.7, len(labels) - 0.3)
     axis.set_xlim(left=0)
