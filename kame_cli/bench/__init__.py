@@ -21,7 +21,9 @@ in several English voices, speeds and pitches; bench/make_questions.py).
 
 A call is `kame talk` (`kame_cli.talk.talk`): the question streamed at real
 time in 80 ms chunks, then silence until the agent has answered and been quiet
-for --tail-s. Measured per call (conversation.py, answer.py):
+for --tail-s (or --max-wait-s passed). Where the run has an oracle, only a word
+of an oracle generation counts as answering: a hold phrase alone does not end
+the call. Measured per call (conversation.py, answer.py):
 
 - first audio (the JSON's `response_latency_s`): the caller's end of speech
   (measured on the WAV) -> the first agent audio at the client; negative when

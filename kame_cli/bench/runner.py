@@ -86,6 +86,7 @@ class Bench:
             tail_s=self.args.tail_s,
             max_wait_s=self.args.max_wait_s,
             oracle_updates=True,  # coherence compares the agent's words with them
+            wait_for_answer=run.has_oracle,  # a hold phrase alone does not end the call
         )
 
     async def run(self) -> None:
