@@ -56,8 +56,11 @@ up: setup
 demo: setup
 	$(VENV)/bin/kame demo
 
+# The espeak-ng question set (voices other than the agent's piper voice);
+# `make bench BENCH_ARGS=` runs the six built-in piper questions instead.
+BENCH_ARGS ?= --questions bench/questions/espeak/questions.json --repeats 3
 bench: setup
-	$(VENV)/bin/kame bench
+	$(VENV)/bin/kame bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -36,10 +36,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from kame_common.audio import (  # noqa: E402
+from kame_common.audio import (
     FRAME_SAMPLES,
     FRAME_SECONDS,
     SAMPLE_RATE,
@@ -47,10 +44,12 @@ from kame_common.audio import (  # noqa: E402
     pcm16_to_float,
     rms_dbfs,
 )
-from kame_common.voice import load_voice  # noqa: E402
-from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc  # noqa: E402
-from services.frontend.config import FrontendSettings  # noqa: E402
-from services.frontend.server import serve  # noqa: E402
+from kame_common.voice import load_voice
+from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
+from services.frontend.config import FrontendSettings
+from services.frontend.server import serve
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PHRASES = {
     "3 words": "Tomorrow in Paris",

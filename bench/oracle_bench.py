@@ -33,8 +33,6 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from kame_cli import llm_server
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.config import ApiKeys, OracleSettings

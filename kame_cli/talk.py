@@ -71,6 +71,9 @@ class TalkOptions:
     tail_s: float = 2.0
     max_wait_s: float = 30.0
     oracle_updates: bool = True
+    # Done only once a word of an oracle generation was spoken, not a hold phrase
+    # (generation 0) that fills the wait for it; for modes with an oracle.
+    wait_for_answer: bool = False
     voice: str = ""
     auth_token: str = ""  # sent as 'authorization: Bearer <token>' metadata
     ca_file: str = ""  # non-empty: TLS, verifying the gateway's certificate with this CA
@@ -226,7 +229,8 @@ class _Conversation:
         self.chunk = max(1, int(options.chunk_ms * SAMPLE_RATE / 1000))
         self.t0 = 0.0
         self.speaking = False
-        self.answered = False
+        self.answered = False  # the agent spoke after the caller began
+        self.answer_spoken = False  # ... and said a word of an oracle generation
         self.last_speaking_t = 0.0
         self.agent_parts: list[np.ndarray] = []
 
@@ -259,7 +263,8 @@ class _Conversation:
         if now - input_end_t >= self.options.max_wait_s:
             return True
         quiet = not self.speaking and now - self.last_speaking_t >= self.options.tail_s
-        return self.answered and quiet and now - input_end_t >= self.options.tail_s
+        answered = self.answer_spoken if self.options.wait_for_answer else self.answered
+        return answered and quiet and now - input_end_t >= self.options.tail_s
 
     async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
         audio = self.result.caller
@@ -306,6 +311,8 @@ class _Conversation:
                 self._on_transcript(response.user_transcript)
             elif kind == "agent_text":
                 self.result.agent_words.append(response.agent_text.text)
+                if response.agent_text.generation != 0 and self._caller_began():
+                    self.answer_spoken = True
                 self.event(
                     "agent_text",
                     text=response.agent_text.text,
@@ -325,6 +332,7 @@ class _Conversation:
                         "response_latency_s",
                         "stt_final_lag_s",
                         "oracle_first_update_s",
+                        "answer_latency_s",
                     )
                 }
                 self.result.turns.append(turn)
@@ -348,8 +356,11 @@ class _Conversation:
             self.event("agent_audio_start" if chunk.speaking else "agent_audio_stop", seq=chunk.seq)
         if chunk.speaking:
             self.last_speaking_t = self.now()
-            start = self.result.speech_start_s
-            self.answered = self.answered or (start is not None and self.now() > start)
+            self.answered = self.answered or self._caller_began()
+
+    def _caller_began(self) -> bool:
+        start = self.result.speech_start_s
+        return start is not None and self.now() > start
 
     def _on_transcript(self, event: Any) -> None:
         if event.is_final:

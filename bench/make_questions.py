@@ -1,0 +1,282 @@
+"""Make the bench's espeak-ng question set, bench/questions/espeak/.
+
+Factual questions (none of `kame bench`'s six built-in ones) spoken by
+espeak-ng in several English voices, speeds and pitches, so that the bench
+hears voices other than the piper voice the agent speaks with. Each question
+becomes a 16 kHz mono 16-bit WAV (espeak-ng's 22.05 kHz output converted by
+sox, loudness normalized to -3 dBFS peak, 0.3 s of silence either side) and an
+entry of questions.json in `kame bench --questions` format, which also names
+the voice, speed (words per minute) and pitch (0-99).
+
+    python bench/make_questions.py            # the WAVs and questions.json
+    python bench/make_questions.py --check    # and check.json (below)
+
+--check asks two questions of every entry and writes the answers to
+check.json:
+- does the oracle's LLM answer it right from the exact text? The embedded
+  Gemma 3 270M (started with `kame llm-server`'s launcher) is asked through
+  the oracle's own back-end and prompt (services.oracle.backends, the few-shot
+  prompt of services.oracle.prompts.gemma_prompt, the oracle's default max
+  tokens and temperature); right = every keyword in its answer;
+- does Whisper hear it? The stt engine transcribes the WAV; word recall is
+  the share of the question's words in that transcript (and the LLM is asked
+  that transcript too).
+The questions kept are ones the model answers right from the text.
+
+Needs espeak-ng and sox (Debian: apt-get install espeak-ng sox). Regenerating
+with the versions in MADE_WITH gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kame_cli import llm_server, talk
+from kame_cli.bench.questions import heard, words
+from kame_cli.stack import free_ports
+from kame_common.audio import SAMPLE_RATE, resample
+
+OUT_DIR = Path(__file__).resolve().parent / "questions" / "espeak"
+MADE_WITH = {"espeak-ng": "1.51", "sox": "14.4.2"}  # the versions the committed WAVs came from
+WAV_RATE = 16_000
+PAD_S = 0.3
+PEAK_DBFS = -3
+
+
+@dataclass(frozen=True)
+class SpokenQuestion:
+    text: str
+    keywords: tuple[str, ...]
+    voice: str  # an espeak-ng voice, optionally with a variant: en-gb+f3
+    speed_wpm: int
+    pitch: int  # 0-99, espeak-ng's default 50
+
+    def entry(self, wav: str) -> dict[str, Any]:
+        return {
+            "wav": wav,
+            "text": self.text,
+            "keywords": list(self.keywords),
+            "voice": self.voice,
+            "speed_wpm": self.speed_wpm,
+            "pitch": self.pitch,
+        }
+
+
+QUESTIONS = (
+    SpokenQuestion(
+        "What is the fastest land animal?", ("cheetah|cheetahs",), "en-us-nyc+f2", 130, 45
+    ),
+    SpokenQuestion("What is the capital of Germany?", ("berlin",), "en-gb-x-gbclan+f4", 155, 40),
+    SpokenQuestion("What is the capital of Italy?", ("rome",), "en-gb-scotland+m1", 155, 65),
+    SpokenQuestion("What is the longest river in Africa?", ("nile",), "en-gb+f1", 155, 60),
+    SpokenQuestion("What language do people speak in Mexico?", ("spanish",), "en-029+m2", 130, 60),
+    SpokenQuestion("What language is spoken in Brazil?", ("portuguese",), "en-us+m1", 140, 40),
+    SpokenQuestion("What do cows give us to drink?", ("milk",), "en-gb-x-rp+m3", 160, 60),
+    SpokenQuestion(
+        "Who was the first president of the United States?", ("washington",), "en-us+f3", 140, 35
+    ),
+    SpokenQuestion("What is the currency of Japan?", ("yen",), "en-gb-x-gbcwmd+m1", 145, 50),
+    SpokenQuestion("Who was the first man on the moon?", ("armstrong",), "en-us", 145, 65),
+    SpokenQuestion(
+        "What is the tallest animal in the world?", ("giraffe|giraffes",), "en-gb-scotland", 140, 40
+    ),
+    SpokenQuestion(
+        "Which planet is known as the red planet?", ("mars",), "en-gb-x-gbclan+f2", 155, 50
+    ),
+    SpokenQuestion("Who invented the light bulb?", ("edison",), "en-gb-x-rp+f2", 145, 50),
+    SpokenQuestion("What gas do humans need to breathe?", ("oxygen",), "en-us-nyc+f2", 145, 35),
+)
+
+
+def tool_version(tool: str) -> str:
+    """The installed espeak-ng's or sox's version, e.g. "1.51"; "" if unknown."""
+    output = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
+    found = re.search(r"(\d+\.\d+(?:\.\d+)?)", output)
+    return found.group(1) if found else ""
+
+
+def synthesize(question: SpokenQuestion, wav: Path) -> None:
+    """espeak-ng -> sox: 16 kHz mono 16-bit, normalized, padded; no dither, so
+    the bytes are the same every time."""
+    with tempfile.TemporaryDirectory() as scratch:
+        raw = Path(scratch) / "raw.wav"
+        subprocess.run(
+            [
+                "espeak-ng",
+                "-v",
+                question.voice,
+                "-s",
+                str(question.speed_wpm),
+                "-p",
+                str(question.pitch),
+                "-w",
+                str(raw),
+                question.text,
+            ],
+            check=True,
+        )
+        subprocess.run(
+            [
+                "sox",
+                "-D",
+                str(raw),
+                "-r",
+                str(WAV_RATE),
+                "-c",
+                "1",
+                "-b",
+                "16",
+                str(wav),
+                "gain",
+                "-n",
+                str(PEAK_DBFS),
+                "pad",
+                str(PAD_S),
+                str(PAD_S),
+            ],
+            check=True,
+        )
+
+
+def make(out_dir: Path) -> list[dict[str, Any]]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for number, question in enumerate(QUESTIONS, start=1):
+        name = f"q{number:02d}.wav"
+        synthesize(question, out_dir / name)
+        entries.append(question.entry(name))
+    (out_dir / "questions.json").write_text(json.dumps(entries, indent=1) + "\n")
+    return entries
+
+
+async def ask(backend: Any, text: str) -> str:
+    """The oracle back-end's answer to `text` as the caller's only words."""
+    from services.oracle.backends import StreamStats
+    from services.oracle.prompts import USER, Turn
+
+    chunks = [chunk async for chunk in backend.stream([Turn(USER, text)], StreamStats())]
+    return "".join(chunks).strip()
+
+
+async def ask_all(texts: list[str]) -> list[str]:
+    """Start the embedded LLM on a free port and ask it every text, one by one."""
+    from services.oracle.backends import BackendSettings, OpenAIBackend
+    from services.oracle.config import OracleSettings
+    from services.oracle.prompts import is_gemma_270m_base
+
+    port = free_ports(1)[0]
+    url = llm_server.base_url("127.0.0.1", port)
+    server = llm_server.launch(port=port, quiet=True)
+    defaults = OracleSettings()
+    settings = BackendSettings(
+        backend="openai",
+        model=llm_server.EMBEDDED_ALIAS,
+        base_url=url,
+        api_key="",
+        request_timeout_s=60.0,  # the first request also loads the model
+        max_tokens=defaults.max_tokens,
+        temperature=defaults.temperature,
+        system_prompt="",
+    )
+    backend = OpenAIBackend(settings, few_shot=is_gemma_270m_base(settings.model))
+    try:
+        await asyncio.to_thread(llm_server.wait_ready, url, server)
+        return [await ask(backend, text) for text in texts]
+    finally:
+        await backend.aclose()
+        llm_server.stop(server)
+
+
+def transcribe_all(wavs: list[Path]) -> list[str]:
+    from services.stt.config import SttSettings
+    from services.stt.engine import SttEngine
+
+    engine = SttEngine(SttSettings())
+    try:
+        transcripts = []
+        for wav in wavs:
+            samples, rate = talk.read_wav(wav)
+            transcripts.append(engine.transcribe_clip(resample(samples, rate, SAMPLE_RATE)))
+        return transcripts
+    finally:
+        engine.close()
+
+
+def recall(question: str, transcript: str) -> float:
+    """The share of the question's words that the transcript holds."""
+    expected, got = words(question), set(words(transcript))
+    return sum(word in got for word in expected) / len(expected)
+
+
+def check(out_dir: Path, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    transcripts = transcribe_all([out_dir / e["wav"] for e in entries])
+    texts = [e["text"] for e in entries]
+    answers = asyncio.run(ask_all(texts + transcripts))
+    rows = []
+    for index, entry in enumerate(entries):
+        keywords = tuple(entry["keywords"])
+        from_text, from_transcript = answers[index], answers[len(entries) + index]
+        rows.append(
+            {
+                "wav": entry["wav"],
+                "text": entry["text"],
+                "voice": entry["voice"],
+                "llm_answer_from_text": from_text,
+                "llm_right_from_text": heard(from_text, keywords),
+                "whisper_transcript": transcripts[index],
+                "whisper_word_recall": round(recall(entry["text"], transcripts[index]), 3),
+                "llm_answer_from_transcript": from_transcript,
+                "llm_right_from_transcript": heard(from_transcript, keywords),
+            }
+        )
+    (out_dir / "check.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="also ask the embedded LLM and Whisper about every question (check.json)",
+    )
+    args = parser.parse_args()
+    missing = [tool for tool in ("espeak-ng", "sox") if shutil.which(tool) is None]
+    if missing:
+        print(f"make_questions: install {' and '.join(missing)} (Debian packages)", file=sys.stderr)
+        return 1
+    for tool, made_with in MADE_WITH.items():
+        if (installed := tool_version(tool)) != made_with:
+            print(f"note: {tool} {installed} here, the committed WAVs came from {made_with}")
+    entries = make(args.out_dir)
+    print(f"wrote {len(entries)} WAVs and questions.json to {args.out_dir}")
+    if args.check:
+        rows = check(args.out_dir, entries)
+        for row in rows:
+            print(
+                f"{row['wav']}  llm {'right' if row['llm_right_from_text'] else 'WRONG'}: "
+                f"{row['llm_answer_from_text']!r:60}  whisper recall "
+                f"{row['whisper_word_recall']:.2f}: {row['whisper_transcript']!r}"
+            )
+        right = sum(r["llm_right_from_text"] for r in rows)
+        heard_right = sum(r["llm_right_from_transcript"] for r in rows)
+        print(
+            f"the LLM answers {right} of {len(rows)} right from the exact text, "
+            f"{heard_right} of {len(rows)} from Whisper's transcript"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

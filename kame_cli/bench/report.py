@@ -1,0 +1,229 @@
+"""The markdown report: the tables a reader compares runs with, plus how it was run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+REFERENCE_RUN = "tandem"
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _pair(stats: dict[str, Any]) -> str:
+    return f"{_fmt(stats['median'])} / {_fmt(stats['p90'])}"
+
+
+def _ms_pair(row: dict[str, Any], kind: str) -> str:
+    return f"{_fmt(row[f'{kind}_p50_s'], 1e3, 1)} / {_fmt(row[f'{kind}_p99_s'], 1e3, 1)}"
+
+
+def _late(row: dict[str, Any]) -> str:
+    return f"{row['late_frames']} ({_fmt(row['late_fraction'], 100, 1)}%)"
+
+
+def _ratio(value: float | None, reference: float | None) -> str:
+    return f"{value / reference:.2f}x" if value is not None and reference else "n/a"
+
+
+def _coherent(row: dict[str, Any]) -> str:
+    if not row["coherence_scored"]:
+        return "n/a"
+    return (
+        f"{row['coherent']}/{row['coherence_scored']} ({_fmt(row['coherent_fraction'], 100, 0)}%)"
+    )
+
+
+def _header(report: dict[str, Any]) -> list[str]:
+    machine, settings = report["machine"], report["settings"]
+    return [
+        f"# kame bench: {report['name']}",
+        "",
+        f"- command: `{report['command']}`",
+        f"- date: {report['started_at']}, {report['duration_s']:.0f} s",
+        f"- machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, "
+        f"GPU: {machine['gpu']}; {machine['os']}, Python {machine['python']}; load average at "
+        f"start {machine['load_average']} (a shared machine: figures are noisy, quote medians)",
+        "- models: " + "; ".join(f"{k}: {v}" for k, v in report["models"].items()),
+        f"- inputs: {len(report['questions'])} questions ({_sources(report)}) x "
+        f"{settings['repeats']} repeat(s), the same audio in every run, runs alternating "
+        f"per question; each stack's cold first call reported apart",
+    ]
+
+
+def _sources(report: dict[str, Any]) -> str:
+    piper = sum(q["source"] == "piper" for q in report["questions"])
+    wavs = len(report["questions"]) - piper
+    parts = [f"{piper} spoken by piper"] if piper else []
+    return ", ".join([*parts, f"{wavs} from WAVs"] if wavs else parts)
+
+
+def _answers_table(summary: dict[str, dict]) -> list[str]:
+    reference = summary.get(REFERENCE_RUN, {})
+    lines = [
+        "",
+        "## Answers per run (seconds: median / p90 over the measured calls)",
+        "",
+        "| run | engine | ok | first audio | answer | vs tandem (first audio / answer) | "
+        "correct (audio / text) | coherent | held / repaired |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, row in summary.items():
+        ratios = " / ".join(
+            _ratio(row[key]["median"], reference.get(key, {}).get("median"))
+            for key in ("response_latency_s", "answer_latency_s")
+        )
+        lines.append(
+            f"| {label} | {row['engine']} | {row['ok']}/{row['conversations']} | "
+            f"{_pair(row['response_latency_s'])} | {_pair(row['answer_latency_s'])} | "
+            f"{ratios} | {row['correct']} / {row['text_correct']} of {row['conversations']} | "
+            f"{_coherent(row)} | {row['held']} / {row['repaired']} |"
+        )
+    return lines
+
+
+def _pipeline_table(summary: dict[str, dict]) -> list[str]:
+    lines = [
+        "",
+        "## Pipeline and frames per run (seconds: median / p90; frames in ms: p50 / p99)",
+        "",
+        "| run | oracle 1st update | STT final lag | step ms | transport ms | "
+        "frame lag p99 ms | late frames |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, row in summary.items():
+        lines.append(
+            f"| {label} | {_pair(row['oracle_first_update_s'])} | "
+            f"{_pair(row['stt_final_lag_s'])} | {_ms_pair(row, 'step')} | "
+            f"{_ms_pair(row, 'transport')} | {_fmt(row['frame_lag_p99_s'], 1e3, 0)} | "
+            f"{_late(row)} |"
+        )
+    return lines
+
+
+def _with_ratio(value: float | None, ratio: float | None) -> str:
+    return f"{_fmt(value)} ({'n/a' if ratio is None else f'{ratio:.2f}x'})"
+
+
+def _yes_no(value: bool | None) -> str:
+    return "n/a" if value is None else ("yes" if value else "no")
+
+
+def _cold_table(cold: list[dict[str, Any]]) -> list[str]:
+    if not cold:
+        return []
+    lines = [
+        "",
+        "## Cold first call per stack (seconds, and the ratio to the same run's warm median)",
+        "",
+        "| engine | run | question | first audio | answer | correct | coherent |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in cold:
+        lines.append(
+            f"| {row['engine']} | {row['run']} | {row['text']} | "
+            f"{_with_ratio(row['response_latency_s'], row['response_latency_vs_warm'])} | "
+            f"{_with_ratio(row['answer_latency_s'], row['answer_latency_vs_warm'])} | "
+            f"{_yes_no(row['correct'])} | {_yes_no(row['coherent'])} |"
+        )
+    return lines
+
+
+def _call_cell(record: dict[str, Any]) -> str:
+    verdict = "ok" if record.get("correct") else "wrong"
+    if record["coherent"] is False:
+        verdict += ", incoherent"
+    return f"{_fmt(record['response_latency_s'])} / {_fmt(record['answer_latency_s'])} {verdict}"
+
+
+def _question_table(report: dict[str, Any]) -> list[str]:
+    summary = report["summary"]
+    lines = [
+        "",
+        "## Per question (first audio / answer latency in s; correct by audio)",
+        "",
+        "| question | " + " | ".join(summary) + " |",
+        "|---|" + "---|" * len(summary),
+    ]
+    for index, question in enumerate(report["questions"]):
+        cells = []
+        for label in summary:
+            mine = [
+                r for r in report["conversations"] if r["run"] == label and r["question"] == index
+            ]
+            cells.append(", ".join(_call_cell(r) for r in mine))
+        lines.append(f"| {question['text']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _load_table(report: dict[str, Any]) -> list[str]:
+    levels = report["load"]
+    if not levels:
+        return []
+    lines = [
+        "",
+        f"## Load ({levels[0]['run']}; late = agent frame more than "
+        f"{report['settings']['late_ms']:g} ms after its caller frame was due)",
+        "",
+        "| sessions | ok | frames | late | frame lag p50 / p99 ms | step p50 / p99 ms | "
+        "transport p50 / p99 ms | first audio median / p90 s | answer median / p90 s | "
+        "correct (audio / text) | coherent |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for level in levels:
+        lines.append(
+            f"| {level['sessions']} | {level['ok']} | {level['frames']} | {_late(level)} | "
+            f"{_fmt(level['frame_lag_p50_s'], 1e3, 0)} / "
+            f"{_fmt(level['frame_lag_p99_s'], 1e3, 0)} | "
+            f"{_ms_pair(level, 'step')} | {_ms_pair(level, 'transport')} | "
+            f"{_fmt(level['response_latency_median_s'])} / "
+            f"{_fmt(level['response_latency_p90_s'])} | "
+            f"{_fmt(level['answer_latency_median_s'])} / {_fmt(level['answer_latency_p90_s'])} | "
+            f"{level['correct']} / {level['text_correct']} of {level['sessions']} | "
+            f"{level['coherent']} of {level['sessions']} |"
+        )
+    return lines
+
+
+def _failures(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for failure in report["failures"]:
+        error = failure["error"].splitlines()
+        lines += [
+            "",
+            f"**Missing: the {failure['engine']} runs; their stack failed:** "
+            f"{error[0]} ... {error[-1]}",
+        ]
+    return lines
+
+
+DEFINITIONS = """\
+Definitions (in full: the docstring of kame_cli/bench/__init__.py). First audio:
+the caller's end of speech (measured on the WAV) -> the first agent audio at the
+client. Answer: the caller's end of speech -> the first word of the answer itself
+(the first agent word of an oracle generation, after any hold phrase), placed
+where its audio reached the client. Correct: every keyword heard by Whisper in
+the agent's audio (text: in the words the frontend says it spoke). Coherent: the
+answer's words are, after an optional hold phrase, a prefix of ONE generation's
+text; held / repaired: answers that began with a hold phrase / had generation-0
+words in the middle. Step and transport (gateway frame round trip minus the
+frontend's step time, per frame) come from the services' histograms,
+interpolated inside buckets."""
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    summary = report["summary"]
+    lines = [
+        *_header(report),
+        *_answers_table(summary),
+        *_pipeline_table(summary),
+        *_cold_table(report["cold_calls"]),
+        *_question_table(report),
+        *_load_table(report),
+        *_failures(report),
+        "",
+        DEFINITIONS,
+        "",
+    ]
+    return "\n".join(lines)

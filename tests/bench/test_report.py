@@ -1,0 +1,177 @@
+"""From calls to the report: per-call records built from hand-made `kame talk`
+results, the per-run summary, the cold call against the warm median, the
+markdown tables and the figure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kame_cli import talk
+from kame_cli.bench import conversation, report, summary
+from kame_cli.bench.plots import plot
+from kame_cli.bench.questions import Question
+from kame_cli.bench.runner import Captured
+from kame_cli.bench.runs import Run
+from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
+
+TANDEM, CASCADE = Run("tandem", "tandem", "tts"), Run("cascade", "cascade", "tts")
+QUESTION = Question("What is the capital of Italy?", ("rome",), np.zeros(SAMPLE_RATE, np.float32))
+SPEECH_START_S, SPEECH_END_S = 0.5, 2.0
+FRAMES = 60
+DELAY_S = 0.02  # every agent frame reaches the client this long after it was due
+
+
+def heard_at(start_s: float) -> float:
+    """When stream second `start_s` reaches the client in these calls."""
+    return start_s + FRAME_SECONDS + DELAY_S
+
+
+def talk_result(
+    audio_start_s: float, words: list[tuple[float, str, int]], generations: dict[int, str]
+) -> talk.TalkResult:
+    """A call as `kame talk` records it: agent audio from stream second
+    `audio_start_s`, the agent's words (stream second, text, generation), and
+    each generation's oracle text (a RESET with the first word, one APPEND)."""
+    result = talk.TalkResult(
+        caller=np.zeros(SAMPLE_RATE * 3, np.float32),
+        speech_start_s=SPEECH_START_S,
+        speech_end_s=SPEECH_END_S,
+    )
+    result.agent = np.zeros(FRAMES * FRAME_SAMPLES, np.float32)
+    result.agent_t = [
+        heard_at(k * FRAME_SECONDS) + np.arange(FRAME_SAMPLES) / SAMPLE_RATE for k in range(FRAMES)
+    ]
+    seq = int(audio_start_s / FRAME_SECONDS)
+    events: list[dict[str, Any]] = [
+        {"t": 1.0, "type": "user_partial", "text": "what is the", "lag_s": 0.3},
+        {"t": 2.6, "type": "user_final", "text": QUESTION.text, "lag_s": 0.4},
+    ]
+    for generation, text in generations.items():
+        first, rest = text.split(" ", 1)
+        events.append({"t": 1.4, "type": "oracle_reset", "generation": generation, "text": first})
+        events.append({"t": 1.5, "type": "oracle_append", "generation": generation, "text": rest})
+    events.append({"t": heard_at(audio_start_s), "type": "agent_audio_start", "seq": seq})
+    for start_s, text, generation in words:
+        result.agent_words.append(text)
+        events.append(
+            {
+                "t": heard_at(start_s),
+                "type": "agent_text",
+                "text": text,
+                "start_s": start_s,
+                "generation": generation,
+            }
+        )
+    result.events = sorted(events, key=lambda e: e["t"])
+    result.finals = [QUESTION.text]
+    return result
+
+
+def captured(run: Run, result: talk.TalkResult, correct: bool = True) -> Captured:
+    record = conversation.conversation_record(0, QUESTION, run, result, late_s=FRAME_SECONDS)
+    record.update(repeat=0, correct=correct, agent_transcript=result.agent_text)
+    lags = conversation.frame_lags(result)
+    return Captured(record, QUESTION.keywords, result.agent, lags, result=result)
+
+
+ROME = {7: "Rome is the capital of Italy."}
+
+
+def tandem_calls() -> list[Captured]:
+    held = talk_result(2.2, [(2.2, "Hmm,", 0), (2.8, "Rome is", 7), (3.1, "the capital", 7)], ROME)
+    direct = talk_result(2.4, [(2.4, "Rome is the", 7)], ROME)
+    spliced = talk_result(
+        2.3,
+        [(2.3, "Paris", 6), (2.9, "Rome", 7)],
+        {6: "Paris is lovely.", **ROME},
+    )
+    return [captured(TANDEM, r) for r in (held, direct, spliced)]
+
+
+def test_records_hold_first_audio_answer_latency_and_coherence():
+    held, _direct, spliced = tandem_calls()
+    record = held.record
+    # First audio is the hold phrase; the answer starts with "Rome".
+    assert record["response_latency_s"] == pytest.approx(heard_at(2.2) - SPEECH_END_S, abs=1e-3)
+    assert record["answer_latency_s"] == pytest.approx(heard_at(2.8) - SPEECH_END_S, abs=1e-3)
+    assert record["timeline"]["answer_t"] == pytest.approx(heard_at(2.8), abs=1e-3)
+    assert record["coherent"] is True and record["answer_hold_words"] == 1
+    assert record["text_correct"]
+    assert spliced.record["coherent"] is False and spliced.record["answer_generations"] == 2
+    assert spliced.record["coherence_note"]
+
+
+def test_s2s_answers_are_not_scored_for_coherence():
+    s2s = Run("s2s", "s2s", "moshi")
+    record = captured(s2s, talk_result(2.2, [(2.2, "Rome", 0)], {})).record
+    assert record["coherent"] is None and record["answer_latency_s"] is None
+    assert summary.coherence_counts([record])["coherent_fraction"] is None
+
+
+def test_summary_and_cold_call_ratio():
+    calls = tandem_calls()
+    cascade = [captured(CASCADE, talk_result(3.0, [(3.0, "Rome is", 7)], ROME), correct=False)]
+    runs = summary.summarize([*calls, *cascade], [TANDEM, CASCADE], late_s=FRAME_SECONDS)
+    tandem = runs["tandem"]
+    answers = sorted(c.record["answer_latency_s"] for c in calls)
+    assert tandem["answer_latency_s"]["median"] == pytest.approx(answers[1])
+    assert tandem["answer_latency_s"]["n"] == 3
+    assert (tandem["coherent"], tandem["coherence_scored"]) == (2, 3)
+    assert tandem["coherent_fraction"] == pytest.approx(2 / 3, abs=1e-4)
+    assert (tandem["held"], tandem["repaired"]) == (1, 0)
+    assert runs["cascade"]["correct"] == 0 and runs["cascade"]["text_correct"] == 1
+
+    cold = captured(TANDEM, talk_result(2.8, [(2.8, "Rome", 7)], ROME))
+    cold.record["cold"] = True
+    (row,) = summary.cold_calls([cold], [*calls, *cascade])
+    first_audio = sorted(c.record["response_latency_s"] for c in calls)[1]
+    assert row["warm_calls"] == 3
+    assert row["warm_median_response_latency_s"] == pytest.approx(first_audio)
+    assert row["response_latency_vs_warm"] == pytest.approx(
+        cold.record["response_latency_s"] / first_audio, abs=1e-3
+    )
+    assert row["answer_latency_vs_warm"] == pytest.approx(
+        cold.record["answer_latency_s"] / answers[1], abs=1e-3
+    )
+
+
+def test_markdown_and_figure_show_both_latencies_coherence_and_the_cold_call(tmp_path):
+    calls = tandem_calls()
+    cold = captured(TANDEM, talk_result(2.8, [(2.8, "Rome", 7)], ROME))
+    cold.record["cold"] = True
+    runs = summary.summarize(calls, [TANDEM], late_s=FRAME_SECONDS)
+    data = {
+        "name": "t",
+        "command": "kame bench --questions q.json",
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "duration_s": 12.0,
+        "machine": {
+            "cpu": "test cpu",
+            "cores": 2,
+            "memory_gib": 4,
+            "gpu": "none",
+            "os": "linux",
+            "python": "3.11",
+            "load_average": [0.5],
+        },
+        "models": {"llm": "gemma"},
+        "settings": {"repeats": 1, "late_ms": 80},
+        "questions": [{"text": QUESTION.text, "source": "/q/q01.wav"}],
+        "summary": runs,
+        "cold_calls": summary.cold_calls([cold], calls),
+        "conversations": [c.record for c in calls],
+        "load": [],
+        "failures": [],
+    }
+    markdown = report.render_markdown(data)
+    assert "| tandem | tts | 3/3 |" in markdown
+    assert "2/3 (67%) | 1 / 0 |" in markdown  # coherent, then held / repaired
+    assert "1 from WAVs" in markdown
+    cold_row = next(line for line in markdown.splitlines() if line.startswith("| tts | tandem |"))
+    assert QUESTION.text in cold_row and "x)" in cold_row
+    assert "incoherent" in markdown  # the spliced call, per question
+    plot(data, tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
