@@ -31,12 +31,13 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import anthropic
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from services.oracle.prompts import (
     GEMMA_HEADER,
@@ -149,7 +150,7 @@ class LLMBackend(abc.ABC):
         return self.settings.backend
 
     @abc.abstractmethod
-    def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+    def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncGenerator[str, None]:
         """One request: yields text chunks as the model produces them."""
 
     @abc.abstractmethod
@@ -213,7 +214,7 @@ class LLMBackend(abc.ABC):
             except self._status_error as exc:
                 raise BackendError("status", _status_message(self.name, exc)) from exc
 
-    async def stream(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+    async def stream(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncGenerator[str, None]:
         """Text chunks of one answer; one retry on a connection error before the first chunk."""
         for attempt in (1, 2):
             produced = False
@@ -275,15 +276,17 @@ class OpenAIBackend(LLMBackend):
         else:
             await self.client.chat.completions.create(
                 model=self.settings.model,
-                messages=warm_up_chat_messages(self.settings.system_prompt),
+                messages=_openai_chat(warm_up_chat_messages(self.settings.system_prompt)),
                 max_tokens=1,
                 temperature=0.0,
             )
 
-    def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+    def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncGenerator[str, None]:
         return self._complete(turns, stats) if self.few_shot else self._chat(turns, stats)
 
-    async def _complete(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+    async def _complete(
+        self, turns: Sequence[Turn], stats: StreamStats
+    ) -> AsyncGenerator[str, None]:
         stream = await self.client.completions.create(
             model=self.settings.model,
             prompt=gemma_prompt(turns, self._header),
@@ -299,10 +302,10 @@ class OpenAIBackend(LLMBackend):
                     stats.output_tokens += 1  # servers send one token per chunk
                     yield text
 
-    async def _chat(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+    async def _chat(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncGenerator[str, None]:
         stream = await self.client.chat.completions.create(
             model=self.settings.model,
-            messages=chat_messages(turns, self.settings.system_prompt),
+            messages=_openai_chat(chat_messages(turns, self.settings.system_prompt)),
             max_tokens=self.settings.max_tokens,
             temperature=self.settings.temperature,
             stream=True,
@@ -316,6 +319,15 @@ class OpenAIBackend(LLMBackend):
 
     async def aclose(self) -> None:
         await self.client.close()
+
+
+def _openai_chat(messages: Sequence[Mapping[str, str]]) -> list[ChatCompletionMessageParam]:
+    """The prompt's [system, user] messages (prompts.py) as the openai SDK types them."""
+    system, user = messages
+    return [
+        {"role": "system", "content": system["content"]},
+        {"role": "user", "content": user["content"]},
+    ]
 
 
 class AnthropicBackend(LLMBackend):
@@ -345,16 +357,18 @@ class AnthropicBackend(LLMBackend):
         await self.client.messages.create(
             model=self.settings.model,
             system=system["content"],
-            messages=[opening],
+            messages=[{"role": "user", "content": opening["content"]}],
             max_tokens=1,
         )
 
-    async def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncIterator[str]:
+    async def _stream_once(
+        self, turns: Sequence[Turn], stats: StreamStats
+    ) -> AsyncGenerator[str, None]:
         system, user = chat_messages(turns, self.settings.system_prompt)
         stream = await self.client.messages.create(
             model=self.settings.model,
             system=system["content"],
-            messages=[user],
+            messages=[{"role": "user", "content": user["content"]}],
             max_tokens=self.settings.max_tokens,
             stream=True,
         )

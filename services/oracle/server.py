@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 
@@ -33,7 +34,7 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
     async def Guide(  # noqa: N802 (gRPC method name)
         self,
         request_iterator: AsyncIterator[oracle_pb2.GuideRequest],
-        context: grpc.aio.ServicerContext,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[oracle_pb2.GuideResponse]:
         async with self.runtime.session(context):
             requests = aiter(request_iterator)

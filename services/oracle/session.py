@@ -197,13 +197,13 @@ class OracleSession:
         self._latest = common_pb2.CandidateSource()
         self._last_event_at: float | None = None  # monotonic arrival of the latest user event
         self._current: Generation | None = None  # the latest LLM stream started
-        self._streams: set[asyncio.Task] = set()  # the running LLM stream (at most one)
+        self._streams: set[asyncio.Task[None]] = set()  # the running LLM stream (at most one)
         self._final_landed = asyncio.Event()  # wakes the policy loop before its tick
-        self._poll_task: asyncio.Task | None = None
-        self._writer_task: asyncio.Task | None = None
+        self._poll_task: asyncio.Task[None] | None = None
+        self._writer_task: asyncio.Task[None] | None = None
         self._writes: asyncio.Queue[Turn | None] = asyncio.Queue()
         self._outbox: asyncio.Queue[oracle_pb2.GuideResponse | None] = asyncio.Queue()
-        self._closing: asyncio.Future | None = None
+        self._closing: asyncio.Future[None] | None = None
 
     # -- inputs ---------------------------------------------------------------
 
@@ -355,7 +355,7 @@ class OracleSession:
     ) -> None:
         backend = self.backend.name
         number = generation.number
-        attributes = {
+        attributes: dict[str, str | int] = {
             "kame.session_id": self.settings.session_id,
             "kame.generation": number,
             "kame.reason": reason.value,
@@ -440,7 +440,9 @@ class OracleSession:
             )
         )
 
-    def _emit_event(self, kind: int, generation: int, detail: str = "") -> None:
+    def _emit_event(
+        self, kind: oracle_pb2.OracleEvent.Kind.ValueType, generation: int, detail: str = ""
+    ) -> None:
         self._outbox.put_nowait(
             oracle_pb2.GuideResponse(
                 event=Event(kind=kind, generation=generation, time_us=_now_us(), detail=detail)

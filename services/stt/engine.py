@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 from faster_whisper import WhisperModel
+from faster_whisper.transcribe import Segment
 
-from kame_common.audio import SAMPLE_RATE, resample
+from kame_common.audio import SAMPLE_RATE, Samples, resample
 from kame_common.models import whisper_tiny_en_dir
 from services.stt.agreement import Word
 from services.stt.config import SttSettings
@@ -86,7 +87,7 @@ class SttEngine:
                 f"{', '.join(self.model.supported_languages)}"
             )
 
-    def decode(self, audio: np.ndarray, offset_s: float, language: str, beam_size: int) -> Decoded:
+    def decode(self, audio: Samples, offset_s: float, language: str, beam_size: int) -> Decoded:
         """Transcribe one 16 kHz utterance (blocking); word times in stream seconds."""
         started = time.perf_counter()
         duration = len(audio) / VAD_RATE
@@ -107,7 +108,7 @@ class SttEngine:
         return Decoded(words, time.perf_counter() - started)
 
     def transcribe_clip(
-        self, samples: np.ndarray, sample_rate: int = SAMPLE_RATE, beam_size: int = 5
+        self, samples: Samples, sample_rate: int = SAMPLE_RATE, beam_size: int = 5
     ) -> str:
         """The text of a whole clip (float32, default 24 kHz), e.g. to check what an
         agent said. Offline, so it can afford beam search (tiny.en's greedy decode
@@ -127,7 +128,7 @@ class SttEngine:
         self.audio_executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _segment_words(segment, offset_s: float, duration_s: float) -> list[Word]:
+def _segment_words(segment: Segment, offset_s: float, duration_s: float) -> list[Word]:
     """The segment's words in stream seconds, inside the decoded audio (Whisper's
     timestamps are 20 ms steps and can overshoot the end of a short clip)."""
     if segment.words is not None:

@@ -16,18 +16,21 @@ import collections
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from services.stt import metrics
 
+# The queue holds jobs of any result type; each submit hands back a future typed
+# with its own job's result.
 Job = Callable[[], Any]
+ResultT = TypeVar("ResultT")
 
 
 class DecodeScheduler:
     def __init__(self, workers: int, name: str = "stt-decode") -> None:
         self._cond = threading.Condition()
-        self._finals: collections.deque[tuple[Hashable, Future, Job]] = collections.deque()
-        self._partials: collections.OrderedDict[Hashable, tuple[Future, Job]] = (
+        self._finals: collections.deque[tuple[Hashable, Future[Any], Job]] = collections.deque()
+        self._partials: collections.OrderedDict[Hashable, tuple[Future[Any], Job]] = (
             collections.OrderedDict()
         )
         self._partial_workers = max(workers - 1, 1)
@@ -46,17 +49,17 @@ class DecodeScheduler:
         with self._cond:
             return len(self._finals) + len(self._partials)
 
-    def submit_final(self, owner: Hashable, job: Job) -> Future:
-        future: Future = Future()
+    def submit_final(self, owner: Hashable, job: Callable[[], ResultT]) -> Future[ResultT]:
+        future: Future[ResultT] = Future()
         with self._cond:
             self._check_open()
             self._finals.append((owner, future, job))
             self._changed()
         return future
 
-    def submit_partial(self, owner: Hashable, job: Job) -> Future:
+    def submit_partial(self, owner: Hashable, job: Callable[[], ResultT]) -> Future[ResultT]:
         """Queue a partial for `owner`, replacing (and cancelling) one still waiting."""
-        future: Future = Future()
+        future: Future[ResultT] = Future()
         with self._cond:
             self._check_open()
             replaced = self._partials.pop(owner, None)
@@ -76,7 +79,7 @@ class DecodeScheduler:
                 self._changed()
         return queued is not None
 
-    def cancel(self, future: Future) -> None:
+    def cancel(self, future: Future[Any]) -> None:
         """Withdraw a job that has not started (a running one finishes; its result stays)."""
         with self._cond:
             self._remove(lambda _owner, queued: queued is future)
@@ -94,12 +97,12 @@ class DecodeScheduler:
         for thread in self._threads:
             thread.join()
 
-    def _remove(self, match: Callable[[Hashable, Future], bool]) -> None:
+    def _remove(self, match: Callable[[Hashable, Future[Any]], bool]) -> None:
         for owner, (future, _job) in list(self._partials.items()):
             if match(owner, future):
                 future.cancel()
                 del self._partials[owner]
-        kept: collections.deque[tuple[Hashable, Future, Job]] = collections.deque()
+        kept: collections.deque[tuple[Hashable, Future[Any], Job]] = collections.deque()
         for owner, future, job in self._finals:
             if match(owner, future):
                 future.cancel()
@@ -124,7 +127,7 @@ class DecodeScheduler:
             (owner for owner in self._partials if owner not in self._running_partials), None
         )
 
-    def _next(self) -> tuple[Hashable | None, Future, Job] | None:
+    def _next(self) -> tuple[Hashable | None, Future[Any], Job] | None:
         """The next job: (owner if it is a partial else None, future, job); None to stop."""
         with self._cond:
             while True:

@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from functools import partial
+from typing import Any
 
 import grpc
 
@@ -47,7 +48,7 @@ class SttServicer(stt_pb2_grpc.SttServicer):
     async def Transcribe(  # noqa: N802 - the gRPC method name
         self,
         request_iterator: AsyncIterator[stt_pb2.TranscribeRequest],
-        context: grpc.aio.ServicerContext,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[stt_pb2.TranscribeResponse]:
         async with self.runtime.session(context):
             try:

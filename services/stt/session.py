@@ -23,17 +23,26 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import enum
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 
 from kame_common import tracing
 from kame_common.aio import cancel_and_wait
-from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE, StreamResampler, pcm16_to_float
+from kame_common.audio import (
+    FRAME_SECONDS,
+    SAMPLE_RATE,
+    Samples,
+    StreamResampler,
+    pcm16_to_float,
+)
 from kamepb import common_pb2, stt_pb2
 from services.stt import metrics
 from services.stt.agreement import LocalAgreement, Word, join_words
@@ -67,7 +76,7 @@ class AudioBuffer:
     joined only when audio is read or dropped, not on every append."""
 
     def __init__(self) -> None:
-        self._chunks: list[np.ndarray] = []
+        self._chunks: list[Samples] = []
         self._length = 0
         self._first = 0  # stream sample index of the first kept sample
 
@@ -79,18 +88,18 @@ class AudioBuffer:
     def start_s(self) -> float:
         return self._first / VAD_RATE
 
-    def append(self, samples: np.ndarray) -> None:
+    def append(self, samples: Samples) -> None:
         self._chunks.append(samples)
         self._length += len(samples)
 
-    def _joined(self) -> np.ndarray:
+    def _joined(self) -> Samples:
         if len(self._chunks) != 1:
             self._chunks = [
                 np.concatenate(self._chunks) if self._chunks else np.zeros(0, dtype=np.float32)
             ]
         return self._chunks[0]
 
-    def slice(self, start_s: float, end_s: float) -> np.ndarray:
+    def slice(self, start_s: float, end_s: float) -> Samples:
         start = max(round(start_s * VAD_RATE) - self._first, 0)
         end = max(round(end_s * VAD_RATE) - self._first, start)
         return self._joined()[start:end].copy()
@@ -131,16 +140,22 @@ class Utterance:
     last_partial_end_s: float = 0.0  # audio end of the newest partial submitted
     applied_partial_end_s: float = 0.0  # audio end of the newest partial emitted
     partials: int = 0
-    early_final: Future | None = None
+    early_final: Future[Decoded] | None = None
     early_final_pause_s: float | None = None  # the pause the early final was cut at
     early_final_end_s: float = 0.0
-    final: Future | None = None
+    final: Future[Decoded] | None = None
     final_end_s: float = 0.0
     speech_end_s: float | None = None  # None when cut at max length
     final_emitted: bool = False
 
 
-_END = object()
+class _End(enum.Enum):
+    """The end of a queue: no item follows (an enum member, so its type is its own)."""
+
+    END = enum.auto()
+
+
+_END: Final = _End.END
 
 
 class SttSession:
@@ -156,9 +171,11 @@ class SttSession:
         self._utterance_count = 0
         self._last_speech_end_s = 0.0
         self._final_tail_s = min(FINAL_TAIL_S, settings.endpoint_silence_s)
-        self._out: asyncio.Queue = asyncio.Queue(maxsize=OUTPUT_QUEUE_SIZE)
-        self._finals: asyncio.Queue = asyncio.Queue(maxsize=MAX_PENDING_FINALS)
-        self._tasks: set[asyncio.Task] = set()
+        self._out: asyncio.Queue[stt_pb2.TranscribeResponse | Exception | _End] = asyncio.Queue(
+            maxsize=OUTPUT_QUEUE_SIZE
+        )
+        self._finals: asyncio.Queue[Utterance | _End] = asyncio.Queue(maxsize=MAX_PENDING_FINALS)
+        self._tasks: set[asyncio.Task[None]] = set()
         self._final_emitter = asyncio.create_task(self._emit_finals())
         self._finished = False
         self._error: Exception | None = None
@@ -183,7 +200,7 @@ class SttSession:
         )
         self._audio.keep_from(keep)
 
-    def _analyze(self, pcm: bytes) -> tuple[np.ndarray, np.ndarray]:
+    def _analyze(self, pcm: bytes) -> tuple[Samples, npt.NDArray[np.float32]]:
         samples = self._resampler.process(pcm16_to_float(pcm))
         return samples, self._vad.process(samples)
 
@@ -315,7 +332,9 @@ class SttSession:
 
     # --- decoding ---
 
-    def _decode_job(self, utterance: Utterance, end_s: float, kind: str, beam_size: int):
+    def _decode_job(
+        self, utterance: Utterance, end_s: float, kind: str, beam_size: int
+    ) -> Callable[[], Decoded]:
         audio = self._audio.slice(utterance.audio_start_s, end_s)
         offset_s = utterance.audio_start_s
         duration = max(len(audio) / VAD_RATE, 1e-3)
@@ -329,7 +348,7 @@ class SttSession:
 
         return job
 
-    def _submit_final(self, utterance: Utterance, end_s: float) -> Future:
+    def _submit_final(self, utterance: Utterance, end_s: float) -> Future[Decoded]:
         job = self._decode_job(utterance, end_s, "final", self._engine.settings.beam_size)
         # A waiting partial would only run after the final: drop it. A running one
         # is still emitted if it ends before the final does.
@@ -348,7 +367,7 @@ class SttSession:
         task.add_done_callback(self._tasks.discard)
 
     async def _deliver_partial(
-        self, utterance: Utterance, future: Future, end_s: float, received_at: float
+        self, utterance: Utterance, future: Future[Decoded], end_s: float, received_at: float
     ) -> None:
         try:
             decoded: Decoded = await asyncio.wrap_future(future)
@@ -388,7 +407,9 @@ class SttSession:
     async def _emit_finals(self) -> None:
         while (utterance := await self._finals.get()) is not _END:
             try:
-                decoded: Decoded = await asyncio.wrap_future(utterance.final)
+                # Queued only by _end_speech and _cut, once they submitted its final.
+                assert utterance.final is not None
+                decoded = await asyncio.wrap_future(utterance.final)
             except Exception as exc:
                 log.exception("final decode failed for %s", utterance.utterance_id)
                 await self._out.put(SessionFailed(f"final decode failed: {exc}"))
@@ -411,7 +432,7 @@ class SttSession:
             lag_s=lag,
         )
         metrics.TRANSCRIPTS.labels(kind="final").inc()
-        attributes = {
+        attributes: dict[str, str | float] = {
             "stt.utterance_id": utterance.utterance_id,
             "stt.lag_s": lag,
             "stt.partials": utterance.partials,
@@ -429,7 +450,9 @@ class SttSession:
         span.end()
         return event
 
-    async def _emit_activity(self, kind: int, utterance_id: str, at_s: float) -> None:
+    async def _emit_activity(
+        self, kind: common_pb2.SpeechActivity.Kind.ValueType, utterance_id: str, at_s: float
+    ) -> None:
         activity = common_pb2.SpeechActivity(kind=kind, utterance_id=utterance_id, at_s=at_s)
         await self._out.put(stt_pb2.TranscribeResponse(activity=activity))
 

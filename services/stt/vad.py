@@ -14,8 +14,11 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import onnxruntime
 from faster_whisper.utils import get_assets_path
+
+from kame_common.audio import Samples
 
 VAD_RATE = 16_000
 WINDOW_SAMPLES = 512  # 32 ms: the window the 16 kHz Silero model scores
@@ -48,10 +51,10 @@ class VadStream:
         self._session = session
         self._h = np.zeros(STATE_SHAPE, dtype=np.float32)
         self._c = np.zeros(STATE_SHAPE, dtype=np.float32)
-        self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
-        self._pending = np.zeros(0, dtype=np.float32)
+        self._context: Samples = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
+        self._pending: Samples = np.zeros(0, dtype=np.float32)
 
-    def process(self, samples: np.ndarray) -> np.ndarray:
+    def process(self, samples: npt.ArrayLike) -> npt.NDArray[np.float32]:
         audio = np.concatenate([self._pending, np.asarray(samples, dtype=np.float32)])
         count = len(audio) // WINDOW_SAMPLES
         self._pending = audio[count * WINDOW_SAMPLES :]
@@ -99,7 +102,7 @@ class Segmenter:
         """Where the current pause inside speech began (None when there is none)."""
         return None if self._pause_start is None else self._pause_start * WINDOW_S
 
-    def push(self, probs: np.ndarray) -> list[VadEvent]:
+    def push(self, probs: npt.NDArray[np.float32]) -> list[VadEvent]:
         events = []
         for prob in probs:
             window = self._windows
