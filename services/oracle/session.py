@@ -515,20 +515,11 @@ class SessionFactory:
         except BaseException as exc:
             await backend.aclose()
             if isinstance(exc, BackendConfigError):
-                raise InvalidSessionConfig(self._callers_view(str(exc))) from None
+                raise InvalidSessionConfig(str(exc)) from None
             raise
         session = OracleSession(settings, backend, history, self.store)
         session.start()
         return session
-
-    def _callers_view(self, message: str) -> str:
-        """`message` for the caller: the operator's base URL (an internal address,
-        often) stays in the log and is replaced by words."""
-        internal = f"base URL {self.service.base_url}"
-        if internal not in message:
-            return message
-        log.warning("the configured back-end failed its check: %s", message)
-        return message.replace(internal, "configured base URL")
 
     async def _load_history(self, session_id: str) -> list[Turn]:
         """The conversation so far (another replica may have started it). Without

@@ -22,7 +22,7 @@ from services.frontend.engines.base import (
 )
 from services.frontend.engines.commit import Line, LineKind
 from services.frontend.engines.tts import Player, TtsEngine, TtsSession, shape_phrase
-from services.frontend.engines.turns import TurnDetector, TurnEvent
+from services.frontend.engines.turns import LevelVad, TurnDetector, TurnEvent
 from tests.frontend.calls import frames_of, silence
 
 OracleStep = Callable[[TtsSession], None]
@@ -71,9 +71,14 @@ def spoken(outputs: list[StepOutput]) -> list[tuple[str, int]]:
 
 
 def last_voiced_frame(speech: np.ndarray) -> int:
-    """The caller call's last frame that holds the question (after LEAD_S of silence)."""
-    voiced = [i for i, f in enumerate(frames_of(speech)) if rms_dbfs(f) > -60]
-    return round(LEAD_S / FRAME_SECONDS) + voiced[-1]
+    """The caller call's last frame that holds the question (after LEAD_S of silence),
+    as the engine's own level VAD judges it (piper's speech varies from run to run,
+    and a faint last frame must count the way the turn detector counts it)."""
+    lead = round(LEAD_S / FRAME_SECONDS)
+    vad = LevelVad()
+    frames = [np.zeros(FRAME_SAMPLES, dtype=np.float32)] * lead + frames_of(speech)
+    voiced = [i for i, frame in enumerate(frames) if vad.voiced(frame)]
+    return voiced[-1]
 
 
 def heard(text: str, end_s: float, final: bool = True) -> OracleStep:

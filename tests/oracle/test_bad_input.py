@@ -58,7 +58,7 @@ async def test_an_unreachable_configured_url_is_invalid_argument_and_stays_unnam
     client = guide_client(runtime.port)
     await client.config(session_id=session_id)
     assert await client.finish() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "configured base URL is unreachable" in client.error.details()
+    assert "the base URL is unreachable" in client.error.details()
     assert internal not in client.error.details()  # the caller learns no internal address
 
 
