@@ -321,8 +321,16 @@ class _Conversation:
                 )
             elif kind == "oracle_update":
                 update = response.oracle_update
-                op = "oracle_reset" if update.op == update.RESET else "oracle_append"
-                self.event(op, generation=update.generation, text=update.text)
+                if update.op == update.RESET:
+                    self.event(
+                        "oracle_reset",
+                        generation=update.generation,
+                        text=update.text,
+                        source_text=update.source.text,
+                        source_final=update.source.is_final,
+                    )
+                else:
+                    self.event("oracle_append", generation=update.generation, text=update.text)
             elif kind == "turn":
                 turn = {
                     name: getattr(response.turn, name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from kame_common import store
 from kame_common.voice import Voice, load_voice
 
 REDIS_URL = os.environ.get("KAME_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+ESPEAK_QUESTIONS = Path(__file__).resolve().parents[1] / "bench/questions/espeak/questions.json"
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +81,13 @@ def speak(voice):
         return cache[text]
 
     return _speak
+
+
+@pytest.fixture(scope="session")
+def espeak_questions():
+    """Callers that do not sound like piper: the bench's factual questions spoken by
+    espeak-ng in 13 English voices, speeds and pitches (bench/questions/espeak,
+    made by bench/make_questions.py), as kame bench loads them (24 kHz)."""
+    from kame_cli.bench.questions import load_questions
+
+    return load_questions(ESPEAK_QUESTIONS)

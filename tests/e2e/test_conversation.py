@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from kame_cli.bench.answer import coherence
 from kame_cli.talk import TalkOptions, talk
 from kame_common import store
 from kame_common.audio import FRAME_SAMPLES, SAMPLE_RATE, rms_dbfs
+from kame_common.words import normalize_words
 from kamepb import gateway_pb2
 from tests.e2e.conftest import (
     QUESTION,
@@ -150,6 +152,32 @@ async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
         "/kame.v1.Oracle/Guide",
         "/kame.v1.Frontend/Stream",
     } <= server_spans
+
+
+async def test_tandem_answers_an_espeak_caller_with_one_fresh_answer(stack, espeak_questions):
+    """A voice that is not piper's, through the whole stack in tandem: the agent may
+    hold the floor ("Hmm,"), then speaks ONE candidate, whose source is what the
+    caller actually said, never a spliced guess from a partial transcript."""
+    question = next(q for q in espeak_questions if q.text == "What is the capital of Germany?")
+    options = TalkOptions(
+        gateway=stack.gateway.address,
+        mode="tandem",
+        tail_s=1.5,
+        max_wait_s=25.0,
+        wait_for_answer=True,
+    )
+    result = await talk(question.audio, options)
+    assert result.status == "OK", result.status_details
+    verdict = coherence(result.events, result.speech_start_s)
+    assert verdict.coherent, (verdict.note, result.agent_text)
+    # The spoken candidate answers the caller's final words (normalized), not a guess.
+    reset = next(
+        e
+        for e in result.events
+        if e["type"] == "oracle_reset" and e["generation"] == verdict.generation
+    )
+    assert normalize_words(reset["source_text"]) == normalize_words(result.user_transcript)
+    assert "berlin" in words_of(result.agent_text), result.agent_text
 
 
 async def test_two_concurrent_sessions_do_not_cross(stack, speak):

@@ -31,11 +31,20 @@ Event = oracle_pb2.OracleEvent
 
 @pytest.fixture
 async def oracle():
-    """start(**settings) -> port of an oracle holding SERVICE_KEYS (no Redis history)."""
+    """start(**settings) -> port of an oracle holding SERVICE_KEYS (no Redis history).
+    No warm-up at start: what is counted here is what a caller's config makes the
+    oracle send (the warm-up is the operator's own request, tested in tests/oracle)."""
     runtimes = []
 
     async def start(**overrides) -> int:
-        settings = dict(host="127.0.0.1", port=0, metrics_port=0, redis_url="", model="stub-model")
+        settings = dict(
+            host="127.0.0.1",
+            port=0,
+            metrics_port=0,
+            redis_url="",
+            model="stub-model",
+            warmup_timeout_s=0.0,
+        )
         runtime = await serve(OracleSettings(**{**settings, **overrides}), api_keys=SERVICE_KEYS)
         runtimes.append(runtime)
         return runtime.port

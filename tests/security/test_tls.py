@@ -157,6 +157,7 @@ async def mtls_oracle(pki, tmp_path):
         port=0,
         metrics_port=0,
         redis_url="",
+        warmup_timeout_s=0.0,  # no LLM behind it: only the mTLS handshake is tested
         tls_client_ca_file=str(pki.ca_file),
         **tls_files(pki, tmp_path),
     )

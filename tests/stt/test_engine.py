@@ -41,6 +41,17 @@ def _finals(responses) -> list[common_pb2.TranscriptEvent]:
     return [r.transcript for r in responses if r.HasField("transcript") and r.transcript.is_final]
 
 
+def test_other_voices_are_heard(stt_engine, espeak_questions, text_metrics):
+    """Not tuned to one voice: espeak-ng's voices (US, British, Scottish, Caribbean;
+    male and female; 130-160 words a minute) are recognized as well as piper's."""
+    errors = {
+        q.text: text_metrics.wer(q.text, stt_engine.transcribe_clip(q.audio))
+        for q in espeak_questions[:6]
+    }
+    assert sum(errors.values()) / len(errors) <= 0.15, errors
+    assert max(errors.values()) <= 0.4, errors
+
+
 def test_transcribe_clip_hears_a_whole_clip(stt_engine, speak, text_metrics):
     silence = np.zeros(SAMPLE_RATE, dtype=np.float32)
     clip = np.concatenate([silence, speak("What is the capital of France?"), silence])
