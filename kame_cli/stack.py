@@ -413,29 +413,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
 
 
-def options_from_args(args: argparse.Namespace) -> StackOptions:
+def ports_from_args(args: argparse.Namespace) -> Ports:
     if args.free_ports:
-        ports = Ports.free(redis=args.redis_port)
-    else:
-        ports = Ports(
-            gateway=args.gateway_port,
-            frontend=args.frontend_port,
-            stt=args.stt_port,
-            oracle=args.oracle_port,
-            llm=args.llm_port,
-            redis=args.redis_port,
-        )
+        return Ports.free(redis=args.redis_port)
+    return Ports(
+        gateway=args.gateway_port,
+        frontend=args.frontend_port,
+        stt=args.stt_port,
+        oracle=args.oracle_port,
+        llm=args.llm_port,
+        redis=args.redis_port,
+    )
+
+
+def options_from_args(
+    args: argparse.Namespace, ports: Ports, engine: str, log_dir: Path | None
+) -> StackOptions:
+    """A stack of `engine` on `ports` with the checkpoint, device, Redis and LLM
+    options in `args` (`kame up`'s and `kame bench`'s share their names)."""
     return StackOptions(
         ports=ports,
-        frontend_engine=args.frontend_engine,
-        checkpoint=args.checkpoint,
+        frontend_engine=engine,
+        checkpoint=args.checkpoint if engine != "tts" else "",
         device=args.device,
         redis_url=args.redis_url,
         llm_base_url=args.llm_base_url,
         llm_backend=args.llm_backend,
         llm_model=args.llm_model,
         startup_timeout_s=args.startup_timeout_s,
-        log_dir=args.log_dir,
+        log_dir=log_dir,
     )
 
 
@@ -453,7 +459,9 @@ def run(args: argparse.Namespace) -> int:
     # Explicit handlers: a shell that starts us in the background ignores SIGINT.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, _raise_interrupt)
-    stack = Stack(options_from_args(args))
+    stack = Stack(
+        options_from_args(args, ports_from_args(args), args.frontend_engine, args.log_dir)
+    )
     print(f"kame up: starting the stack (logs in {stack.log_dir}) ...", flush=True)
     try:
         stack.start()

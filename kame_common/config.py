@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import os
 import typing
 from collections.abc import Mapping, Sequence
@@ -143,12 +144,24 @@ def metrics_port_setting(service: str) -> Any:
 
 @dataclasses.dataclass
 class ServiceSettings:
-    """The settings every service has. A service's settings class extends it,
-    names its service in SERVICE (which also makes the KAME_<SERVICE>_ prefix of
-    its environment variables) and declares its ports with grpc_port_setting /
-    metrics_port_setting. `validate` checks what a type alone cannot."""
+    """The settings every service has. A service's settings class extends it and
+    names its service in SERVICE, which makes the KAME_<SERVICE>_ prefix of its
+    environment variables and its default ports (kame_common.ports). `validate`
+    checks what a type alone cannot."""
 
     SERVICE: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give `port` and `metrics_port` the named service's defaults, before the
+        subclass's @dataclass reads its fields."""
+        super().__init_subclass__(**kwargs)
+        service = cls.__dict__.get("SERVICE")
+        if service is None:
+            return
+        own = inspect.get_annotations(cls)
+        cls.__annotations__ = {"port": "int", "metrics_port": "int", **own}
+        cls.port = grpc_port_setting(service)
+        cls.metrics_port = metrics_port_setting(service)
 
     host: str = setting("0.0.0.0", "address the gRPC server binds")
     port: int = setting(0, "gRPC port (0 picks a free one)")

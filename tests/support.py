@@ -6,7 +6,11 @@ import asyncio
 import inspect
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+
+from kame_common.server import ServiceRuntime
 
 
 async def wait_until(
@@ -41,3 +45,23 @@ def word_recall(expected: str, heard: str) -> float:
     was recognized compare a share against a threshold, never one exact word."""
     wanted = set(words_of(expected))
     return len(wanted & set(words_of(heard))) / len(wanted) if wanted else 1.0
+
+
+ECHO_SERVICE = "kametest.Echo"
+
+
+def echo_handler(runtime: ServiceRuntime) -> grpc.GenericRpcHandler:
+    """`kametest.Echo/Chat`: a bidirectional echo (raw bytes) that holds one of
+    `runtime`'s sessions while its stream is open, for tests of the runtime itself."""
+
+    async def chat(
+        request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        async with runtime.session(context):
+            async for message in request_iterator:
+                yield message
+
+    return grpc.method_handlers_generic_handler(
+        ECHO_SERVICE,
+        {"Chat": grpc.stream_stream_rpc_method_handler(chat, lambda b: b, lambda b: b)},
+    )

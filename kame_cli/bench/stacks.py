@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from kame_cli.bench.runs import Run
-from kame_cli.stack import Ports, Stack, StackOptions, free_ports
+from kame_cli.stack import Ports, Stack, StackOptions, free_ports, options_from_args
 
 MIN_FRONTEND_SLOTS = 4
 
@@ -42,16 +42,6 @@ def group_by_engine(runs: list[Run]) -> dict[str, list[Run]]:
 def engine_stack(args: argparse.Namespace, engine: str, scratch: Path) -> BenchStack:
     """The stack for `engine` as the bench's options ask (logs under `scratch`)."""
     redis_port = free_ports(1)[0]  # a free port: the stack starts its own Redis there
-    options = StackOptions(
-        ports=Ports.free(redis=redis_port),
-        frontend_engine=engine,
-        checkpoint=args.checkpoint if engine != "tts" else "",
-        device=args.device,
-        redis_url=args.redis_url,
-        llm_base_url=args.llm_base_url,
-        llm_backend=args.llm_backend,
-        llm_model=args.llm_model,
-        startup_timeout_s=args.startup_timeout_s,
-        log_dir=scratch / f"logs-{engine}",
-    )
+    ports = Ports.free(redis=redis_port)
+    options = options_from_args(args, ports, engine, scratch / f"logs-{engine}")
     return BenchStack(options, max([MIN_FRONTEND_SLOTS, *args.load]))

@@ -11,8 +11,6 @@ from kame_common.config import (
     ConfigError,
     ServiceSettings,
     check_secret,
-    grpc_port_setting,
-    metrics_port_setting,
     setting,
 )
 from kame_common.ports import LOCAL_REDIS_URL
@@ -24,8 +22,6 @@ ENGINES = ("tts", "kame", "moshi")
 class FrontendSettings(ServiceSettings):
     SERVICE: ClassVar[str] = "frontend"
 
-    port: int = grpc_port_setting("frontend")
-    metrics_port: int = metrics_port_setting("frontend")
     engine: str = setting("tts", "Engine this replica serves", choices=ENGINES)
     voice: str = setting("", "tts engine: piper .onnx voice path (empty = embedded joe voice)")
     checkpoint: str = setting("", "kame/moshi engines: checkpoint directory or HF repo id")

@@ -10,8 +10,6 @@ from kame_common.config import (
     ConfigError,
     ServiceSettings,
     check_secret,
-    grpc_port_setting,
-    metrics_port_setting,
     setting,
 )
 from kame_common.ports import LOCAL_REDIS_URL, loopback_address
@@ -24,8 +22,6 @@ MODES = ("tandem", "cascade", "s2s")
 class GatewaySettings(ServiceSettings):
     SERVICE: ClassVar[str] = "gateway"
 
-    port: int = grpc_port_setting("gateway")
-    metrics_port: int = metrics_port_setting("gateway")
     # The client-facing port shows callers no more of the API than they need.
     reflection: bool = setting(False, "serve gRPC reflection on the client port")
     auth_tokens: str = setting(

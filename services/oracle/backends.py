@@ -33,6 +33,7 @@ import logging
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import anthropic
@@ -141,9 +142,23 @@ class LLMBackend(abc.ABC):
     _timeout_error: type[Exception]
     _status_error: type[Exception]
     _auth_errors: tuple[type[Exception], ...]
+    # The session's own SDK client (and with it its HTTP connection pool).
+    client: openai.AsyncOpenAI | anthropic.AsyncAnthropic
 
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
+
+    @staticmethod
+    def _client_options(settings: BackendSettings) -> dict[str, Any]:
+        """What both SDKs' clients take: the session's key (a placeholder for a
+        server that wants none: the SDKs refuse to start without one), the base
+        URL, the timeout, and no retries of their own (see the module doc)."""
+        return {
+            "api_key": settings.api_key or _NO_KEY_PLACEHOLDER,
+            "base_url": settings.base_url,
+            "timeout": settings.request_timeout_s,
+            "max_retries": 0,
+        }
 
     @property
     def name(self) -> str:
@@ -153,17 +168,17 @@ class LLMBackend(abc.ABC):
     def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncGenerator[str, None]:
         """One request: yields text chunks as the model produces them."""
 
-    @abc.abstractmethod
     async def _list_models(self, timeout_s: float) -> None:
         """A cheap authenticated GET, to check the base URL and key."""
+        await self.client.models.list(timeout=timeout_s)
 
     @abc.abstractmethod
     async def _warm_up_once(self) -> None:
         """One request of the fixed prompt prefix with max_tokens 1."""
 
-    @abc.abstractmethod
     async def aclose(self) -> None:
         """Close the SDK client and its connection pool."""
+        await self.client.close()
 
     async def check(self, timeout_s: float) -> None:
         """Config-time check: the server answers and does not reject the key.
@@ -199,16 +214,18 @@ class LLMBackend(abc.ABC):
         except TimeoutError as exc:
             raise BackendError("timeout", f"{self.name}: no answer within {timeout_s:g} s") from exc
 
+    def _request_timed_out(self) -> BackendError:
+        return BackendError(
+            "timeout", f"{self.name}: no answer within {self.settings.request_timeout_s:g} s"
+        )
+
     async def _warm_up_until_answered(self) -> None:
         while True:
             try:
                 await self._warm_up_once()
                 return
             except self._timeout_error as exc:
-                raise BackendError(
-                    "timeout",
-                    f"{self.name}: no answer within {self.settings.request_timeout_s:g} s",
-                ) from exc
+                raise self._request_timed_out() from exc
             except self._connection_error:
                 await asyncio.sleep(_WARM_UP_RETRY_S)
             except self._status_error as exc:
@@ -225,10 +242,7 @@ class LLMBackend(abc.ABC):
                         yield chunk
                 return
             except self._timeout_error as exc:
-                raise BackendError(
-                    "timeout",
-                    f"{self.name}: no answer within {self.settings.request_timeout_s:g} s",
-                ) from exc
+                raise self._request_timed_out() from exc
             except self._connection_error as exc:
                 if produced or attempt == 2:
                     raise BackendError(
@@ -251,15 +265,7 @@ class OpenAIBackend(LLMBackend):
     def __init__(self, settings: BackendSettings, few_shot: bool) -> None:
         super().__init__(settings)
         self.few_shot = few_shot
-        self.client = openai.AsyncOpenAI(
-            api_key=settings.api_key or _NO_KEY_PLACEHOLDER,
-            base_url=settings.base_url,
-            timeout=settings.request_timeout_s,
-            max_retries=0,
-        )
-
-    async def _list_models(self, timeout_s: float) -> None:
-        await self.client.models.list(timeout=timeout_s)
+        self.client: openai.AsyncOpenAI = openai.AsyncOpenAI(**self._client_options(settings))
 
     @property
     def _header(self) -> str:
@@ -317,9 +323,6 @@ class OpenAIBackend(LLMBackend):
                     stats.output_tokens += 1
                     yield text
 
-    async def aclose(self) -> None:
-        await self.client.close()
-
 
 def _openai_chat(messages: Sequence[Mapping[str, str]]) -> list[ChatCompletionMessageParam]:
     """The prompt's [system, user] messages (prompts.py) as the openai SDK types them."""
@@ -342,15 +345,9 @@ class AnthropicBackend(LLMBackend):
 
     def __init__(self, settings: BackendSettings) -> None:
         super().__init__(settings)
-        self.client = anthropic.AsyncAnthropic(
-            api_key=settings.api_key or _NO_KEY_PLACEHOLDER,
-            base_url=settings.base_url,
-            timeout=settings.request_timeout_s,
-            max_retries=0,
+        self.client: anthropic.AsyncAnthropic = anthropic.AsyncAnthropic(
+            **self._client_options(settings)
         )
-
-    async def _list_models(self, timeout_s: float) -> None:
-        await self.client.models.list(timeout=timeout_s)
 
     async def _warm_up_once(self) -> None:
         system, opening = warm_up_chat_messages(self.settings.system_prompt)
@@ -378,9 +375,6 @@ class AnthropicBackend(LLMBackend):
                     yield event.delta.text
                 elif event.type == "message_delta":
                     stats.output_tokens = event.usage.output_tokens
-
-    async def aclose(self) -> None:
-        await self.client.close()
 
 
 def create_backend(settings: BackendSettings) -> LLMBackend:

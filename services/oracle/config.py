@@ -26,8 +26,6 @@ from typing import ClassVar
 from kame_common.config import (
     ConfigError,
     ServiceSettings,
-    grpc_port_setting,
-    metrics_port_setting,
     setting,
 )
 from kame_common.ports import LOCAL_LLM_URL, LOCAL_REDIS_URL
@@ -52,8 +50,6 @@ API_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 class OracleSettings(ServiceSettings):
     SERVICE: ClassVar[str] = "oracle"
 
-    port: int = grpc_port_setting("oracle")
-    metrics_port: int = metrics_port_setting("oracle")
     max_sessions: int = setting(100, "concurrent sessions before RESOURCE_EXHAUSTED (0 = no limit)")
     redis_url: str = setting(LOCAL_REDIS_URL, "Redis for conversation history")
     history_ttl_s: int = setting(3600, "seconds a conversation log lives after its last turn")

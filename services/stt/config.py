@@ -10,8 +10,6 @@ from typing import ClassVar
 from kame_common.config import (
     ConfigError,
     ServiceSettings,
-    grpc_port_setting,
-    metrics_port_setting,
     setting,
 )
 
@@ -37,8 +35,6 @@ MAX_UTTERANCE_LIMIT_S = 30.0
 class SttSettings(ServiceSettings):
     SERVICE: ClassVar[str] = "stt"
 
-    port: int = grpc_port_setting("stt")
-    metrics_port: int = metrics_port_setting("stt")
     model_dir: str = setting("", "CTranslate2 Whisper directory (empty = embedded tiny.en)")
     device: str = setting("cpu", "Where Whisper runs", choices=DEVICES)
     compute_type: str = setting(

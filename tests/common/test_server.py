@@ -20,23 +20,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from kame_common.config import ServiceSettings
 from kame_common.server import ServiceRuntime
+from tests.support import ECHO_SERVICE, echo_handler
 
 ROOT = Path(__file__).resolve().parents[2]
-ECHO_SERVICE = "kametest.Echo"
-
-
-def _echo_handler(runtime: ServiceRuntime):
-    """A bidirectional echo RPC that holds a session for as long as the stream is open."""
-
-    async def chat(request_iterator, context):
-        async with runtime.session(context):
-            async for message in request_iterator:
-                yield message
-
-    return grpc.method_handlers_generic_handler(
-        ECHO_SERVICE,
-        {"Chat": grpc.stream_stream_rpc_method_handler(chat, lambda b: b, lambda b: b)},
-    )
 
 
 @dataclass
@@ -48,7 +34,7 @@ class EchoSettings(ServiceSettings):
 async def runtime():
     settings = EchoSettings(host="127.0.0.1", port=0, max_sessions=1, grace_s=5)
     runtime = ServiceRuntime(settings, [ECHO_SERVICE])
-    await runtime.start(lambda server: server.add_generic_rpc_handlers([_echo_handler(runtime)]))
+    await runtime.start(lambda server: server.add_generic_rpc_handlers([echo_handler(runtime)]))
     yield runtime
     await runtime.stop()
 

@@ -35,29 +35,15 @@ from services.gateway.config import GatewaySettings
 from services.gateway.connections import Connections
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.server import serve as serve_oracle
+from tests.support import ECHO_SERVICE, echo_handler
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-ECHO_SERVICE = "kametest.Echo"
 
 
 @dataclass
 class ProbeSettings(ServiceSettings):
     SERVICE: ClassVar[str] = "probe"
-
-
-def _echo_handler(runtime: ServiceRuntime) -> grpc.GenericRpcHandler:
-    """A bidirectional echo that holds a session while its stream is open."""
-
-    async def chat(request_iterator, context):
-        async with runtime.session(context):
-            async for message in request_iterator:
-                yield message
-
-    return grpc.method_handlers_generic_handler(
-        ECHO_SERVICE,
-        {"Chat": grpc.stream_stream_rpc_method_handler(chat, lambda b: b, lambda b: b)},
-    )
 
 
 @pytest.fixture
@@ -69,7 +55,7 @@ async def probe():
         settings = ProbeSettings(**{"host": "127.0.0.1", "port": 0, "grace_s": 5, **overrides})
         settings.validate()
         runtime = ServiceRuntime(settings, [ECHO_SERVICE])
-        await runtime.start(lambda s: s.add_generic_rpc_handlers([_echo_handler(runtime)]))
+        await runtime.start(lambda s: s.add_generic_rpc_handlers([echo_handler(runtime)]))
         runtimes.append(runtime)
         return runtime
 
