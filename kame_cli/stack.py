@@ -67,6 +67,11 @@ class Ports:
         return cls(redis=redis, **dict(zip(names, free_ports(len(names)), strict=True)))
 
 
+def llm_threads() -> int:
+    """CPU threads of the embedded LLM server: half the cores, at least one."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 def free_ports(count: int) -> list[int]:
     sockets = []
     for _ in range(count):
@@ -241,6 +246,10 @@ class Stack:
                 LOOPBACK,
                 "--port",
                 str(self.ports.llm),
+                # Half the cores: Whisper's decode of the caller's last words, on the
+                # path to every answer, must not wait behind speculative LLM work.
+                "--threads",
+                str(llm_threads()),
             ],
             {},
             lambda: child.has_logged(llm_server.READY_LINE),  # printed once it is warm

@@ -318,6 +318,7 @@ class AgentText(_message.Message):
     START_S_FIELD_NUMBER: _builtins.int
     END_S_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int
+    FILLER_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """One or more whole words."""
     start_s: _builtins.float
@@ -325,6 +326,11 @@ class AgentText(_message.Message):
     end_s: _builtins.float
     generation: _builtins.int
     """Oracle generation that the words came from, 0 if none."""
+    filler: _builtins.bool
+    """A hold phrase ("Hmm,") or a repair ("Sorry,"): said to hold or mend the
+    floor, not content. The oracle keeps it out of the conversation it prompts
+    with; answer latency does not end on it.
+    """
     def __init__(
         self,
         *,
@@ -332,10 +338,11 @@ class AgentText(_message.Message):
         start_s: _builtins.float = ...,
         end_s: _builtins.float = ...,
         generation: _builtins.int = ...,
+        filler: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_s", b"end_s", "generation", b"generation", "start_s", b"start_s", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_s", b"end_s", "filler", b"filler", "generation", b"generation", "start_s", b"start_s", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -39,7 +39,7 @@ class FrontendConfig(_message.Message):
     0 = default (0.4 s).
     """
     hold_max_s: _builtins.float
-    """... for at most this long (0 = default 3 s); then it gives the floor back."""
+    """... for at most this long (0 = default 5 s); then it gives the floor back."""
     @_builtins.property
     def hold_phrases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """tts engine: when the caller's turn ends and no candidate answers what the

@@ -31,6 +31,7 @@ from redis.exceptions import RedisError
 from kame_common import store, tracing
 from kame_common.audio import SAMPLE_RATE, check_frame, float_to_pcm16, pcm16_to_float
 from kame_common.server import ServiceRuntime, service_main
+from kame_common.words import normalize_words
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
 from services.frontend import metrics
 from services.frontend.config import ENGINES, FrontendSettings
@@ -280,6 +281,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                     start_s=word.start_s,
                     end_s=word.end_s,
                     generation=word.generation,
+                    filler=word.filler,
                 )
             )
             for word in output.words
@@ -309,7 +311,11 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
 
 
 def transcript_of(event: common_pb2.TranscriptEvent) -> Transcript:
-    return Transcript(event.utterance_id, event.text, event.is_final, event.span.end_s)
+    settled = event.is_final or (
+        bool(normalize_words(event.text))
+        and normalize_words(event.stable_text) == normalize_words(event.text)
+    )
+    return Transcript(event.utterance_id, event.text, event.is_final, event.span.end_s, settled)
 
 
 async def serve(settings: FrontendSettings) -> ServiceRuntime:

@@ -73,7 +73,7 @@ class GatewaySettings(ServiceSettings):
         "the floor for an answer to what the caller said (empty = hold in silence)",
     )
     hold_max_s: float = setting(
-        3.0, "tts engine: longest hold before the agent gives the floor back"
+        5.0, "tts engine: longest hold before the agent gives the floor back"
     )
 
     def upstream_tls(self) -> ClientTls:

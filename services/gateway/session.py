@@ -369,8 +369,10 @@ class GatewaySession:
         return responses
 
     def _is_answer_word(self, text: common_pb2.AgentText) -> bool:
-        """Words of an oracle candidate are the answer (hold phrases and repairs
-        carry generation 0); in s2s mode every agent word is."""
+        """Words of an oracle candidate are the answer, a hold phrase or repair is
+        not; in s2s mode every word the speech LM says is."""
+        if text.filler:
+            return False
         return text.generation != 0 or self.plan.mode is Mode.S2S
 
     def _ready_summaries(self) -> list[gateway_pb2.ConverseResponse]:

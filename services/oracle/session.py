@@ -239,8 +239,11 @@ class OracleSession:
         self._commit(Turn(USER, text))
 
     def agent_text(self, event: common_pb2.AgentText) -> None:
+        """Words the agent said. A hold phrase or repair ("Hmm,", "Sorry,") stays out
+        of the conversation: in the prompt, "Assistant: Hmm," before the answer slot
+        would make the model continue the filler instead of answering."""
         text = " ".join(event.text.split())
-        if text:
+        if text and not event.filler:
             self._agent_words.append(SpokenWord(event.start_s, text))
 
     # -- outputs --------------------------------------------------------------

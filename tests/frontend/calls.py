@@ -69,11 +69,13 @@ def append(generation: int, text: str) -> common_pb2.OracleUpdate:
 def transcript(
     text: str, end_s: float, final: bool = True, utterance_id: str = "u1"
 ) -> common_pb2.TranscriptEvent:
-    """stt's hypothesis of the caller's utterance, covering audio up to `end_s`."""
+    """stt's hypothesis of the caller's utterance, covering audio up to `end_s`
+    (a partial's words all stable: stt expects none of them to change)."""
     return common_pb2.TranscriptEvent(
         utterance_id=utterance_id,
         is_final=final,
         text=text,
+        stable_text=text,
         span=common_pb2.AudioSpan(start_s=0.0, end_s=end_s),
     )
 

@@ -41,8 +41,9 @@ def make_policy(clock: FakeClock, hold=("Hmm,", "Let me see,"), hold_max_s=3.0) 
     return policy
 
 
-def heard(policy, text: str, final=False, end_s=SPEECH_END_S, utterance="u1") -> None:
-    policy.transcript(Transcript(utterance, text, final, end_s))
+def heard(policy, text: str, final=False, end_s=SPEECH_END_S, utterance="u1", settled=True) -> None:
+    """stt's hypothesis; a partial's words all stable (`settled`) unless a test says not."""
+    policy.transcript(Transcript(utterance, text, final, end_s, settled))
 
 
 def source(text: str, utterance="u1", final=False) -> CandidateSource:
@@ -316,3 +317,16 @@ def test_a_candidate_without_a_source_is_never_spoken(clock):
     assert policy.speculative_line() is None
     policy.caller_turn_ended(SPEECH_END_S)
     assert text_of(say_all(policy)) == [("Hmm,", 0)]
+
+
+def test_a_covering_partial_whose_words_are_not_all_stable_waits_for_the_final(clock):
+    """Whisper revises the last word of a partial often enough: an unsettled partial
+    never makes a candidate fresh, the final does."""
+    policy = make_policy(clock, hold=())
+    heard(policy, QUESTION, end_s=SPEECH_END_S, settled=False)
+    policy.candidate_reset(1, "Paris.", source(QUESTION))
+    clock.now += 0.4
+    policy.caller_turn_ended(SPEECH_END_S)
+    assert say_all(policy) == [] and policy.floor is Floor.HOLDING  # held, in silence
+    heard(policy, QUESTION, final=True, end_s=SPEECH_END_S + 0.2)
+    assert text_of(say_all(policy)) == [("Paris.", 1)]

@@ -83,7 +83,7 @@ def last_voiced_frame(speech: np.ndarray) -> int:
 
 def heard(text: str, end_s: float, final: bool = True) -> OracleStep:
     """stt's hypothesis of the caller's one utterance reaches the session."""
-    return lambda s: s.user_transcript(Transcript("u1", text, final, end_s))
+    return lambda s: s.user_transcript(Transcript("u1", text, final, end_s, settled=True))
 
 
 def answer(generation: int, text: str, question: str) -> OracleStep:

@@ -174,6 +174,7 @@ async def test_a_different_answer_mid_speech_finishes_the_phrase_then_is_repaire
     old, repair, new = call.words_of(1), call.words_of(0), call.words_of(2)
     assert old[-3].text == "wonderful" and old[-3].start_s <= reset_frame * FRAME_SECONDS
     assert old[-1].end_s <= repair[0].start_s < new[0].start_s
+    assert [w.filler for w in repair] == [True] and not any(w.filler for w in old + new)
     # The agent keeps sounding from the RESET to the end of the phrase (word timings
     # are estimates and a frame between words may be quiet: two silent frames allowed).
     sounding = set(call.sounding_frames())
@@ -230,7 +231,7 @@ async def test_a_candidate_that_answers_something_else_is_held_then_the_floor_gi
 
     call = await play_call(frontend_stub, caller, oracle, config)
 
-    assert [(w.text, w.generation) for w in call.words] == [("Hmm,", 0)]
+    assert [(w.text, w.generation, w.filler) for w in call.words] == [("Hmm,", 0, True)]
     [turn_end] = call.turn_ends
     sounding = call.sounding_frames()
     assert sounding and sounding[0] >= turn_end.seq

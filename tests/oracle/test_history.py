@@ -46,11 +46,15 @@ def user(session: OracleSession, text: str, span: tuple[float, float], final: bo
     )
 
 
-def agent(session: OracleSession, words: str, start_s: float, step_s: float = 0.3) -> None:
+def agent(
+    session: OracleSession, words: str, start_s: float, step_s: float = 0.3, filler: bool = False
+) -> None:
     """The agent speaks `words` one by one from `start_s` on."""
     for i, word in enumerate(words.split()):
         at = start_s + i * step_s
-        session.agent_text(common_pb2.AgentText(text=word, start_s=at, end_s=at + step_s))
+        session.agent_text(
+            common_pb2.AgentText(text=word, start_s=at, end_s=at + step_s, filler=filler)
+        )
 
 
 async def test_an_answer_spoken_before_the_final_arrives_is_stored_after_the_question(
@@ -72,6 +76,16 @@ async def test_an_answer_spoken_before_the_final_arrives_is_stored_after_the_que
     agent(session, "Madrid.", start_s=5.0)  # spoken after the next utterance began
     await session.close()
     assert history[-1] == Turn(AGENT, "Madrid.")  # the session's end saves the rest
+
+
+async def test_a_hold_phrase_is_not_part_of_the_conversation(unstarted_session):
+    history: list[Turn] = []
+    session = unstarted_session(history)
+    user(session, QUESTION, (0.5, 2.2))
+    agent(session, "Hmm,", start_s=2.6, filler=True)  # said while the answer was not ready
+    agent(session, "Paris.", start_s=3.4)
+    await session.close()
+    assert history == [Turn(USER, QUESTION), Turn(AGENT, "Paris.")]
 
 
 async def test_a_barge_in_splits_the_agent_turn_where_the_caller_began(unstarted_session):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from kame_common.audio import Samples
 
-DEFAULT_HOLD_MAX_S = 3.0
+DEFAULT_HOLD_MAX_S = 5.0
 
 
 class SlotsExhausted(RuntimeError):
@@ -54,12 +54,15 @@ class CandidateSource:
 @dataclass(frozen=True)
 class Transcript:
     """One stt hypothesis of a caller utterance; `end_s` is where the audio it
-    covers ends, in seconds from the start of the stream."""
+    covers ends, in seconds from the start of the stream; `settled` when stt
+    expects none of its words to change (a final, or a partial whose words are
+    all stable: two consecutive hypotheses agreed on them)."""
 
     utterance_id: str
     text: str
     is_final: bool
     end_s: float
+    settled: bool = False
 
 
 @dataclass
@@ -71,6 +74,7 @@ class SpokenWord:
     start_s: float
     end_s: float
     generation: int = 0
+    filler: bool = False  # a hold phrase or a repair, not content
 
 
 @dataclass

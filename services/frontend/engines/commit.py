@@ -14,8 +14,13 @@ fake one.
 Fresh. A candidate is fresh when its source (the utterance the oracle
 answered) is the caller's latest utterance, its normalized words equal that
 utterance's latest hypothesis, and that hypothesis belongs to this turn and
-covers the end of its speech: it is final, or its audio reaches to within
-COVER_TOLERANCE_S of the turn's speech end. The tolerance is two 80 ms frames:
+is settled: it is final, or it is a partial that covers the end of speech
+(its audio reaches to within COVER_TOLERANCE_S of the turn's speech end) and
+whose every word stt marks stable. Whisper revises the last word of a
+partial often enough (measured with `kame bench`: one spoken answer in six
+that came from a covering partial had to be repaired after the final) that an
+unsettled partial is not worth speaking on: the final, which the turn end asks
+stt for at once (EndOfTurn), is the usual source. The tolerance is two 80 ms frames:
 the turn detector's level VAD and stt's Silero VAD place the end of speech a
 frame or two apart (a soft last consonant, a breath), while a whole short word
 lasts longer than that. A hypothesis belongs to this turn when its audio
@@ -121,6 +126,7 @@ class Hypothesis:
     utterance_id: str
     words: tuple[str, ...]
     is_final: bool
+    settled: bool  # final, or a partial whose every word is stable
     end_s: float
 
 
@@ -189,7 +195,9 @@ class AnswerPolicy:
             return  # a noise, or late news of an utterance stt has already moved on from
         if self._latest is not None and self._latest.utterance_id != event.utterance_id:
             self._superseded.add(self._latest.utterance_id)
-        self._latest = Hypothesis(event.utterance_id, words, event.is_final, event.end_s)
+        self._latest = Hypothesis(
+            event.utterance_id, words, event.is_final, event.is_final or event.settled, event.end_s
+        )
         self._consider(self._candidate)
 
     def candidate_reset(self, generation: int, text: str, source: CandidateSource | None) -> None:
@@ -306,8 +314,8 @@ class AnswerPolicy:
         if candidate.closed or latest is None or not self._matches_latest(candidate):
             return False
         of_this_turn = latest.end_s > self._turn_start_s
-        covers_end = latest.is_final or latest.end_s >= self._speech_end_s - COVER_TOLERANCE_S
-        return of_this_turn and covers_end
+        covers_end = latest.end_s >= self._speech_end_s - COVER_TOLERANCE_S
+        return of_this_turn and (latest.is_final or (latest.settled and covers_end))
 
     def _consider(self, candidate: Candidate | None) -> None:
         """Commit or switch to `candidate` if it has become a fresh answer with words."""

@@ -234,7 +234,13 @@ class Player:
                     start_s = frame_start_s + (out.filled + span.start - self._pos) / SAMPLE_RATE
                     duration_s = (span.end - span.start) / SAMPLE_RATE
                     out.words.append(
-                        SpokenWord(span.text, start_s, start_s + duration_s, line.generation)
+                        SpokenWord(
+                            span.text,
+                            start_s,
+                            start_s + duration_s,
+                            line.generation,
+                            filler=line.kind is not LineKind.ANSWER,
+                        )
                     )
             out.filled += take
             self._pos += take
