@@ -156,8 +156,8 @@ class ServiceSettings:
         subclass's @dataclass reads its fields."""
         super().__init_subclass__(**kwargs)
         service = cls.__dict__.get("SERVICE")
-        if service is None:
-            return
+        if service not in SERVICE_PORTS:
+            return  # not one of the stack's services (a test's): ports default to 0
         own = inspect.get_annotations(cls)
         cls.__annotations__ = {"port": "int", "metrics_port": "int", **own}
         cls.port = grpc_port_setting(service)
