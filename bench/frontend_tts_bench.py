@@ -8,7 +8,8 @@
 2. First audio: calls through a real frontend server on loopback, paced at
    real time (80 ms per frame), `--sessions` calls at once. A 3 s question,
    then silence; the turn ends after the default 0.4 s pause (5 frames).
-   - tandem: the oracle's answer arrives while the caller speaks (the engine
+   - tandem: the final transcript and the oracle's answer to it arrive just
+     after the caller's last voiced frame, before the turn end (the engine
      synthesizes the first phrase ahead).
    - cascade: the answer arrives on the turn-end frame (nothing ahead).
    Reported: frames from the caller's last voiced frame (the last one above
@@ -97,7 +98,12 @@ def frames_of(signal: np.ndarray) -> list[np.ndarray]:
     return list(padded.reshape(count, FRAME_SAMPLES))
 
 
-async def one_call(stub, caller: list[np.ndarray], oracle: dict[int, list], turn_end: int) -> dict:
+async def one_call(
+    stub,
+    caller: list[np.ndarray],
+    oracle: dict[int, list[frontend_pb2.FrontendRequest]],
+    turn_end: int,
+) -> dict:
     sent_at: dict[int, float] = {}
 
     async def requests():
@@ -106,8 +112,8 @@ async def one_call(stub, caller: list[np.ndarray], oracle: dict[int, list], turn
         )
         started = time.monotonic()
         for i, frame in enumerate(caller):
-            for update in oracle.get(i, []):
-                yield frontend_pb2.FrontendRequest(oracle=update)
+            for message in oracle.get(i, []):
+                yield message
             sent_at[i] = time.monotonic()
             yield frontend_pb2.FrontendRequest(
                 audio=common_pb2.AudioFrame(
@@ -147,13 +153,27 @@ async def first_audio(repeats: int, session_counts: list[int]) -> list[dict]:
         )
     )
     voiced = [i for i, f in enumerate(frames_of(question)) if rms_dbfs(f) >= VOICED_DB]
-    speech_start, speech_end = lead + voiced[0], lead + voiced[-1]
+    speech_end = lead + voiced[-1]
     turn_end = speech_end + TURN_END_FRAMES
+    # What the gateway relays: stt's final transcript of the question (here as soon
+    # as the speech ends), then the oracle's RESET carrying the answer and the
+    # transcript it answers; the engine speaks only an answer to what was said.
+    final = common_pb2.TranscriptEvent(
+        utterance_id="u1",
+        is_final=True,
+        text=QUESTION,
+        span=common_pb2.AudioSpan(start_s=0.0, end_s=(speech_end + 1) * FRAME_SECONDS),
+    )
+    source = common_pb2.CandidateSource(utterance_id="u1", is_final=True, text=QUESTION)
     answer = [
-        common_pb2.OracleUpdate(op=common_pb2.OracleUpdate.RESET, generation=1),
-        common_pb2.OracleUpdate(op=common_pb2.OracleUpdate.APPEND, generation=1, text=ANSWER),
+        frontend_pb2.FrontendRequest(user_transcript=final),
+        frontend_pb2.FrontendRequest(
+            oracle=common_pb2.OracleUpdate(
+                op=common_pb2.OracleUpdate.RESET, generation=1, text=ANSWER, source=source
+            )
+        ),
     ]
-    scenarios = {"tandem": {speech_start + 5: answer}, "cascade": {turn_end: answer}}
+    scenarios = {"tandem": {speech_end + 1: answer}, "cascade": {turn_end: answer}}
     settings = FrontendSettings(
         host="127.0.0.1",
         port=0,

@@ -266,6 +266,11 @@ class OpenAIBackend(LLMBackend):
         super().__init__(settings)
         self.few_shot = few_shot
         self.client: openai.AsyncOpenAI = openai.AsyncOpenAI(**self._client_options(settings))
+        if not is_vendor_api("openai", settings.base_url):
+            # The SDK reads OPENAI_ORG_ID / OPENAI_PROJECT_ID from our environment into
+            # headers; they mean something to OpenAI only, and leave with no other URL.
+            self.client.organization = None
+            self.client.project = None
 
     @property
     def _header(self) -> str:

@@ -161,8 +161,11 @@ async def test_a_model_outside_the_allow_list_is_refused_and_never_requested(ora
 
 
 async def test_an_allowed_caller_url_gets_the_callers_key_and_never_the_service_key(
-    oracle, capture
+    oracle, capture, monkeypatch
 ):
+    # The OpenAI SDK reads these into headers; they stay with OpenAI's own API.
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-operator-0123")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-operator-0123")
     port = await oracle(allowed_base_urls=f"{capture.url}/v1")
     code, _, events = await guide(
         port,
@@ -174,6 +177,11 @@ async def test_an_allowed_caller_url_gets_the_callers_key_and_never_the_service_
     assert Event.DONE in events  # the answer streamed from the caller's URL
     assert {r.method for r in capture.requests} == {"GET", "POST"}
     assert all(r.headers["authorization"] == f"Bearer {CALLER_KEY}" for r in capture.requests)
+    assert not any(
+        name in r.headers
+        for r in capture.requests
+        for name in ("openai-organization", "openai-project")
+    )
     assert_no_service_key(capture)
 
 
