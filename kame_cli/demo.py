@@ -2,7 +2,8 @@
 
 `kame up` on free ports in the background, `kame say` a question, `kame talk`
 it to the gateway, print the question, what the stt heard, what the agent
-answered and the response latency, then stop the stack. The question WAV,
+answered, the response latency (first audio) and the answer latency (the
+answer's first word, after any hold phrase), then stop the stack. The question WAV,
 the agent's answer, the timeline JSON and its plot stay in --out-dir.
 """
 
@@ -54,7 +55,12 @@ def run(args: argparse.Namespace) -> int:
                 "at real time ...",
                 flush=True,
             )
-            talk_options = talk.TalkOptions(gateway=stack.gateway_address, mode=args.mode)
+            talk_options = talk.TalkOptions(
+                gateway=stack.gateway_address,
+                mode=args.mode,
+                # A hold phrase ("Hmm,") is not the answer: listen until the answer came.
+                wait_for_answer=args.mode != "s2s",
+            )
             result = asyncio.run(talk.talk(question, talk_options))
     except StackError as exc:
         print(f"kame demo: the stack did not start: {exc}", file=sys.stderr)
@@ -73,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
             else f"{latency:.2f} s (caller's end of speech -> first agent audio at the client)"
         )
     )
+    answer = result.turns[0].get("answer_latency_s") if result.turns else None
+    if answer:  # the gateway's measure: 0 when no answer word was spoken
+        print(
+            f"Answer latency:   {answer:.2f} s (caller's end of speech -> the answer's first "
+            "word, after any hold phrase, leaving the gateway)"
+        )
     for notice in data["notices"]:
         print(f"Notice:           {notice['kind']}: {notice['message']}")
     print(f"Files:            {question_wav}, {answer_wav}, {timeline_json}, {timeline_png}")

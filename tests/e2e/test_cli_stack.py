@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from tests.support import word_recall
+
 pytestmark = pytest.mark.slow
 
 
@@ -40,11 +42,12 @@ def test_kame_demo_prints_the_conversation(tmp_path):
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
     assert re.search(r"Question:\s+What is the capital of France\?", output)
-    transcript = re.search(r"Transcript:\s+(.*)", output).group(1).lower()
-    assert "capital" in transcript and "france" in transcript, output
+    transcript = re.search(r"Transcript:\s+(.*)", output).group(1)
+    assert word_recall("What is the capital of France?", transcript) >= 0.6, output
     answer = re.search(r"Agent's answer:\s+(.*)", output).group(1)
     assert answer and not answer.startswith("("), output
     assert re.search(r"Response latency:\s+\d+\.\d+ s", output), output
+    assert re.search(r"Answer latency:\s+\d+\.\d+ s", output), output
     for name in ("question.wav", "answer.wav", "timeline.json", "timeline.png"):
         assert (tmp_path / name).stat().st_size > 0
 
