@@ -157,12 +157,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _exit_on_sigterm(_signum: int, _frame: object) -> None:
+def _exit_on_signal(_signum: int, _frame: object) -> None:
     raise SystemExit(0)  # runs the `finally` below, which stops the child server
 
 
 def run(args: argparse.Namespace) -> int:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # Explicit handlers: a process started in the background by a non-interactive
+    # shell inherits SIGINT ignored, and Ctrl-C or a supervisor's SIGINT would not stop it.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, _exit_on_signal)
     try:
         process = launch(args.model, args.host, args.port, args.threads, args.n_ctx, args.alias)
     except Exception as exc:  # a missing model package or file: say so, no traceback
@@ -181,7 +184,5 @@ def run(args: argparse.Namespace) -> int:
     except LlmServerError as exc:
         print(f"kame llm-server: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 0
     finally:
         stop(process)
