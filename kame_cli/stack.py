@@ -567,6 +567,7 @@ def run(args: argparse.Namespace) -> int:
     stack = Stack(
         options_from_args(args, ports_from_args(args), args.frontend_engine, args.log_dir)
     )
+    stack.check_ports_free()  # before saying anything starts
     print(f"kame up: starting the stack (logs in {stack.log_dir}) ...", flush=True)
     try:
         stack.start()
