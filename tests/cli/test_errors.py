@@ -9,7 +9,9 @@ import wave
 
 import pytest
 
+from kame_cli.errors import exit_code, one_line
 from kame_cli.stack import free_ports
+from kame_common.config import ConfigError
 from tests.cli.conftest import assert_fails_in_one_line, kame
 
 
@@ -190,3 +192,14 @@ def test_debug_shows_the_traceback(tmp_path):
     assert result.returncode == 2
     assert "Traceback" in result.stderr and "CliError" in result.stderr
     assert result.stderr.strip().splitlines()[-1] == f"kame talk: WAV file {missing} does not exist"
+
+
+def test_an_unexpected_error_is_one_line_that_points_at_debug():
+    assert one_line(ValueError("boom\n  at the end")) == (
+        "unexpected ValueError: boom at the end (rerun as `kame --debug ...` for the traceback)"
+    )
+    assert exit_code(ValueError("boom")) == 1
+    assert exit_code(ConfigError("port: bad")) == 2
+    assert one_line(FileNotFoundError(2, "No such file or directory", "/x.wav")) == (
+        "/x.wav does not exist"
+    )
