@@ -50,6 +50,10 @@ LATENCIES = (
 )
 
 
+# Every sample of a /metrics page: name -> [(labels, value)].
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
 @dataclass
 class Endpoints:
     grpc: dict[str, str]
@@ -125,28 +129,28 @@ def health_of(address: str, timeout_s: float) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
 
 
-def scrape(url: str, timeout_s: float) -> dict[str, list[tuple[dict[str, str], float]]]:
+def scrape(url: str, timeout_s: float) -> Samples:
     """Every sample of a /metrics page by sample name; empty if it does not answer."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             text = response.read().decode()
     except (urllib.error.URLError, OSError):
         return {}
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             samples.setdefault(sample.name, []).append((sample.labels, sample.value))
     return samples
 
 
-def _value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float | None:
+def _value(samples: Samples, name: str) -> float | None:
     values = [value for _, value in samples.get(name, [])]
     return sum(values) if values else None
 
 
 def service_status(
     name: str, endpoints: Endpoints, timeout_s: float
-) -> tuple[ServiceStatus, dict[str, list[tuple[dict[str, str], float]]]]:
+) -> tuple[ServiceStatus, Samples]:
     """A service's row and its scraped metrics."""
     address = endpoints.grpc[name]
     status = ServiceStatus(
@@ -190,9 +194,7 @@ def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
     return lower_le
 
 
-def latency_status(
-    samples: dict[str, list[tuple[dict[str, str], float]]], label: str, name: str, recent: bool
-) -> LatencyStatus:
+def latency_status(samples: Samples, label: str, name: str, recent: bool) -> LatencyStatus:
     """Percentiles of one gateway histogram, all modes together."""
     base = f"{name}_recent" if recent else name
     summed: dict[float, float] = {}
