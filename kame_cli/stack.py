@@ -13,6 +13,14 @@ Redis PING), prints the endpoints, and on Ctrl-C
 or SIGTERM stops them all (SIGTERM to each process group, SIGKILL after a
 timeout). Each child's output goes to a log file in --log-dir.
 
+Before it starts anything it checks that every port it needs (each service's
+gRPC and metrics port, the LLM server's, Redis's when it starts Redis) is
+free, and refuses naming the busy port and the process holding it. A process
+counts as ready only when the sockets listening on its ports belong to it (its
+process group; kame_cli.listeners), so a stack never reports "up" on the
+strength of another stack's servers. While it runs, the stack's endpoints are
+in a stack file (`stack_file(gateway_port)`) that `kame status` reads.
+
 `Stack` is also what `kame demo` uses, with free ports.
 """
 
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -36,6 +45,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kame_cli import llm_server
+from kame_cli.errors import USAGE, CliError
+from kame_cli.listeners import describe_holder, holders, port_is_free, process_group
 from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS
 from kame_common.store import redacted_url
 
@@ -43,8 +54,15 @@ LOOPBACK = "127.0.0.1"
 SERVICES = ("stt", "oracle", "frontend", "gateway")
 
 
-class StackError(RuntimeError):
-    """A process did not start or answer; the message says which and where its log is."""
+class StackError(CliError):
+    """A port is taken, or a process did not start or answer; the message says
+    which and where its log is."""
+
+
+def stack_file(gateway_port: int) -> Path:
+    """Where a running stack whose gateway listens on `gateway_port` lists its
+    endpoints (for `kame status`); private to this user."""
+    return Path(tempfile.gettempdir()) / f"kame-{os.getuid()}" / f"stack-{gateway_port}.json"
 
 
 @dataclass
@@ -126,6 +144,7 @@ class Child:
     env: dict[str, str]
     ready: Callable[[], bool]
     endpoint: str
+    ports: tuple[int, ...] = ()  # where it listens: must be its own sockets once ready
     process: subprocess.Popen | None = None
     log_path: Path | None = None
 
@@ -153,10 +172,29 @@ class Child:
             for line in self.log_path.read_text(errors="replace").splitlines()
         )
 
-    def log_tail(self, lines: int = 15) -> str:
+    def last_log_line(self) -> str:
         if self.log_path is None or not self.log_path.exists():
             return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line]
+        return lines[-1].strip() if lines else ""
+
+    def exit_error(self) -> StackError:
+        assert self.process is not None
+        return StackError(
+            f"{self.name} exited with status {self.process.returncode}: "
+            f"{self.last_log_line() or '(no output)'} (log {self.log_path})"
+        )
+
+    def foreign_listener(self) -> str | None:
+        """What else listens on one of our ports ('port N: PID ...'), or None when
+        every socket there is this child's (its process group, which the servers
+        it spawns share)."""
+        assert self.process is not None
+        for port in self.ports:
+            for holder in holders(port):
+                if holder.pid is None or process_group(holder.pid) != self.process.pid:
+                    return f"port {port}: {holder}"
+        return None
 
     def signal(self, signum: int) -> None:
         if self.running():
@@ -230,6 +268,7 @@ class Stack:
             {},
             lambda: redis_answers(LOOPBACK, self.ports.redis),
             self.redis_url,
+            (self.ports.redis,),
         )
 
     def _llm_child(self) -> Child | None:
@@ -254,6 +293,7 @@ class Stack:
             {},
             lambda: child.has_logged(llm_server.READY_LINE),  # printed once it is warm
             self.llm_base_url,
+            (self.ports.llm,),
         )
         return child
 
@@ -305,15 +345,42 @@ class Stack:
             self.service_env(service),
             lambda: grpc_serving(address),
             address,
+            (getattr(self.ports, service), getattr(self.ports, f"{service}_metrics")),
         )
 
+    def needed_ports(self) -> dict[str, int]:
+        """Every port this stack will listen on, by what listens there."""
+        needed = {
+            name.replace("_", " "): port
+            for name, port in vars(self.ports).items()
+            if name not in ("llm", "redis")
+        }
+        if self.embedded_llm:
+            needed["llm"] = self.ports.llm
+        if not self.options.redis_url and not redis_answers(LOOPBACK, self.ports.redis):
+            needed["redis"] = self.ports.redis
+        return needed
+
+    def check_ports_free(self) -> None:
+        """StackError naming the first port another process holds (nothing started yet)."""
+        for name, port in self.needed_ports().items():
+            if not port_is_free(port, LOOPBACK):
+                flag = "" if " " in name else f", --{name}-port"  # metrics ports have none
+                raise StackError(
+                    f"port {port} ({name}) is in use by {describe_holder(port)}: stop it "
+                    f"(another `kame up`?) or choose other ports (--free-ports{flag})"
+                )
+
     def start(self) -> None:
-        """Start every process and wait until all answer (StackError if one does not)."""
+        """Check the ports, start every process and wait until all answer
+        (StackError if a port is taken or a process does not answer)."""
+        self.check_ports_free()
         redis = self._redis_child()
         if redis is not None:
             self.start_and_wait([redis])
         others = [self._llm_child(), *(self._service_child(s) for s in SERVICES)]
         self.start_and_wait([c for c in others if c is not None])
+        self.write_stack_file()
 
     def start_and_wait(self, children: list[Child]) -> None:
         for child in children:
@@ -324,11 +391,9 @@ class Stack:
         while waiting:
             for child in list(waiting):
                 if not child.running():
-                    raise StackError(
-                        f"{child.name} exited with status {child.process.returncode}"
-                        f" (log {child.log_path}):\n{child.log_tail()}"
-                    )
+                    raise child.exit_error()
                 if child.ready():
+                    self.check_owner(child)
                     waiting.remove(child)
             if waiting and time.monotonic() > deadline:
                 names = ", ".join(c.name for c in waiting)
@@ -342,14 +407,58 @@ class Stack:
         """StackError if a process has died since it started."""
         for child in self.children:
             if not child.running():
-                raise StackError(
-                    f"{child.name} exited with status {child.process.returncode}"
-                    f" (log {child.log_path}):\n{child.log_tail()}"
-                )
+                raise child.exit_error()
+
+    @staticmethod
+    def check_owner(child: Child) -> None:
+        """StackError if what answered for `child` is (also) another process."""
+        foreign = child.foreign_listener()
+        if foreign is not None:
+            raise StackError(
+                f"{child.name} answers, but another process listens on its {foreign}: "
+                "stop it, or choose other ports (--free-ports)"
+            )
+
+    def describe(self) -> dict[str, object]:
+        """The stack file's content: every endpoint and the process behind it."""
+        return {
+            "gateway": self.gateway_address,
+            "redis_url": self.redis_url,
+            "llm_url": self.llm_base_url,
+            "log_dir": str(self.log_dir),
+            "processes": {
+                child.name: {
+                    "endpoint": child.endpoint,
+                    "pid": child.process.pid if child.process else None,
+                    **(
+                        {"metrics_url": self.metrics_url(child.name)}
+                        if child.name in SERVICES
+                        else {}
+                    ),
+                }
+                for child in self.children
+            },
+        }
+
+    def metrics_url(self, service: str) -> str:
+        return f"http://{LOOPBACK}:{getattr(self.ports, f'{service}_metrics')}/metrics"
+
+    def write_stack_file(self) -> None:
+        path = stack_file(self.ports.gateway)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # 0600: the Redis URL may carry a password.
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            json.dump(self.describe(), out, indent=2)
+
+    def remove_stack_file(self) -> None:
+        if self.children:  # only the stack that wrote it (a refused one started nothing)
+            stack_file(self.ports.gateway).unlink(missing_ok=True)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM every process group (gateway first), SIGKILL what is left after
         `timeout_s`."""
+        self.remove_stack_file()
         for child in reversed(self.children):
             child.signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
@@ -364,21 +473,12 @@ class Stack:
         self.children = []
 
     def endpoints(self) -> list[tuple[str, str]]:
-        ports = self.ports
         rows = [(c.name, c.endpoint) for c in self.children]
         if not self.started_redis:
             rows.insert(0, ("redis", f"{redacted_url(self.redis_url)} (already running)"))
         if not self.embedded_llm:
             rows.insert(1, ("llm", f"{self.llm_base_url} (external)"))
-        rows.append(
-            (
-                "metrics",
-                ", ".join(
-                    f"{s} http://{LOOPBACK}:{getattr(ports, f'{s}_metrics')}/metrics"
-                    for s in SERVICES
-                ),
-            )
-        )
+        rows.append(("metrics", ", ".join(f"{s} {self.metrics_url(s)}" for s in SERVICES)))
         return rows
 
 
@@ -460,17 +560,14 @@ def _raise_interrupt(_signum: int, _frame: object) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.frontend_engine != "tts" and not args.checkpoint:
-        print(
-            f"kame up: --frontend-engine {args.frontend_engine} needs --checkpoint DIR",
-            file=sys.stderr,
-        )
-        return 2
+        raise CliError(f"--frontend-engine {args.frontend_engine} needs --checkpoint DIR", USAGE)
     # Explicit handlers: a shell that starts us in the background ignores SIGINT.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, _raise_interrupt)
     stack = Stack(
         options_from_args(args, ports_from_args(args), args.frontend_engine, args.log_dir)
     )
+    stack.check_ports_free()  # before saying anything starts
     print(f"kame up: starting the stack (logs in {stack.log_dir}) ...", flush=True)
     try:
         stack.start()
@@ -479,15 +576,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {name:<9} {endpoint}")
         print(
             f"Talk to it: kame talk --wav q.wav --out a.wav --timeline t.json "
-            f"--gateway {stack.gateway_address}\nCtrl-C stops everything.",
+            f"--gateway {stack.gateway_address}\n"
+            f"How it is doing: kame status --gateway {stack.gateway_address}\n"
+            "Ctrl-C stops everything.",
             flush=True,
         )
         while True:
             time.sleep(0.5)
             stack.check()
-    except StackError as exc:
-        print(f"kame up: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("\nkame up: stopping ...", flush=True)
         return 0

@@ -36,6 +36,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from kame_cli.errors import USAGE, CliError, file_error, from_rpc_error
 from kame_cli.say import write_wav
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import SAMPLE_RATE, pcm16_to_float, resample
@@ -206,13 +207,31 @@ def speech_region(samples: np.ndarray) -> tuple[float | None, float | None]:
 
 
 def read_wav(path: Path) -> tuple[np.ndarray, int]:
-    """A PCM16 WAV as mono float32 (channels averaged) and its rate."""
-    with wave.open(str(path), "rb") as source:
-        if source.getsampwidth() != 2:
-            raise ValueError(f"{path}: only 16-bit PCM WAV is supported")
-        channels, rate = source.getnchannels(), source.getframerate()
-        samples = pcm16_to_float(source.readframes(source.getnframes()))
-    return samples.reshape(-1, channels).mean(axis=1).astype(np.float32), rate
+    """A 16-bit mono PCM WAV as float32 and its rate; CliError saying what the
+    file is when it is not one."""
+    if not path.is_file():
+        raise file_error(path, "WAV file")
+    try:
+        with wave.open(str(path), "rb") as source:
+            width, channels, rate = (
+                source.getsampwidth(),
+                source.getnchannels(),
+                source.getframerate(),
+            )
+            if (width, channels) != (2, 1):
+                raise CliError(
+                    f"{path} is {8 * width}-bit {channels}-channel audio at {rate} Hz; a caller's "
+                    "WAV must be 16-bit mono PCM (convert it: sox IN.wav -b 16 -c 1 OUT.wav)",
+                    USAGE,
+                )
+            return pcm16_to_float(source.readframes(source.getnframes())), rate
+    except (wave.Error, EOFError) as exc:
+        raise CliError(f"{path} is not a PCM WAV file ({exc or 'truncated'})", USAGE) from None
+
+
+def session_error(result: TalkResult, gateway: str) -> CliError:
+    """The one line for a session that ended with a gRPC error."""
+    return from_rpc_error(grpc.StatusCode[result.status], result.status_details, gateway)
 
 
 class _Conversation:
@@ -554,6 +573,8 @@ def run(args: argparse.Namespace) -> int:
     samples, rate = read_wav(args.wav)
     options = options_from_args(args, rate)
     result = asyncio.run(talk(resample(samples, rate, SAMPLE_RATE), options))
+    if result.status != "OK" and not result.started:  # no session: nothing worth saving
+        raise session_error(result, options.gateway)
     data = save(result, options, args.wav, args.out, args.timeline, args.plot)
     print(f"session:          {data['session_id']} ({data['mode']}, engine {data['engine']})")
     print(f"user transcript:  {data['user_transcript']}")
@@ -563,6 +584,5 @@ def run(args: argparse.Namespace) -> int:
     for notice in result.notices:
         print(f"notice:           {notice['kind']}: {notice['message']}")
     if result.status != "OK":
-        print(f"error:            {result.status}: {result.status_details}")
-        return 1
+        raise session_error(result, options.gateway)
     return 0

@@ -33,7 +33,7 @@ from prometheus_client import Gauge
 
 from kame_common import tls, tracing
 from kame_common.config import ConfigError, ServiceSettings, load_settings
-from kame_common.metrics import start_metrics_server
+from kame_common.metrics import describe_service, start_metrics_server
 
 log = logging.getLogger(__name__)
 SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
@@ -91,6 +91,7 @@ class ServiceRuntime:
         settings = self.settings
         tracing.setup_tracing(self.service_name, settings.otlp_endpoint, settings.otlp_ca_file)
         metrics_server = start_metrics_server(settings.metrics_port)
+        describe_service(self.service_name, settings.max_sessions)
         if metrics_server is not None:
             self.metrics_port = metrics_server.server_port
             self.on_close(lambda: asyncio.to_thread(metrics_server.shutdown))

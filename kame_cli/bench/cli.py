@@ -20,6 +20,7 @@ from kame_cli.bench.report import render_markdown
 from kame_cli.bench.runner import CHUNK_MS, Bench
 from kame_cli.bench.runs import Run, pick_load_run, plan_runs, select_runs
 from kame_cli.bench.summary import cold_calls, summarize
+from kame_cli.errors import USAGE, CliError, file_error, one_line
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
 
 
@@ -179,11 +180,9 @@ def run(args: argparse.Namespace) -> int:
     command = invoked_command()
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     if args.repeats < 1 or args.warmup < 0:
-        print("kame bench: --repeats must be >= 1 and --warmup >= 0", file=sys.stderr)
-        return 2
+        raise CliError("--repeats must be >= 1 and --warmup >= 0", USAGE)
     if args.checkpoint and not Path(args.checkpoint).exists():
-        print(f"kame bench: --checkpoint {args.checkpoint} does not exist", file=sys.stderr)
-        return 2
+        raise file_error(args.checkpoint, "--checkpoint")
     try:
         planned = plan_runs(args.checkpoint)
         runs = select_runs(planned, args.runs)
@@ -191,8 +190,7 @@ def run(args: argparse.Namespace) -> int:
         print("kame bench: loading the questions ...", flush=True)
         questions = load_questions(args.questions)
     except (ValueError, OSError) as exc:
-        print(f"kame bench: {exc}", file=sys.stderr)
-        return 2
+        raise CliError(one_line(exc), USAGE) from None
     machine = machine_description()
     began = time.monotonic()
     bench = Bench(args, questions, runs, load_run)
@@ -201,8 +199,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bench.progress.close()
     if not bench.captured:
-        print("kame bench: no conversation ran; see the errors above", file=sys.stderr)
-        return 1
+        raise CliError("no conversation ran; see the errors above")
     duration = time.monotonic() - began
     bench.transcribe()
     bench.save_answers()

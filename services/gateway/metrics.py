@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from kame_common.metrics import FRAME_BUCKETS, TURN_BUCKETS
+from kame_common.metrics import FRAME_BUCKETS, TURN_BUCKETS, RecentHistograms
 
 FRAME_ROUND_TRIP = Histogram(
     "kame_gateway_frame_round_trip_seconds",
@@ -59,3 +59,6 @@ DROPPED_MESSAGES = Counter(
     "Messages dropped because a side queue (oracle input, Redis writes) was full",
     ["queue"],
 )
+
+# The last five minutes of the latencies and frame timings (`kame status` reads them).
+RECENT = RecentHistograms([RESPONSE_LATENCY, ANSWER_LATENCY, FRAME_ROUND_TRIP])
