@@ -59,6 +59,7 @@ up: setup
 
 demo: setup
 	$(VENV)/bin/kame demo
+	@echo "Talk to it from a browser: make up, then open http://127.0.0.1:8088/"
 
 # The espeak-ng question set (voices other than the agent's piper voice);
 # `make bench BENCH_ARGS=` runs the six built-in piper questions instead.

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         ports=Ports.free(), log_dir=out / "logs", startup_timeout_s=args.startup_timeout_s
     )
     print(
-        f"kame demo: starting the stack (redis, llm, stt, oracle, frontend, gateway; "
+        f"kame demo: starting the stack (redis, llm, stt, oracle, frontend, gateway, web; "
         f"logs in {options.log_dir}) ...",
         flush=True,
     )
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     for notice in data["notices"]:
         print(f"Notice:           {notice['kind']}: {notice['message']}")
     print(f"Files:            {question_wav}, {answer_wav}, {timeline_json}, {timeline_png}")
+    print("Talk yourself:    kame up, then open the page it prints (a microphone and a browser)")
     if result.status != "OK":
         raise talk.session_error(result, talk_options.gateway)
     return 0 if latency is not None else 1

@@ -6,10 +6,11 @@ at another OpenAI-compatible server or --llm-backend anthropic uses the
 Anthropic API; API keys come from OPENAI_API_KEY / ANTHROPIC_API_KEY in the
 environment, which the oracle inherits), then stt, oracle, frontend and gateway
 (`python -m services.<name>`), configured through their KAME_<SVC>_* variables
-to find each other on 127.0.0.1. It waits until every one is ready (gRPC
+to find each other on 127.0.0.1, and the web service (the browser page, a
+client of the gateway). It waits until every one is ready (gRPC
 health SERVING, which the oracle reports only after warming up its LLM's
 prompt; the LLM server's ready line, which it prints after its own warm-up;
-Redis PING), prints the endpoints, and on Ctrl-C
+the web service's /healthz; Redis PING), prints the endpoints and the page's URL, and on Ctrl-C
 or SIGTERM stops them all (SIGTERM to each process group, SIGKILL after a
 timeout). Each child's output goes to a log file in --log-dir.
 
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -47,7 +49,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kame_cli import llm_server
 from kame_cli.errors import USAGE, CliError
 from kame_cli.listeners import describe_holder, holders, port_is_free, process_group
-from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS
+from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, WEB_PORTS
 from kame_common.store import redacted_url
 
 LOOPBACK = "127.0.0.1"
@@ -77,6 +79,8 @@ class Ports:
     frontend_metrics: int = SERVICE_PORTS["frontend"].metrics
     stt_metrics: int = SERVICE_PORTS["stt"].metrics
     oracle_metrics: int = SERVICE_PORTS["oracle"].metrics
+    web: int = WEB_PORTS.http
+    web_metrics: int = WEB_PORTS.metrics
 
     @classmethod
     def free(cls, redis: int = 6379) -> Ports:
@@ -122,6 +126,14 @@ def redis_answers(host: str, port: int) -> bool:
         with socket.create_connection((host, port), timeout=1) as sock:
             sock.sendall(b"PING\r\n")
             return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as reply:
+            return bool(reply.status == 200)
     except OSError:
         return False
 
@@ -224,6 +236,10 @@ class Stack:
         return VENDOR_BASE_URLS[self.options.llm_backend]
 
     @property
+    def web_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.ports.web}/"
+
+    @property
     def gateway_address(self) -> str:
         return f"{LOOPBACK}:{self.ports.gateway}"
 
@@ -306,7 +322,7 @@ class Stack:
             "METRICS_PORT": getattr(ports, f"{service}_metrics"),
             "GRACE_S": self.options.grace_s,
         }
-        if service != "stt":  # stt keeps no state in Redis
+        if service not in ("stt", "web"):  # they keep no state in Redis
             env["REDIS_URL"] = self.redis_url
         if service == "oracle":
             env["BASE_URL"] = self.llm_base_url
@@ -335,6 +351,8 @@ class Stack:
                 # one local replica serves every mode, s2s included
                 S2S_ENGINE="" if self.options.frontend_engine != "moshi" else "moshi",
             )
+        elif service == "web":
+            env["GATEWAY_ADDRESS"] = self.gateway_address
         return {prefix + name: str(value) for name, value in env.items()}
 
     def _service_child(self, service: str) -> Child:
@@ -371,6 +389,16 @@ class Stack:
                     f"(another `kame up`?) or choose other ports (--free-ports{flag})"
                 )
 
+    def _web_child(self) -> Child:
+        return Child(
+            "web",
+            [sys.executable, "-m", "services.web"],
+            self.service_env("web"),
+            lambda: http_ok(f"{self.web_url}healthz"),
+            self.web_url,
+            (self.ports.web, self.ports.web_metrics),
+        )
+
     def start(self) -> None:
         """Check the ports, start every process and wait until all answer
         (StackError if a port is taken or a process does not answer)."""
@@ -378,7 +406,11 @@ class Stack:
         redis = self._redis_child()
         if redis is not None:
             self.start_and_wait([redis])
-        others = [self._llm_child(), *(self._service_child(s) for s in SERVICES)]
+        others = [
+            self._llm_child(),
+            *(self._service_child(s) for s in SERVICES),
+            self._web_child(),
+        ]
         self.start_and_wait([c for c in others if c is not None])
         self.write_stack_file()
 
@@ -478,7 +510,9 @@ class Stack:
             rows.insert(0, ("redis", f"{redacted_url(self.redis_url)} (already running)"))
         if not self.embedded_llm:
             rows.insert(1, ("llm", f"{self.llm_base_url} (external)"))
-        rows.append(("metrics", ", ".join(f"{s} {self.metrics_url(s)}" for s in SERVICES)))
+        rows.append(
+            ("metrics", ", ".join(f"{s} {self.metrics_url(s)}" for s in (*SERVICES, "web")))
+        )
         return rows
 
 
@@ -511,7 +545,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--free-ports", action="store_true", help="pick free ports instead of the defaults"
     )
-    for name in ("gateway", "frontend", "stt", "oracle", "llm", "redis"):
+    for name in ("gateway", "frontend", "stt", "oracle", "llm", "redis", "web"):
         parser.add_argument(f"--{name}-port", type=int, default=getattr(defaults, name))
     parser.add_argument(
         "--log-dir",
@@ -532,6 +566,7 @@ def ports_from_args(args: argparse.Namespace) -> Ports:
         oracle=args.oracle_port,
         llm=args.llm_port,
         redis=args.redis_port,
+        web=args.web_port,
     )
 
 
@@ -575,7 +610,8 @@ def run(args: argparse.Namespace) -> int:
         for name, endpoint in stack.endpoints():
             print(f"  {name:<9} {endpoint}")
         print(
-            f"Talk to it: kame talk --wav q.wav --out a.wav --timeline t.json "
+            f"Talk to it in a browser: open {stack.web_url}\n"
+            f"or stream a WAV: kame talk --wav q.wav --out a.wav --timeline t.json "
             f"--gateway {stack.gateway_address}\n"
             f"How it is doing: kame status --gateway {stack.gateway_address}\n"
             "Ctrl-C stops everything.",

@@ -40,6 +40,7 @@ from kame_cli.errors import USAGE, CliError, file_error, from_rpc_error
 from kame_cli.say import write_wav
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import SAMPLE_RATE, pcm16_to_float, resample
+from kame_common.auth import bearer_metadata
 from kame_common.ports import loopback_address
 from kame_common.tls import ClientTls
 from kamepb import gateway_pb2, gateway_pb2_grpc
@@ -89,7 +90,7 @@ class TalkOptions:
         return ClientTls(ca_file=self.ca_file, tls=self.tls, server_name=self.tls_server_name)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.auth_token}"),) if self.auth_token else ()
+        return bearer_metadata(self.auth_token)
 
     def converse_config(self) -> gateway_pb2.ConverseConfig:
         config = gateway_pb2.ConverseConfig(

@@ -44,6 +44,11 @@ METADATA_KEY = "authorization"
 SCHEME = "bearer"
 
 
+def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    """The call metadata a client sends with `token` (none when it has no token)."""
+    return ((METADATA_KEY, f"Bearer {token}"),) if token else ()
+
+
 def parse_tokens(value: str) -> tuple[str, ...]:
     """The valid tokens of a comma-separated setting (blanks dropped)."""
     return tuple(token.strip() for token in value.split(",") if token.strip())

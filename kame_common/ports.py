@@ -24,6 +24,17 @@ SERVICE_PORTS = {
     "stt": ServicePorts(grpc=50053, metrics=9103, health=9113),
     "oracle": ServicePorts(grpc=50054, metrics=9104, health=9114),
 }
+
+
+@dataclass(frozen=True)
+class HttpPorts:
+    http: int
+    metrics: int
+
+
+# The browser's way in: an HTTP server (the page, its WebSocket bridge and a
+# /healthz for probes), no gRPC port of its own.
+WEB_PORTS = HttpPorts(http=8088, metrics=9105)
 LLM_PORT = 8080  # the embedded OpenAI-compatible LLM server
 REDIS_PORT = 6379
 

@@ -11,7 +11,8 @@ that is draining (NOT_SERVING after SIGTERM) reports unhealthy here too.
 by the image): on its plaintext health port KAME_<SVC>_HEALTH_PORT when that is
 on, else on its gRPC port (KAME_<SVC>_PORT or the default of
 kame_common/ports.py), which is plaintext only while TLS is off.
-`http` is for the embedded LLM server, which speaks HTTP only.
+`http` is for the embedded LLM server, which speaks HTTP only; the web service
+(KAME_SERVICE=web) answers `service` on GET /healthz of its HTTP port.
 Exit status 0 means healthy, 1 unhealthy (the message on stderr says why).
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -60,10 +62,20 @@ def service_health_port(env: Mapping[str, str]) -> tuple[int, str]:
     return int(env.get(f"{prefix}PORT") or SERVICE_PORTS[service].grpc), ""
 
 
+def web_health_url(env: Mapping[str, str]) -> str:
+    """The web service's /healthz on this container (https when it serves TLS)."""
+    from kame_common.ports import WEB_PORTS
+
+    scheme = "https" if env.get("KAME_WEB_TLS_CERT_FILE") else "http"
+    return f"{scheme}://127.0.0.1:{int(env.get('KAME_WEB_PORT') or WEB_PORTS.http)}/healthz"
+
+
 def http_ok(url: str, timeout_s: float = 3.0) -> tuple[bool, str]:
-    """(healthy, reason) from a GET on `url` (any 2xx is healthy)."""
+    """(healthy, reason) from a GET on `url` (any 2xx is healthy). The certificate of an
+    https URL is not verified: it is this container's own, asked on 127.0.0.1."""
+    context = ssl._create_unverified_context() if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as reply:
             return 200 <= reply.status < 300, f"{url}: HTTP {reply.status}"
     except (urllib.error.URLError, OSError) as exc:
         return False, f"{url}: {exc}"
@@ -82,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     http_mode.add_argument("--url", required=True)
     http_mode.add_argument("--timeout", type=float, default=3.0)
     args = parser.parse_args(argv)
-    if args.mode == "service":
+    if args.mode == "service" and os.environ.get("KAME_SERVICE") == "web":
+        healthy, reason = http_ok(web_health_url(os.environ))
+    elif args.mode == "service":
         port, reason = service_health_port(os.environ)
         healthy, reason = grpc_serving(f"127.0.0.1:{port}") if port else (False, reason)
     elif args.mode == "grpc":

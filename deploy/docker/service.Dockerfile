@@ -1,9 +1,11 @@
 # syntax=docker/dockerfile:1
-# The one image recipe of the four KAME gRPC services. Build from the repository root:
+# The one image recipe of the KAME services: the four gRPC services and web (the browser page and
+# its WebSocket bridge to the gateway). Build from the repository root:
 #
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=gateway -t kame/gateway:0.1.0 .
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=stt     -t kame/stt:0.1.0 .
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=oracle  -t kame/oracle:0.1.0 .
+#   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=web     -t kame/web:0.1.0 .
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=frontend \
 #     --build-arg DEPS=frontend-cpu  -t kame/frontend:0.1.0-cpu .
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=frontend \
@@ -13,7 +15,7 @@
 # the command (python -m services.<SERVICE>) and the exposed ports (the service-* stages below,
 # the defaults of kame_common/ports.py; tests/deploy checks that they agree). DEPS picks how the
 # dependencies install:
-#   python         requirements/<SERVICE>.txt at the lock's versions (gateway, stt, oracle)
+#   python         requirements/<SERVICE>.txt at the lock's versions (gateway, stt, oracle, web)
 #   frontend-cpu   the same on python:3.11, with the lock's CPU torch from PyTorch's CPU index
 #   frontend-cuda  on a CUDA torch base image (moshi needs torch<2.10, the lock pins the CPU 2.13)
 # Configure the container with KAME_<SERVICE>_* variables (services/<SERVICE>/config.py).
@@ -46,9 +48,9 @@ COPY requirements/ requirements/
 FROM base AS deps-python
 ARG SERVICE
 RUN case "${SERVICE}" in \
-      gateway|stt|oracle) ;; \
+      gateway|stt|oracle|web) ;; \
       frontend) echo "SERVICE=frontend: build with DEPS=frontend-cpu or DEPS=frontend-cuda" >&2; exit 1 ;; \
-      *) echo "SERVICE=${SERVICE}: expected gateway, stt, oracle or frontend" >&2; exit 1 ;; \
+      *) echo "SERVICE=${SERVICE}: expected gateway, stt, oracle, frontend or web" >&2; exit 1 ;; \
     esac \
  && pip install -c constraints.txt -r "requirements/${SERVICE}.txt"
 
@@ -88,7 +90,8 @@ COPY deploy/docker/healthcheck.py deploy/docker/
 ENV KAME_SERVICE=${SERVICE}
 USER 10001:10001
 # grpc.health.v1 on the service's plaintext health port (KAME_<SERVICE>_HEALTH_PORT), or on its
-# gRPC port when that is off: the check the Kubernetes probes make, NOT_SERVING while draining.
+# gRPC port when that is off: the check the Kubernetes probes make, NOT_SERVING while draining
+# (web: GET /healthz on its HTTP port, 503 while draining).
 # The start period covers model load (a 7B model onto a GPU); a healthy answer ends it at once.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
   CMD ["python", "deploy/docker/healthcheck.py", "service"]
@@ -106,5 +109,8 @@ FROM app AS service-stt
 EXPOSE 50053 9103 9113
 FROM app AS service-oracle
 EXPOSE 50054 9104 9114
+# web: HTTP (the page and its WebSocket) and metrics; kame_common/ports.py's WEB_PORTS.
+FROM app AS service-web
+EXPOSE 8088 9105
 
 FROM service-${SERVICE}

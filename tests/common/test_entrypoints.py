@@ -15,6 +15,7 @@ SERVICES = {
     "frontend": "KAME_FRONTEND_ENGINE",
     "stt": "KAME_STT_PARTIAL_INTERVAL_S",
     "oracle": "KAME_ORACLE_BACKEND",
+    "web": "KAME_WEB_GATEWAY_ADDRESS",
 }
 
 

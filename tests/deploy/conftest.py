@@ -34,7 +34,9 @@ from kame_common.ports import SERVICE_PORTS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "kame"
-SERVICES = ("gateway", "frontend", "stt", "oracle")
+SERVICES = ("gateway", "frontend", "stt", "oracle")  # the gRPC services
+# Every service of the one service Dockerfile: the gRPC ones and web (HTTP, a gateway client).
+KAME_SERVICES = (*SERVICES, "web")
 # The default ports, from their one source: gRPC and Prometheus.
 PORTS = {service: ports.grpc for service, ports in SERVICE_PORTS.items()}
 METRICS_PORTS = {service: ports.metrics for service, ports in SERVICE_PORTS.items()}
@@ -97,7 +99,7 @@ def _config_class(module) -> type:
 @pytest.fixture(scope="session")
 def configs() -> dict[str, ServiceConfig]:
     result = {}
-    for service in SERVICES:
+    for service in KAME_SERVICES:
         module = importlib.import_module(f"services.{service}.config")
         result[service] = ServiceConfig(
             service, module, _config_class(module), f"KAME_{service.upper()}_"

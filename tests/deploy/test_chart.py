@@ -29,6 +29,7 @@ from kame_cli.main import COMMANDS
 from tests.deploy.conftest import (
     CHART,
     HEALTH_PORTS,
+    KAME_SERVICES,
     METRICS_PORTS,
     PORTS,
     ROOT,
@@ -74,8 +75,15 @@ CHART_OWNED = {
     "frontend": {"replica_id", "advertise_address"},
     "stt": set(),
     "oracle": set(),
+    "web": {"gateway_address", "gateway_ca_file", "gateway_tls"},
 }
-SECRET_FIELDS = {"gateway": {"auth_tokens", "registry_secret"}, "frontend": {"registry_secret"}}
+SECRET_FIELDS = {
+    "gateway": {"auth_tokens", "registry_secret"},
+    "frontend": {"registry_secret"},
+    "web": {"gateway_auth_token"},
+}
+# Inherited from ServiceSettings but without effect: web serves no gRPC.
+NOT_APPLICABLE = {"web": {"reflection"}}
 
 
 def test_lint_has_no_errors_or_warnings():
@@ -255,7 +263,12 @@ def test_schema_config_keys_are_the_services_real_fields(configs):
     for service, config in configs.items():
         config_schema = schema["properties"][service]["properties"]["config"]
         properties = config_schema["properties"]
-        not_config = CHART_OWNED_COMMON | CHART_OWNED[service] | SECRET_FIELDS.get(service, set())
+        not_config = (
+            CHART_OWNED_COMMON
+            | CHART_OWNED[service]
+            | SECRET_FIELDS.get(service, set())
+            | NOT_APPLICABLE.get(service, set())
+        )
         assert set(properties) == config.known_fields - not_config, service
         assert config_schema["additionalProperties"] is False
         for name, prop in properties.items():
@@ -280,7 +293,8 @@ def test_every_kame_env_var_is_a_real_config_field(rendered, configs):
         values = {n: kubelet_expand(e["value"], pod) for n, e in env.items() if "value" in e}
         loaded = config.load(values)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert (loaded.port, loaded.metrics_port) == (ports["grpc"], ports["metrics"])
+        served = ports["http"] if service == "web" else ports["grpc"]
+        assert (loaded.port, loaded.metrics_port) == (served, ports["metrics"])
 
 
 def test_addresses_between_services_agree(rendered):
@@ -374,7 +388,7 @@ def test_service_monitor_scrapes_the_metrics_ports(rendered_sets):
     ]
     assert sorted(
         s["metadata"]["labels"]["app.kubernetes.io/component"] for s in selected
-    ) == sorted(SERVICES)
+    ) == sorted(KAME_SERVICES)
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["honorLabels"] is True  # keeps kame_active_sessions{service=...}
     for service in selected:

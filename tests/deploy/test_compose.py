@@ -34,8 +34,8 @@ from tests.deploy.conftest import (
     COMPOSE,
     DOCKER_COMPOSE,
     HEALTH_PORTS,
+    KAME_SERVICES,
     ROOT,
-    SERVICES,
     compose_config,
     compose_image,
     redis_server,
@@ -141,6 +141,7 @@ def test_compose_validates_with_every_profile():
         "frontend",
         "frontend-gpu",
         "gateway",
+        "web",
         "prometheus",
         "otel-collector",
         "grafana",
@@ -198,7 +199,7 @@ def test_profiles_start_one_frontend_and_one_llm(projects):
 def test_every_service_command_is_its_images(project):
     """Compose runs what the image runs by default: python -m services.<svc>."""
     kame = {kame_service(spec) for spec in project.values()} - {None}
-    assert kame == set(SERVICES)
+    assert kame == set(KAME_SERVICES)
     for name, spec in project.items():
         command = spec.get("command", [])
         if command[:2] == ["python", "-m"]:
@@ -290,6 +291,7 @@ def test_same_settings_as_kame_up(project, configs, tmp_path):
         "advertise_address",
         "base_url",
         "replica_id",
+        "gateway_address",
     }
     gpu_only = {"engine", "checkpoint", "device", "dtype", "batch_slots", "model"}
     for name, spec in project.items():
@@ -323,6 +325,7 @@ SECURED_FIELDS = {
     "upstream_server_name",
     "registry_secret",
     "auth_tokens",
+    "gateway_ca_file",
 }
 
 
@@ -465,6 +468,10 @@ def test_tls_settings_point_into_the_mounted_certificates(projects, configs, cer
                 continue
             env = spec["environment"]
             prefix = f"KAME_{service.upper()}_"
+            if service == "web":  # a client of the gateway: verifies it with the CA, serves HTTP
+                assert env["KAME_WEB_GATEWAY_CA_FILE"] == "/etc/kame/tls/ca.crt"
+                assert "gateway" in cert_names(certs / "gateway.crt")
+                continue
             # Probes and the image's health check need the plaintext health port.
             assert int(env[f"{prefix}HEALTH_PORT"]) == HEALTH_PORTS[service]
             (mount,) = [v for v in spec["volumes"] if v["target"] == "/etc/kame/tls"]
@@ -485,7 +492,9 @@ def test_tls_settings_point_into_the_mounted_certificates(projects, configs, cer
         gateway = project["gateway"]["environment"]
         internal = cert_names(certs / "internal.crt")
         assert gateway["KAME_GATEWAY_UPSTREAM_SERVER_NAME"] in internal
-        upstreams = {n for n, s in project.items() if kame_service(s) not in (None, "gateway")}
+        upstreams = {
+            n for n, s in project.items() if kame_service(s) not in (None, "gateway", "web")
+        }
         assert upstreams <= internal
         assert {"localhost", "127.0.0.1"} <= cert_names(certs / "gateway.crt")
 

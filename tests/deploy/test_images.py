@@ -61,7 +61,7 @@ def image(request) -> tuple[str | None, Image]:
 
 
 def test_compose_builds_every_service_from_the_one_dockerfile():
-    """gateway, stt, oracle and both frontends come from deploy/docker/service.Dockerfile; only
+    """gateway, stt, oracle, web and both frontends come from deploy/docker/service.Dockerfile; only
     the llm (a C++ build of llama.cpp, HTTP, `kame llm-server`) has its own."""
     services = compose_config("--profile", "gpu")["services"]
     dockerfiles = {
@@ -75,6 +75,7 @@ def test_compose_builds_every_service_from_the_one_dockerfile():
         "oracle",
         "frontend",
         "frontend-gpu",
+        "web",
     }
     assert dockerfiles["llm"] == LLM_DOCKERFILE
     assert not list((ROOT / "services").rglob("Dockerfile*"))
@@ -88,9 +89,10 @@ def test_a_service_name_the_dockerfile_does_not_know_fails_the_build():
     with pytest.raises(KeyError, match="service-nothing"):
         build_image(SERVICE_DOCKERFILE, {"SERVICE": "nothing"})
     stages = [a.split(" AS ")[-1] for kw, a in instructions(SERVICE_DOCKERFILE) if " AS " in a]
-    assert {s.removeprefix("service-") for s in stages if s.startswith("service-")} == set(
-        SERVICE_PORTS
-    )
+    assert {s.removeprefix("service-") for s in stages if s.startswith("service-")} == {
+        *SERVICE_PORTS,
+        "web",
+    }
 
 
 def _deps_python_check() -> str:
@@ -108,7 +110,8 @@ def _deps_python_check() -> str:
     [
         ("stt", None),
         ("frontend", "DEPS=frontend-cpu or DEPS=frontend-cuda"),
-        ("", "expected gateway, stt, oracle or frontend"),
+        ("web", None),
+        ("", "expected gateway, stt, oracle, frontend or web"),
     ],
 )
 def test_the_plain_python_dependency_stage_refuses_the_frontend_and_unknown_names(service, message):

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from kame_cli.stack import Ports
-from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS
+from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, WEB_PORTS
 from tests.deploy.conftest import (
     CHART,
     LLM_DOCKERFILE,
@@ -39,7 +39,8 @@ def test_every_service_has_three_distinct_ports():
 
 
 def test_the_services_default_to_them(configs):
-    for service, config in configs.items():
+    for service in SERVICES:
+        config = configs[service]
         assert config.default("port") == SERVICE_PORTS[service].grpc
         assert config.default("metrics_port") == SERVICE_PORTS[service].metrics
 
@@ -92,6 +93,10 @@ def test_compose_uses_them(configs):
         command = spec.get("command") or []
         if command[:2] == ["python", "-m"] and command[2].startswith("services."):
             by_service.setdefault(command[2].split(".")[1], []).append((name, spec))
+    web = configs["web"].load(
+        {k: str(v) for k, v in by_service.pop("web")[0][1]["environment"].items()}
+    )
+    assert (web.port, web.metrics_port) == (WEB_PORTS.http, WEB_PORTS.metrics)
     hosts = {}
     for service, specs in by_service.items():
         for name, spec in specs:
@@ -119,6 +124,8 @@ def test_compose_uses_them(configs):
 def test_the_compose_tls_override_uses_the_health_ports():
     override = yaml.safe_load(TLS_OVERRIDE.read_text())["services"]
     for name, spec in override.items():
+        if name == "web":
+            continue  # HTTP: probed on /healthz, no health port
         service = "frontend" if name.startswith("frontend") else name
         port = spec["environment"][f"KAME_{service.upper()}_HEALTH_PORT"]
         assert int(port) == SERVICE_PORTS[service].health, name

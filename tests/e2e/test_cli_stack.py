@@ -1,6 +1,6 @@
 """The stack as the user runs it: `kame demo` (what `make demo` runs) prints
 the question, transcript, answer and latency; `kame up` comes up on loopback
-and Ctrl-C takes every process it started down with it."""
+(the web page included) and Ctrl-C takes every process it started down with it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -67,7 +68,10 @@ def test_kame_up_serves_until_ctrl_c_then_stops_everything(tmp_path):
             )
         )
         llm_port = int(re.search(r"llm\s+http://127\.0\.0\.1:(\d+)", "".join(lines)).group(1))
-        ports = [int(p) for p in endpoints.values()] + [llm_port]
+        page = re.search(r"open (http://127\.0\.0\.1:(\d+)/)", "".join(lines))
+        with urllib.request.urlopen(page.group(1), timeout=5) as reply:
+            assert b'<canvas id="timeline"' in reply.read()
+        ports = [int(p) for p in endpoints.values()] + [llm_port, int(page.group(2))]
         assert len(endpoints) == 4 and all(answers("127.0.0.1", p) for p in ports)
         os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
         assert process.wait(timeout=60) == 0

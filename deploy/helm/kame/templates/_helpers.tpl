@@ -425,3 +425,9 @@ spec:
       {{- include "kame.selectorLabels" . | nindent 6 }}
 {{- end }}
 {{- end }}
+
+{{/* "true" when the web page is installed: web.enabled, and a gateway that does not require client
+certificates (tls.gateway.clientCaSecret), which the web bridge does not present. */}}
+{{- define "kame.webEnabled" -}}
+{{- if and .Values.web.enabled (not .Values.tls.gateway.clientCaSecret) }}true{{ end }}
+{{- end }}

@@ -1,0 +1,264 @@
+"""The page's WebSocket, bridged to one `kame.v1.Gateway/Converse` call.
+
+No conversation state lives here: the bridge translates. The page speaks a
+small protocol (services/web/README.md has it in full):
+
+- page -> bridge: a JSON `start` message (mode, LLM, audio rate, token), then
+  binary messages of PCM16 mono at that rate, then optionally `{"type":
+  "stop"}` (the caller is done: half-close). Closing the socket cancels the call.
+- bridge -> page: JSON events (started, transcript, oracle, agent_text, turn,
+  notice, error, end) and binary agent audio: one flag byte (1 = the agent is
+  speaking) followed by PCM16 at the same rate. The gateway resamples both
+  ways, so the page needs no resampler.
+
+`Bridge.run` works on any `PageSocket`, which is how the tests drive it
+without a browser or an HTTP server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+
+from kame_common import tracing
+from kame_common.aio import cancel_and_wait
+from kame_common.auth import bearer_metadata
+from kamepb import gateway_pb2, gateway_pb2_grpc
+from services.web.config import WebSettings
+
+log = logging.getLogger(__name__)
+
+# PCM16 rates the gateway accepts (services/gateway/codecs.py).
+MIN_RATE, MAX_RATE = 8000, 192000
+SPEAKING, SILENT = b"\x01", b"\x00"
+
+# What the page tells the person for each way the gateway can end a call.
+ERROR_HINTS = {
+    "UNAUTHENTICATED": "auth refused: the gateway wants a valid access token",
+    "UNAVAILABLE": "the call broke off (the gateway is draining, or a service behind it failed)",
+    "RESOURCE_EXHAUSTED": "the agent is busy",
+    "INVALID_ARGUMENT": "the gateway refused the settings",
+    "OUT_OF_RANGE": "the conversation reached its length limit",
+    "DEADLINE_EXCEEDED": "the gateway timed out",
+}
+
+
+ConverseCall = grpc.aio.StreamStreamCall[gateway_pb2.ConverseRequest, gateway_pb2.ConverseResponse]
+
+
+class PageSocket(Protocol):
+    """The page's end of the bridge: a WebSocket, or a test's stand-in."""
+
+    async def receive(self) -> str | bytes | None:
+        """The next message; None once the page has gone."""
+
+    async def send_text(self, text: str) -> None: ...
+
+    async def send_bytes(self, data: bytes) -> None: ...
+
+
+class StartError(ValueError):
+    """The page's start message is not one the bridge can honour."""
+
+
+@dataclass(frozen=True)
+class Start:
+    config: gateway_pb2.ConverseConfig
+    token: str
+
+
+def parse_start(raw: str | bytes | None, settings: WebSettings) -> Start:
+    """The Converse config and token a `start` message asks for; StartError naming
+    the field otherwise."""
+    if not isinstance(raw, str):
+        raise StartError("the first message must be the JSON start message")
+    try:
+        message = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise StartError(f"start: not JSON ({exc.msg})") from None
+    if not isinstance(message, dict) or message.get("type") != "start":
+        raise StartError('the first message must be {"type": "start", ...}')
+    mode = message.get("mode") or settings.mode_choices[0]
+    if mode not in settings.mode_choices:
+        raise StartError(f"mode: {mode!r} is not offered; choose {settings.mode_choices}")
+    rate = message.get("rate")
+    if not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
+        raise StartError(f"rate: PCM16 needs {MIN_RATE}..{MAX_RATE} Hz, got {rate!r}")
+    audio = gateway_pb2.AudioFormat(codec=gateway_pb2.AudioFormat.PCM16, sample_rate_hz=rate)
+    config = gateway_pb2.ConverseConfig(
+        mode=gateway_pb2.ConverseConfig.Mode.Value(mode.upper()),
+        input_format=audio,
+        output_format=audio,
+        include_oracle_updates=True,
+    )
+    llm = message.get("llm") or ""
+    if llm:
+        if llm not in settings.llm_choices:
+            raise StartError(f"llm: {llm!r} is not offered; choose {settings.llm_choices}")
+        config.llm.CopyFrom(gateway_pb2.LlmOverride(model=llm))
+    token = message.get("token") or settings.gateway_auth_token
+    return Start(config, token if isinstance(token, str) else "")
+
+
+def page_event(response: gateway_pb2.ConverseResponse) -> dict[str, Any] | bytes:
+    """What the page receives for one gateway response: agent audio as bytes
+    (flag byte + PCM16), everything else as a JSON-ready event."""
+    kind = response.WhichOneof("msg")
+    if kind == "audio":
+        flag = SPEAKING if response.audio.speaking else SILENT
+        return flag + response.audio.data
+    if kind == "started":
+        started = response.started
+        return {"type": "started", "session_id": started.session_id, "engine": started.engine}
+    if kind == "user_transcript":
+        event = response.user_transcript
+        return {
+            "type": "transcript",
+            "final": event.is_final,
+            "utterance_id": event.utterance_id,
+            "text": event.text,
+            "stable_text": event.stable_text,
+        }
+    if kind == "oracle_update":
+        update = response.oracle_update
+        return {
+            "type": "oracle",
+            "op": "reset" if update.op == update.RESET else "append",
+            "generation": update.generation,
+            "text": update.text,
+            "source_text": update.source.text,
+        }
+    if kind == "agent_text":
+        text = response.agent_text
+        return {
+            "type": "agent_text",
+            "text": text.text,
+            "generation": text.generation,
+            "filler": text.filler,
+        }
+    if kind == "turn":
+        turn = response.turn
+        return {
+            "type": "turn",
+            "utterance_id": turn.utterance_id,
+            "user_text": turn.user_text,
+            "response_latency_s": turn.response_latency_s,
+            "answer_latency_s": turn.answer_latency_s,
+            "stt_final_lag_s": turn.stt_final_lag_s,
+            "oracle_first_update_s": turn.oracle_first_update_s,
+        }
+    if kind == "notice":
+        notice = response.notice
+        return {
+            "type": "notice",
+            "kind": gateway_pb2.Notice.Kind.Name(notice.kind),
+            "message": notice.message,
+        }
+    return {"type": "unknown", "kind": kind or ""}
+
+
+def error_event(code: str, details: str, unreachable: str = "") -> dict[str, Any]:
+    """An error the page shows as is: what happened in words, then the details.
+    `unreachable`: the gateway's address, when the call failed before it began."""
+    hint = ERROR_HINTS.get(code, code)
+    if code == "UNAVAILABLE" and unreachable:
+        hint = f"gateway down: no answer from {unreachable}"
+    return {"type": "error", "code": code, "message": f"{hint}: {details}"}
+
+
+class Bridge:
+    """Bridges page sockets to the gateway named in the settings."""
+
+    def __init__(self, settings: WebSettings) -> None:
+        self.settings = settings
+        self.tls = settings.gateway_tls_settings()
+
+    async def run(self, page: PageSocket) -> None:
+        """One conversation: the start message, then audio both ways until either
+        side ends it."""
+        try:
+            start = parse_start(await page.receive(), self.settings)
+        except StartError as exc:
+            await send_json(page, error_event("INVALID_ARGUMENT", str(exc)))
+            return
+        channel = self.tls.channel(
+            self.settings.gateway_address, interceptors=tracing.client_interceptors()
+        )
+        async with channel:
+            call = gateway_pb2_grpc.GatewayStub(channel).Converse(
+                metadata=bearer_metadata(start.token)
+            )
+            try:  # a gateway that cannot be reached fails the very first write
+                await call.write(gateway_pb2.ConverseRequest(config=start.config))
+            except grpc.aio.AioRpcError as exc:
+                await self._report(page, exc, channel)
+                return
+            downlink = asyncio.ensure_future(self._downlink(page, call, channel))
+            uplink = asyncio.ensure_future(self._uplink(page, call, downlink))
+            try:
+                await asyncio.wait({downlink, uplink}, return_when=asyncio.FIRST_COMPLETED)
+                if uplink.done():
+                    return  # the page went away, nobody to tell: the finally cancels the call
+                await downlink  # the gateway ends the call (and says how)
+            finally:
+                await cancel_and_wait([uplink, downlink])
+                call.cancel()
+
+    async def _uplink(
+        self, page: PageSocket, call: ConverseCall, downlink: asyncio.Future[None]
+    ) -> None:
+        """The page's audio to the gateway until the page goes; `stop` half-closes."""
+        while (message := await page.receive()) is not None:
+            if downlink.done():
+                continue  # the call is over; the page will hear how
+            try:
+                if isinstance(message, bytes):
+                    await call.write(gateway_pb2.ConverseRequest(audio=message))
+                elif is_stop(message):
+                    await call.done_writing()
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                continue  # the gateway ended the call: the downlink reports its status
+
+    async def _downlink(
+        self, page: PageSocket, call: ConverseCall, channel: grpc.aio.Channel
+    ) -> None:
+        """Every gateway response to the page; ends with `end` or, if the gateway
+        refused (a bad token fails the first read) or broke off the call, `error`."""
+        try:
+            async for response in call:
+                event = page_event(response)
+                if isinstance(event, bytes):
+                    await page.send_bytes(event)
+                else:
+                    await send_json(page, event)
+        except grpc.aio.AioRpcError as exc:
+            await self._report(page, exc, channel)
+            return
+        await send_json(page, {"type": "end"})
+
+    async def _report(
+        self, page: PageSocket, exc: grpc.aio.AioRpcError, channel: grpc.aio.Channel
+    ) -> None:
+        if exc.code() == grpc.StatusCode.CANCELLED:
+            return  # the page went away: nobody to tell
+        log.info("converse ended: %s: %s", exc.code().name, exc.details())
+        # Not connected: the gateway was never reached. Connected: the gateway ended the call.
+        connected = channel.get_state() == grpc.ChannelConnectivity.READY
+        unreachable = "" if connected else self.settings.gateway_address
+        await send_json(page, error_event(exc.code().name, exc.details() or "", unreachable))
+
+
+def is_stop(message: str) -> bool:
+    try:
+        return bool(json.loads(message).get("type") == "stop")
+    except (json.JSONDecodeError, AttributeError):
+        return False
+
+
+async def send_json(page: PageSocket, event: dict[str, Any]) -> None:
+    await page.send_text(json.dumps(event))

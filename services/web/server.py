@@ -1,0 +1,243 @@
+"""The web service's HTTP glue: Starlette routes served by uvicorn.
+
+- GET /            the page (static/index.html) and GET /static/* its modules
+- GET /config.json what the page may offer: modes and LLM models (the settings)
+- GET /healthz     200 while serving, 503 once draining (the probes' check)
+- WS  /converse    one conversation, bridged to Gateway.Converse (bridge.py)
+
+A WebSocket from another origin than the page's own (or one of
+`allowed_origins`) is refused, so a third-party site cannot talk through a
+visitor's browser. Every response carries a Content-Security-Policy that lets
+the page load only its own files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from kame_common import tracing
+from kame_common.config import ConfigError, load_settings
+from kame_common.metrics import start_metrics_server
+from kame_common.server import ACTIVE_SESSIONS
+from services.web.bridge import Bridge, error_event, send_json
+from services.web.config import WebSettings
+
+log = logging.getLogger(__name__)
+STATIC = Path(__file__).resolve().parent / "static"
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; connect-src 'self'; object-src 'none'; "
+    "base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class StarletteSocket:
+    """A Starlette WebSocket as the bridge's PageSocket."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+
+    async def receive(self) -> str | bytes | None:
+        message = await self.websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return None
+        data: str | bytes | None = message.get("bytes")
+        return data if data is not None else message.get("text")
+
+    async def send_text(self, text: str) -> None:
+        await self.websocket.send_text(text)
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self.websocket.send_bytes(data)
+
+
+def same_origin(websocket: WebSocket, allowed: Sequence[str]) -> bool:
+    """Whether the page that opened `websocket` may use it: no Origin (not a
+    browser), the page's own host, or an origin the operator listed."""
+    origin = websocket.headers.get("origin")
+    if origin is None:
+        return True
+    return urlsplit(origin).netloc == websocket.headers.get("host") or origin in allowed
+
+
+class WebApp:
+    """The routes, the bridge and the count of open conversations."""
+
+    def __init__(self, settings: WebSettings) -> None:
+        self.settings = settings
+        self.bridge = Bridge(settings)
+        self.active_sessions = 0
+        self.idle = asyncio.Event()  # set while no conversation is open
+        self.idle.set()
+        self.draining = False
+        self._gauge = ACTIVE_SESSIONS.labels(service="web")
+        self.app = Starlette(
+            routes=[
+                Route("/", self.index),
+                Route("/config.json", self.page_config),
+                Route("/healthz", self.healthz),
+                Route("/favicon.ico", no_icon),
+                WebSocketRoute("/converse", self.converse),
+                Mount("/static", StaticFiles(directory=STATIC), name="static"),
+            ],
+            middleware=[Middleware(BaseHTTPMiddleware, dispatch=add_security_headers)],
+        )
+
+    async def index(self, _request: Request) -> Response:
+        return FileResponse(STATIC / "index.html")
+
+    async def page_config(self, _request: Request) -> Response:
+        return JSONResponse(
+            {"modes": self.settings.mode_choices, "llm_models": self.settings.llm_choices}
+        )
+
+    async def healthz(self, _request: Request) -> Response:
+        if self.draining:
+            return PlainTextResponse("draining", status_code=503)
+        return PlainTextResponse("ok")
+
+    async def converse(self, websocket: WebSocket) -> None:
+        if not same_origin(websocket, self.settings.origins):
+            await websocket.close(code=1008, reason="origin not allowed")
+            return
+        await websocket.accept()
+        page = StarletteSocket(websocket)
+        limit = self.settings.max_sessions
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the page went away
+            if self.draining or (limit and self.active_sessions >= limit):
+                why = "draining" if self.draining else f"at its limit of {limit} conversations"
+                await send_json(
+                    page, error_event("RESOURCE_EXHAUSTED", f"the web service is {why}")
+                )
+            else:
+                await self._bridged(page)
+            await websocket.close()
+
+    async def _bridged(self, page: StarletteSocket) -> None:
+        self.active_sessions += 1
+        self._gauge.set(self.active_sessions)
+        self.idle.clear()
+        try:
+            await self.bridge.run(page)
+        finally:
+            self.active_sessions -= 1
+            self._gauge.set(self.active_sessions)
+            if not self.active_sessions:
+                self.idle.set()
+
+
+async def no_icon(_request: Request) -> Response:
+    """The page has no icon: an empty answer instead of a 404 in the browser's console."""
+    return Response(status_code=204)
+
+
+async def add_security_headers(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    response = await call_next(request)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+class WebServer(uvicorn.Server):
+    """uvicorn on a socket we bound (port 0 works); signals are ours to handle."""
+
+    def __init__(self, web: WebApp) -> None:
+        settings = web.settings
+        super().__init__(
+            uvicorn.Config(
+                web.app,
+                ssl_certfile=settings.tls_cert_file or None,
+                ssl_keyfile=settings.tls_key_file or None,
+                log_level="info",
+                ws_max_size=1 << 20,
+                lifespan="off",
+            )
+        )
+        self.web = web
+        self.socket = socket.create_server((settings.host, settings.port))
+        self.port: int = self.socket.getsockname()[1]
+        self._task: asyncio.Task[None] | None = None
+        self._metrics = start_metrics_server(settings.metrics_port)
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.web.settings.tls_cert_file else "http"
+        return f"{scheme}://{self.web.settings.host}:{self.port}/"
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Take no signals: the process's main (serve_until_signal) handles them, and a
+        server started inside a test must leave the test's alone."""
+        yield
+
+    async def start(self) -> None:
+        self._task = asyncio.ensure_future(self.serve(sockets=[self.socket]))
+        while not self.started:
+            if self._task.done():
+                await self._task  # it failed to start: raise why
+                raise RuntimeError("web: the HTTP server stopped before it started")
+            await asyncio.sleep(0.02)
+        log.info("web listening on %s", self.url)
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Health 503 and no new conversations; open ones get up to `grace_s` to end."""
+        self.web.draining = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.web.idle.wait(), grace_s)
+        self.should_exit = True
+        if self._task is not None:
+            await self._task
+        if self._metrics is not None:
+            await asyncio.to_thread(self._metrics.shutdown)
+
+
+async def serve(settings: WebSettings) -> WebServer:
+    """Start the web service; stop it with `await server.stop()`."""
+    tracing.setup_tracing("web", settings.otlp_endpoint, settings.otlp_ca_file)
+    tls = settings.gateway_tls_settings()
+    if tls.enabled:
+        tls.credentials()  # an unreadable CA file: ConfigError naming the setting, now
+    server = WebServer(WebApp(settings))
+    await server.start()
+    return server
+
+
+async def serve_until_signal(settings: WebSettings) -> None:
+    server = await serve(settings)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    await server.stop(settings.grace_s)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = load_settings(WebSettings, sys.argv[1:] if argv is None else argv)
+        asyncio.run(serve_until_signal(settings))
+    except ConfigError as exc:
+        print(f"web: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,185 @@
+"""The web service's deployment: its image, compose service, Helm Deployment, Service and
+NetworkPolicy, and the image's health check against a real web service. The gRPC services'
+tests (test_chart, test_compose, test_ports, ...) cover what web shares with them: config keys,
+env vars, ports, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import yaml
+
+from kame_common.ports import SERVICE_PORTS, WEB_PORTS
+from services.web.config import WebSettings
+from services.web.server import serve
+from tests.deploy.conftest import (
+    ROOT,
+    SERVICE_DOCKERFILE,
+    build_image,
+    compose_config,
+    containers,
+    env_of,
+    helm_render,
+)
+
+HEALTHCHECK = ROOT / "deploy" / "docker" / "healthcheck.py"
+GATEWAY_TLS = {"tls": {"gateway": {"enabled": True, "existingSecret": "edge-tls"}}}
+
+
+def settings_of(deployment: dict) -> dict[str, str]:
+    env = env_of(containers(deployment)[0])
+    return {k: e["value"] for k, e in env.items() if k.startswith("KAME_WEB_") and "value" in e}
+
+
+def test_the_image_exposes_the_web_ports_and_runs_the_service():
+    image = build_image(SERVICE_DOCKERFILE, {"SERVICE": "web"})
+    assert image.exposed == {WEB_PORTS.http, WEB_PORTS.metrics}
+    assert image.env["KAME_SERVICE"] == "web"
+    assert not {WEB_PORTS.http, WEB_PORTS.metrics} & {
+        port
+        for ports in SERVICE_PORTS.values()
+        for port in (ports.grpc, ports.metrics, ports.health)
+    }
+
+
+def test_compose_publishes_the_page_on_loopback_in_front_of_the_gateway():
+    services = compose_config()["services"]
+    web = services["web"]
+    (published,) = web["ports"]
+    assert (published["host_ip"], int(published["published"]), published["target"]) == (
+        "127.0.0.1",
+        WEB_PORTS.http,
+        WEB_PORTS.http,
+    )
+    env = web["environment"]
+    assert env["KAME_WEB_GATEWAY_ADDRESS"] == f"gateway:{SERVICE_PORTS['gateway'].grpc}"
+    assert web["depends_on"]["gateway"]["condition"] == "service_healthy"
+    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    targets = [
+        t
+        for job in prometheus["scrape_configs"]
+        if job["job_name"] == "kame-web"
+        for c in job["static_configs"]
+        for t in c["targets"]
+    ]
+    assert targets == [f"web:{WEB_PORTS.metrics}"]
+
+
+def test_the_chart_runs_web_with_http_probes_and_the_gateways_address(rendered_sets):
+    rendered = rendered_sets["default"]
+    deployment = rendered.one("Deployment", "web")
+    (container,) = containers(deployment)
+    assert container["command"] == ["python", "-m", "services.web"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": WEB_PORTS.http, "metrics": WEB_PORTS.metrics}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, probe
+    gateway = rendered.one("Service", "gateway")
+    gateway_port = {p["name"]: p["port"] for p in gateway["spec"]["ports"]}["grpc"]
+    settings = settings_of(deployment)
+    assert settings["KAME_WEB_GATEWAY_ADDRESS"] == f"{gateway['metadata']['name']}:{gateway_port}"
+    assert "KAME_WEB_GATEWAY_TLS" not in settings and "KAME_WEB_GATEWAY_CA_FILE" not in settings
+    service = rendered.one("Service", "web")
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {
+        "http": "http",
+        "metrics": "metrics",
+    }
+    assert service["spec"]["type"] == "ClusterIP"
+    assert "port-forward svc/kame-web" in rendered.notes
+
+
+def test_web_reaches_a_tls_gateway_with_the_system_cas_or_a_named_ca():
+    settings = settings_of(helm_render(GATEWAY_TLS).one("Deployment", "web"))
+    assert settings["KAME_WEB_GATEWAY_TLS"] == "true"
+    rendered = helm_render({**GATEWAY_TLS, "web": {"gatewayCaSecret": "edge-ca"}})
+    deployment = rendered.one("Deployment", "web")
+    settings = settings_of(deployment)
+    mounts = {m["mountPath"]: m["name"] for m in containers(deployment)[0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    ca_dir = os.path.dirname(settings["KAME_WEB_GATEWAY_CA_FILE"])
+    assert volumes[mounts[ca_dir]]["secret"]["secretName"] == "edge-ca"
+
+
+def test_no_web_when_the_gateway_requires_client_certificates():
+    rendered = helm_render(
+        {"tls": {"gateway": {**GATEWAY_TLS["tls"]["gateway"], "clientCaSecret": "callers-ca"}}}
+    )
+    components = {
+        d["metadata"]["labels"].get("app.kubernetes.io/component") for d in rendered.documents
+    }
+    assert "web" not in components
+    assert "web page is not installed" in rendered.notes
+    assert "web" not in {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]
+        for d in helm_render({"web": {"enabled": False}}).of_kind("Deployment")
+    }
+
+
+def test_the_bridge_token_comes_from_the_secret():
+    rendered = helm_render(
+        {"secrets": {"existingSecret": "kame-keys", "webGatewayAuthTokenKey": "WEB_TOKEN"}}
+    )
+    env = env_of(containers(rendered.one("Deployment", "web"))[0])
+    assert env["KAME_WEB_GATEWAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "kame-keys",
+        "key": "WEB_TOKEN",
+    }
+
+
+def policy(rendered, component: str) -> dict:
+    return rendered.one("NetworkPolicy", component)["spec"]
+
+
+def test_web_may_reach_dns_and_the_gateway_only(rendered_sets):
+    rendered = rendered_sets["default"]
+    spec = policy(rendered, "web")
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    gateway_pods = policy(rendered, "gateway")["podSelector"]
+    (dns, to_gateway) = spec["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert to_gateway["to"] == [{"podSelector": gateway_pods}]
+    assert to_gateway["ports"] == [{"port": SERVICE_PORTS["gateway"].grpc, "protocol": "TCP"}]
+    page, metrics = spec["ingress"]
+    assert page == {"ports": [{"port": "http", "protocol": "TCP"}]}  # any browser by default
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}] and metrics["from"]
+
+
+def test_a_restricted_gateway_still_takes_the_web_pods():
+    clients = [{"ipBlock": {"cidr": "203.0.113.0/24"}}]
+    rendered = helm_render({"networkPolicy": {"gatewayFrom": clients}})
+    converse = policy(rendered, "gateway")["ingress"][0]
+    web_pods = policy(rendered, "web")["podSelector"]
+    assert converse["from"] == [*clients, {"podSelector": web_pods}]
+    ingress = [{"podSelector": {"matchLabels": {"app": "ingress-nginx"}}}]
+    page = policy(helm_render({"networkPolicy": {"webFrom": ingress}}), "web")["ingress"][0]
+    assert page["from"] == ingress
+
+
+async def healthcheck(env: dict[str, str]) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(HEALTHCHECK),
+        "service",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "KAME_SERVICE": "web", **env},
+    )
+    _, stderr = await process.communicate()
+    return process.returncode, stderr.decode()
+
+
+async def test_the_images_health_check_asks_healthz_and_fails_while_draining():
+    server = await serve(WebSettings(host="127.0.0.1", port=0, metrics_port=0))
+    try:
+        env = {"KAME_WEB_PORT": str(server.port)}
+        code, reason = await healthcheck(env)
+        assert code == 0 and "HTTP 200" in reason, reason
+        server.web.draining = True
+        code, reason = await healthcheck(env)
+        assert code == 1 and "503" in reason, reason
+    finally:
+        await server.stop()
+    code, _ = await healthcheck(env)
+    assert code == 1  # nothing listens any more

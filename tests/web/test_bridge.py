@@ -1,0 +1,125 @@
+"""The bridge's translation, without a network: what a page's start message
+becomes (a Converse config and a token) and what each gateway response
+becomes on the page."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kamepb import common_pb2, gateway_pb2
+from services.web.bridge import StartError, error_event, is_stop, page_event, parse_start
+from services.web.config import WebSettings
+
+Config = gateway_pb2.ConverseConfig
+
+
+def start(**fields) -> str:
+    return json.dumps({"type": "start", "rate": 48000, **fields})
+
+
+def test_a_start_message_becomes_a_converse_config_at_the_pages_rate():
+    parsed = parse_start(start(mode="cascade", token="page-token"), WebSettings())
+    assert parsed.config.mode == Config.CASCADE
+    for audio in (parsed.config.input_format, parsed.config.output_format):
+        assert (audio.codec, audio.sample_rate_hz) == (gateway_pb2.AudioFormat.PCM16, 48000)
+    assert parsed.config.include_oracle_updates
+    assert not parsed.config.HasField("llm")
+    assert parsed.token == "page-token"
+
+
+def test_the_page_gets_only_what_the_operator_offers():
+    settings = WebSettings(modes="tandem", llm_models="gpt-4o-mini")
+    assert parse_start(start(), settings).config.mode == Config.TANDEM  # the first offered
+    assert parse_start(start(llm="gpt-4o-mini"), settings).config.llm.model == "gpt-4o-mini"
+    with pytest.raises(StartError, match="mode: 's2s' is not offered"):
+        parse_start(start(mode="s2s"), settings)
+    with pytest.raises(StartError, match="llm: 'gpt-5' is not offered"):
+        parse_start(start(llm="gpt-5"), settings)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\x00\x01", "must be the JSON start message"),
+        ("{not json", "not JSON"),
+        (json.dumps({"type": "stop"}), "must be"),
+        (start(rate=4000), "rate: PCM16 needs 8000..192000 Hz, got 4000"),
+        (start(rate="48000"), "rate"),
+    ],
+)
+def test_a_bad_start_message_is_refused_naming_what_is_wrong(raw, message):
+    with pytest.raises(StartError, match=message):
+        parse_start(raw, WebSettings())
+
+
+def test_the_bridges_own_token_stands_in_for_a_page_without_one():
+    settings = WebSettings(gateway_auth_token="bridge-token-0123456789")
+    assert parse_start(start(), settings).token == "bridge-token-0123456789"
+    assert parse_start(start(token="page-token"), settings).token == "page-token"
+
+
+def test_agent_audio_goes_to_the_page_as_bytes_behind_a_speaking_flag():
+    speaking = gateway_pb2.ConverseResponse(
+        audio=gateway_pb2.AgentAudioChunk(data=b"\x01\x02\x03\x04", speaking=True)
+    )
+    silent = gateway_pb2.ConverseResponse(audio=gateway_pb2.AgentAudioChunk(data=b"\x00\x00"))
+    assert page_event(speaking) == b"\x01\x01\x02\x03\x04"
+    assert page_event(silent) == b"\x00\x00\x00"
+
+
+def test_the_four_streams_and_the_turn_summary_become_json_events():
+    transcript = page_event(
+        gateway_pb2.ConverseResponse(
+            user_transcript=common_pb2.TranscriptEvent(
+                utterance_id="u1", is_final=True, text="What is the capital of France?"
+            )
+        )
+    )
+    assert transcript == {
+        "type": "transcript",
+        "final": True,
+        "utterance_id": "u1",
+        "text": "What is the capital of France?",
+        "stable_text": "",
+    }
+    reset = page_event(
+        gateway_pb2.ConverseResponse(
+            oracle_update=common_pb2.OracleUpdate(
+                op=common_pb2.OracleUpdate.RESET, generation=3, text="Paris is"
+            )
+        )
+    )
+    assert (reset["type"], reset["op"], reset["generation"], reset["text"]) == (
+        "oracle",
+        "reset",
+        3,
+        "Paris is",
+    )
+    words = page_event(
+        gateway_pb2.ConverseResponse(agent_text=common_pb2.AgentText(text="Paris.", generation=3))
+    )
+    assert (words["type"], words["text"], words["filler"]) == ("agent_text", "Paris.", False)
+    turn = page_event(
+        gateway_pb2.ConverseResponse(
+            turn=gateway_pb2.TurnSummary(user_text="hi", response_latency_s=0.42)
+        )
+    )
+    assert (turn["type"], turn["response_latency_s"]) == ("turn", pytest.approx(0.42))
+    json.dumps([transcript, reset, words, turn])  # what the bridge sends must serialize
+
+
+def test_errors_say_what_happened_in_words():
+    refused = error_event("UNAUTHENTICATED", "invalid bearer token")
+    assert refused["message"].startswith("auth refused")
+    assert "invalid bearer token" in refused["message"]
+    down = error_event("UNAVAILABLE", "failed to connect", "gateway.example:50051")
+    assert down["message"].startswith("gateway down") and "gateway.example:50051" in down["message"]
+    broken = error_event("UNAVAILABLE", "the frontend failed")
+    assert broken["message"].startswith("the call broke off"), broken
+
+
+def test_stop_is_recognized_and_nothing_else():
+    assert is_stop('{"type": "stop"}')
+    assert not is_stop('{"type": "start"}') and not is_stop("[]") and not is_stop("x")
