@@ -59,3 +59,9 @@ DROPPED_MESSAGES = Counter(
     "Messages dropped because a side queue (oracle input, Redis writes) was full",
     ["queue"],
 )
+REFUSED_INPUT = Counter(
+    "kame_gateway_refused_input_total",
+    "Calls ended for their input (pacing.py): idle (idle_timeout_s), pace (input_burst_s), "
+    "chunk_size (max_chunk_s)",
+    ["reason"],
+)
