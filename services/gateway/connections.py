@@ -18,7 +18,7 @@ from services.gateway.config import GatewaySettings
 log = logging.getLogger(__name__)
 
 REGISTRY_TIMEOUT_S = 1.0
-REGISTRY_BACKOFF_S = 5.0
+REGISTRY_BACKOFF_S = 10.0
 
 
 class Connections:
@@ -34,6 +34,7 @@ class Connections:
         self._channel_options = settings.connection_policy().channel_options()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._registry_retry_at = 0.0  # monotonic time before which the registry is skipped
+        self._last_choice: Replica | None = None  # the registry's latest answer
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """One shared channel per upstream address (gRPC multiplexes the sessions),
@@ -51,20 +52,22 @@ class Connections:
     async def frontend_candidates(self) -> list[Replica]:
         """The registry's replica with most free slots, then the configured address.
         After the registry failed (Redis down or hung), sessions skip it for
-        REGISTRY_BACKOFF_S: a broken Redis delays one call set-up per interval by at
-        most REGISTRY_TIMEOUT_S, not every call."""
-        chosen = None
+        REGISTRY_BACKOFF_S and try the replica it last chose first: a broken Redis
+        delays one call set-up per interval by at most REGISTRY_TIMEOUT_S, not
+        every call, and sessions keep reaching the replicas it knew."""
         if time.monotonic() >= self._registry_retry_at:
             try:
-                chosen = await asyncio.wait_for(self.registry.choose(), REGISTRY_TIMEOUT_S)
+                self._last_choice = await asyncio.wait_for(
+                    self.registry.choose(), REGISTRY_TIMEOUT_S
+                )
             except (TimeoutError, RedisError, OSError) as exc:
                 log.warning(
-                    "frontend registry unavailable (%s); using %s for %g s",
+                    "frontend registry unavailable (%s); skipping it for %g s",
                     exc or type(exc).__name__,
-                    self.settings.frontend_address,
                     REGISTRY_BACKOFF_S,
                 )
                 self._registry_retry_at = time.monotonic() + REGISTRY_BACKOFF_S
+        chosen = self._last_choice
         candidates = [chosen] if chosen is not None else []
         fallback = self.settings.frontend_address
         if all(replica.address != fallback for replica in candidates):
