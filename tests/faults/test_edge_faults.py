@@ -15,11 +15,13 @@ The Redis test runs last: the black hole does not come back."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -60,18 +62,21 @@ def through(gate: Blackhole, redis_url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(redis_gate, redis_url, tmp_path_factory):
-    options = StackOptions(
-        ports=Ports.free(),
-        redis_url=through(redis_gate, redis_url),
-        grace_s=2.0,
-        log_dir=tmp_path_factory.mktemp("edge-stack"),
-    )
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in GATEWAY_ENV.items():
-            patch.setenv(name, value)  # the children inherit the environment
-        with Stack(options) as running:
-            yield running
+def stack(redis_gate, redis_url):
+    # Logs not under pytest's base temp: a concurrent pytest run may prune that
+    # while the stack still writes there.
+    with tempfile.TemporaryDirectory(prefix="kame-edge-faults-") as log_dir:
+        options = StackOptions(
+            ports=Ports.free(),
+            redis_url=through(redis_gate, redis_url),
+            grace_s=2.0,
+            log_dir=Path(log_dir),
+        )
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in GATEWAY_ENV.items():
+                patch.setenv(name, value)  # the children inherit the environment
+            with Stack(options) as running:
+                yield running
 
 
 def scrape(stack: Stack, service: str) -> str:
