@@ -137,7 +137,9 @@ class InputLimits:
 class InputGuard:
     """The checks of one call's audio messages (size and pace), in arrival order."""
 
-    def __init__(self, fmt: AudioFormat, limits: InputLimits, clock: Clock = time.monotonic):
+    def __init__(
+        self, fmt: AudioFormat, limits: InputLimits, clock: Clock = time.monotonic
+    ) -> None:
         self.format = fmt
         self.limits = limits
         self.max_chunk_bytes = int(bytes_per_second(fmt) * limits.max_chunk_s)
@@ -182,7 +184,8 @@ async def limit_input(
     idle_s = limits.idle_timeout_s or None
     while True:
         try:
-            request = await asyncio.wait_for(anext(requests), idle_s)
+            async with asyncio.timeout(idle_s):  # no task per message, unlike wait_for
+                request = await anext(requests)
         except StopAsyncIteration:
             return
         except TimeoutError:
