@@ -18,7 +18,7 @@ from services.gateway.config import GatewaySettings
 log = logging.getLogger(__name__)
 
 REGISTRY_TIMEOUT_S = 1.0
-REGISTRY_BACKOFF_S = 10.0
+REGISTRY_BACKOFF_S = 30.0
 
 
 class Connections:
