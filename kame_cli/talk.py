@@ -41,6 +41,7 @@ from kame_cli.say import write_wav
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import SAMPLE_RATE, pcm16_to_float, resample
 from kame_common.auth import bearer_metadata
+from kame_common.grpc_options import ConnectionPolicy
 from kame_common.ports import loopback_address
 from kame_common.tls import ClientTls
 from kamepb import gateway_pb2, gateway_pb2_grpc
@@ -261,7 +262,11 @@ class _Conversation:
         self.result.events.append({"t": round(self.now(), 4), "type": event_type, **fields})
 
     async def run(self) -> TalkResult:
-        async with self.options.client_tls().channel(self.options.gateway) as channel:
+        # Keepalive: a gateway that vanished mid-call fails the call instead of
+        # leaving it silent; round robin over every address the name resolves to.
+        channel_options = ConnectionPolicy().channel_options()
+        tls = self.options.client_tls()
+        async with tls.channel(self.options.gateway, options=channel_options) as channel:
             call = gateway_pb2_grpc.GatewayStub(channel).Converse(metadata=self.options.metadata())
             self.t0 = time.monotonic()
             sender: asyncio.Future[None] | None = None

@@ -17,6 +17,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
+from kame_common.grpc_options import ConnectionPolicy
 from kame_common.ports import SERVICE_PORTS
 
 T = TypeVar("T")
@@ -138,6 +139,22 @@ def grpc_port_setting(service: str) -> Any:
     return setting(SERVICE_PORTS[service].grpc, "gRPC port (0 picks a free one)")
 
 
+def check_not_negative(config: Any, *names: str) -> None:
+    """ConfigError naming the first of the fields `names` of `config` below zero."""
+    for name in names:
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name}: must not be negative, got {getattr(config, name)}")
+
+
+def redis_timeout_setting() -> Any:
+    """The `redis_timeout_s` setting of a service that uses Redis (kame_common.store)."""
+    return setting(
+        1.0,
+        "seconds a Redis connect or command may take before it fails, so a Redis that "
+        "hangs costs records, never a call (0 = no timeout)",
+    )
+
+
 def metrics_port_setting(service: str) -> Any:
     return setting(SERVICE_PORTS[service].metrics, "Prometheus /metrics port (0 disables)")
 
@@ -186,10 +203,37 @@ class ServiceSettings:
         0, "plaintext port serving only grpc.health.v1, for probes that cannot speak TLS (0 = off)"
     )
     reflection: bool = setting(True, "serve gRPC reflection on the gRPC port")
+    keepalive_time_s: float = setting(
+        20.0,
+        "seconds between HTTP/2 keepalive pings on every connection the service serves or "
+        "dials (0 = gRPC's defaults: servers every 2 h, channels never)",
+    )
+    keepalive_timeout_s: float = setting(
+        10.0, "a keepalive ping unanswered this long closes the connection and fails its calls"
+    )
+    max_connection_age_s: float = setting(
+        300.0,
+        "server: connections older than this get GOAWAY (open calls go on), so clients "
+        "reconnect and re-resolve DNS to reach new replicas (0 = no limit)",
+    )
+    max_connection_age_grace_s: float = setting(
+        0.0,
+        "server: after max_connection_age_s, seconds open calls may still run before the "
+        "connection closes (0 = until they end)",
+    )
 
     @classmethod
     def env_prefix(cls) -> str:
         return f"KAME_{cls.SERVICE.upper()}_"
+
+    def connection_policy(self) -> ConnectionPolicy:
+        """Keepalive and connection age of the service's server and channels."""
+        return ConnectionPolicy(
+            keepalive_time_s=self.keepalive_time_s,
+            keepalive_timeout_s=self.keepalive_timeout_s,
+            max_connection_age_s=self.max_connection_age_s,
+            max_connection_age_grace_s=self.max_connection_age_grace_s,
+        )
 
     def validate(self) -> None:
         """Raise ConfigError naming a field whose value is out of its range."""
@@ -206,6 +250,14 @@ class ServiceSettings:
             raise ConfigError(
                 "tls_client_ca_file: client certificates (mTLS) need TLS: set tls_cert_file "
                 "and tls_key_file too"
+            )
+        check_not_negative(
+            self, "keepalive_time_s", "max_connection_age_s", "max_connection_age_grace_s"
+        )
+        if self.keepalive_time_s > 0 and self.keepalive_timeout_s <= 0:
+            raise ConfigError(
+                f"keepalive_timeout_s: must be positive while keepalive_time_s is on, "
+                f"got {self.keepalive_timeout_s}"
             )
         if self.health_port < 0:
             raise ConfigError(f"health_port: must not be negative, got {self.health_port}")

@@ -1,9 +1,10 @@
 """The one start-up and shutdown path of every service.
 
 `ServiceRuntime` owns the aio server (TLS or mTLS when the settings give a
-certificate), the standard health service (also on a plaintext health-only
-port for probes, when `health_port` is set), reflection (unless switched
-off), the /metrics endpoint, tracing, session admission (max sessions ->
+certificate; keepalive and connection age from kame_common.grpc_options),
+the standard health service (also on a plaintext health-only port for probes,
+when `health_port` is set), reflection (unless switched off), the /metrics
+endpoint, tracing, session admission (max sessions ->
 RESOURCE_EXHAUSTED, draining -> UNAVAILABLE) and graceful drain: on
 SIGTERM/SIGINT every health status turns NOT_SERVING, new sessions are
 refused, and open sessions get up to `grace_s` seconds to finish before the
@@ -42,12 +43,18 @@ Hook = Callable[[], Awaitable[None]]
 ACTIVE_SESSIONS = Gauge("kame_active_sessions", "Open sessions on this replica", ["service"])
 
 # Large enough for a few seconds of raw audio in one message; anything bigger
-# is refused by gRPC with RESOURCE_EXHAUSTED before it reaches our code.
+# is refused by gRPC with RESOURCE_EXHAUSTED before it reaches our code. (The
+# gateway's client port takes less: see services/gateway/pacing.py.)
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 class ServiceRuntime:
-    def __init__(self, settings: ServiceSettings, grpc_services: Iterable[str]) -> None:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        grpc_services: Iterable[str],
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
         self.settings = settings
         self.service_name = settings.SERVICE
         self.grpc_services = list(grpc_services)
@@ -65,11 +72,13 @@ class ServiceRuntime:
         self._close_hooks = contextlib.AsyncExitStack()
         self._shutdown: asyncio.Future[None] | None = None
         self.health = health.aio.HealthServicer()
+        self._connection_options = settings.connection_policy().server_options()
         self.server = grpc.aio.server(
             interceptors=tracing.server_interceptors(),
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+                *self._connection_options,
             ],
         )
         self._gauge = ACTIVE_SESSIONS.labels(service=self.service_name)
@@ -103,7 +112,7 @@ class ServiceRuntime:
             )
         self.port = self._bind(self.server, self.port, secure=True)
         if settings.health_port:
-            self._health_server = grpc.aio.server()
+            self._health_server = grpc.aio.server(options=self._connection_options)
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
             self.health_port = self._bind(self._health_server, settings.health_port, secure=False)
             await self._health_server.start()

@@ -15,7 +15,10 @@ A registry with a secret skips (and counts in
 kame_registry_rejected_records_total) every record it cannot verify.
 
 The client retries commands on connection errors (with backoff), so a Redis
-restart or a dropped connection costs a retry, not a session. A password
+restart or a dropped connection costs a retry, not a session; and every
+connect and command times out (`redis_timeout_s`, 1 s), so a Redis that
+accepts connections and never answers costs a failed write or a session
+without history, never a stalled call. A password
 travels in the URL (`redis://:PASSWORD@host:6379/0`, from a Secret); never
 log a Redis URL, log `redacted_url(url)`.
 """
@@ -38,7 +41,6 @@ from prometheus_client import Counter
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +67,26 @@ def redacted_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-def connect(url: str) -> redis.Redis:
-    """A client that reconnects and retries on connection errors."""
+DEFAULT_TIMEOUT_S = 1.0
+
+
+def connect(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> redis.Redis:
+    """A client whose connects and commands each fail after `timeout_s` (0: never),
+    and that reconnects and retries on connection errors."""
     return redis.Redis.from_url(
         url,
         decode_responses=True,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=5),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError, ConnectionResetError],
+        # Not on timeouts: a Redis that hangs would cost every command (retries + 1)
+        # timeouts instead of one.
+        retry=Retry(
+            ExponentialBackoff(cap=1.0, base=0.05),
+            retries=5,
+            supported_errors=(RedisConnectionError,),
+        ),
+        retry_on_error=[RedisConnectionError, ConnectionResetError],
         health_check_interval=10,
-        socket_connect_timeout=2,
+        socket_timeout=timeout_s or None,
+        socket_connect_timeout=timeout_s or None,
     )
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import re
+import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -65,3 +68,78 @@ def echo_handler(runtime: ServiceRuntime) -> grpc.GenericRpcHandler:
         ECHO_SERVICE,
         {"Chat": grpc.stream_stream_rpc_method_handler(chat, lambda b: b, lambda b: b)},
     )
+
+
+class Blackhole:
+    """A TCP proxy to `target` that can turn into a black hole. Until `freeze()` it
+    forwards bytes both ways; from then on it moves no byte either way and holds
+    every connection open (no FIN, no RST), old and new alike: a Redis that hangs,
+    a peer gone behind a NAT, a node dropped off the network. Without a target it
+    is frozen from the start: a server that accepts connections and never answers.
+    Runs on threads of its own, so processes, blocking code and the test's event
+    loop can all use it."""
+
+    def __init__(self, target: str | None = None) -> None:
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        self.port = self._listener.getsockname()[1]
+        self.accepted = 0
+        self._sockets: list[socket.socket] = [self._listener]
+        self._frozen = threading.Event()
+        if target is None:
+            self._frozen.set()
+        self._stopped = threading.Event()
+        self._threads = [threading.Thread(target=self._accept_forever, daemon=True)]
+        self._threads[0].start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def freeze(self) -> None:
+        self._frozen.set()
+
+    def _accept_forever(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            self._sockets.append(client)
+            if self._frozen.is_set() or self._target is None:
+                continue  # held open, never read, never answered
+            host, port = self._target.rsplit(":", 1)
+            upstream = socket.create_connection((host, int(port)))
+            self._sockets.append(upstream)
+            for source, sink in ((client, upstream), (upstream, client)):
+                thread = threading.Thread(target=self._pump, args=(source, sink), daemon=True)
+                self._threads.append(thread)
+                thread.start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        source.settimeout(0.05)
+        while not self._stopped.is_set() and not self._frozen.is_set():
+            try:
+                data = source.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if self._frozen.is_set():
+                return  # what was in flight is lost, like the rest
+            if not data:
+                with contextlib.suppress(OSError):
+                    sink.shutdown(socket.SHUT_WR)
+                return
+            with contextlib.suppress(OSError):
+                sink.sendall(data)
+
+    def close(self) -> None:
+        self._stopped.set()
+        self._threads[0].join()  # no thread starts after the accept loop ended
+        for thread in self._threads[1:]:
+            thread.join()
+        for sock in self._sockets:
+            sock.close()

@@ -10,7 +10,9 @@ from typing import ClassVar
 from kame_common.config import (
     ConfigError,
     ServiceSettings,
+    check_not_negative,
     check_secret,
+    redis_timeout_setting,
     setting,
 )
 from kame_common.ports import LOCAL_REDIS_URL
@@ -32,6 +34,7 @@ class FrontendSettings(ServiceSettings):
     )
     max_sessions: int = setting(0, "Admission limit on open streams (0 = batch_slots decides)")
     redis_url: str = setting(LOCAL_REDIS_URL, "Redis for the capacity registry")
+    redis_timeout_s: float = redis_timeout_setting()
     replica_id: str = setting("", "Name in the capacity registry (empty = hostname-pid)")
     registry_secret: str = setting(
         "", "HMAC key that signs this replica's capacity records (the gateway's registry_secret)"
@@ -51,3 +54,4 @@ class FrontendSettings(ServiceSettings):
         if self.batch_slots < 1:
             raise ConfigError(f"batch_slots: must be at least 1, got {self.batch_slots}")
         check_secret("registry_secret", self.registry_secret)
+        check_not_negative(self, "redis_timeout_s")

@@ -69,11 +69,18 @@ class CapacityPublisher:
     cancelled heartbeat running forever.
     """
 
-    def __init__(self, redis_url: str, replica_id: str, engine: Engine, secret: str = "") -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        replica_id: str,
+        engine: Engine,
+        secret: str = "",
+        redis_timeout_s: float = store.DEFAULT_TIMEOUT_S,
+    ) -> None:
         self.replica_id = replica_id
         self.address = ""
         self._engine = engine
-        self._client = store.connect(redis_url)
+        self._client = store.connect(redis_url, redis_timeout_s)
         self._registry = store.CapacityRegistry(self._client, "frontend", secret=secret)
         self._wake = asyncio.Event()
         self._closing = False
@@ -324,7 +331,11 @@ async def serve(settings: FrontendSettings) -> ServiceRuntime:
     engine = await asyncio.to_thread(build_engine, settings)
     runtime.on_close(engine.close)
     capacity = CapacityPublisher(
-        settings.redis_url, settings.resolved_replica_id(), engine, settings.registry_secret
+        settings.redis_url,
+        settings.resolved_replica_id(),
+        engine,
+        settings.registry_secret,
+        settings.redis_timeout_s,
     )
     runtime.on_drain(capacity.close)  # first, so the gateway stops sending new sessions
     servicer = FrontendServicer(runtime, engine, capacity)

@@ -9,7 +9,9 @@ from kame_common.auth import parse_tokens
 from kame_common.config import (
     ConfigError,
     ServiceSettings,
+    check_not_negative,
     check_secret,
+    redis_timeout_setting,
     setting,
 )
 from kame_common.ports import LOCAL_REDIS_URL, loopback_address
@@ -61,8 +63,26 @@ class GatewaySettings(ServiceSettings):
         25, "bound of each per-session queue, in messages (25 frames = 2 s of audio)"
     )
     connect_timeout_s: float = setting(
-        10.0, "seconds to open upstream streams (frontend ready) at session start"
+        10.0,
+        "seconds the caller has to send its config, and the gateway to open a frontend "
+        "stream (config sent, FrontendReady back; per replica tried)",
     )
+    idle_timeout_s: float = setting(
+        10.0,
+        "seconds the gateway waits for the caller's next message (the first audio after the "
+        "config included) before ending the call with DEADLINE_EXCEEDED (0 = forever)",
+    )
+    input_burst_s: float = setting(
+        2.0,
+        "seconds of audio a caller may send ahead of real time; more is refused with "
+        "RESOURCE_EXHAUSTED (0 = no pacing)",
+    )
+    max_chunk_s: float = setting(
+        1.0,
+        "most audio one message may carry, in seconds of the input format "
+        "(RESOURCE_EXHAUSTED above)",
+    )
+    redis_timeout_s: float = redis_timeout_setting()
     drain_timeout_s: float = setting(
         15.0, "after the caller half-closes, seconds upstreams get to finish their output"
     )
@@ -98,5 +118,10 @@ class GatewaySettings(ServiceSettings):
                 "upstream_cert_file: a client certificate needs TLS to upstreams: "
                 "set upstream_ca_file too"
             )
+        check_not_negative(self, "idle_timeout_s", "input_burst_s", "redis_timeout_s")
+        if self.max_chunk_s <= 0:
+            raise ConfigError(f"max_chunk_s: must be positive, got {self.max_chunk_s}")
+        if self.connect_timeout_s <= 0:
+            raise ConfigError(f"connect_timeout_s: must be positive, got {self.connect_timeout_s}")
         if self.upstream_server_name and not self.upstream_ca_file:
             raise ConfigError("upstream_server_name: applies to TLS only: set upstream_ca_file")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 import redis.asyncio as redis
@@ -17,6 +18,7 @@ from services.gateway.config import GatewaySettings
 log = logging.getLogger(__name__)
 
 REGISTRY_TIMEOUT_S = 1.0
+REGISTRY_BACKOFF_S = 30.0
 
 
 class Connections:
@@ -29,26 +31,43 @@ class Connections:
         self._tls = settings.upstream_tls()
         if self._tls.enabled:
             self._tls.credentials()  # a missing or unreadable file fails the start, not a call
+        self._channel_options = settings.connection_policy().channel_options()
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._registry_retry_at = 0.0  # monotonic time before which the registry is skipped
+        self._last_choice: Replica | None = None  # the registry's latest answer
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """One shared channel per upstream address (gRPC multiplexes the sessions),
-        plaintext, TLS or mTLS as the upstream_* settings say."""
+        plaintext, TLS or mTLS as the upstream_* settings say, with keepalive and
+        round-robin over every address the name resolves to (kame_common.grpc_options):
+        `dns:///stt:50053` on a headless Service reaches every stt pod."""
         if address not in self._channels:
             self._channels[address] = self._tls.channel(
-                address, interceptors=tracing.client_interceptors()
+                address,
+                interceptors=tracing.client_interceptors(),
+                options=self._channel_options,
             )
         return self._channels[address]
 
     async def frontend_candidates(self) -> list[Replica]:
-        """The registry's replica with most free slots, then the configured address."""
-        try:
-            chosen = await asyncio.wait_for(self.registry.choose(), REGISTRY_TIMEOUT_S)
-        except (TimeoutError, RedisError, OSError) as exc:
-            log.warning(
-                "frontend registry unavailable (%s); using %s", exc, self.settings.frontend_address
-            )
-            chosen = None
+        """The registry's replica with most free slots, then the configured address.
+        After the registry failed (Redis down or hung), sessions skip it for
+        REGISTRY_BACKOFF_S and try the replica it last chose first: a broken Redis
+        delays one call set-up per interval by at most REGISTRY_TIMEOUT_S, not
+        every call, and sessions keep reaching the replicas it knew."""
+        if time.monotonic() >= self._registry_retry_at:
+            try:
+                self._last_choice = await asyncio.wait_for(
+                    self.registry.choose(), REGISTRY_TIMEOUT_S
+                )
+            except (TimeoutError, RedisError, OSError) as exc:
+                log.warning(
+                    "frontend registry unavailable (%s); skipping it for %g s",
+                    exc or type(exc).__name__,
+                    REGISTRY_BACKOFF_S,
+                )
+                self._registry_retry_at = time.monotonic() + REGISTRY_BACKOFF_S
+        chosen = self._last_choice
         candidates = [chosen] if chosen is not None else []
         fallback = self.settings.frontend_address
         if all(replica.address != fallback for replica in candidates):

@@ -59,6 +59,12 @@ DROPPED_MESSAGES = Counter(
     "Messages dropped because a side queue (oracle input, Redis writes) was full",
     ["queue"],
 )
+REFUSED_INPUT = Counter(
+    "kame_gateway_refused_input_total",
+    "Calls ended for their input (pacing.py): idle (idle_timeout_s), pace (input_burst_s), "
+    "chunk_size (max_chunk_s)",
+    ["reason"],
+)
 
 # The last five minutes of the latencies and frame timings (`kame status` reads them).
 RECENT = RecentHistograms([RESPONSE_LATENCY, ANSWER_LATENCY, FRAME_ROUND_TRIP])

@@ -5,6 +5,7 @@ message names the field."""
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import grpc
@@ -76,8 +77,8 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
             invalid,
             f"llm.backend: unknown back-end {llm.backend!r}; choose 'openai' or 'anthropic'",
         )
-    if config.hold.max_s < 0:
-        raise SessionError(invalid, f"hold.max_s: must be >= 0, got {config.hold.max_s}")
+    if not 0 <= config.hold.max_s < math.inf:  # NaN fails too
+        raise SessionError(invalid, f"hold.max_s: must be >= 0 and finite, got {config.hold.max_s}")
     return SessionPlan(
         mode=mode,
         input_format=input_format,

@@ -1,9 +1,10 @@
 """gRPC glue of the gateway: the Converse servicer, `serve(config)` and `main`.
 
 The client port is the edge of the cluster: every call is authenticated
-first (bearer token in metadata, kame_common.auth), and no status message or
-notice leaves it naming an internal address (`redact_addresses`); the full
-message stays in the gateway's log.
+first (bearer token in metadata, kame_common.auth), its audio is held to the
+input limits (pacing.py: message size, real-time pace, idle timeout), and no
+status message or notice leaves it naming an internal address
+(`redact_addresses`); the full message stays in the gateway's log.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kame_common.server import ServiceRuntime, service_main
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.gateway.config import GatewaySettings
 from services.gateway.connections import Connections
+from services.gateway.pacing import InputLimits, limit_input, max_message_bytes
 from services.gateway.plan import SessionError, plan_session
 from services.gateway.session import GatewaySession
 
@@ -73,8 +75,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         async with self.runtime.session(context):
             session = GatewaySession(self.connections, plan)
             log.info("session %s started (%s)", session.id, plan.mode.value)
+            limited = limit_input(
+                requests, plan.input_format, InputLimits.from_settings(self.settings)
+            )
             try:
-                async for response in session.responses(requests):
+                async for response in session.responses(limited):
                     yield _for_client(response)
             except SessionError as exc:
                 log.info("session %s ended: %s: %s", session.id, exc.code.name, exc.message)
@@ -107,8 +112,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
 async def serve(settings: GatewaySettings) -> ServiceRuntime:
     """Start the gateway; returns its runtime (`.port` is the bound port)."""
-    runtime = ServiceRuntime(settings, [GRPC_SERVICE])
-    redis_client = store.connect(settings.redis_url)
+    runtime = ServiceRuntime(
+        settings, [GRPC_SERVICE], max_message_bytes=max_message_bytes(settings.max_chunk_s)
+    )
+    redis_client = store.connect(settings.redis_url, settings.redis_timeout_s)
     runtime.on_close(redis_client.aclose)
     connections = Connections(settings, redis_client)
     runtime.on_close(connections.close)

@@ -207,8 +207,11 @@ class GatewaySession:
             channel = self.connections.channel(replica.address)
             call = frontend_pb2_grpc.FrontendStub(channel).Stream()
             try:
-                await call.write(self._frontend_config())
-                first = await asyncio.wait_for(call.read(), self.settings.connect_timeout_s)
+                # One deadline for the whole set-up: a replica that accepts the
+                # connection but never reads or answers cannot hold the call.
+                first = await asyncio.wait_for(
+                    self._start_frontend_call(call), self.settings.connect_timeout_s
+                )
             except TimeoutError:
                 call.cancel()
                 log.warning("session %s: frontend %s sent no ready", self.id, replica.address)
@@ -236,6 +239,11 @@ class GatewaySession:
             self._span.set_attribute("kame.frontend", replica.address)
             return Upstream("frontend", call, self.settings.queue_frames)
         raise error
+
+    async def _start_frontend_call(self, call: Any) -> Any:
+        """Send the config; the frontend's first answer (FrontendReady or EOF)."""
+        await call.write(self._frontend_config())
+        return await call.read()
 
     def _open_stt(self) -> Upstream[stt_pb2.TranscribeRequest]:
         """The config goes first in the queue: a service that is down shows up as

@@ -26,6 +26,8 @@ from typing import ClassVar
 from kame_common.config import (
     ConfigError,
     ServiceSettings,
+    check_not_negative,
+    redis_timeout_setting,
     setting,
 )
 from kame_common.ports import LOCAL_LLM_URL, LOCAL_REDIS_URL
@@ -52,6 +54,7 @@ class OracleSettings(ServiceSettings):
 
     max_sessions: int = setting(100, "concurrent sessions before RESOURCE_EXHAUSTED (0 = no limit)")
     redis_url: str = setting(LOCAL_REDIS_URL, "Redis for conversation history")
+    redis_timeout_s: float = redis_timeout_setting()
     history_ttl_s: int = setting(3600, "seconds a conversation log lives after its last turn")
     history_turns: int = setting(20, "most recent turns of history put in the prompt")
     backend: str = setting("openai", "default LLM back-end", choices=BACKEND_NAMES)
@@ -77,6 +80,7 @@ class OracleSettings(ServiceSettings):
 
     def validate(self) -> None:
         super().validate()
+        check_not_negative(self, "redis_timeout_s")
         for entry in _entries(self.allowed_base_urls):
             problem = _url_problem(entry)
             if problem:

@@ -90,7 +90,7 @@ async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> Se
     runtime = ServiceRuntime(settings, [GRPC_SERVICE])
     session_store = None
     if settings.redis_url:
-        redis_client = store.connect(settings.redis_url)
+        redis_client = store.connect(settings.redis_url, settings.redis_timeout_s)
         runtime.on_close(redis_client.aclose)
         session_store = store.SessionStore(redis_client, ttl_s=settings.history_ttl_s)
     keys = api_keys if api_keys is not None else ApiKeys.from_env()

@@ -187,7 +187,9 @@ class Bridge:
             await send_json(page, error_event("INVALID_ARGUMENT", str(exc)))
             return
         channel = self.tls.channel(
-            self.settings.gateway_address, interceptors=tracing.client_interceptors()
+            self.settings.gateway_address,
+            interceptors=tracing.client_interceptors(),
+            options=self.settings.connection_policy().channel_options(),
         )
         async with channel:
             call = gateway_pb2_grpc.GatewayStub(channel).Converse(

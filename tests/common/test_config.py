@@ -46,3 +46,36 @@ def test_bad_type_names_field_and_source():
 def test_unknown_flag_is_an_error():
     with pytest.raises((ConfigError, SystemExit)):
         load_config(DemoConfig, "KAME_X_", ["--no-such-flag", "1"], env={})
+
+
+def test_connection_settings_are_checked_and_become_grpc_options():
+    from kame_common.config import load_settings
+    from services.gateway.config import GatewaySettings
+
+    for flags, field in (
+        (["--keepalive-time-s", "-1"], "keepalive_time_s"),
+        (["--keepalive-timeout-s", "0"], "keepalive_timeout_s"),
+        (["--max-connection-age-s", "-5"], "max_connection_age_s"),
+        (["--idle-timeout-s", "-1"], "idle_timeout_s"),
+        (["--input-burst-s", "-1"], "input_burst_s"),
+        (["--max-chunk-s", "0"], "max_chunk_s"),
+        (["--redis-timeout-s", "-1"], "redis_timeout_s"),
+    ):
+        with pytest.raises(ConfigError, match=f"^{field}: "):
+            load_settings(GatewaySettings, flags, env={})
+    off = load_settings(GatewaySettings, ["--keepalive-time-s", "0"], env={})
+    assert not any("keepalive" in name for name, _ in off.connection_policy().server_options())
+
+    policy = load_settings(
+        GatewaySettings, ["--keepalive-time-s", "4", "--max-connection-age-s", "60"], env={}
+    ).connection_policy()
+    server = dict(policy.server_options())
+    assert server["grpc.keepalive_time_ms"] == 4000
+    assert server["grpc.keepalive_timeout_ms"] == 10_000
+    assert server["grpc.http2.min_ping_interval_without_data_ms"] == 2000
+    assert server["grpc.max_connection_age_ms"] == 60_000
+    assert server["grpc.max_connection_age_grace_ms"] == 2**31 - 1  # calls run to their end
+    channel = dict(policy.channel_options())
+    assert channel["grpc.lb_policy_name"] == "round_robin"
+    assert channel["grpc.http2.max_pings_without_data"] == 0
+    assert "grpc.max_connection_age_ms" not in channel

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
+
+import pytest
 
 from kame_common.store import CapacityRegistry, SessionStore
 
@@ -71,3 +74,28 @@ async def test_capacity_registry_chooses_most_free_and_forgets_dead(redis_client
     assert [(r.replica_id, r.free_slots) for r in live] == [("a", 2)]
     await asyncio.sleep(0.8)
     assert await registry.choose() is None
+
+
+async def test_a_redis_that_never_answers_fails_each_command_within_the_timeout(session_id):
+    """Accepts connections, never replies: every command fails after the client's
+    timeout, once (a timeout is not retried), with a RedisError the callers catch."""
+    from redis.exceptions import RedisError
+
+    from kame_common.store import connect
+    from tests.support import Blackhole
+
+    hung = Blackhole()
+    client = connect(f"redis://{hung.address}/0", timeout_s=0.3)
+    try:
+        for operation in (
+            lambda: SessionStore(client).put_session(session_id, {"mode": "tandem"}),
+            lambda: SessionStore(client).conversation(session_id),
+            lambda: CapacityRegistry(client, "frontend").choose(),
+        ):
+            began = time.monotonic()
+            with pytest.raises(RedisError):
+                await operation()
+            assert 0.25 < time.monotonic() - began < 1.0
+    finally:
+        await client.aclose()
+        hung.close()

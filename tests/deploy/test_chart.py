@@ -77,13 +77,16 @@ CHART_OWNED = {
     "oracle": set(),
     "web": {"gateway_address", "gateway_ca_file", "gateway_tls"},
 }
+# The upstreams the gateway balances over, per pod, through a headless Service.
+BALANCED = ("stt", "oracle")
 SECRET_FIELDS = {
     "gateway": {"auth_tokens", "registry_secret"},
     "frontend": {"registry_secret"},
     "web": {"gateway_auth_token"},
 }
-# Inherited from ServiceSettings but without effect: web serves no gRPC.
-NOT_APPLICABLE = {"web": {"reflection"}}
+# Inherited from ServiceSettings but without effect: web serves no gRPC (its
+# channel to the gateway keeps alive; connection age is a gRPC server's).
+NOT_APPLICABLE = {"web": {"reflection", "max_connection_age_s", "max_connection_age_grace_s"}}
 
 
 def test_lint_has_no_errors_or_warnings():
@@ -205,6 +208,19 @@ def test_pod_disruption_budgets_select_their_pods(rendered):
         assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
 
+def test_balanced_services_are_headless(rendered_sets):
+    """stt and oracle Services return pod IPs (clusterIP: None), so one gateway spreads its
+    sessions over every pod; the gateway and frontend keep a virtual IP (the frontend is
+    chosen through the capacity registry). `service.headless: false` gives stt a VIP back."""
+    rendered = rendered_sets["default"]
+    for service in SERVICES:
+        headless = rendered.one("Service", service)["spec"].get("clusterIP") == "None"
+        assert headless == (service in BALANCED), service
+    with_vip = helm_render({"stt": {"service": {"headless": False}}})
+    assert "clusterIP" not in with_vip.one("Service", "stt")["spec"]
+    assert with_vip.one("Service", "oracle")["spec"]["clusterIP"] == "None"
+
+
 def test_services_route_to_the_container_ports(rendered):
     for service in SERVICES:
         svc = rendered.one("Service", service)
@@ -304,7 +320,11 @@ def test_addresses_between_services_agree(rendered):
     }
     gateway = env_of(containers(rendered.one("Deployment", "gateway"))[0])
     for target in ("stt", "oracle", "frontend"):
-        host, port = gateway[f"KAME_GATEWAY_{target.upper()}_ADDRESS"]["value"].split(":")
+        address = gateway[f"KAME_GATEWAY_{target.upper()}_ADDRESS"]["value"]
+        if target in BALANCED:  # a DNS target the gateway's round_robin channel spreads over
+            assert address.startswith("dns:///"), address
+            address = address.removeprefix("dns:///")
+        host, port = address.split(":")
         assert services[host]["grpc"] == int(port) == PORTS[target]
     frontend = env_of(containers(rendered.one("Deployment", "frontend"))[0])
     assert frontend["KAME_FRONTEND_ADVERTISE_ADDRESS"]["value"] == f"$(POD_IP):{PORTS['frontend']}"

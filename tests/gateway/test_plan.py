@@ -60,6 +60,14 @@ def test_modes_and_overrides():
             grpc.StatusCode.INVALID_ARGUMENT,
             "llm.backend: unknown back-end 'gemini'",
         ),
+        *(
+            (
+                Config(hold=gateway_pb2.HoldConfig(max_s=bad)),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "hold.max_s: must be >= 0 and finite",
+            )
+            for bad in (-1.0, float("inf"), float("nan"))
+        ),
     ],
 )
 def test_bad_config_names_the_field(config, code, message):

@@ -238,7 +238,8 @@ async def test_a_stalled_oracle_costs_agent_text_not_frames(fakes):
     fakes.frontend.speak_at = 0
     # Long "words" fill the HTTP/2 window to the stalled oracle quickly.
     fakes.frontend.words = {seq: ("w" * 50_000, 1) for seq in range(200)}
-    gateway = await fakes.gateway(queue_frames=2, drain_timeout_s=0.3)
+    # 16 s of audio as fast as flow control allows: pacing off (input_burst_s=0).
+    gateway = await fakes.gateway(queue_frames=2, drain_timeout_s=0.3, input_burst_s=0)
     before = dropped_oracle_messages()
     outcome = await converse(gateway.address, frames=200)
     assert outcome.code == grpc.StatusCode.OK

@@ -58,6 +58,15 @@ app.kubernetes.io/part-of: kame
 {{- printf "%s:%v" (include "kame.componentName" .) (index .root.Values .component).port }}
 {{- end }}
 
+{{/*
+The gateway's gRPC target of a component it balances over: dns:///host:port. On a headless
+Service (service.headless) the name resolves to every ready pod's IP and the gateway's
+round_robin channel spreads sessions over them; servers' max_connection_age makes it re-resolve.
+*/}}
+{{- define "kame.balancedTarget" -}}
+{{- printf "dns:///%s" (include "kame.address" .) }}
+{{- end }}
+
 {{/* The Redis URL every service uses (empty when it comes from the Secret). */}}
 {{/*
 Name of secrets.existingSecret for a reference to one of its keys: (dict "root" $ "key" "redisPasswordKey").
@@ -389,6 +398,10 @@ metadata:
   {{- end }}
 spec:
   type: ClusterIP
+  {{- if $values.service.headless }}
+  # Headless: DNS answers with the pod IPs, so the gateway balances per pod (round_robin).
+  clusterIP: None
+  {{- end }}
   selector:
     {{- include "kame.selectorLabels" . | nindent 4 }}
   ports:

@@ -1,0 +1,163 @@
+"""The gateway's input limits (services/gateway/pacing.py) alone: the real-time
+budget on a hand-driven clock, audio durations of every input format (Opus
+packets made by the real encoder), the size and pace checks and their
+messages, and the idle timeout of the wrapped request stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+import pytest
+
+from kame_common.audio import SAMPLE_RATE
+from kamepb import gateway_pb2
+from services.gateway.codecs import AudioFormat, Encoder
+from services.gateway.pacing import (
+    OPUS_MAX_BYTES_PER_S,
+    InputGuard,
+    InputLimits,
+    RealTimeBudget,
+    audio_seconds,
+    limit_input,
+    max_message_bytes,
+    opus_packet_seconds,
+)
+from services.gateway.plan import SessionError
+
+PCM_16K = AudioFormat("pcm16", 16_000)
+MULAW = AudioFormat("mulaw", 8_000)
+OPUS = AudioFormat("opus", 48_000)
+LIMITS = InputLimits(idle_timeout_s=10.0, input_burst_s=2.0, max_chunk_s=1.0)
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_budget_admits_real_time_plus_the_burst_and_no_more():
+    clock = Clock()
+    budget = RealTimeBudget(burst_s=2.0, clock=clock)
+    assert budget.admit(1.5)  # the first chunk starts the clock
+    assert budget.admit(0.5)  # 2.0 s at t=0: the whole burst
+    assert not budget.admit(0.08)  # a frame more is ahead of real time
+    assert budget.received_s == pytest.approx(2.0)  # a refused chunk counts nothing
+    clock.now += 1.0
+    assert budget.admit(1.0)
+    assert not budget.admit(0.01)
+
+
+def test_a_backlog_after_a_stall_is_admitted_and_a_steady_flood_is_not():
+    """After the gateway stalled for 5 s the caller's backlog arrives at once: that is
+    real time, not a flood. Twice real time is refused once it is the burst ahead."""
+    clock = Clock()
+    steady = RealTimeBudget(burst_s=2.0, clock=clock)
+    assert steady.admit(0.08)
+    clock.now += 5.0
+    assert all(steady.admit(0.08) for _ in range(62))  # 5 s of backlog
+
+    clock = Clock()
+    flood = RealTimeBudget(burst_s=2.0, clock=clock)
+    refused_at = None
+    for _ in range(200):
+        if not flood.admit(0.08):
+            refused_at = clock.now - 100.0
+            break
+        clock.now += 0.04  # a frame every 40 ms: twice real time
+    assert refused_at == pytest.approx(2.0, abs=0.05)  # 4 s of audio in 2 s
+
+
+def opus_packets(seconds: float) -> list[bytes]:
+    encoder = Encoder(OPUS)
+    tone = 0.3 * np.sin(np.arange(int(seconds * SAMPLE_RATE)) * 2 * np.pi * 440 / SAMPLE_RATE)
+    return encoder.encode(tone.astype(np.float32)) + encoder.flush()
+
+
+def test_audio_seconds_of_every_format():
+    assert audio_seconds(bytes(32_000), PCM_16K) == pytest.approx(1.0)
+    assert audio_seconds(bytes(800), MULAW) == pytest.approx(0.1)
+    assert audio_seconds(bytes(800), AudioFormat("alaw", 8_000)) == pytest.approx(0.1)
+    packets = opus_packets(1.6)
+    assert sum(audio_seconds(p, OPUS) for p in packets) == pytest.approx(1.6, abs=0.2)
+    assert {opus_packet_seconds(p) for p in packets[:-1]} == {0.08}
+
+
+@pytest.mark.parametrize(
+    ("packet", "seconds"),
+    [
+        (bytes([0b11111_000]), 0.02),  # CELT 20 ms, one frame
+        (bytes([0b00011_001]), 0.12),  # SILK 60 ms, two frames
+        (bytes([0b10000_011, 48]), 0.12),  # CELT 2.5 ms, 48 frames
+        (bytes([0b00011_011, 3]), 0.0),  # 3 x 60 ms: over 120 ms, cannot be valid
+        (bytes([0b11111_011, 0]), 0.0),  # no frames
+        (bytes([0b11111_011]), 0.0),  # the frame count byte is missing
+        (b"", 0.0),
+    ],
+)
+def test_opus_durations_from_the_toc(packet, seconds):
+    assert opus_packet_seconds(packet) == pytest.approx(seconds)
+
+
+def test_the_size_cap_is_one_second_of_the_input_format():
+    assert InputGuard(PCM_16K, LIMITS).max_chunk_bytes == 32_000
+    assert InputGuard(MULAW, LIMITS).max_chunk_bytes == 8_000
+    assert InputGuard(OPUS, LIMITS).max_chunk_bytes == OPUS_MAX_BYTES_PER_S
+    # The client port's gRPC limit fits the largest format's second, and no more.
+    assert 2 * 192_000 < max_message_bytes(1.0) < 2 * 192_000 + 4096
+    guard = InputGuard(MULAW, LIMITS, Clock())
+    guard.check(bytes(8_000))
+    with pytest.raises(SessionError) as refused:
+        guard.check(bytes(8_001))
+    assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert refused.value.message == (
+        "audio chunk 1 has 8001 bytes; mulaw at 8000 Hz allows 8000 bytes "
+        "(1 s, max_chunk_s) per message"
+    )
+
+
+def test_a_flood_is_refused_naming_the_burst_and_pacing_can_be_off():
+    clock = Clock()
+    guard = InputGuard(PCM_16K, LIMITS, clock)
+    second = bytes(32_000)
+    guard.check(second)
+    guard.check(second)
+    with pytest.raises(SessionError) as refused:
+        guard.check(second)
+    assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "faster than real time: 3.00 s of audio in 0.00 s" in refused.value.message
+    assert "real time plus 2 s (input_burst_s)" in refused.value.message
+    unpaced = InputGuard(PCM_16K, InputLimits(10.0, 0.0, 1.0), clock)
+    for _ in range(100):
+        unpaced.check(second)
+
+
+async def test_the_idle_timeout_ends_a_stalled_stream_and_spares_a_flowing_one():
+    async def stalls_after(count: int) -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        for _ in range(count):
+            yield gateway_pb2.ConverseRequest(audio=bytes(1600))
+            await asyncio.sleep(0.01)
+        await asyncio.Event().wait()
+
+    limits = InputLimits(idle_timeout_s=0.2, input_burst_s=2.0, max_chunk_s=1.0)
+    received = []
+    with pytest.raises(SessionError) as idle:
+        async for request in limit_input(stalls_after(5), PCM_16K, limits):
+            received.append(request)
+    assert len(received) == 5
+    assert idle.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert idle.value.message == "no audio from the caller for 0.2 s (idle_timeout_s)"
+
+    async def ends() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest()  # not audio: passed on for the session to judge
+        yield gateway_pb2.ConverseRequest(audio=bytes(1600))
+
+    passed = [r async for r in limit_input(ends(), PCM_16K, limits)]
+    assert [r.WhichOneof("msg") for r in passed] == [None, "audio"]
