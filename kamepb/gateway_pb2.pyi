@@ -343,14 +343,22 @@ class Notice(_message.Message):
         DESCRIPTOR: _descriptor.EnumDescriptor
         KIND_UNSPECIFIED: Notice._Kind.ValueType  # 0
         ORACLE_UNAVAILABLE: Notice._Kind.ValueType  # 1
-        """stt or oracle failed: the call goes on without oracle."""
+        """stt or oracle failed or stopped answering: the call goes on without
+        oracle while the gateway reconnects it.
+        """
         ORACLE_ERROR: Notice._Kind.ValueType  # 2
+        ORACLE_RESTORED: Notice._Kind.ValueType  # 3
+        """stt and oracle answer again: the oracle is back."""
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
     KIND_UNSPECIFIED: Notice.Kind.ValueType  # 0
     ORACLE_UNAVAILABLE: Notice.Kind.ValueType  # 1
-    """stt or oracle failed: the call goes on without oracle."""
+    """stt or oracle failed or stopped answering: the call goes on without
+    oracle while the gateway reconnects it.
+    """
     ORACLE_ERROR: Notice.Kind.ValueType  # 2
+    ORACLE_RESTORED: Notice.Kind.ValueType  # 3
+    """stt and oracle answer again: the oracle is back."""
 
     KIND_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
