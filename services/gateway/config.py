@@ -75,6 +75,20 @@ class GatewaySettings(ServiceSettings):
     hold_max_s: float = setting(
         5.0, "tts engine: longest hold before the agent gives the floor back"
     )
+    side_heartbeat_s: float = setting(
+        0.5,
+        "stt sends progress after this much audio, the oracle a heartbeat this often: "
+        "their sign of life while nobody speaks",
+    )
+    side_timeout_s: float = setting(
+        2.0,
+        "an stt or oracle stream that sends nothing this long while caller audio flows "
+        "has failed and is reopened (0 = never; a failed call still is)",
+    )
+    side_backoff_s: float = setting(
+        0.5, "first wait before reopening a failed stt or oracle stream (doubles each time)"
+    )
+    side_backoff_max_s: float = setting(8.0, "longest wait between reopenings of a side stream")
 
     def upstream_tls(self) -> ClientTls:
         """How the gateway dials frontend, stt and oracle: plaintext, TLS or mTLS."""
@@ -100,3 +114,20 @@ class GatewaySettings(ServiceSettings):
             )
         if self.upstream_server_name and not self.upstream_ca_file:
             raise ConfigError("upstream_server_name: applies to TLS only: set upstream_ca_file")
+        self._validate_side_streams()
+
+    def _validate_side_streams(self) -> None:
+        if not 0.1 <= self.side_heartbeat_s <= 60:
+            raise ConfigError(
+                f"side_heartbeat_s: must be between 0.1 and 60, got {self.side_heartbeat_s:g}"
+            )
+        if self.side_timeout_s < 0 or 0 < self.side_timeout_s <= self.side_heartbeat_s:
+            raise ConfigError(
+                f"side_timeout_s: must exceed side_heartbeat_s ({self.side_heartbeat_s:g}) "
+                f"or be 0, got {self.side_timeout_s:g}"
+            )
+        if self.side_backoff_s <= 0 or self.side_backoff_max_s < self.side_backoff_s:
+            raise ConfigError(
+                "side_backoff_s, side_backoff_max_s: need 0 < side_backoff_s <= "
+                f"side_backoff_max_s, got {self.side_backoff_s:g} and {self.side_backoff_max_s:g}"
+            )
