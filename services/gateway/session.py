@@ -31,7 +31,8 @@ side_timeout_s while caller audio flows is cancelled and reopened with
 backoff. While either is down the call goes on without oracle; the client
 gets Notice ORACLE_UNAVAILABLE when the oracle is lost and ORACLE_RESTORED
 when both answer again. A reopened oracle stream carries the same session id,
-so the oracle picks the conversation up from Redis; a reopened stt stream
+so the oracle picks the conversation up from Redis (while no oracle call is
+open, the gateway logs the turns itself, as in s2s); a reopened stt stream
 starts at the caller's next frame, and the gateway shifts its audio times by
 where that stream began, so every time downstream stays on the session's
 clock (a dropped frame, though, shifts the stt's clock until it reopens). An
@@ -489,10 +490,8 @@ class GatewaySession:
 
     async def _on_agent_text(self, text: common_pb2.AgentText) -> None:
         await self._client_queue.put(gateway_pb2.ConverseResponse(agent_text=text))
-        if self.oracle is None:
-            self._records.agent_word(text.text)
-        else:
-            self.oracle.push(oracle_pb2.GuideRequest(agent_text=text))
+        if self.oracle is None or not self.oracle.push(oracle_pb2.GuideRequest(agent_text=text)):
+            self._records.agent_word(text.text)  # no oracle to keep the conversation
 
     def _on_turn_end(self, turn_end: frontend_pb2.TurnEnd) -> None:
         """The frontend heard the caller's turn end: stt finalizes at once."""
@@ -519,9 +518,9 @@ class GatewaySession:
             self._reporter.trace(turn)  # the final came after the answer started
         await self._client_queue.put(gateway_pb2.ConverseResponse(user_transcript=event))
         await self.frontend.send(frontend_pb2.FrontendRequest(user_transcript=event))
-        if self.oracle is not None:
-            self.oracle.push(oracle_pb2.GuideRequest(user_transcript=event))
-        elif event.is_final and event.text.strip():
+        request = oracle_pb2.GuideRequest(user_transcript=event)
+        oracle_took_it = self.oracle is not None and self.oracle.push(request)
+        if not oracle_took_it and event.is_final and event.text.strip():
             self._records.user_turn(event.text.strip(), started_wall=turn.started_wall)
         await self._report_ready_turns()
 
@@ -601,6 +600,8 @@ class GatewaySession:
 
     async def _side_up(self, side: SideStream[Any]) -> None:
         log.info("session %s: %s is back", self.id, side.name)
+        if side is self.oracle:  # the oracle keeps the conversation again
+            self._records.flush_agent_words()
         await self._tell_oracle_state(f"{side.name} is back")
 
     async def _tell_oracle_state(self, why: str) -> None:

@@ -146,13 +146,14 @@ class SideStream(Generic[RequestT]):
         self._accepting = True  # the first call opens as soon as the task runs
         self.task = spawn(self.name, self._run())
 
-    def push(self, request: RequestT) -> None:
-        """Queue a request without waiting (dropping the oldest when full); while no
-        call is open, or after close_input, it is discarded."""
+    def push(self, request: RequestT) -> bool:
+        """Queue a request without waiting (dropping the oldest when full); False
+        when it was discarded because no call is open (or after close_input)."""
         if not self._accepting or self._buffer.closed:
-            return
+            return False
         if not self._buffer.push(request):
             metrics.DROPPED_MESSAGES.labels(self.name).inc()
+        return True
 
     def audio_flowing(self) -> None:
         """A caller frame arrived: from now on the stream owes an answer."""

@@ -269,6 +269,29 @@ async def test_a_failed_oracle_is_reopened_and_answers_the_next_question(fakes):
     assert fakes.stt.log.opened == 1 and fakes.stt.log.outcome == "finished"
 
 
+async def test_the_gateway_keeps_the_conversation_while_the_oracle_is_down(fakes):
+    fakes.oracle.fail_after_first = True
+    fakes.stt.script = {
+        2: [transcript("s-1", "hello", False, 0.2)],  # the oracle fails on this one
+        6: [transcript("s-1", "hello there", True, 0.5)],  # while it is down
+    }
+    fakes.frontend.words = {8: ("Hi", 0), 9: ("again", 0)}
+    gateway = await fakes.gateway(side_backoff_s=1.0, side_backoff_max_s=1.0)
+    outcome = await converse(gateway.address, frames=90, pace_s=0.02)
+    assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE, Notice.ORACLE_RESTORED]
+    assert fakes.oracle.log.of("user_transcript")[-1].text == "hello"  # it never got the rest
+    session_id = outcome.of("started")[0].session_id
+    client = store.connect(fakes.redis_url)
+    try:
+        turns = await store.SessionStore(client).conversation(session_id)
+    finally:
+        await client.aclose()
+    assert [(t["role"], t["text"]) for t in turns] == [
+        ("user", "hello there"),
+        ("agent", "Hi again"),
+    ]
+
+
 async def test_a_hung_stt_is_found_by_the_watchdog_and_reopened(fakes):
     fakes.stt.hang = True
     gateway = await fakes.gateway(side_timeout_s=0.3, side_heartbeat_s=0.1, **QUICK_REOPEN)
