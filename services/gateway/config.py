@@ -89,6 +89,13 @@ class GatewaySettings(ServiceSettings):
         0.5, "first wait before reopening a failed stt or oracle stream (doubles each time)"
     )
     side_backoff_max_s: float = setting(8.0, "longest wait between reopenings of a side stream")
+    resume_secret: str = setting(
+        "",
+        "HMAC key of resume tokens, the same on every replica (empty = calls cannot be resumed)",
+    )
+    resume_ttl_s: float = setting(
+        300.0, "a resume token continues its session this long after the session was last alive"
+    )
 
     def upstream_tls(self) -> ClientTls:
         """How the gateway dials frontend, stt and oracle: plaintext, TLS or mTLS."""
@@ -105,6 +112,9 @@ class GatewaySettings(ServiceSettings):
         for token in parse_tokens(self.auth_tokens):
             check_secret("auth_tokens", token)
         check_secret("registry_secret", self.registry_secret)
+        check_secret("resume_secret", self.resume_secret)
+        if self.resume_ttl_s <= 0:
+            raise ConfigError(f"resume_ttl_s: must be above 0, got {self.resume_ttl_s:g}")
         if bool(self.upstream_cert_file) != bool(self.upstream_key_file):
             raise ConfigError("upstream_cert_file, upstream_key_file: set both (mTLS) or neither")
         if self.upstream_cert_file and not self.upstream_ca_file:

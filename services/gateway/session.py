@@ -51,6 +51,7 @@ half-closed (it writes the last agent turn to Redis) and ends -> done.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -82,7 +83,7 @@ from kamepb import (
     stt_pb2,
     stt_pb2_grpc,
 )
-from services.gateway import metrics
+from services.gateway import metrics, resume
 from services.gateway.codecs import CodecError, Decoder, Encoder
 from services.gateway.connections import Connections
 from services.gateway.plan import Mode, SessionError, SessionPlan
@@ -118,12 +119,24 @@ class EndOfSession:
 ClientItem = gateway_pb2.ConverseResponse | AgentFrameOut | EndOfSession
 
 
+# The session record's alive_at is refreshed this often (in caller frames: 5 s),
+# so that a resume token of a session whose gateway died can tell how long ago.
+ALIVE_EVERY_FRAMES = round(5.0 / FRAME_SECONDS)
+
+
 class GatewaySession:
-    def __init__(self, connections: Connections, plan: SessionPlan, session_id: str = "") -> None:
+    def __init__(
+        self,
+        connections: Connections,
+        plan: SessionPlan,
+        session_id: str = "",
+        resumed: bool = False,
+    ) -> None:
         self.connections = connections
         self.settings = connections.settings
         self.plan = plan
         self.id = session_id or uuid.uuid4().hex
+        self.resumed = resumed  # continues the session of an earlier call
         self.frontend: Upstream[frontend_pb2.FrontendRequest] | None = None
         self.stt: SideStream[stt_pb2.TranscribeRequest] | None = None
         self.oracle: SideStream[oracle_pb2.GuideRequest] | None = None
@@ -161,6 +174,8 @@ class GatewaySession:
                     session_id=self.id,
                     frontend_replica=self.ready.replica_id,
                     engine=self.ready.engine,
+                    resume_token=resume.issue(self.settings.resume_secret, self.id),
+                    resumed=self.resumed,
                 )
             )
             supervisor = self._start_pumps(requests)
@@ -179,6 +194,17 @@ class GatewaySession:
         finally:
             await self._teardown(outcome)
 
+    def ask_to_reconnect(self) -> None:
+        """The gateway is shutting down: tell the caller to continue on another one."""
+        message = (
+            "the gateway is shutting down: reconnect with your resume token to continue"
+            if self.settings.resume_secret
+            else "the gateway is shutting down: reconnect to start a new call"
+        )
+        notice = _notice(Notice.RECONNECT, message)
+        with contextlib.suppress(asyncio.QueueFull):  # a full queue: the call is ending anyway
+            self._client_queue.put_nowait(notice)
+
     # ---- opening --------------------------------------------------------------
 
     async def _open(self) -> None:
@@ -191,6 +217,7 @@ class GatewaySession:
                     "oracle", 4, self._open_oracle, self._on_oracle_response
                 )
         self._records.start()
+        now = time.time()
         self._records.update_session(
             {
                 "mode": self.plan.mode.value,
@@ -199,7 +226,9 @@ class GatewaySession:
                 "engine": self.ready.engine,
                 "input_codec": self.plan.input_format.codec,
                 "output_codec": self.plan.output_format.codec,
-                "started_at": time.time(),
+                # a resumed session keeps the time it first started
+                ("resumed_at" if self.resumed else "started_at"): now,
+                "alive_at": now,
                 "state": "active",
             }
         )
@@ -452,6 +481,8 @@ class GatewaySession:
                 f"the session reached its cap of {self.settings.max_session_s} s of caller audio",
             )
         self._capture_us.append(capture_us)
+        if seq % ALIVE_EVERY_FRAMES == ALIVE_EVERY_FRAMES - 1:
+            self._records.update_session({"alive_at": time.time()})
         frame = common_pb2.AudioFrame(
             pcm=float_to_pcm16(samples),
             sample_rate_hz=SAMPLE_RATE,
