@@ -14,14 +14,17 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pytest
 
 from kame_cli import talk
 from kame_cli.bench.conversation import frame_lags
+from kame_cli.stack import Child, free_ports, grpc_serving
 from kame_common import store
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
 from tests.faults.conftest import child, restart
@@ -161,14 +164,67 @@ def test_side_processes_run_below_the_voice_path(process_stack):
     gateway and frontend."""
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     niceness = {
-        c.name: os.getpriority(os.PRIO_PROCESS, c.process.pid) - ours
-        for c in process_stack.children
-        if c.process is not None
+        name: os.getpriority(os.PRIO_PROCESS, child(process_stack, name).process.pid) - ours
+        for name in ("llm", "stt", "oracle", "frontend", "gateway")
     }
-    assert niceness == {
-        "llm": 10,
-        "stt": 10,
-        "oracle": 10,
-        "frontend": 0,
-        "gateway": 0,
-    } | ({"redis": 0} if "redis" in niceness else {})
+    assert niceness == {"llm": 10, "stt": 10, "oracle": 10, "frontend": 0, "gateway": 0}
+
+
+async def test_a_call_whose_gateway_is_killed_resumes_on_another(process_stack, speak):
+    first, second = await asyncio.to_thread(resumable_gateways, process_stack)
+    script = two_questions(speak, second_at_s=16.0)
+    kill_at_s = 8.0  # the first question is answered by then
+    started = time.monotonic()
+    options = talk.TalkOptions(
+        gateway=f"{first.endpoint},{second.endpoint}", tail_s=1.0, max_wait_s=20.0
+    )
+    call = asyncio.ensure_future(talk.talk(script.audio, options))
+    await at(started, kill_at_s)
+    first.signal(signal.SIGKILL)
+    result = await call
+    assert result.status == "OK", result.status_details
+
+    session_id = result.started["session_id"]
+    resumed = [e for e in result.events if e["type"] == "resumed"]
+    assert resumed and resumed[0]["session_id"] == session_id, result.events
+    resumed_after_s = resumed[0]["t"] - kill_at_s
+    answered_t = assert_second_question_answered(result, script.second_at_s)
+    client = store.connect(process_stack.redis_url)
+    try:
+        turns = await store.SessionStore(client).conversation(session_id)
+    finally:
+        await client.aclose()
+    # The history before the kill is intact and the conversation went on after it.
+    users = [t["text"] for t in turns if t["role"] == "user"]
+    assert word_recall(FIRST, users[0]) >= 0.5 and word_recall(SECOND, users[-1]) >= 0.5, turns
+    assert turns[1]["role"] == "agent", turns  # the first answer, before the second question
+    print(
+        f"\nSIGKILL gateway: resumed on the second {resumed_after_s:.2f} s after the kill, "
+        f"second answer {answered_t - script.second_at_s:.2f} s after it began, turns {turns}"
+    )
+
+
+def resumable_gateways(stack) -> tuple[Child, Child]:
+    """The stack's gateway restarted with a resume secret, and a second replica
+    with the same secret on ports of its own (stopped with the stack)."""
+    secret = {"KAME_GATEWAY_RESUME_SECRET": "fault-test-resume-secret"}
+    first = child(stack, "gateway")
+    first.env.update(secret)
+    restart(stack, "gateway")
+    port, metrics_port = free_ports(2)
+    address = f"127.0.0.1:{port}"
+    env = stack.service_env("gateway") | secret
+    env |= {"KAME_GATEWAY_PORT": str(port), "KAME_GATEWAY_METRICS_PORT": str(metrics_port)}
+    second = Child(
+        "gateway-b",
+        [sys.executable, "-m", "services.gateway"],
+        env,
+        partial(grpc_serving, address),
+        address,
+    )
+    second.start(stack.log_dir)
+    stack.children.append(second)
+    while not second.ready():
+        assert second.running(), second.log_tail()
+        time.sleep(0.2)
+    return first, second
