@@ -75,7 +75,10 @@ CHART_OWNED = {
     "stt": set(),
     "oracle": set(),
 }
-SECRET_FIELDS = {"gateway": {"auth_tokens", "registry_secret"}, "frontend": {"registry_secret"}}
+SECRET_FIELDS = {
+    "gateway": {"auth_tokens", "registry_secret", "resume_secret"},
+    "frontend": {"registry_secret"},
+}
 
 
 def test_lint_has_no_errors_or_warnings():
