@@ -133,7 +133,6 @@ class SideStream(Generic[RequestT]):
         self._on_up = on_up
         self._buffer: DropOldestBuffer[RequestT] = DropOldestBuffer(policy.buffer_size)
         self.up = True  # answering (or not failed yet): the session counts on it
-        self.reconnects = 0  # reopened streams that answered
         self._accepting = False  # a call is open (or opening): requests are kept
         self._waiting_since: float | None = None  # first caller frame since the last answer
         self._spawn: Spawn | None = None
@@ -172,10 +171,6 @@ class SideStream(Generic[RequestT]):
         """Wait (at most timeout_s) until the stream has ended."""
         if self.task is not None:
             await asyncio.wait({self.task}, timeout=timeout_s)
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            await cancel_and_wait(self.task)
 
     # ---- the stream's life -----------------------------------------------------
 
@@ -237,7 +232,6 @@ class SideStream(Generic[RequestT]):
             self._waiting_since = None
             if not self.up:
                 self.up = True
-                self.reconnects += 1
                 metrics.SIDE_RECONNECTS.labels(self.name).inc()
                 await self._on_up(self)
             await self._handle(response)
