@@ -22,6 +22,11 @@ process group; kame_cli.listeners), so a stack never reports "up" on the
 strength of another stack's servers. While it runs, the stack's endpoints are
 in a stack file (`stack_file(gateway_port)`) that `kame status` reads.
 
+The side services (stt, oracle and the embedded LLM server) run at a lower
+CPU priority (niceness --side-nice, 10 by default) than gateway and frontend:
+on a small machine Whisper and the LLM would otherwise take the cores the
+voice path needs to deliver every agent frame on time.
+
 `Stack` is also what `kame demo` uses, with free ports.
 """
 
@@ -54,6 +59,7 @@ from kame_common.store import redacted_url
 
 LOOPBACK = "127.0.0.1"
 SERVICES = ("stt", "oracle", "frontend", "gateway")
+SIDE_PROCESSES = ("llm", "stt", "oracle")  # off the voice path: they may wait for a core
 
 
 class StackError(CliError):
@@ -119,6 +125,7 @@ class StackOptions:
     grace_s: float = 5.0
     startup_timeout_s: float = 300.0
     log_dir: Path | None = None
+    side_niceness: int = 10  # of SIDE_PROCESSES (0 = the same priority as the rest)
 
 
 def redis_answers(host: str, port: int) -> bool:
@@ -159,9 +166,11 @@ class Child:
     ports: tuple[int, ...] = ()  # where it listens: must be its own sockets once ready
     process: subprocess.Popen | None = None
     log_path: Path | None = None
+    niceness: int = 0  # added to ours before the child starts, so all its threads inherit it
 
     def start(self, log_dir: Path) -> None:
         self.log_path = log_dir / f"{self.name}.log"
+        niceness = self.niceness
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 self.command,
@@ -170,6 +179,7 @@ class Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches `kame up`, which stops us in order
+                preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
             )
 
     def running(self) -> bool:
@@ -407,11 +417,14 @@ class Stack:
         if redis is not None:
             self.start_and_wait([redis])
         others = [
-            self._llm_child(),
-            *(self._service_child(s) for s in SERVICES),
-            self._web_child(),
+            c
+            for c in (self._llm_child(), *map(self._service_child, SERVICES), self._web_child())
+            if c
         ]
-        self.start_and_wait([c for c in others if c is not None])
+        for child in others:
+            if child.name in SIDE_PROCESSES:
+                child.niceness = self.options.side_niceness
+        self.start_and_wait(others)
         self.write_stack_file()
 
     def start_and_wait(self, children: list[Child]) -> None:
@@ -554,6 +567,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where each process logs (default: a new temp directory)",
     )
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+    parser.add_argument(
+        "--side-nice",
+        type=int,
+        default=StackOptions.side_niceness,
+        choices=range(20),
+        metavar="0-19",
+        help="niceness of stt, oracle and the LLM server, so that gateway and frontend "
+        "keep the voice on time on a busy machine (0 = no difference)",
+    )
 
 
 def ports_from_args(args: argparse.Namespace) -> Ports:
@@ -599,9 +621,9 @@ def run(args: argparse.Namespace) -> int:
     # Explicit handlers: a shell that starts us in the background ignores SIGINT.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     signal.signal(signal.SIGINT, _raise_interrupt)
-    stack = Stack(
-        options_from_args(args, ports_from_args(args), args.frontend_engine, args.log_dir)
-    )
+    options = options_from_args(args, ports_from_args(args), args.frontend_engine, args.log_dir)
+    options.side_niceness = args.side_nice
+    stack = Stack(options)
     stack.check_ports_free()  # before saying anything starts
     print(f"kame up: starting the stack (logs in {stack.log_dir}) ...", flush=True)
     try:

@@ -19,6 +19,14 @@ half-closes and saves:
 The caller's end of speech is measured on the WAV itself (the end of the last
 20 ms window within 35 dB of the loudest one), so it does not depend on the
 stt service being right.
+
+Reconnecting: when the gateway sent a resume token, a call that breaks off
+(UNAVAILABLE: the gateway went away) or that the gateway asks to move (Notice
+RECONNECT: it is shutting down) is continued in a new call with the token,
+on the next address of `--gateway a,b,...` (round the list), up to
+RECONNECT_ATTEMPTS times. Audio that was due while no call was open is
+skipped, as a phone line would lose it; the timeline shows a `reconnect`
+event.
 """
 
 from __future__ import annotations
@@ -60,11 +68,13 @@ MODES = {
 }
 LEVEL_WINDOW_S = 0.02
 LEVEL_RANGE_DB = 35.0
+RECONNECT_ATTEMPTS = 5
+RECONNECT_BACKOFF_S = 0.5  # doubles on each failed attempt in a row
 
 
 @dataclass
 class TalkOptions:
-    gateway: str = loopback_address("gateway")
+    gateway: str = loopback_address("gateway")  # host:port, or several comma-separated
     mode: str = "tandem"
     input_codec: str = "pcm16"
     input_rate: int = 0  # 0: the WAV's rate for pcm16, the codec's own rate otherwise
@@ -93,8 +103,13 @@ class TalkOptions:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return bearer_metadata(self.auth_token)
 
-    def converse_config(self) -> gateway_pb2.ConverseConfig:
+    @property
+    def gateways(self) -> list[str]:
+        return [address.strip() for address in self.gateway.split(",") if address.strip()]
+
+    def converse_config(self, resume_token: str = "") -> gateway_pb2.ConverseConfig:
         config = gateway_pb2.ConverseConfig(
+            resume_token=resume_token,
             mode=MODES[self.mode],
             input_format=gateway_pb2.AudioFormat(
                 codec=CODECS[self.input_codec], sample_rate_hz=self.input_rate
@@ -242,9 +257,10 @@ class _Conversation:
     def __init__(self, audio_24k: np.ndarray, options: TalkOptions) -> None:
         self.options = options
         config = options.converse_config()
-        self.config = config
-        self.encoder = Encoder(resolve_format(config.input_format, "input_format"))
-        self.decoder = Decoder(resolve_format(config.output_format, "output_format"))
+        self.input_format = resolve_format(config.input_format, "input_format")
+        self.output_format = resolve_format(config.output_format, "output_format")
+        self.encoder = Encoder(self.input_format)
+        self.decoder = Decoder(self.output_format)
         start, end = speech_region(audio_24k)
         self.result = TalkResult(caller=audio_24k, speech_start_s=start, speech_end_s=end)
         self.chunk = max(1, int(options.chunk_ms * SAMPLE_RATE / 1000))
@@ -254,6 +270,10 @@ class _Conversation:
         self.answer_spoken = False  # ... and said a word of an oracle generation
         self.last_speaking_t = 0.0
         self.agent_parts: list[np.ndarray] = []
+        self.next_chunk = 0  # the next chunk of caller audio to send, in any call
+        self.input_end_t: float | None = None  # when the WAV had been sent
+        self.resume_token = ""
+        self.move_asked = False  # the gateway sent Notice RECONNECT
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -262,16 +282,36 @@ class _Conversation:
         self.result.events.append({"t": round(self.now(), 4), "type": event_type, **fields})
 
     async def run(self) -> TalkResult:
+        self.t0 = time.monotonic()
+        gateways = self.options.gateways
+        failures = 0
+        for attempt in range(RECONNECT_ATTEMPTS + 1):
+            gateway = gateways[attempt % len(gateways)]
+            if await self._call(gateway):
+                break
+            failures = 0 if self.move_asked else failures + 1
+            self.event("reconnect", gateway=gateway, after=self.result.status)
+            await asyncio.sleep(RECONNECT_BACKOFF_S * (2 ** (failures - 1)) if failures else 0)
+            # Audio due while no call was open is lost, as on a phone line.
+            self.next_chunk = max(self.next_chunk, int(self.now() * SAMPLE_RATE) // self.chunk)
+        self.agent_parts.append(self.decoder.flush())
+        self.result.agent = np.concatenate(self.agent_parts).astype(np.float32)
+        return self.result
+
+    async def _call(self, gateway: str) -> bool:
+        """One Converse call; False when it should be continued in another (it broke
+        off or the gateway asked, and there is a resume token)."""
+        self.move_asked = False
+        config = self.options.converse_config(self.resume_token)
         # Keepalive: a gateway that vanished mid-call fails the call instead of
         # leaving it silent; round robin over every address the name resolves to.
         channel_options = ConnectionPolicy().channel_options()
         tls = self.options.client_tls()
-        async with tls.channel(self.options.gateway, options=channel_options) as channel:
+        async with tls.channel(gateway, options=channel_options) as channel:
             call = gateway_pb2_grpc.GatewayStub(channel).Converse(metadata=self.options.metadata())
-            self.t0 = time.monotonic()
             sender: asyncio.Future[None] | None = None
             try:  # a gateway that refuses the connection fails the very first write
-                await call.write(gateway_pb2.ConverseRequest(config=self.config))
+                await call.write(gateway_pb2.ConverseRequest(config=config))
                 sender = asyncio.ensure_future(self._send(call))
                 await self._receive(call)
             except grpc.aio.AioRpcError as exc:
@@ -279,9 +319,20 @@ class _Conversation:
             finally:
                 if sender is not None:
                     await cancel_and_wait(sender)
-        parts = [*self.agent_parts, self.decoder.flush()]
-        self.result.agent = np.concatenate(parts).astype(np.float32)
-        return self.result
+                call.cancel()
+        if self.move_asked:
+            self._new_codecs()
+            return False
+        broke_off = self.result.status == grpc.StatusCode.UNAVAILABLE.name
+        if broke_off and self.resume_token:
+            self._new_codecs()
+            return False
+        return True
+
+    def _new_codecs(self) -> None:
+        """A new call starts new codec streams on both ends."""
+        self.agent_parts.append(self.decoder.flush())
+        self.encoder, self.decoder = Encoder(self.input_format), Decoder(self.output_format)
 
     def _done(self, input_end_t: float) -> bool:
         now = self.now()
@@ -292,18 +343,23 @@ class _Conversation:
         return answered and quiet and now - input_end_t >= self.options.tail_s
 
     async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
+        """The WAV from `next_chunk` on, then silence until the agent is done."""
         audio = self.result.caller
         count = -(-len(audio) // self.chunk)
-        self.event("caller_audio_start")
-        for index in range(count):
+        if self.next_chunk == 0:
+            self.event("caller_audio_start")
+        while self.next_chunk < count:
+            index = self.next_chunk
             await self._send_chunk(
                 call, index, audio[index * self.chunk : (index + 1) * self.chunk]
             )
-        self.event("caller_audio_stop")
-        input_end_t, index = self.now(), count
-        while not self._done(input_end_t):
-            await self._send_chunk(call, index, np.zeros(0, np.float32))
-            index += 1
+            self.next_chunk += 1
+        if self.input_end_t is None:
+            self.event("caller_audio_stop")
+            self.input_end_t = self.now()
+        while not self._done(self.input_end_t):
+            await self._send_chunk(call, self.next_chunk, np.zeros(0, np.float32))
+            self.next_chunk += 1
         for data in self.encoder.flush():
             await call.write(gateway_pb2.ConverseRequest(audio=data))
         await call.done_writing()
@@ -326,12 +382,14 @@ class _Conversation:
                 self._on_audio(response.audio)
             elif kind == "started":
                 started = response.started
+                self.resume_token = started.resume_token
+                self.result.status, self.result.status_details = "OK", ""
                 self.result.started = {
                     "session_id": started.session_id,
                     "engine": started.engine,
                     "frontend_replica": started.frontend_replica,
                 }
-                self.event("started", **self.result.started)
+                self.event("resumed" if started.resumed else "started", **self.result.started)
             elif kind == "user_transcript":
                 self._on_transcript(response.user_transcript)
             elif kind == "agent_text":
@@ -377,6 +435,9 @@ class _Conversation:
                 }
                 self.result.notices.append(notice)
                 self.event("notice", **notice)
+                if response.notice.kind == gateway_pb2.Notice.RECONNECT and self.resume_token:
+                    self.move_asked = True
+                    return
 
     def _on_audio(self, chunk: gateway_pb2.AgentAudioChunk) -> None:
         if self.result.agent_first_chunk_t is None:
@@ -494,7 +555,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="WAV for the agent's audio")
     parser.add_argument("--timeline", type=Path, required=True, help="timeline JSON to write")
     parser.add_argument("--plot", type=Path, help="PNG of the timeline")
-    parser.add_argument("--gateway", default=loopback_address("gateway"), help="gateway host:port")
+    parser.add_argument(
+        "--gateway",
+        default=loopback_address("gateway"),
+        help="gateway host:port; several comma-separated: a call that breaks off is "
+        "resumed on the next",
+    )
     parser.add_argument(
         "--ca-file", default="", help="PEM CA of the gateway's certificate (turns TLS on)"
     )

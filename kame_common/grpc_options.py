@@ -50,6 +50,10 @@ class ConnectionPolicy:
         return [
             ("grpc.keepalive_time_ms", _ms(self.keepalive_time_s)),
             ("grpc.keepalive_timeout_ms", _ms(self.keepalive_timeout_s)),
+            # This gRPC core times an unanswered ping (keepalive's included) with
+            # the ping timeout (default 1 min); keepalive_timeout_ms alone is not
+            # enforced.
+            ("grpc.http2.ping_timeout_ms", _ms(self.keepalive_timeout_s)),
             ("grpc.keepalive_permit_without_calls", 1),
         ]
 

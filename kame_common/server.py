@@ -141,6 +141,14 @@ class ServiceRuntime:
             raise RuntimeError(f"{self.service_name}: could not bind {address}")
         return bound
 
+    async def set_serving(self, serving: bool) -> None:
+        """What the health service reports while the service is up (a draining
+        service stays NOT_SERVING)."""
+        if serving and self.draining:
+            return
+        status = health_pb2.HealthCheckResponse
+        await self._set_all(status.SERVING if serving else status.NOT_SERVING)
+
     async def _set_all(self, status: int) -> None:
         for name in ["", *self.grpc_services]:
             await self.health.set(name, status)

@@ -175,10 +175,18 @@ class ConverseConfig(_message.Message):
     INCLUDE_ORACLE_UPDATES_FIELD_NUMBER: _builtins.int
     LANGUAGE_FIELD_NUMBER: _builtins.int
     HOLD_FIELD_NUMBER: _builtins.int
+    RESUME_TOKEN_FIELD_NUMBER: _builtins.int
     mode: Global___ConverseConfig.Mode.ValueType
     voice: _builtins.str
     include_oracle_updates: _builtins.bool
     language: _builtins.str
+    resume_token: _builtins.str
+    """Continue the session this token names (SessionStarted.resume_token of an
+    earlier call, to any gateway replica, within the gateway's resume_ttl_s
+    of the session's last sign of life): the conversation goes on with its
+    history. The rest of the config applies as in a new call; the mode must
+    be the session's.
+    """
     @_builtins.property
     def input_format(self) -> Global___AudioFormat: ...
     @_builtins.property
@@ -202,10 +210,11 @@ class ConverseConfig(_message.Message):
         include_oracle_updates: _builtins.bool = ...,
         language: _builtins.str = ...,
         hold: Global___HoldConfig | None = ...,
+        resume_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["hold", b"hold", "input_format", b"input_format", "llm", b"llm", "output_format", b"output_format"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold", b"hold", "include_oracle_updates", b"include_oracle_updates", "input_format", b"input_format", "language", b"language", "llm", b"llm", "mode", b"mode", "output_format", b"output_format", "voice", b"voice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold", b"hold", "include_oracle_updates", b"include_oracle_updates", "input_format", b"input_format", "language", b"language", "llm", b"llm", "mode", b"mode", "output_format", b"output_format", "resume_token", b"resume_token", "voice", b"voice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -243,20 +252,30 @@ class SessionStarted(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     FRONTEND_REPLICA_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
+    RESUME_TOKEN_FIELD_NUMBER: _builtins.int
+    RESUMED_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     frontend_replica: _builtins.str
     """The replica's id (never an internal address)."""
     engine: _builtins.str
+    resume_token: _builtins.str
+    """Put it in a later call's config to continue this session after a
+    disconnect; empty when the gateway offers no resume.
+    """
+    resumed: _builtins.bool
+    """This call continues an earlier one (its resume_token)."""
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         frontend_replica: _builtins.str = ...,
         engine: _builtins.str = ...,
+        resume_token: _builtins.str = ...,
+        resumed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "frontend_replica", b"frontend_replica", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "frontend_replica", b"frontend_replica", "resume_token", b"resume_token", "resumed", b"resumed", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -343,14 +362,30 @@ class Notice(_message.Message):
         DESCRIPTOR: _descriptor.EnumDescriptor
         KIND_UNSPECIFIED: Notice._Kind.ValueType  # 0
         ORACLE_UNAVAILABLE: Notice._Kind.ValueType  # 1
-        """stt or oracle failed: the call goes on without oracle."""
+        """stt or oracle failed or stopped answering: the call goes on without
+        oracle while the gateway reconnects it.
+        """
         ORACLE_ERROR: Notice._Kind.ValueType  # 2
+        ORACLE_RESTORED: Notice._Kind.ValueType  # 3
+        """stt and oracle answer again: the oracle is back."""
+        RECONNECT: Notice._Kind.ValueType  # 4
+        """The gateway is shutting down: open a new call with the resume token (any
+        replica takes it) before this one ends.
+        """
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
     KIND_UNSPECIFIED: Notice.Kind.ValueType  # 0
     ORACLE_UNAVAILABLE: Notice.Kind.ValueType  # 1
-    """stt or oracle failed: the call goes on without oracle."""
+    """stt or oracle failed or stopped answering: the call goes on without
+    oracle while the gateway reconnects it.
+    """
     ORACLE_ERROR: Notice.Kind.ValueType  # 2
+    ORACLE_RESTORED: Notice.Kind.ValueType  # 3
+    """stt and oracle answer again: the oracle is back."""
+    RECONNECT: Notice.Kind.ValueType  # 4
+    """The gateway is shutting down: open a new call with the resume token (any
+    replica takes it) before this one ends.
+    """
 
     KIND_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int

@@ -59,6 +59,8 @@ class GatewayServicer:
         RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.
         UNAVAILABLE        the gateway is draining, or the front-end failed.
         OUT_OF_RANGE       the session reached its length cap.
+        NOT_FOUND          a resume_token whose session has expired.
+        PERMISSION_DENIED  a resume_token this gateway did not issue.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

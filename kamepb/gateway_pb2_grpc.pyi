@@ -46,6 +46,8 @@ class GatewayStub:
       RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.
       UNAVAILABLE        the gateway is draining, or the front-end failed.
       OUT_OF_RANGE       the session reached its length cap.
+      NOT_FOUND          a resume_token whose session has expired.
+      PERMISSION_DENIED  a resume_token this gateway did not issue.
     """
 
 @_typing.type_check_only
@@ -66,6 +68,8 @@ class GatewayAsyncStub(GatewayStub):
       RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.
       UNAVAILABLE        the gateway is draining, or the front-end failed.
       OUT_OF_RANGE       the session reached its length cap.
+      NOT_FOUND          a resume_token whose session has expired.
+      PERMISSION_DENIED  a resume_token this gateway did not issue.
     """
 
 class GatewayServicer(metaclass=_abc_1.ABCMeta):
@@ -89,6 +93,8 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
           RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.
           UNAVAILABLE        the gateway is draining, or the front-end failed.
           OUT_OF_RANGE       the session reached its length cap.
+          NOT_FOUND          a resume_token whose session has expired.
+          PERMISSION_DENIED  a resume_token this gateway did not issue.
         """
 
 def add_GatewayServicer_to_server(servicer: GatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -70,6 +70,7 @@ class OracleConfig(_message.Message):
     REQUEST_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     TEMPERATURE_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     backend: _builtins.str
     """"openai" (any OpenAI-compatible server) or "anthropic"; empty = service default."""
@@ -94,6 +95,10 @@ class OracleConfig(_message.Message):
     """0 = default."""
     temperature: _builtins.float
     """0 = service default (greedy unless configured)."""
+    heartbeat_interval_s: _builtins.float
+    """Send a HEARTBEAT event this often, so that a client can tell a live
+    session from a hung service while nothing else happens. 0 = none.
+    """
     @_builtins.property
     def policy(self) -> Global___OraclePolicy: ...
     def __init__(
@@ -109,10 +114,11 @@ class OracleConfig(_message.Message):
         request_timeout_s: _builtins.float = ...,
         max_tokens: _builtins.int = ...,
         temperature: _builtins.float = ...,
+        heartbeat_interval_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "heartbeat_interval_s", b"heartbeat_interval_s", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -164,6 +170,8 @@ class OracleEvent(_message.Message):
         DONE: OracleEvent._Kind.ValueType  # 3
         CANCELLED: OracleEvent._Kind.ValueType  # 4
         ERROR: OracleEvent._Kind.ValueType  # 5
+        HEARTBEAT: OracleEvent._Kind.ValueType  # 6
+        """The session is alive (OracleConfig.heartbeat_interval_s)."""
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
     KIND_UNSPECIFIED: OracleEvent.Kind.ValueType  # 0
@@ -172,6 +180,8 @@ class OracleEvent(_message.Message):
     DONE: OracleEvent.Kind.ValueType  # 3
     CANCELLED: OracleEvent.Kind.ValueType  # 4
     ERROR: OracleEvent.Kind.ValueType  # 5
+    HEARTBEAT: OracleEvent.Kind.ValueType  # 6
+    """The session is alive (OracleConfig.heartbeat_interval_s)."""
 
     KIND_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kamepb import common_pb2 as kamepb_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10kamepb/stt.proto\x12\x07kame.v1\x1a\x13kamepb/common.proto\"\xa8\x01\n\tSttConfig\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08language\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12partial_interval_s\x18\x04 \x01(\x01\x12\x1a\n\x12\x65ndpoint_silence_s\x18\x05 \x01(\x01\x12\x17\n\x0fmax_utterance_s\x18\x06 \x01(\x01\x12\x15\n\rvad_threshold\x18\x07 \x01(\x02\"!\n\tEndOfTurn\x12\x14\n\x0cspeech_end_s\x18\x01 \x01(\x01\"\x91\x01\n\x11TranscribeRequest\x12$\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x12.kame.v1.SttConfigH\x00\x12$\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x13.kame.v1.AudioFrameH\x00\x12)\n\x0b\x65nd_of_turn\x18\x03 \x01(\x0b\x32\x12.kame.v1.EndOfTurnH\x00\x42\x05\n\x03msg\"x\n\x12TranscribeResponse\x12.\n\ntranscript\x18\x01 \x01(\x0b\x32\x18.kame.v1.TranscriptEventH\x00\x12+\n\x08\x61\x63tivity\x18\x02 \x01(\x0b\x32\x17.kame.v1.SpeechActivityH\x00\x42\x05\n\x03msg2P\n\x03Stt\x12I\n\nTranscribe\x12\x1a.kame.v1.TranscribeRequest\x1a\x1b.kame.v1.TranscribeResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10kamepb/stt.proto\x12\x07kame.v1\x1a\x13kamepb/common.proto\"\xc5\x01\n\tSttConfig\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08language\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12partial_interval_s\x18\x04 \x01(\x01\x12\x1a\n\x12\x65ndpoint_silence_s\x18\x05 \x01(\x01\x12\x17\n\x0fmax_utterance_s\x18\x06 \x01(\x01\x12\x15\n\rvad_threshold\x18\x07 \x01(\x02\x12\x1b\n\x13progress_interval_s\x18\x08 \x01(\x01\"!\n\tEndOfTurn\x12\x14\n\x0cspeech_end_s\x18\x01 \x01(\x01\"\x91\x01\n\x11TranscribeRequest\x12$\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x12.kame.v1.SttConfigH\x00\x12$\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x13.kame.v1.AudioFrameH\x00\x12)\n\x0b\x65nd_of_turn\x18\x03 \x01(\x0b\x32\x12.kame.v1.EndOfTurnH\x00\x42\x05\n\x03msg\"\x1e\n\x0bSttProgress\x12\x0f\n\x07\x61udio_s\x18\x01 \x01(\x01\"\xa2\x01\n\x12TranscribeResponse\x12.\n\ntranscript\x18\x01 \x01(\x0b\x32\x18.kame.v1.TranscriptEventH\x00\x12+\n\x08\x61\x63tivity\x18\x02 \x01(\x0b\x32\x17.kame.v1.SpeechActivityH\x00\x12(\n\x08progress\x18\x03 \x01(\x0b\x32\x14.kame.v1.SttProgressH\x00\x42\x05\n\x03msg2P\n\x03Stt\x12I\n\nTranscribe\x12\x1a.kame.v1.TranscribeRequest\x1a\x1b.kame.v1.TranscribeResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kamepb.stt_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STTCONFIG']._serialized_start=51
-  _globals['_STTCONFIG']._serialized_end=219
-  _globals['_ENDOFTURN']._serialized_start=221
-  _globals['_ENDOFTURN']._serialized_end=254
-  _globals['_TRANSCRIBEREQUEST']._serialized_start=257
-  _globals['_TRANSCRIBEREQUEST']._serialized_end=402
-  _globals['_TRANSCRIBERESPONSE']._serialized_start=404
-  _globals['_TRANSCRIBERESPONSE']._serialized_end=524
-  _globals['_STT']._serialized_start=526
-  _globals['_STT']._serialized_end=606
+  _globals['_STTCONFIG']._serialized_end=248
+  _globals['_ENDOFTURN']._serialized_start=250
+  _globals['_ENDOFTURN']._serialized_end=283
+  _globals['_TRANSCRIBEREQUEST']._serialized_start=286
+  _globals['_TRANSCRIBEREQUEST']._serialized_end=431
+  _globals['_STTPROGRESS']._serialized_start=433
+  _globals['_STTPROGRESS']._serialized_end=463
+  _globals['_TRANSCRIBERESPONSE']._serialized_start=466
+  _globals['_TRANSCRIBERESPONSE']._serialized_end=628
+  _globals['_STT']._serialized_start=630
+  _globals['_STT']._serialized_end=710
 # @@protoc_insertion_point(module_scope)

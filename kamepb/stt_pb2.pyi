@@ -28,6 +28,7 @@ class SttConfig(_message.Message):
     ENDPOINT_SILENCE_S_FIELD_NUMBER: _builtins.int
     MAX_UTTERANCE_S_FIELD_NUMBER: _builtins.int
     VAD_THRESHOLD_FIELD_NUMBER: _builtins.int
+    PROGRESS_INTERVAL_S_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     language: _builtins.str
     """"en" by default."""
@@ -41,6 +42,11 @@ class SttConfig(_message.Message):
     """An utterance this long is finalized even without a pause. 0 = default (15 s)."""
     vad_threshold: _builtins.float
     """Silero VAD speech probability threshold. 0 = default (0.5)."""
+    progress_interval_s: _builtins.float
+    """Send SttProgress after every this much audio processed (a heartbeat that
+    tells a client the stream is alive even while the caller is silent).
+    0 = no progress messages.
+    """
     def __init__(
         self,
         *,
@@ -51,10 +57,11 @@ class SttConfig(_message.Message):
         endpoint_silence_s: _builtins.float = ...,
         max_utterance_s: _builtins.float = ...,
         vad_threshold: _builtins.float = ...,
+        progress_interval_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_silence_s", b"endpoint_silence_s", "language", b"language", "max_utterance_s", b"max_utterance_s", "model", b"model", "partial_interval_s", b"partial_interval_s", "session_id", b"session_id", "vad_threshold", b"vad_threshold"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_silence_s", b"endpoint_silence_s", "language", b"language", "max_utterance_s", b"max_utterance_s", "model", b"model", "partial_interval_s", b"partial_interval_s", "progress_interval_s", b"progress_interval_s", "session_id", b"session_id", "vad_threshold", b"vad_threshold"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -115,7 +122,7 @@ class TranscribeRequest(_message.Message):
 Global___TranscribeRequest: _TypeAlias = TranscribeRequest  # noqa: Y015
 
 @_typing.final
-class TranscribeResponse(_message.Message):
+class SttProgress(_message.Message):
     """What the service sends, in order:
       SpeechActivity SPEECH_START when the VAD hears speech begin (at_s: where).
       TranscriptEvent partials (is_final false) after every partial_interval_s of
@@ -136,27 +143,54 @@ class TranscribeResponse(_message.Message):
     the speech goes on in the next utterance, which gets no SPEECH_START. On
     half-close the open utterance gets its SPEECH_END and final, then the stream
     ends. utterance_id is "<session_id>-<n>", n counting from 1.
+    With progress_interval_s set, SttProgress follows every progress_interval_s
+    of audio processed, among the other messages (it never delays them).
+    How much of the stream's audio the service has run through its VAD.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    AUDIO_S_FIELD_NUMBER: _builtins.int
+    audio_s: _builtins.float
+    """Seconds of audio processed since the stream began."""
+    def __init__(
+        self,
+        *,
+        audio_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio_s", b"audio_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SttProgress: _TypeAlias = SttProgress  # noqa: Y015
+
+@_typing.final
+class TranscribeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
     TRANSCRIPT_FIELD_NUMBER: _builtins.int
     ACTIVITY_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def transcript(self) -> _common_pb2.TranscriptEvent: ...
     @_builtins.property
     def activity(self) -> _common_pb2.SpeechActivity: ...
+    @_builtins.property
+    def progress(self) -> Global___SttProgress: ...
     def __init__(
         self,
         *,
         transcript: _common_pb2.TranscriptEvent | None = ...,
         activity: _common_pb2.SpeechActivity | None = ...,
+        progress: Global___SttProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["activity", b"activity", "msg", b"msg", "transcript", b"transcript"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activity", b"activity", "msg", b"msg", "progress", b"progress", "transcript", b"transcript"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["activity", b"activity", "msg", b"msg", "transcript", b"transcript"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activity", b"activity", "msg", b"msg", "progress", b"progress", "transcript", b"transcript"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["transcript", "activity"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["transcript", "activity", "progress"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 

@@ -42,6 +42,11 @@ class FrontendSettings(ServiceSettings):
     advertise_address: str = setting(
         "", "host:port the gateway dials for this replica (empty = 127.0.0.1:<bound port>)"
     )
+    engine_stall_s: float = setting(
+        5.0,
+        "an engine step waiting this long turns the replica NOT_SERVING until steps "
+        "complete again (0 = no watchdog)",
+    )
 
     def resolved_replica_id(self) -> str:
         return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -55,3 +60,5 @@ class FrontendSettings(ServiceSettings):
             raise ConfigError(f"batch_slots: must be at least 1, got {self.batch_slots}")
         check_secret("registry_secret", self.registry_secret)
         check_not_negative(self, "redis_timeout_s")
+        if self.engine_stall_s < 0:
+            raise ConfigError(f"engine_stall_s: must be >= 0, got {self.engine_stall_s:g}")

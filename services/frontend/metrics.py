@@ -13,6 +13,10 @@ STEP_SECONDS = Histogram(
     buckets=FRAME_BUCKETS,
 )
 FREE_SLOTS = Gauge("kame_frontend_free_slots", "Sessions this replica can still take")
+ENGINE_STALLED = Gauge(
+    "kame_frontend_engine_stalled",
+    "1 while an engine step has waited longer than engine_stall_s (the replica is NOT_SERVING)",
+)
 FIRST_AUDIO_SECONDS = Histogram(
     "kame_frontend_first_audio_seconds",
     "tts engine: wall time from the caller's turn end to the agent's first audio "

@@ -14,6 +14,9 @@ heartbeat, plus a publish whenever a session opens or closes), signed with
 picks replicas from the registry. If Redis is down the replica keeps serving
 and the heartbeat keeps trying; on drain or stop the replica withdraws first
 so the gateway stops choosing it.
+
+Health: SERVING once the engine is loaded; NOT_SERVING while an engine step
+has waited longer than engine_stall_s (watchdog.py), and from the drain on.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from services.frontend.engines.base import (
     SlotsExhausted,
     Transcript,
 )
+from services.frontend.watchdog import EngineWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +133,16 @@ class CapacityPublisher:
 
 class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
     def __init__(
-        self, runtime: ServiceRuntime, engine: Engine, capacity: CapacityPublisher
+        self,
+        runtime: ServiceRuntime,
+        engine: Engine,
+        capacity: CapacityPublisher,
+        watchdog: EngineWatchdog,
     ) -> None:
         self._runtime = runtime
         self._engine = engine
         self._capacity = capacity
+        self._watchdog = watchdog
 
     async def Stream(  # noqa: N802 (gRPC method name)
         self,
@@ -259,7 +268,8 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, f"audio frame seq {frame.seq}: {exc}"
             )
         started = time.perf_counter()
-        output = await session.step(pcm16_to_float(frame.pcm))
+        with self._watchdog.step():
+            output = await session.step(pcm16_to_float(frame.pcm))
         step_s = time.perf_counter() - started
         metrics.STEP_SECONDS.labels(engine=self._engine.name).observe(step_s)
         agent_frame = common_pb2.AudioFrame(
@@ -338,7 +348,8 @@ async def serve(settings: FrontendSettings) -> ServiceRuntime:
         settings.redis_timeout_s,
     )
     runtime.on_drain(capacity.close)  # first, so the gateway stops sending new sessions
-    servicer = FrontendServicer(runtime, engine, capacity)
+    watchdog = EngineWatchdog(runtime, settings.engine_stall_s)
+    servicer = FrontendServicer(runtime, engine, capacity, watchdog)
     try:
         await runtime.start(
             lambda server: frontend_pb2_grpc.add_FrontendServicer_to_server(servicer, server)
@@ -347,6 +358,7 @@ async def serve(settings: FrontendSettings) -> ServiceRuntime:
         await runtime.stop()
         raise
     capacity.start(settings.resolved_advertise_address(runtime.port))
+    watchdog.start()
     metrics.FREE_SLOTS.set_function(lambda: engine.free_slots)
     log.info(
         "frontend engine %s with %d slots, replica %s",

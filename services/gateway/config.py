@@ -95,6 +95,27 @@ class GatewaySettings(ServiceSettings):
     hold_max_s: float = setting(
         5.0, "tts engine: longest hold before the agent gives the floor back"
     )
+    side_heartbeat_s: float = setting(
+        0.5,
+        "stt sends progress after this much audio, the oracle a heartbeat this often: "
+        "their sign of life while nobody speaks",
+    )
+    side_timeout_s: float = setting(
+        2.0,
+        "an stt or oracle stream that sends nothing this long while caller audio flows "
+        "has failed and is reopened (0 = never; a failed call still is)",
+    )
+    side_backoff_s: float = setting(
+        0.5, "first wait before reopening a failed stt or oracle stream (doubles each time)"
+    )
+    side_backoff_max_s: float = setting(8.0, "longest wait between reopenings of a side stream")
+    resume_secret: str = setting(
+        "",
+        "HMAC key of resume tokens, the same on every replica (empty = calls cannot be resumed)",
+    )
+    resume_ttl_s: float = setting(
+        300.0, "a resume token continues its session this long after the session was last alive"
+    )
 
     def upstream_tls(self) -> ClientTls:
         """How the gateway dials frontend, stt and oracle: plaintext, TLS or mTLS."""
@@ -111,6 +132,9 @@ class GatewaySettings(ServiceSettings):
         for token in parse_tokens(self.auth_tokens):
             check_secret("auth_tokens", token)
         check_secret("registry_secret", self.registry_secret)
+        check_secret("resume_secret", self.resume_secret)
+        if self.resume_ttl_s <= 0:
+            raise ConfigError(f"resume_ttl_s: must be above 0, got {self.resume_ttl_s:g}")
         if bool(self.upstream_cert_file) != bool(self.upstream_key_file):
             raise ConfigError("upstream_cert_file, upstream_key_file: set both (mTLS) or neither")
         if self.upstream_cert_file and not self.upstream_ca_file:
@@ -125,3 +149,20 @@ class GatewaySettings(ServiceSettings):
             raise ConfigError(f"connect_timeout_s: must be positive, got {self.connect_timeout_s}")
         if self.upstream_server_name and not self.upstream_ca_file:
             raise ConfigError("upstream_server_name: applies to TLS only: set upstream_ca_file")
+        self._validate_side_streams()
+
+    def _validate_side_streams(self) -> None:
+        if not 0.1 <= self.side_heartbeat_s <= 60:
+            raise ConfigError(
+                f"side_heartbeat_s: must be between 0.1 and 60, got {self.side_heartbeat_s:g}"
+            )
+        if self.side_timeout_s < 0 or 0 < self.side_timeout_s <= self.side_heartbeat_s:
+            raise ConfigError(
+                f"side_timeout_s: must exceed side_heartbeat_s ({self.side_heartbeat_s:g}) "
+                f"or be 0, got {self.side_timeout_s:g}"
+            )
+        if self.side_backoff_s <= 0 or self.side_backoff_max_s < self.side_backoff_s:
+            raise ConfigError(
+                "side_backoff_s, side_backoff_max_s: need 0 < side_backoff_s <= "
+                f"side_backoff_max_s, got {self.side_backoff_s:g} and {self.side_backoff_max_s:g}"
+            )

@@ -51,12 +51,19 @@ SESSIONS = Counter(
 )
 UPSTREAM_FAILURES = Counter(
     "kame_gateway_upstream_failures_total",
-    "Upstream streams that failed mid-session",
+    "Upstream streams that failed mid-session (an error, an early end, or a side stream "
+    "that stopped answering while caller audio flowed)",
+    ["service"],
+)
+SIDE_RECONNECTS = Counter(
+    "kame_gateway_side_reconnects_total",
+    "Side streams (stt, oracle) reopened after a failure that answered again",
     ["service"],
 )
 DROPPED_MESSAGES = Counter(
     "kame_gateway_dropped_messages_total",
-    "Messages dropped because a side queue (oracle input, Redis writes) was full",
+    "Messages dropped because a bounded queue was full: the oldest waiting message of a "
+    "side stream (stt, oracle), or a Redis write (redis)",
     ["queue"],
 )
 REFUSED_INPUT = Counter(

@@ -3,8 +3,9 @@
 Writes go through one bounded queue and one writer task, in order, so a slow or
 absent Redis costs records, never the call: a full queue drops (and counts) the
 write, a failed write is logged. In s2s mode no oracle keeps the conversation,
-so the session logs it here: caller finals as user turns, and the agent's words
-as agent turns placed by when they were spoken.
+nor while the oracle is down in the other modes, so the session logs it here:
+caller finals as user turns, and the agent's words as agent turns placed by
+when they were spoken.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class SessionRecords:
         self._session_id = session_id
         self._queue: asyncio.Queue[Write | None] = asyncio.Queue(QUEUE_SIZE)
         self._writer: asyncio.Task[None] | None = None
-        self._agent_words: list[tuple[float, str]] = []  # s2s: (wall, word) not yet logged
+        self._agent_words: list[tuple[float, str]] = []  # (wall, word) not yet logged
 
     def start(self) -> None:
         self._writer = asyncio.get_running_loop().create_task(
@@ -47,7 +48,7 @@ class SessionRecords:
         self._enqueue(self._store.put_session, fields)
 
     def user_turn(self, text: str, started_wall: float) -> None:
-        """A caller final (s2s): the agent's words before the caller's turn began
+        """A caller final (no oracle): the agent's words before the caller's turn began
         are its previous turn, logged first."""
         self.flush_agent_words(before=started_wall)
         self._enqueue(self._store.append_turn, "user", text)

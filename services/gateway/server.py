@@ -5,6 +5,10 @@ first (bearer token in metadata, kame_common.auth), its audio is held to the
 input limits (pacing.py: message size, real-time pace, idle timeout), and no
 status message or notice leaves it naming an internal address
 (`redact_addresses`); the full message stays in the gateway's log.
+
+A config with a resume_token continues that session (resume.py). When the
+gateway drains, every open call gets Notice RECONNECT first, so that its
+client can move to another replica before the grace period ends.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
+from redis.exceptions import RedisError
 
 from kame_common import store
 from kame_common.auth import BearerAuth, parse_tokens
 from kame_common.server import ServiceRuntime, service_main
 from kamepb import gateway_pb2, gateway_pb2_grpc
+from services.gateway import resume
 from services.gateway.config import GatewaySettings
 from services.gateway.connections import Connections
 from services.gateway.pacing import InputLimits, limit_input, max_message_bytes
@@ -60,6 +66,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.connections = connections
         self.settings = connections.settings
         self.auth = auth
+        self.sessions: set[GatewaySession] = set()  # open calls, told to reconnect on drain
 
     async def Converse(  # noqa: N802 (gRPC method name)
         self,
@@ -69,12 +76,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         await self.auth.check(context)
         requests = aiter(request_iterator)
         try:
-            plan = plan_session(await self._read_config(requests), self.settings)
+            config = await self._read_config(requests)
+            plan = plan_session(config, self.settings)
+            resumed_id = await self._resumed_session(config.resume_token, plan.mode.value)
         except SessionError as exc:
             await context.abort(exc.code, redact_addresses(exc.message))
         async with self.runtime.session(context):
-            session = GatewaySession(self.connections, plan)
-            log.info("session %s started (%s)", session.id, plan.mode.value)
+            session = GatewaySession(self.connections, plan, resumed_id, resumed=bool(resumed_id))
+            how = "resumed" if resumed_id else "started"
+            log.info("session %s %s (%s)", session.id, how, plan.mode.value)
+            self.sessions.add(session)
             limited = limit_input(
                 requests, plan.input_format, InputLimits.from_settings(self.settings)
             )
@@ -84,7 +95,30 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             except SessionError as exc:
                 log.info("session %s ended: %s: %s", session.id, exc.code.name, exc.message)
                 await context.abort(exc.code, redact_addresses(exc.message))
+            finally:
+                self.sessions.discard(session)
             log.info("session %s ended", session.id)
+
+    async def _resumed_session(self, token: str, mode: str) -> str:
+        """The id of the session a resume token continues ("" without a token)."""
+        if not token:
+            return ""
+        session_id = resume.session_of(self.settings.resume_secret, token)
+        try:
+            await resume.check_resumable(
+                self.connections.store, session_id, mode, self.settings.resume_ttl_s
+            )
+        except (RedisError, OSError) as exc:
+            log.warning("resume of session %s: Redis failed: %s", session_id, exc)
+            raise SessionError(
+                grpc.StatusCode.UNAVAILABLE, "the session store is unavailable; try again"
+            ) from None
+        return session_id
+
+    async def ask_to_reconnect(self) -> None:
+        """Drain: every open call is told to move to another replica."""
+        for session in self.sessions:
+            session.ask_to_reconnect()
 
     async def _read_config(
         self, requests: AsyncIterator[gateway_pb2.ConverseRequest]
@@ -123,6 +157,7 @@ async def serve(settings: GatewaySettings) -> ServiceRuntime:
     if not auth.enabled:
         log.warning("gateway: no auth_tokens, every caller is admitted")
     servicer = GatewayServicer(runtime, connections, auth)
+    runtime.on_drain(servicer.ask_to_reconnect)
     await runtime.start(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
     )

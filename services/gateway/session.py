@@ -1,34 +1,46 @@
 """One Converse session: the pumps between the caller and the three upstreams.
 
 Per session the gateway opens one bidirectional stream to each of frontend,
-stt and oracle (no oracle in s2s mode), each an `Upstream` (upstream.py), and
+stt and oracle (no oracle in s2s mode): the frontend's is an `Upstream`
+(upstream.py), stt's and the oracle's are `SideStream`s (sidestream.py). It
 runs these tasks:
 
     caller ──► _read_caller ──► frontend.send ──► frontend writer
-                     └────────► stt.send ─────► stt writer
+                     └────────► stt.push ─────► stt writer
     frontend ─► _read_frontend: AgentAudio ─► client codec ─► client queue
-                                AgentText ──► client queue, oracle.offer
-                                TurnEnd ────► stt.offer (EndOfTurn: finalize now)
-    stt ──────► _read_stt: transcripts ─► client queue, oracle.send, frontend.send
-                           SPEECH_START/END ─► turn tracker (latencies)
-    oracle ───► _read_oracle: updates ─► frontend.send (and client queue if opted in)
+                                AgentText ──► client queue, oracle.push
+                                TurnEnd ────► stt.push (EndOfTurn: finalize now)
+    stt ──────► _on_stt_response: transcripts ─► client queue, frontend.send, oracle.push
+                                  SPEECH_START/END ─► turn tracker (latencies)
+    oracle ───► _on_oracle_response: updates ─► frontend.send (and client queue if opted in)
     client queue ─► responses() ─► the caller (the servicer yields what it yields)
 
-Every queue is bounded and producers await `send`, so a slow consumer pushes
-back up to the caller's stream (gRPC flow control). Three exceptions keep the
-agent's voice independent of the side streams: agent text for the oracle and
-the frontend's end-of-turn for stt are offered without waiting (dropped and
-counted when the queue is full), and Redis writes go through their own queue
-(records.py).
+The voice path (caller -> frontend -> caller) never waits on stt, oracle or
+Redis. Its queues are bounded and producers await `send`, so a slow frontend
+or client pushes back up to the caller's stream (gRPC flow control). Whatever
+goes to a side stream (caller frames and end-of-turn for stt, transcripts and
+agent text for the oracle) is pushed without waiting into a bounded buffer
+that drops its oldest message when full (counted per stream), and Redis
+writes go through their own queue (records.py). Only the side streams' own
+readers wait on the voice path, never the other way round.
 
 Failures: the frontend is essential, so its failure ends the session with
-UNAVAILABLE. stt and oracle are side streams: if one fails the session goes
-on without oracle (stt failing takes the oracle with it: it has nothing left
-to read) and the client gets Notice ORACLE_UNAVAILABLE; an oracle that rejects
-the client's llm override ends the session with INVALID_ARGUMENT. Messages to
-the client never name internal addresses; the log has them. A teardown that
-runs however the session ends (caller done, caller gone, error) cancels every
-task and every upstream call, so the upstream services see their sessions end.
+UNAVAILABLE. stt and oracle are side streams, watched and reopened
+(sidestream.py): one that fails, ends early or sends nothing for
+side_timeout_s while caller audio flows is cancelled and reopened with
+backoff. While either is down the call goes on without oracle; the client
+gets Notice ORACLE_UNAVAILABLE when the oracle is lost and ORACLE_RESTORED
+when both answer again. A reopened oracle stream carries the same session id,
+so the oracle picks the conversation up from Redis (while no oracle call is
+open, the gateway logs the turns itself, as in s2s); a reopened stt stream
+starts at the caller's next frame, and the gateway shifts its audio times by
+where that stream began, so every time downstream stays on the session's
+clock (a dropped frame, though, shifts the stt's clock until it reopens). An
+oracle that rejects the client's llm override ends the session with
+INVALID_ARGUMENT. Messages to the client never name internal addresses; the
+log has them. A teardown that runs however the session ends (caller done,
+caller gone, error) cancels every task and every upstream call, so the
+upstream services see their sessions end.
 
 End of input: the caller half-closes -> the last frames go out and the
 frontend and stt streams are half-closed -> the frontend answers the last
@@ -39,6 +51,7 @@ half-closed (it writes the last agent turn to Redis) and ends -> done.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -70,14 +83,15 @@ from kamepb import (
     stt_pb2,
     stt_pb2_grpc,
 )
-from services.gateway import metrics
+from services.gateway import metrics, resume
 from services.gateway.codecs import CodecError, Decoder, Encoder
 from services.gateway.connections import Connections
 from services.gateway.plan import Mode, SessionError, SessionPlan
 from services.gateway.records import SessionRecords
 from services.gateway.reporting import TurnReporter
+from services.gateway.sidestream import SidePolicy, SideStream
 from services.gateway.turns import TurnTracker
-from services.gateway.upstream import Upstream
+from services.gateway.upstream import StreamCall, Upstream
 
 log = logging.getLogger(__name__)
 _tracer = tracing.tracer("kame.gateway")
@@ -105,15 +119,29 @@ class EndOfSession:
 ClientItem = gateway_pb2.ConverseResponse | AgentFrameOut | EndOfSession
 
 
+# The session record's alive_at is refreshed this often (in caller frames: 5 s),
+# so that a resume token of a session whose gateway died can tell how long ago.
+ALIVE_EVERY_FRAMES = round(5.0 / FRAME_SECONDS)
+
+
 class GatewaySession:
-    def __init__(self, connections: Connections, plan: SessionPlan, session_id: str = "") -> None:
+    def __init__(
+        self,
+        connections: Connections,
+        plan: SessionPlan,
+        session_id: str = "",
+        resumed: bool = False,
+    ) -> None:
         self.connections = connections
         self.settings = connections.settings
         self.plan = plan
         self.id = session_id or uuid.uuid4().hex
+        self.resumed = resumed  # continues the session of an earlier call
         self.frontend: Upstream[frontend_pb2.FrontendRequest] | None = None
-        self.stt: Upstream[stt_pb2.TranscribeRequest] | None = None
-        self.oracle: Upstream[oracle_pb2.GuideRequest] | None = None
+        self.stt: SideStream[stt_pb2.TranscribeRequest] | None = None
+        self.oracle: SideStream[oracle_pb2.GuideRequest] | None = None
+        self._stt_start_s = 0.0  # where the current stt stream began in the session's audio
+        self._oracle_up = True  # what the client was last told
         self.replica = Replica("", "", 0, 0)  # the frontend replica serving the session
         self.ready = frontend_pb2.FrontendReady()
         self._client_queue: asyncio.Queue[ClientItem] = asyncio.Queue(self.settings.queue_frames)
@@ -146,6 +174,8 @@ class GatewaySession:
                     session_id=self.id,
                     frontend_replica=self.ready.replica_id,
                     engine=self.ready.engine,
+                    resume_token=resume.issue(self.settings.resume_secret, self.id),
+                    resumed=self.resumed,
                 )
             )
             supervisor = self._start_pumps(requests)
@@ -164,15 +194,30 @@ class GatewaySession:
         finally:
             await self._teardown(outcome)
 
+    def ask_to_reconnect(self) -> None:
+        """The gateway is shutting down: tell the caller to continue on another one."""
+        message = (
+            "the gateway is shutting down: reconnect with your resume token to continue"
+            if self.settings.resume_secret
+            else "the gateway is shutting down: reconnect to start a new call"
+        )
+        notice = _notice(Notice.RECONNECT, message)
+        with contextlib.suppress(asyncio.QueueFull):  # a full queue: the call is ending anyway
+            self._client_queue.put_nowait(notice)
+
     # ---- opening --------------------------------------------------------------
 
     async def _open(self) -> None:
         with trace.use_span(self._span, end_on_exit=False):
             self.frontend = await self._open_frontend()
-            self.stt = self._open_stt()
+            self.stt = self._side_stream("stt", 1, self._open_stt, self._on_stt_response)
             if self.plan.mode.uses_oracle:
-                self.oracle = self._open_oracle()
+                # Transcripts and agent words come in bursts: the oracle's buffer is deeper.
+                self.oracle = self._side_stream(
+                    "oracle", 4, self._open_oracle, self._on_oracle_response
+                )
         self._records.start()
+        now = time.time()
         self._records.update_session(
             {
                 "mode": self.plan.mode.value,
@@ -181,7 +226,9 @@ class GatewaySession:
                 "engine": self.ready.engine,
                 "input_codec": self.plan.input_format.codec,
                 "output_codec": self.plan.output_format.codec,
-                "started_at": time.time(),
+                # a resumed session keeps the time it first started
+                ("resumed_at" if self.resumed else "started_at"): now,
+                "alive_at": now,
                 "state": "active",
             }
         )
@@ -245,23 +292,48 @@ class GatewaySession:
         await call.write(self._frontend_config())
         return await call.read()
 
-    def _open_stt(self) -> Upstream[stt_pb2.TranscribeRequest]:
-        """The config goes first in the queue: a service that is down shows up as
-        a side failure, not as a session error."""
-        channel = self.connections.channel(self.settings.stt_address)
-        stt = Upstream(
-            "stt", stt_pb2_grpc.SttStub(channel).Transcribe(), self.settings.queue_frames
+    def _side_stream(
+        self,
+        name: str,
+        depth: int,
+        open_call: Any,
+        handle: Any,
+    ) -> SideStream[Any]:
+        """A side stream whose buffer holds `depth` times queue_frames messages. It
+        opens its calls itself: a service that is down shows up as a side
+        failure, not as a session error."""
+        settings = self.settings
+        policy = SidePolicy(
+            buffer_size=settings.queue_frames * depth,
+            timeout_s=settings.side_timeout_s,
+            backoff_s=settings.side_backoff_s,
+            backoff_max_s=settings.side_backoff_max_s,
         )
-        config = stt_pb2.SttConfig(session_id=self.id, language=self.plan.language)
-        stt.offer(stt_pb2.TranscribeRequest(config=config))
-        return stt
+        return SideStream(name, policy, open_call, handle, self._side_down, self._side_up)
 
-    def _open_oracle(self) -> Upstream[oracle_pb2.GuideRequest]:
-        channel = self.connections.channel(self.settings.oracle_address)
-        # Transcripts and agent words come in bursts: the oracle's queue is deeper.
-        oracle = Upstream(
-            "oracle", oracle_pb2_grpc.OracleStub(channel).Guide(), self.settings.queue_frames * 4
+    def _open_stt(
+        self, attempt: int
+    ) -> tuple[StreamCall[stt_pb2.TranscribeRequest], stt_pb2.TranscribeRequest]:
+        """A stt call. The first gets every caller frame; a reopened one starts at
+        the caller's next frame (the side stream keeps nothing while no call is
+        open), and gets its own session id, so its utterance ids differ from the
+        earlier ones."""
+        channel = self.connections.channel(self.settings.stt_address)
+        self._stt_start_s = len(self._capture_us) * FRAME_SECONDS if attempt else 0.0
+        config = stt_pb2.SttConfig(
+            session_id=self.id if attempt == 0 else f"{self.id}.{attempt}",
+            language=self.plan.language,
+            progress_interval_s=self.settings.side_heartbeat_s,
         )
+        call = stt_pb2_grpc.SttStub(channel).Transcribe()
+        return call, stt_pb2.TranscribeRequest(config=config)
+
+    def _open_oracle(
+        self, _attempt: int
+    ) -> tuple[StreamCall[oracle_pb2.GuideRequest], oracle_pb2.GuideRequest]:
+        """Every oracle call has the session's id: a reopened one loads the
+        conversation so far from Redis."""
+        channel = self.connections.channel(self.settings.oracle_address)
         llm = self.plan.llm or gateway_pb2.LlmOverride()
         config = oracle_pb2.OracleConfig(
             session_id=self.id,
@@ -270,9 +342,10 @@ class GatewaySession:
             base_url=llm.base_url,
             api_key=llm.api_key,
             policy=oracle_pb2.OraclePolicy(name=self.plan.mode.value),
+            heartbeat_interval_s=self.settings.side_heartbeat_s,
         )
-        oracle.offer(oracle_pb2.GuideRequest(config=config))
-        return oracle
+        call = oracle_pb2_grpc.OracleStub(channel).Guide()
+        return call, oracle_pb2.GuideRequest(config=config)
 
     # ---- pumps -----------------------------------------------------------------
 
@@ -286,14 +359,8 @@ class GatewaySession:
         assert self.frontend is not None
         caller = self._spawn("caller", self._read_caller(requests))
         self.frontend.start(self._read_frontend, self._frontend_guard, self._spawn)
-        if self.stt is not None:
-            stt = self.stt
-            stt.start(self._read_stt, lambda coro: self._side_guard(stt, coro), self._spawn)
-        if self.oracle is not None:
-            oracle = self.oracle
-            oracle.start(
-                self._read_oracle, lambda coro: self._side_guard(oracle, coro), self._spawn
-            )
+        for side in self._sides():
+            side.start(self._spawn)
         supervisor = self._spawn("supervisor", self._supervise(caller))
         self._tasks = [caller, supervisor]
         return supervisor
@@ -319,22 +386,12 @@ class GatewaySession:
         if self.stt is not None:
             await self.stt.wait_finished(drain_s)
         if self.oracle is not None:
-            await self._close_oracle_input(drain_s)  # it logs the last agent turn, then ends
+            self.oracle.close_input()  # it logs the last agent turn, then ends
             await self.oracle.wait_finished(drain_s)
         self._records.flush_agent_words()
         self._tracker.close()
         await self._report_ready_turns()
         await self._client_queue.put(EndOfSession())
-
-    async def _close_oracle_input(self, timeout_s: float) -> None:
-        """Half-close the oracle's stream; an oracle that stopped reading (its queue
-        full) gets `timeout_s`, then leaves the session."""
-        assert self.oracle is not None
-        try:
-            await asyncio.wait_for(self.oracle.close_input(), timeout_s)
-        except TimeoutError:
-            log.warning("session %s: the oracle stopped reading; closing it", self.id)
-            await self.oracle.stop()
 
     async def _next_output(self, supervisor: asyncio.Task[None]) -> ClientItem:
         """The next item for the caller; raises the supervisor's failure at once."""
@@ -421,7 +478,7 @@ class GatewaySession:
         for frame in frames:
             await self._send_caller_frame(frame, _now_us())
         await self.frontend.close_input()
-        await self.stt.close_input()
+        self.stt.close_input()
 
     async def _send_caller_frame(self, samples: Samples, capture_us: int) -> None:
         assert self.frontend is not None and self.stt is not None
@@ -432,6 +489,8 @@ class GatewaySession:
                 f"the session reached its cap of {self.settings.max_session_s} s of caller audio",
             )
         self._capture_us.append(capture_us)
+        if seq % ALIVE_EVERY_FRAMES == ALIVE_EVERY_FRAMES - 1:
+            self._records.update_session({"alive_at": time.time()})
         frame = common_pb2.AudioFrame(
             pcm=float_to_pcm16(samples),
             sample_rate_hz=SAMPLE_RATE,
@@ -439,7 +498,9 @@ class GatewaySession:
             capture_time_us=capture_us,
         )
         await self.frontend.send(frontend_pb2.FrontendRequest(audio=frame))
-        await self.stt.send(stt_pb2.TranscribeRequest(audio=frame))
+        self.stt.push(stt_pb2.TranscribeRequest(audio=frame))
+        for side in self._sides():
+            side.audio_flowing()
 
     async def _read_frontend(self) -> None:
         assert self.frontend is not None
@@ -468,28 +529,26 @@ class GatewaySession:
 
     async def _on_agent_text(self, text: common_pb2.AgentText) -> None:
         await self._client_queue.put(gateway_pb2.ConverseResponse(agent_text=text))
-        if self.oracle is None:
-            self._records.agent_word(text.text)
-        elif not self.oracle.offer(oracle_pb2.GuideRequest(agent_text=text)):
-            metrics.DROPPED_MESSAGES.labels("oracle").inc()  # the agent's voice comes first
+        if self.oracle is None or not self.oracle.push(oracle_pb2.GuideRequest(agent_text=text)):
+            self._records.agent_word(text.text)  # no oracle to keep the conversation
 
     def _on_turn_end(self, turn_end: frontend_pb2.TurnEnd) -> None:
         """The frontend heard the caller's turn end: stt finalizes at once."""
         if self.stt is None:
             return
-        end_of_turn = stt_pb2.EndOfTurn(speech_end_s=turn_end.speech_end_s)
-        if not self.stt.offer(stt_pb2.TranscribeRequest(end_of_turn=end_of_turn)):
-            metrics.DROPPED_MESSAGES.labels("stt").inc()
+        speech_end_s = max(turn_end.speech_end_s - self._stt_start_s, 0.0)
+        end_of_turn = stt_pb2.EndOfTurn(speech_end_s=speech_end_s)
+        self.stt.push(stt_pb2.TranscribeRequest(end_of_turn=end_of_turn))
 
-    async def _read_stt(self) -> None:
-        assert self.stt is not None
-        while (response := await self.stt.call.read()) is not grpc.aio.EOF:
-            if response.WhichOneof("msg") == "transcript":
-                await self._on_transcript(response.transcript)
-            else:
-                await self._on_activity(response.activity)
-        if not self.stt.input_closed:
-            raise RuntimeError("stt ended its stream before the caller finished")
+    async def _on_stt_response(self, response: stt_pb2.TranscribeResponse) -> None:
+        """SttProgress only tells the watchdog that stt is alive."""
+        kind = response.WhichOneof("msg")
+        if kind == "transcript":
+            await self._on_transcript(_shift_transcript(response.transcript, self._stt_start_s))
+        elif kind == "activity":
+            activity = response.activity
+            activity.at_s += self._stt_start_s
+            await self._on_activity(activity)
 
     async def _on_transcript(self, event: common_pb2.TranscriptEvent) -> None:
         assert self.frontend is not None
@@ -498,9 +557,9 @@ class GatewaySession:
             self._reporter.trace(turn)  # the final came after the answer started
         await self._client_queue.put(gateway_pb2.ConverseResponse(user_transcript=event))
         await self.frontend.send(frontend_pb2.FrontendRequest(user_transcript=event))
-        if self.oracle is not None:
-            await self.oracle.send(oracle_pb2.GuideRequest(user_transcript=event))
-        elif event.is_final and event.text.strip():
+        request = oracle_pb2.GuideRequest(user_transcript=event)
+        oracle_took_it = self.oracle is not None and self.oracle.push(request)
+        if not oracle_took_it and event.is_final and event.text.strip():
             self._records.user_turn(event.text.strip(), started_wall=turn.started_wall)
         await self._report_ready_turns()
 
@@ -520,18 +579,15 @@ class GatewaySession:
         seq = min(max(int(at_s / FRAME_SECONDS), 0), len(self._capture_us) - 1)
         return self._capture_us[seq] / 1e6 - ((seq + 1) * FRAME_SECONDS - at_s)
 
-    async def _read_oracle(self) -> None:
-        assert self.oracle is not None
-        while (response := await self.oracle.call.read()) is not grpc.aio.EOF:
-            if response.WhichOneof("msg") == "update":
-                await self._on_oracle_update(response.update)
-            elif response.event.kind == oracle_pb2.OracleEvent.ERROR:
-                log.warning("session %s: oracle LLM error: %s", self.id, response.event.detail)
-                await self._client_queue.put(
-                    _notice(Notice.ORACLE_ERROR, "the oracle's LLM request failed; it tries again")
-                )
-        if not self.oracle.input_closed:
-            raise RuntimeError("oracle ended its stream before the caller finished")
+    async def _on_oracle_response(self, response: oracle_pb2.GuideResponse) -> None:
+        """A HEARTBEAT only tells the watchdog that the oracle is alive."""
+        if response.WhichOneof("msg") == "update":
+            await self._on_oracle_update(response.update)
+        elif response.event.kind == oracle_pb2.OracleEvent.ERROR:
+            log.warning("session %s: oracle LLM error: %s", self.id, response.event.detail)
+            await self._client_queue.put(
+                _notice(Notice.ORACLE_ERROR, "the oracle's LLM request failed; it tries again")
+            )
 
     async def _on_oracle_update(self, update: common_pb2.OracleUpdate) -> None:
         assert self.frontend is not None
@@ -553,20 +609,14 @@ class GatewaySession:
             metrics.UPSTREAM_FAILURES.labels("frontend").inc()
             raise SessionError(grpc.StatusCode.UNAVAILABLE, "the frontend failed") from None
 
-    async def _side_guard(self, upstream: Upstream[Any], coro: Coroutine[Any, Any, None]) -> None:
-        try:
-            await coro
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            await self._lose_side(upstream, exc)
+    def _sides(self) -> list[SideStream[Any]]:
+        return [side for side in (self.stt, self.oracle) if side is not None]
 
-    async def _lose_side(self, failed: Upstream[Any], exc: Exception) -> None:
-        """Go on without oracle: stop the failed stream (stt takes oracle along)."""
-        if not failed.alive:
-            return
+    async def _side_down(self, side: SideStream[Any], exc: Exception) -> bool:
+        """A side stream failed: tell the client if that lost the oracle; whether to
+        reopen it (not when the oracle refused the client's own llm override)."""
         if (
-            failed is self.oracle
+            side is self.oracle
             and self.plan.llm is not None
             and isinstance(exc, grpc.aio.AioRpcError)
             and exc.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -577,26 +627,37 @@ class GatewaySession:
                     f"the oracle rejected the llm override: {exc.details()}",
                 )
             )
-            return
+            return False
         log.warning(
-            "session %s: %s failed (%s); going on without oracle",
+            "session %s: %s failed (%s); going on without oracle, reopening it",
             self.id,
-            failed.name,
+            side.name,
             _describe(exc),
         )
-        metrics.UPSTREAM_FAILURES.labels(failed.name).inc()
-        oracle_was_alive = self.oracle is not None and self.oracle.alive
-        lost = [failed, self.oracle] if failed is self.stt else [failed]
-        for upstream in lost:
-            if upstream is not None and upstream.alive:
-                await upstream.stop()
-        if oracle_was_alive or not self.plan.mode.uses_oracle:
-            await self._client_queue.put(
-                _notice(
-                    Notice.ORACLE_UNAVAILABLE,
-                    f"{failed.name} failed; the call goes on without oracle",
-                )
+        await self._tell_oracle_state(f"{side.name} failed")
+        return True
+
+    async def _side_up(self, side: SideStream[Any]) -> None:
+        log.info("session %s: %s is back", self.id, side.name)
+        if side is self.oracle:  # the oracle keeps the conversation again
+            self._records.flush_agent_words()
+        await self._tell_oracle_state(f"{side.name} is back")
+
+    async def _tell_oracle_state(self, why: str) -> None:
+        """Notice the client when the oracle is lost (a side stream is down) and when
+        it is back (every side stream answers again)."""
+        up = all(side.up for side in self._sides())
+        if up == self._oracle_up:
+            return
+        self._oracle_up = up
+        if up:
+            notice = _notice(Notice.ORACLE_RESTORED, f"{why}; the oracle is back")
+        else:
+            notice = _notice(
+                Notice.ORACLE_UNAVAILABLE,
+                f"{why}; the call goes on without oracle until it is back",
             )
+        await self._client_queue.put(notice)
 
     def _fail(self, error: SessionError) -> None:
         if not self._abort.done():
@@ -608,10 +669,15 @@ class GatewaySession:
         for turn in self._tracker.turns:
             if turn.summarized:
                 self._reporter.trace(turn)
-        upstreams = [u for u in (self.frontend, self.stt, self.oracle) if u is not None]
-        for upstream in upstreams:
-            upstream.call.cancel()
-        await cancel_and_wait([*self._tasks, *(t for u in upstreams for t in u.tasks)])
+        if self.frontend is not None:
+            self.frontend.call.cancel()
+        await cancel_and_wait(
+            [
+                *self._tasks,
+                *(self.frontend.tasks if self.frontend else []),
+                *(side.task for side in self._sides() if side.task is not None),
+            ]
+        )
         if self._abort.done() and not self._abort.cancelled():
             self._abort.exception()  # retrieved: it was raised already or lost to an earlier one
         self._records.update_session(
@@ -626,6 +692,21 @@ class GatewaySession:
         metrics.SESSIONS.labels(self.plan.mode.value, outcome).inc()
         self._span.set_attribute("kame.outcome", outcome)
         self._span.end()
+
+
+def _shift_transcript(
+    event: common_pb2.TranscriptEvent, offset_s: float
+) -> common_pb2.TranscriptEvent:
+    """A transcript of a stt stream that began `offset_s` into the session, with
+    its audio times moved onto the session's clock."""
+    if offset_s:
+        if event.HasField("span"):
+            event.span.start_s += offset_s
+            event.span.end_s += offset_s
+        for word in event.words:
+            word.start_s += offset_s
+            word.end_s += offset_s
+    return event
 
 
 def _notice(kind: gateway_pb2.Notice.Kind.ValueType, message: str) -> gateway_pb2.ConverseResponse:

@@ -1,10 +1,11 @@
-"""One session's stream to one upstream service (frontend, stt or oracle).
+"""One session's stream to the frontend, the upstream on the voice path.
 
 An `Upstream` holds everything about that stream: the gRPC call, the bounded
-queue of requests waiting to be written, whether the stream is still part of
-the session, whether the gateway has closed its input, and the two pump tasks
-(the writer drains the queue into the call; the reader is the session's handler
-of the upstream's responses).
+queue of requests waiting to be written (a producer waits for room, so a slow
+frontend pushes back to the caller), whether the gateway has closed its
+input, and the two pump tasks (the writer drains the queue into the call; the
+reader is the session's handler of the upstream's responses). The side
+streams, stt and oracle, never push back: see sidestream.py.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, Protocol, TypeVar
-
-from kame_common.aio import cancel_and_wait
 
 RequestT = TypeVar("RequestT")
 CallRequestT = TypeVar("CallRequestT", contravariant=True)
@@ -40,36 +39,20 @@ class Upstream(Generic[RequestT]):
         self.name = name
         self.call = call
         self._queue: asyncio.Queue[RequestT | EndOfInput] = asyncio.Queue(queue_size)
-        self.alive = True  # still part of the session
         self.input_closed = False  # the gateway has closed (or is closing) its side
         self.tasks: list[asyncio.Task[None]] = []
 
-    @property
-    def open_for_input(self) -> bool:
-        return self.alive and not self.input_closed
-
     async def send(self, request: RequestT) -> None:
         """Queue a request, waiting for room: a slow upstream pushes back."""
-        if self.open_for_input:
+        if not self.input_closed:
             await self._queue.put(request)
-
-    def offer(self, request: RequestT) -> bool:
-        """Queue a request without waiting; False if it had to be dropped."""
-        if not self.open_for_input:
-            return True
-        try:
-            self._queue.put_nowait(request)
-        except asyncio.QueueFull:
-            return False
-        return True
 
     async def close_input(self) -> None:
         """No more requests: the writer half-closes the call after the queued ones."""
         if self.input_closed:
             return
         self.input_closed = True
-        if self.alive:
-            await self._queue.put(END_OF_INPUT)
+        await self._queue.put(END_OF_INPUT)
 
     def start(
         self,
@@ -88,19 +71,3 @@ class Upstream(Generic[RequestT]):
         while not isinstance(request := await self._queue.get(), EndOfInput):
             await self.call.write(request)
         await self.call.done_writing()
-
-    async def wait_finished(self, timeout_s: float) -> None:
-        """Wait (at most timeout_s) until both pumps have ended."""
-        if self.tasks:
-            await asyncio.wait(self.tasks, timeout=timeout_s)
-
-    async def stop(self) -> None:
-        """Leave the session: cancel the call and the pumps (except the caller's own
-        task, when a pump stops its own upstream) and unblock anyone waiting to send."""
-        self.alive = False
-        self.call.cancel()
-        current = asyncio.current_task()
-        others = [task for task in self.tasks if task is not current]
-        while not self._queue.empty():
-            self._queue.get_nowait()
-        await cancel_and_wait(others)

@@ -104,6 +104,11 @@ class SessionSettings:
     backend: BackendSettings
     policy: PolicyParams
     history_turns: int
+    heartbeat_interval_s: float = 0.0  # 0: no HEARTBEAT events
+
+
+# OracleConfig.heartbeat_interval_s when set (0 = no heartbeats).
+HEARTBEAT_RANGE = (0.1, 60.0)
 
 
 class InvalidSessionConfig(ValueError):
@@ -268,9 +273,16 @@ def resolve_session(
     names the first problem."""
     if not config.session_id:
         raise InvalidSessionConfig("session_id is required: the conversation is stored under it")
+    low, high = HEARTBEAT_RANGE
+    if config.heartbeat_interval_s and not low <= config.heartbeat_interval_s <= high:
+        raise InvalidSessionConfig(
+            f"heartbeat_interval_s must be between {low:g} and {high:g} (or 0 for none), "
+            f"got {config.heartbeat_interval_s:g}"
+        )
     return SessionSettings(
         session_id=config.session_id,
         backend=_backend(config, service, keys),
         policy=_policy(config, service),
         history_turns=service.history_turns,
+        heartbeat_interval_s=config.heartbeat_interval_s,
     )

@@ -21,6 +21,9 @@ new LLM stream, and runs at most one LLM stream at a time:
 - DONE when the stream ends, ERROR when it fails (with a message safe for
   callers: no URL, no key): the session goes on, and the next start tries again.
 
+With heartbeat_interval_s set, a HEARTBEAT event goes out that often, whatever
+else happens: the client's sign that the session is alive.
+
 A final whose words equal the source of the generation in flight, or of the
 one that just finished with words, does not restart: that candidate already
 answers it (the front-end finds its source fresh). Any other final restarts
@@ -200,6 +203,7 @@ class OracleSession:
         self._streams: set[asyncio.Task[None]] = set()  # the running LLM stream (at most one)
         self._final_landed = asyncio.Event()  # wakes the policy loop before its tick
         self._poll_task: asyncio.Task[None] | None = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
         self._writer_task: asyncio.Task[None] | None = None
         self._writes: asyncio.Queue[Turn | None] = asyncio.Queue()
         self._outbox: asyncio.Queue[oracle_pb2.GuideResponse | None] = asyncio.Queue()
@@ -209,6 +213,8 @@ class OracleSession:
 
     def start(self) -> None:
         self._poll_task = asyncio.create_task(self._poll_forever())
+        if self.settings.heartbeat_interval_s:
+            self._heartbeat_task = asyncio.create_task(self._beat_forever())
         if self._store is not None:
             self._writer_task = asyncio.create_task(self._write_history_forever())
 
@@ -261,8 +267,9 @@ class OracleSession:
         await asyncio.shield(self._closing)
 
     async def _close(self) -> None:
-        if self._poll_task is not None:
-            await cancel_and_wait(self._poll_task)
+        for task in (self._heartbeat_task, self._poll_task):
+            if task is not None:
+                await cancel_and_wait(task)
         await self._cancel_stream()
         self._save_agent_words()
         if self._writer_task is not None:
@@ -323,6 +330,13 @@ class OracleSession:
             reason = self.policy.decide()
             if reason is not None:
                 await self._restart(reason)
+
+    async def _beat_forever(self) -> None:
+        """HEARTBEAT every heartbeat_interval_s: the client's sign that this session
+        (and its event loop) is alive while no transcript asks for anything."""
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            self._emit_event(Event.HEARTBEAT, self.generation)
 
     async def _cancel_stream(self) -> None:
         """Cancel the running stream and wait until its HTTP stream is closed."""

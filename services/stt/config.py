@@ -71,6 +71,7 @@ class StreamSettings:
     endpoint_silence_s: float
     max_utterance_s: float
     vad_threshold: float
+    progress_interval_s: float = 0.0  # 0: no SttProgress messages
 
 
 # Allowed ranges of the per-stream settings, checked for client values and defaults alike.
@@ -80,6 +81,8 @@ RANGES = {
     "max_utterance_s": (1.0, MAX_UTTERANCE_LIMIT_S),
     "vad_threshold": (0.05, 0.95),
 }
+# SttConfig.progress_interval_s when set (0 = no progress messages): at least a frame.
+PROGRESS_RANGE = (0.08, 60.0)
 
 
 def _in_range(name: str, value: float) -> float:
@@ -96,9 +99,11 @@ def stream_settings(
     language: str,
     overrides: Mapping[str, float],
     defaults: SttSettings,
+    progress_interval_s: float = 0.0,
 ) -> StreamSettings:
-    """Resolve a stream's settings: a 0 in `overrides` means the service default.
-    Raises ValueError naming the bad field and its allowed range."""
+    """Resolve a stream's settings: a 0 in `overrides` means the service default
+    (progress_interval_s has none: 0 means no progress messages). Raises
+    ValueError naming the bad field and its allowed range."""
     values = {}
     for name in RANGES:
         requested = float(overrides.get(name, 0.0))
@@ -108,4 +113,15 @@ def stream_settings(
             f"partial_interval_s ({values['partial_interval_s']:g}) must not exceed "
             f"max_utterance_s ({values['max_utterance_s']:g})"
         )
-    return StreamSettings(session_id=session_id, language=language or "en", **values)
+    low, high = PROGRESS_RANGE
+    if progress_interval_s and not low <= progress_interval_s <= high:
+        raise ValueError(
+            f"progress_interval_s must be between {low:g} and {high:g} (or 0 for none), "
+            f"got {progress_interval_s:g}"
+        )
+    return StreamSettings(
+        session_id=session_id,
+        language=language or "en",
+        progress_interval_s=progress_interval_s,
+        **values,
+    )

@@ -93,6 +93,7 @@ class SttServicer(stt_pb2_grpc.SttServicer):
                     "vad_threshold": config.vad_threshold,
                 },
                 self.engine.settings,
+                config.progress_interval_s,
             )
             self.engine.check_language(settings.language)
         except ValueError as exc:

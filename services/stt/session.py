@@ -14,6 +14,10 @@
       `max_utterance_s` of audio -> final transcript, the next utterance
                        starts at once (speech goes on: no activity events)
 
+With the stream's progress_interval_s set, an SttProgress follows every that
+much audio through the VAD, whether or not anyone speaks: the client's sign
+that the stream is alive (dropped, never waited for, when the output is full).
+
 Events come out of `events()` in order: transcript events of an utterance
 never follow its final, and finals come in utterance order.
 """
@@ -179,6 +183,7 @@ class SttSession:
         self._final_emitter = asyncio.create_task(self._emit_finals())
         self._finished = False
         self._error: Exception | None = None
+        self._next_progress_s = settings.progress_interval_s  # 0: no progress messages
 
     # --- input ---
 
@@ -199,6 +204,20 @@ class SttSession:
             else self._audio.end_s - PRE_ROLL_S - FRAME_SECONDS
         )
         self._audio.keep_from(keep)
+        self._report_progress()
+
+    def _report_progress(self) -> None:
+        """SttProgress once another progress_interval_s of audio is through the VAD:
+        the client's sign of life while the caller is silent. Never waits: when
+        the output is full, the next one will do."""
+        if not self._next_progress_s or self._audio.end_s < self._next_progress_s:
+            return
+        interval = self.settings.progress_interval_s
+        while self._next_progress_s <= self._audio.end_s:
+            self._next_progress_s += interval
+        progress = stt_pb2.SttProgress(audio_s=self._audio.end_s)
+        with contextlib.suppress(asyncio.QueueFull):
+            self._out.put_nowait(stt_pb2.TranscribeResponse(progress=progress))
 
     def _analyze(self, pcm: bytes) -> tuple[Samples, npt.NDArray[np.float32]]:
         samples = self._resampler.process(pcm16_to_float(pcm))

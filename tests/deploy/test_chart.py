@@ -80,7 +80,7 @@ CHART_OWNED = {
 # The upstreams the gateway balances over, per pod, through a headless Service.
 BALANCED = ("stt", "oracle")
 SECRET_FIELDS = {
-    "gateway": {"auth_tokens", "registry_secret"},
+    "gateway": {"auth_tokens", "registry_secret", "resume_secret"},
     "frontend": {"registry_secret"},
     "web": {"gateway_auth_token"},
 }

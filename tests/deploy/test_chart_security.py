@@ -304,6 +304,7 @@ ALL_KEYS = {
     "existingSecret": "kame-keys",
     "gatewayAuthTokensKey": "GATEWAY_AUTH_TOKENS",
     "registrySecretKey": "REGISTRY_SECRET",
+    "resumeSecretKey": "RESUME_SECRET",
     "redisPasswordKey": "REDIS_PASSWORD",
 }
 
@@ -335,6 +336,7 @@ def test_secrets_are_referenced_never_inlined():
     for container, variable, key in (
         ("gateway", "KAME_GATEWAY_AUTH_TOKENS", "GATEWAY_AUTH_TOKENS"),
         ("gateway", "KAME_GATEWAY_REGISTRY_SECRET", "REGISTRY_SECRET"),
+        ("gateway", "KAME_GATEWAY_RESUME_SECRET", "RESUME_SECRET"),
         ("frontend", "KAME_FRONTEND_REGISTRY_SECRET", "REGISTRY_SECRET"),
         ("redis", "REDISCLI_AUTH", "REDIS_PASSWORD"),
         *((s, "REDIS_PASSWORD", "REDIS_PASSWORD") for s in ("gateway", "frontend", "oracle")),

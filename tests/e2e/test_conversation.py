@@ -317,7 +317,7 @@ async def test_oracle_failure_mid_session_goes_on_without_oracle(stack, speak):
     await wait_until(lambda: stack.frontend.active_sessions == 0, "the frontend session end", 10)
 
 
-async def test_stt_failure_takes_the_oracle_along_and_the_call_goes_on(stack, speak):
+async def test_stt_failure_leaves_the_oracle_open_and_the_call_goes_on(stack, speak):
     stt = await stack.services.stt()
     gateway = await stack.services.gateway(
         stt, stack.oracle, stack.gateway.settings.frontend_address
@@ -332,10 +332,9 @@ async def test_stt_failure_takes_the_oracle_along_and_the_call_goes_on(stack, sp
         notice = await call.wait_for(lambda r: r.HasField("notice"), timeout_s=10)
         assert notice.notice.kind == Notice.ORACLE_UNAVAILABLE
         assert "stt failed" in notice.notice.message
-        await wait_until(
-            lambda: stack.oracle.active_sessions == 0, "the oracle stream to close with the stt", 10
-        )
         await feeding
+        # The oracle waits, open, for the stt the gateway keeps trying to reopen.
+        assert stack.oracle.active_sessions == 1
         assert await call.finish() == grpc.StatusCode.OK
         assert len(call.of("audio")) == call.frames_sent
     finally:

@@ -49,6 +49,10 @@ async def _log_requests(requests: AsyncIterator, log: StreamLog) -> AsyncIterato
     async for request in requests:
         log.requests.append(request)
         yield request
+    await _pause_for_cancellation(log)
+
+
+async def _pause_for_cancellation(log: StreamLog) -> None:
     try:
         await asyncio.sleep(0.05)
     except asyncio.CancelledError:
@@ -115,31 +119,47 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
 
 class FakeStt(stt_pb2_grpc.SttServicer):
     """`script`: {seq: [responses]} sent after that audio frame arrives; on
-    half-close it sends `on_close` and ends. `fail_at`: abort at that frame."""
+    half-close it sends `on_close` and ends. With the config's
+    progress_interval_s set, an SttProgress follows every frame. `fail_at`:
+    abort at that frame. `hang`: while set, take frames and answer nothing (a
+    stopped process). `stall`: never read past the config."""
 
     def __init__(self) -> None:
         self.log = StreamLog()
         self.script: dict[int, list[stt_pb2.TranscribeResponse]] = {}
         self.on_close: list[stt_pb2.TranscribeResponse] = []
         self.fail_at: int | None = None
+        self.hang = False
+        self.stall = False
 
     async def Transcribe(self, request_iterator, context):  # noqa: N802 (gRPC method name)
         self.log.watch(context)
-        async for request in _log_requests(request_iterator, self.log):
-            if request.WhichOneof("msg") != "audio":
+        requests = _log_requests(request_iterator, self.log)
+        first = await anext(requests)
+        assert first.WhichOneof("msg") == "config"
+        progress = first.config.progress_interval_s > 0
+        if self.stall:
+            await asyncio.Event().wait()
+        async for request in requests:
+            if request.WhichOneof("msg") != "audio" or self.hang:
                 continue
-            if request.audio.seq == self.fail_at:
+            seq = request.audio.seq
+            if seq == self.fail_at:
                 await context.abort(grpc.StatusCode.INTERNAL, "stt broke at 10.9.8.7")
-            for response in self.script.get(request.audio.seq, []):
+            for response in self.script.get(seq, []):
                 yield response
+            if progress:
+                yield stt_pb2.TranscribeResponse(progress=stt_pb2.SttProgress(audio_s=seq * 0.08))
         for response in self.on_close:
             yield response
 
 
 class FakeOracle(oracle_pb2_grpc.OracleServicer):
-    """Answers every final transcript with a RESET carrying `answer`. `reject`:
-    INVALID_ARGUMENT at the config; `fail_after_first`: abort after the first
-    transcript; `stall`: never read past the config (its queue fills up)."""
+    """Answers every final transcript with a RESET carrying `answer`, and sends a
+    HEARTBEAT as often as the config asks. `reject`: INVALID_ARGUMENT at the
+    config; `fail_after_first`: the next stream aborts after its first
+    transcript; `stall`: never read past the config (its queue fills
+    up, and it sends nothing)."""
 
     def __init__(self) -> None:
         self.log = StreamLog()
@@ -156,27 +176,58 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "model 'x' is not allowed")
         if self.stall:
             await asyncio.Event().wait()
+        outbox: asyncio.Queue[oracle_pb2.GuideResponse | str | None] = asyncio.Queue()
+        tasks = [asyncio.create_task(self._answer(requests, outbox))]
+        if first.config.heartbeat_interval_s:
+            tasks.append(asyncio.create_task(_beat(first.config.heartbeat_interval_s, outbox)))
+        try:
+            while (item := await outbox.get()) is not None:
+                if isinstance(item, str):
+                    await context.abort(grpc.StatusCode.INTERNAL, item)
+                yield item
+            await _pause_for_cancellation(self.log)
+        except asyncio.CancelledError:
+            self.log.outcome = "cancelled"
+            raise
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _answer(self, requests: AsyncIterator, outbox: asyncio.Queue) -> None:
+        """RESETs for finals into `outbox`, then None at the end (a str: abort)."""
         generation = 0
         async for request in requests:
             if request.WhichOneof("msg") != "user_transcript":
                 continue
             if self.fail_after_first:
-                await context.abort(grpc.StatusCode.INTERNAL, "oracle broke")
+                self.fail_after_first = False
+                outbox.put_nowait("oracle broke")
+                return
             event = request.user_transcript
             if event.is_final:
                 generation += 1
                 source = common_pb2.CandidateSource(
                     utterance_id=event.utterance_id, is_final=True, text=event.text
                 )
-                yield oracle_pb2.GuideResponse(
-                    update=common_pb2.OracleUpdate(
-                        op=common_pb2.OracleUpdate.RESET,
-                        generation=generation,
-                        text=self.answer,
-                        source=source,
+                outbox.put_nowait(
+                    oracle_pb2.GuideResponse(
+                        update=common_pb2.OracleUpdate(
+                            op=common_pb2.OracleUpdate.RESET,
+                            generation=generation,
+                            text=self.answer,
+                            source=source,
+                        )
                     )
                 )
-        del first
+        outbox.put_nowait(None)
+
+
+async def _beat(interval_s: float, outbox: asyncio.Queue) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        event = oracle_pb2.OracleEvent(kind=oracle_pb2.OracleEvent.HEARTBEAT)
+        outbox.put_nowait(oracle_pb2.GuideResponse(event=event))
 
 
 def transcript(utterance: str, text: str, final: bool, end_s: float) -> stt_pb2.TranscribeResponse:
@@ -197,7 +248,13 @@ def activity(kind: int, utterance: str, at_s: float) -> stt_pb2.TranscribeRespon
 
 
 async def serve_fake(add: object, servicer: object) -> tuple[grpc.aio.Server, str]:
-    server = grpc.aio.server()
+    # No BDP probing: the HTTP/2 window stays small, so a fake that stops reading
+    # pushes back after a few frames, as a stopped process does. Pings as often as
+    # a test's gateway sends them are welcome (our servers take keepalive_time_s / 2;
+    # gRPC's default answers pings more often than every 5 min with GOAWAY).
+    server = grpc.aio.server(
+        options=[("grpc.http2.bdp_probe", 0), ("grpc.http2.max_ping_strikes", 0)]
+    )
     add(servicer, server)  # type: ignore[operator]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

@@ -66,6 +66,8 @@ class Fakes:
             "oracle_address": self.addresses["oracle"],
             "connect_timeout_s": 2.0,
             "drain_timeout_s": 2.0,
+            # Calls here run faster than real time; pacing is tested in test_edge.py.
+            "input_burst_s": 0.0,
         }
         settings = GatewaySettings(**{**fields, **overrides})  # type: ignore[arg-type]
         runtime = await serve(settings)
@@ -130,9 +132,18 @@ async def converse(
         return Outcome(responses, await call.code(), await call.details() or "")
 
 
-def dropped_oracle_messages() -> float:
-    labels = {"queue": "oracle"}
+def dropped_messages(queue: str) -> float:
+    labels = {"queue": queue}
     return REGISTRY.get_sample_value("kame_gateway_dropped_messages_total", labels) or 0.0
+
+
+def upstream_failures(service: str) -> float:
+    labels = {"service": service}
+    return REGISTRY.get_sample_value("kame_gateway_upstream_failures_total", labels) or 0.0
+
+
+# Side streams that fail are reopened at once in these tests, and watched closely.
+QUICK_REOPEN = {"side_backoff_s": 0.05, "side_backoff_max_s": 0.1}
 
 
 def gateway_tasks() -> list[asyncio.Task]:
@@ -198,30 +209,129 @@ async def test_a_call_flows_through_every_upstream_and_ends_in_order(fakes):
     await wait_until(lambda: not gateway_tasks(), "the session's tasks to end", 2)
 
 
-async def test_stt_failure_takes_the_oracle_along_and_the_call_goes_on(fakes):
+def notice_kinds(outcome: Outcome) -> list[int]:
+    return [n.kind for n in outcome.of("notice")]
+
+
+async def test_a_failed_stt_is_reopened_on_the_sessions_clock(fakes):
     fakes.stt.fail_at = 3
-    gateway = await fakes.gateway()
-    outcome = await converse(gateway.address, frames=10)
+    # Scripted by frame: whichever stream gets frame 30 sends these.
+    fakes.stt.script = {
+        30: [
+            activity(Activity.SPEECH_START, "s.1-1", 0.1),
+            transcript("s.1-1", "hello again", True, 0.3),
+        ]
+    }
+    gateway = await fakes.gateway(**QUICK_REOPEN)
+    outcome = await converse(gateway.address, frames=40, pace_s=0.02)
     assert outcome.code == grpc.StatusCode.OK
-    assert len(outcome.of("audio")) == 10
-    (notice,) = outcome.of("notice")
-    assert notice.kind == Notice.ORACLE_UNAVAILABLE and "stt failed" in notice.message
-    await asyncio.wait_for(fakes.oracle.log.ended.wait(), 2)
-    assert fakes.oracle.log.outcome == "cancelled"
+    assert len(outcome.of("audio")) == 40
+    assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE, Notice.ORACLE_RESTORED]
+    assert "stt failed" in outcome.of("notice")[0].message
     assert no_internal_address(outcome)
+    # A fresh stream with its own session id; the oracle stayed through it all.
+    session_id = outcome.of("started")[0].session_id
+    configs = fakes.stt.log.of("config")
+    assert [c.session_id for c in configs] == [session_id, f"{session_id}.1"]
+    assert configs[1].progress_interval_s == pytest.approx(0.5)
+    assert fakes.oracle.log.opened == 1 and fakes.oracle.log.outcome == "finished"
+    # The reopened stream's audio times are moved onto the session's clock.
+    requests = fakes.stt.log.requests
+    reopened = next(i for i, r in enumerate(requests) if r.config.session_id.endswith(".1"))
+    second = requests[reopened + 1]
+    start_s = second.audio.seq * 0.08
+    assert second.audio.seq > 3
+    (heard,) = fakes.frontend.log.of("user_transcript")
+    assert heard.text == "hello again"
+    assert heard.span.start_s == pytest.approx(start_s)
+    assert heard.span.end_s == pytest.approx(start_s + 0.3)
+    # ... and the final reaches the oracle, which is open all along.
+    assert [t.text for t in fakes.oracle.log.of("user_transcript")] == ["hello again"]
 
 
-async def test_oracle_failure_leaves_the_voice_alone(fakes):
+async def test_a_failed_oracle_is_reopened_and_answers_the_next_question(fakes):
     fakes.oracle.fail_after_first = True
-    fakes.stt.script = {2: [transcript("s-1", "hello", False, 0.2)]}
-    gateway = await fakes.gateway()
-    outcome = await converse(gateway.address, frames=10)
+    fakes.stt.script = {
+        2: [transcript("s-1", "hello", False, 0.2)],
+        30: [transcript("s-2", "what is the capital", True, 2.4)],
+    }
+    gateway = await fakes.gateway(**QUICK_REOPEN)
+    outcome = await converse(gateway.address, frames=40, pace_s=0.02)
     assert outcome.code == grpc.StatusCode.OK
-    assert len(outcome.of("audio")) == 10
-    (notice,) = outcome.of("notice")
-    assert notice.kind == Notice.ORACLE_UNAVAILABLE and "oracle failed" in notice.message
-    await asyncio.wait_for(fakes.stt.log.ended.wait(), 2)
-    assert fakes.stt.log.outcome == "finished"  # stt carried on to the end
+    assert len(outcome.of("audio")) == 40
+    assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE, Notice.ORACLE_RESTORED]
+    assert "oracle failed" in outcome.of("notice")[0].message
+    # The same session id again: a real oracle loads the conversation from Redis.
+    session_id = outcome.of("started")[0].session_id
+    configs = fakes.oracle.log.of("config")
+    assert [c.session_id for c in configs] == [session_id, session_id]
+    assert configs[1].heartbeat_interval_s == pytest.approx(0.5)
+    (update,) = fakes.frontend.log.of("oracle")
+    assert update.source.text == "what is the capital"
+    assert fakes.stt.log.opened == 1 and fakes.stt.log.outcome == "finished"
+
+
+async def test_the_gateway_keeps_the_conversation_while_the_oracle_is_down(fakes):
+    fakes.oracle.fail_after_first = True
+    fakes.stt.script = {
+        2: [transcript("s-1", "hello", False, 0.2)],  # the oracle fails on this one
+        6: [transcript("s-1", "hello there", True, 0.5)],  # while it is down
+    }
+    fakes.frontend.words = {8: ("Hi", 0), 9: ("again", 0)}
+    gateway = await fakes.gateway(side_backoff_s=1.0, side_backoff_max_s=1.0)
+    outcome = await converse(gateway.address, frames=90, pace_s=0.02)
+    assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE, Notice.ORACLE_RESTORED]
+    assert fakes.oracle.log.of("user_transcript")[-1].text == "hello"  # it never got the rest
+    session_id = outcome.of("started")[0].session_id
+    client = store.connect(fakes.redis_url)
+    try:
+        turns = await store.SessionStore(client).conversation(session_id)
+    finally:
+        await client.aclose()
+    assert [(t["role"], t["text"]) for t in turns] == [
+        ("user", "hello there"),
+        ("agent", "Hi again"),
+    ]
+
+
+async def test_a_hung_stt_is_found_by_the_watchdog_and_reopened(fakes):
+    fakes.stt.hang = True
+    gateway = await fakes.gateway(side_timeout_s=0.3, side_heartbeat_s=0.1, **QUICK_REOPEN)
+    call = asyncio.ensure_future(converse(gateway.address, frames=100, pace_s=0.02))
+    # A hung stream is cancelled and a new one opened, again and again, while it hangs.
+    await wait_until(lambda: fakes.stt.log.opened >= 2, "stt to be reopened", 5)
+    fakes.stt.hang = False
+    outcome = await call
+    assert outcome.code == grpc.StatusCode.OK
+    assert len(outcome.of("audio")) == 100
+    assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE, Notice.ORACLE_RESTORED]
+
+
+async def test_silence_from_the_caller_is_no_stall(fakes):
+    """The watchdog waits for answers only while caller audio flows."""
+    fakes.stt.hang = True  # and the caller sends nothing after the config
+
+    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=Config())
+        await asyncio.sleep(1.0)
+
+    gateway = await fakes.gateway(side_timeout_s=0.3, side_heartbeat_s=0.1, **QUICK_REOPEN)
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        responses = [response async for response in call]
+    assert await call.code() == grpc.StatusCode.OK
+    assert not [r for r in responses if r.HasField("notice")]
+    assert fakes.stt.log.opened == 1
+
+
+async def test_a_stalled_stt_costs_transcripts_not_frames(fakes):
+    fakes.stt.stall = True
+    gateway = await fakes.gateway(queue_frames=2, drain_timeout_s=0.3, side_timeout_s=0)
+    before = dropped_messages("stt")
+    outcome = await converse(gateway.address, frames=300)
+    assert outcome.code == grpc.StatusCode.OK
+    assert len(outcome.of("audio")) == 300
+    assert dropped_messages("stt") > before
 
 
 async def test_an_oracle_that_rejects_the_llm_override_ends_the_call(fakes):
@@ -238,13 +348,13 @@ async def test_a_stalled_oracle_costs_agent_text_not_frames(fakes):
     fakes.frontend.speak_at = 0
     # Long "words" fill the HTTP/2 window to the stalled oracle quickly.
     fakes.frontend.words = {seq: ("w" * 50_000, 1) for seq in range(200)}
-    # 16 s of audio as fast as flow control allows: pacing off (input_burst_s=0).
-    gateway = await fakes.gateway(queue_frames=2, drain_timeout_s=0.3, input_burst_s=0)
-    before = dropped_oracle_messages()
+    # 16 s of audio as fast as flow control allows.
+    gateway = await fakes.gateway(queue_frames=2, drain_timeout_s=0.3)
+    before = dropped_messages("oracle")
     outcome = await converse(gateway.address, frames=200)
     assert outcome.code == grpc.StatusCode.OK
     assert len(outcome.of("audio")) == 200 and len(outcome.of("agent_text")) == 200
-    assert dropped_oracle_messages() > before
+    assert dropped_messages("oracle") > before
 
 
 async def test_frontend_failure_ends_the_call_unavailable_without_its_address(fakes):
@@ -299,13 +409,14 @@ async def test_a_frontend_that_never_gets_ready_times_out(fakes):
     assert "did not start the session within 0.3 s" in outcome.details
 
 
-async def test_a_side_service_that_is_down_is_a_notice(fakes):
-    gateway = await fakes.gateway(stt_address="127.0.0.1:1")
-    outcome = await converse(gateway.address, frames=5)
-    assert outcome.code == grpc.StatusCode.OK and len(outcome.of("audio")) == 5
-    (notice,) = outcome.of("notice")
-    assert notice.kind == Notice.ORACLE_UNAVAILABLE
+async def test_a_side_service_that_is_down_is_one_notice_however_often_it_is_tried(fakes):
+    gateway = await fakes.gateway(stt_address="127.0.0.1:1", **QUICK_REOPEN)
+    before = upstream_failures("stt")
+    outcome = await converse(gateway.address, frames=25, pace_s=0.02)
+    assert outcome.code == grpc.StatusCode.OK and len(outcome.of("audio")) == 25
+    assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE]
     assert no_internal_address(outcome)
+    assert upstream_failures("stt") - before >= 2
 
 
 async def test_a_caller_who_hangs_up_frees_every_upstream(fakes):
@@ -422,3 +533,87 @@ async def test_s2s_opens_no_oracle_and_logs_the_conversation(fakes):
         ("user", "hi there"),
         ("agent", "Hello friend"),
     ]
+
+
+RESUME = {"resume_secret": "resume-secret-of-the-test-gateways"}
+
+
+async def test_a_call_resumes_its_session_on_another_gateway(fakes):
+    first_gateway, second_gateway = await fakes.gateway(**RESUME), await fakes.gateway(**RESUME)
+    first = await converse(first_gateway.address, frames=3)
+    (started,) = first.of("started")
+    assert started.resume_token.startswith(f"{started.session_id}.") and not started.resumed
+
+    config = Config(include_oracle_updates=True, resume_token=started.resume_token)
+    second = await converse(second_gateway.address, frames=3, config=config)
+    assert second.code == grpc.StatusCode.OK, second.details
+    (again,) = second.of("started")
+    assert again.session_id == started.session_id and again.resumed
+    # The oracle gets the same session id again: it loads the conversation so far.
+    assert [c.session_id for c in fakes.oracle.log.of("config")] == [started.session_id] * 2
+    client = store.connect(fakes.redis_url)
+    try:
+        record = await client.hgetall(f"kame:session:{started.session_id}")
+    finally:
+        await client.aclose()
+    assert float(record["resumed_at"]) >= float(record["started_at"])
+
+
+@pytest.mark.parametrize(
+    ("token", "code", "message"),
+    [
+        ("0123.forged", grpc.StatusCode.PERMISSION_DENIED, "not a token this service issued"),
+        ("no-dot", grpc.StatusCode.PERMISSION_DENIED, "not a token this service issued"),
+        ("valid-for-a-session-never-seen", grpc.StatusCode.NOT_FOUND, "has expired"),
+    ],
+)
+async def test_a_token_that_resumes_nothing_is_refused(fakes, token, code, message):
+    from services.gateway import resume
+
+    if token.startswith("valid"):
+        token = resume.issue(RESUME["resume_secret"], token)
+    gateway = await fakes.gateway(**RESUME)
+    outcome = await converse(gateway.address, frames=1, config=Config(resume_token=token))
+    assert outcome.code == code and message in outcome.details
+    assert fakes.frontend.log.opened == 0  # refused before any upstream was touched
+
+
+async def test_a_resumed_session_keeps_its_mode_and_needs_resume_on(fakes):
+    gateway = await fakes.gateway(**RESUME)
+    first = await converse(gateway.address, frames=1)
+    token = first.of("started")[0].resume_token
+    other_mode = await converse(
+        gateway.address, frames=1, config=Config(mode=Config.CASCADE, resume_token=token)
+    )
+    assert other_mode.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "a tandem session, not cascade" in other_mode.details
+    no_resume = await fakes.gateway()
+    refused = await converse(no_resume.address, frames=1, config=Config(resume_token=token))
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "does not resume sessions" in refused.details
+    assert not (await converse(no_resume.address, frames=1)).of("started")[0].resume_token
+
+
+async def test_a_draining_gateway_asks_its_calls_to_reconnect(fakes):
+    gateway = await fakes.gateway(grace_s=5, **RESUME)
+    release = asyncio.Event()
+
+    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=Config())
+        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+        await release.wait()
+
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        assert (await call.read()).HasField("started")
+        drain = asyncio.ensure_future(gateway.drain())
+        responses = []
+        while not (response := await call.read()).HasField("notice"):
+            responses.append(response)
+        assert response.notice.kind == Notice.RECONNECT
+        assert "resume token" in response.notice.message
+        release.set()  # the caller moves on: this call ends normally
+        while (response := await call.read()) is not grpc.aio.EOF:
+            responses.append(response)
+        assert await call.code() == grpc.StatusCode.OK
+    await asyncio.wait_for(drain, 5)

@@ -30,6 +30,7 @@ BAD_CONFIGS = [
     (dict(policy=oracle_pb2.OraclePolicy(min_new_words=-1)), "min_new_words must be >= 1"),
     (dict(max_tokens=-5), "max_tokens must be >= 0"),
     (dict(session_id=""), "session_id is required"),
+    (dict(heartbeat_interval_s=0.01), "heartbeat_interval_s must be between 0.1 and 60"),
 ]
 
 

@@ -94,6 +94,11 @@ async def _status_of(stub, requests: list[stt_pb2.TranscribeRequest]) -> grpc.ai
             "max_utterance_s must be between 1 and 30",
         ),
         (
+            "progress more often than frames come",
+            lambda f: [_config(progress_interval_s=0.01)],
+            "progress_interval_s must be between 0.08 and 60 (or 0 for none), got 0.01",
+        ),
+        (
             "a language the model lacks",
             lambda f: [_config(language="fr")],
             "English-only; use 'en'",

@@ -140,3 +140,25 @@ async def test_a_full_replica_refuses_with_resource_exhausted(stt_engine, stream
             assert await first_done == grpc.aio.EOF
     finally:
         await runtime.stop()
+
+
+async def test_progress_comes_through_silence_as_often_as_asked(stt_stub, stream_helpers):
+    silence = np.zeros(int(3.2 * SAMPLE_RATE), np.float32)  # 40 frames
+    config = stt_pb2.SttConfig(session_id="progress", progress_interval_s=0.5)
+    result = await stream_helpers.stream_audio(stt_stub, silence, config)
+    progress = [
+        r.response.progress.audio_s for r in result.responses if r.response.HasField("progress")
+    ]
+    # Every 0.5 s of audio through the VAD, each at the first chunk the resampler
+    # hands on past its mark (a frame or two of audio).
+    assert len(progress) == 6, progress
+    assert all(0.5 * (i + 1) <= p < 0.5 * (i + 1) + 0.2 for i, p in enumerate(progress)), progress
+    assert not result.transcripts and not result.activities  # nobody spoke
+
+
+async def test_no_progress_unless_asked(stt_stub, stream_helpers):
+    silence = np.zeros(SAMPLE_RATE, np.float32)
+    result = await stream_helpers.stream_audio(
+        stt_stub, silence, stt_pb2.SttConfig(session_id="quiet")
+    )
+    assert not [r for r in result.responses if r.response.HasField("progress")]

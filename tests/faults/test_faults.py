@@ -1,0 +1,230 @@
+"""A side service breaks under a live call; the voice stays on time, the
+caller hears about it, and once the service is back the next question in the
+same call is answered.
+
+The caller is `kame talk`'s client streaming a WAV of two spoken questions
+with silence between them at real time; the test signals a service's
+process at set moments of the call. A frame is late as `kame bench` counts
+it: its agent frame reached the client more than one frame (80 ms) after the
+caller frame was due (kame_cli.bench.conversation.frame_lags).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import pytest
+
+from kame_cli import talk
+from kame_cli.bench.conversation import frame_lags
+from kame_cli.stack import Child, free_ports, grpc_serving
+from kame_common import store
+from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
+from tests.faults.conftest import child, restart
+from tests.support import word_recall
+
+pytestmark = pytest.mark.slow
+
+FIRST = "What is the capital of France?"
+SECOND = "What is the capital of Italy?"
+LEAD_S = 0.5  # silence before the first question
+TAIL_S = 12.0  # silence after the second: time for its answer within the stream
+
+
+@dataclass
+class Script:
+    audio: np.ndarray  # 24 kHz
+    second_at_s: float  # where the second question starts in the stream
+
+
+def two_questions(speak, second_at_s: float) -> Script:
+    first, second = speak(FIRST), speak(SECOND)
+    audio = np.zeros(int((second_at_s + TAIL_S) * SAMPLE_RATE) + len(second), np.float32)
+    lead = int(LEAD_S * SAMPLE_RATE)
+    audio[lead : lead + len(first)] = first
+    start = int(second_at_s * SAMPLE_RATE)
+    audio[start : start + len(second)] = second
+    assert LEAD_S + len(first) / SAMPLE_RATE < second_at_s
+    return Script(audio, second_at_s)
+
+
+# The call's clock (talk's) starts a moment after the test's: compare with this slack.
+CLOCK_SLACK_S = 0.25
+
+
+async def at(started: float, moment_s: float) -> None:
+    """Sleep until `moment_s` into the call (the test's clock starts at `started`)."""
+    await asyncio.sleep(max(0.0, started + moment_s - time.monotonic()))
+
+
+def notices(result: talk.TalkResult, kind: str) -> list[float]:
+    return [e["t"] for e in result.events if e["type"] == "notice" and e["kind"] == kind]
+
+
+def late_fraction(result: talk.TalkResult) -> tuple[float, float]:
+    """Late agent frames (as kame bench counts them) and the frame lag p99."""
+    lags = frame_lags(result)
+    assert len(lags) > 0
+    return float(np.mean(lags > FRAME_SECONDS)), float(np.percentile(lags, 99))
+
+
+def assert_second_question_answered(result: talk.TalkResult, second_at_s: float) -> float:
+    """The second question was heard and answered by an oracle candidate made for
+    it; returns when its first answer word reached the client."""
+    finals = [e for e in result.events if e["type"] == "user_final" and e["t"] > second_at_s]
+    assert any(word_recall(SECOND, e["text"]) >= 0.5 for e in finals), result.events
+    resets = {
+        e["generation"]: e["t"]
+        for e in result.events
+        if e["type"] == "oracle_reset" and e["t"] > second_at_s
+    }
+    answer = [
+        e["t"]
+        for e in result.events
+        if e["type"] == "agent_text" and e["generation"] in resets and e["t"] > second_at_s
+    ]
+    assert answer, f"no answer to the second question: {result.events}"
+    return answer[0]
+
+
+def options(stack) -> talk.TalkOptions:
+    return talk.TalkOptions(gateway=stack.gateway_address, tail_s=1.0, max_wait_s=20.0)
+
+
+async def test_a_stopped_stt_costs_no_frame_and_the_call_recovers(process_stack, speak):
+    stt = child(process_stack, "stt")
+    script = two_questions(speak, second_at_s=13.0)
+    stop_at_s, continue_at_s = 1.5, 6.0  # stt stops in the middle of the first question
+    started = time.monotonic()
+    call = asyncio.ensure_future(talk.talk(script.audio, options(process_stack)))
+    try:
+        await at(started, stop_at_s)
+        stt.signal(signal.SIGSTOP)
+        await at(started, continue_at_s)
+        stt.signal(signal.SIGCONT)
+        result = await call
+    finally:
+        stt.signal(signal.SIGCONT)
+    assert result.status == "OK", result.status_details
+
+    lost, back = notices(result, "ORACLE_UNAVAILABLE"), notices(result, "ORACLE_RESTORED")
+    assert lost and lost[0] - stop_at_s < 3.0, result.notices
+    assert back and continue_at_s - CLOCK_SLACK_S < back[0] < script.second_at_s, result.notices
+    late, lag_p99 = late_fraction(result)
+    assert late < 0.01, f"{late:.1%} of agent frames late (frame lag p99 {lag_p99:.3f} s)"
+    answered_t = assert_second_question_answered(result, script.second_at_s)
+    print(
+        f"\nSIGSTOP stt: notice after {lost[0] - stop_at_s:.2f} s, restored "
+        f"{back[0] - continue_at_s:.2f} s after SIGCONT, late frames {late:.2%} of "
+        f"{len(frame_lags(result))}, frame lag p99 {lag_p99 * 1000:.0f} ms, second answer "
+        f"{answered_t - script.second_at_s:.2f} s after it began"
+    )
+
+
+async def test_a_killed_oracle_restarted_answers_the_next_question(process_stack, speak):
+    script = two_questions(speak, second_at_s=30.0)
+    kill_at_s = 8.0  # the first question is final and answered by then
+    started = time.monotonic()
+    call = asyncio.ensure_future(talk.talk(script.audio, options(process_stack)))
+    await at(started, kill_at_s)
+    restart_s = await asyncio.to_thread(restart, process_stack, "oracle")
+    result = await call
+    assert result.status == "OK", result.status_details
+
+    lost, back = notices(result, "ORACLE_UNAVAILABLE"), notices(result, "ORACLE_RESTORED")
+    assert lost and lost[0] - kill_at_s < 3.0, result.notices
+    assert back and back[0] < script.second_at_s, result.notices
+    answered_t = assert_second_question_answered(result, script.second_at_s)
+    late, lag_p99 = late_fraction(result)
+    # The conversation goes on in the same Redis record: both questions are in it.
+    client = store.connect(process_stack.redis_url)
+    try:
+        turns = await store.SessionStore(client).conversation(result.started["session_id"])
+    finally:
+        await client.aclose()
+    users = [t["text"] for t in turns if t["role"] == "user"]
+    assert any(word_recall(SECOND, text) >= 0.5 for text in users), turns
+    print(
+        f"\nSIGKILL oracle: notice after {lost[0] - kill_at_s:.2f} s, restarted in "
+        f"{restart_s:.1f} s, restored at {back[0]:.1f} s into the call, late frames "
+        f"{late:.2%}, frame lag p99 {lag_p99 * 1000:.0f} ms, second answer "
+        f"{answered_t - script.second_at_s:.2f} s after it began, user turns {users}"
+    )
+
+
+def test_side_processes_run_below_the_voice_path(process_stack):
+    """kame up's priorities: stt, oracle and the LLM server yield the CPU to
+    gateway and frontend."""
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    niceness = {
+        name: os.getpriority(os.PRIO_PROCESS, child(process_stack, name).process.pid) - ours
+        for name in ("llm", "stt", "oracle", "frontend", "gateway")
+    }
+    assert niceness == {"llm": 10, "stt": 10, "oracle": 10, "frontend": 0, "gateway": 0}
+
+
+async def test_a_call_whose_gateway_is_killed_resumes_on_another(process_stack, speak):
+    first, second = await asyncio.to_thread(resumable_gateways, process_stack)
+    script = two_questions(speak, second_at_s=16.0)
+    kill_at_s = 8.0  # the first question is answered by then
+    started = time.monotonic()
+    options = talk.TalkOptions(
+        gateway=f"{first.endpoint},{second.endpoint}", tail_s=1.0, max_wait_s=20.0
+    )
+    call = asyncio.ensure_future(talk.talk(script.audio, options))
+    await at(started, kill_at_s)
+    first.signal(signal.SIGKILL)
+    result = await call
+    assert result.status == "OK", result.status_details
+
+    session_id = result.started["session_id"]
+    resumed = [e for e in result.events if e["type"] == "resumed"]
+    assert resumed and resumed[0]["session_id"] == session_id, result.events
+    resumed_after_s = resumed[0]["t"] - kill_at_s
+    answered_t = assert_second_question_answered(result, script.second_at_s)
+    client = store.connect(process_stack.redis_url)
+    try:
+        turns = await store.SessionStore(client).conversation(session_id)
+    finally:
+        await client.aclose()
+    # The history before the kill is intact and the conversation went on after it.
+    users = [t["text"] for t in turns if t["role"] == "user"]
+    assert word_recall(FIRST, users[0]) >= 0.5 and word_recall(SECOND, users[-1]) >= 0.5, turns
+    assert turns[1]["role"] == "agent", turns  # the first answer, before the second question
+    print(
+        f"\nSIGKILL gateway: resumed on the second {resumed_after_s:.2f} s after the kill, "
+        f"second answer {answered_t - script.second_at_s:.2f} s after it began, turns {turns}"
+    )
+
+
+def resumable_gateways(stack) -> tuple[Child, Child]:
+    """The stack's gateway restarted with a resume secret, and a second replica
+    with the same secret on ports of its own (stopped with the stack)."""
+    secret = {"KAME_GATEWAY_RESUME_SECRET": "fault-test-resume-secret"}
+    first = child(stack, "gateway")
+    first.env.update(secret)
+    restart(stack, "gateway")
+    port, metrics_port = free_ports(2)
+    address = f"127.0.0.1:{port}"
+    env = stack.service_env("gateway") | secret
+    env |= {"KAME_GATEWAY_PORT": str(port), "KAME_GATEWAY_METRICS_PORT": str(metrics_port)}
+    second = Child(
+        "gateway-b",
+        [sys.executable, "-m", "services.gateway"],
+        env,
+        partial(grpc_serving, address),
+        address,
+    )
+    second.start(stack.log_dir)
+    stack.children.append(second)
+    while not second.ready():
+        assert second.running(), second.log_tail()
+        time.sleep(0.2)
+    return first, second
