@@ -145,8 +145,15 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def grpc_serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def grpc_serving(address: str, ca_pem: bytes | None = None) -> bool:
+    """Whether the gRPC server at `address` answers its health check SERVING
+    (over TLS verified with `ca_pem` when given)."""
+    channel = (
+        grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca_pem))
+        if ca_pem
+        else grpc.insecure_channel(address)
+    )
+    with channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=1.0

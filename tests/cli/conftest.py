@@ -13,13 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kame_cli.say import write_wav
-from kame_cli.stack import free_ports
+from kame_cli.stack import free_ports, grpc_serving
 from tests.security.certs import CertificateAuthority
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,19 +56,6 @@ def wav(tmp_path) -> Path:
     return path
 
 
-def serving_tls(address: str, ca_pem: bytes) -> bool:
-    """Whether the TLS gRPC server at `address` answers its health check SERVING."""
-    credentials = grpc.ssl_channel_credentials(root_certificates=ca_pem)
-    with grpc.secure_channel(address, credentials) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=1.0
-            )
-        except grpc.RpcError:
-            return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-
 @dataclass(frozen=True)
 class TlsGateway:
     address: str
@@ -104,7 +89,7 @@ def tls_gateway(tmp_path_factory, redis_url) -> Iterator[TlsGateway]:
     )
     try:
         deadline = time.monotonic() + 60
-        while not serving_tls(f"127.0.0.1:{port}", ca.pem):
+        while not grpc_serving(f"127.0.0.1:{port}", ca.pem):
             assert process.poll() is None, "the gateway exited at start"
             assert time.monotonic() < deadline, "the gateway did not serve within 60 s"
             time.sleep(0.2)
