@@ -61,6 +61,18 @@ def peer_host(peer: str) -> str:
     return peer
 
 
+def sign(secret: str | bytes, message: bytes) -> str:
+    """HMAC-SHA256 of `message` under `secret`, in hex: how the stack signs what it
+    hands out and checks later (capacity registry records, resume tokens)."""
+    key = secret.encode() if isinstance(secret, str) else secret
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def same_signature(presented: str, expected: str) -> bool:
+    """Constant-time comparison, so timing tells nothing about a forged signature."""
+    return hmac.compare_digest(presented.encode(), expected.encode())
+
+
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 

@@ -25,8 +25,6 @@ log a Redis URL, log `redacted_url(url)`.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import time
@@ -41,6 +39,8 @@ from prometheus_client import Counter
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+from kame_common.auth import same_signature, sign
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class CapacityRegistry:
             fields.get("expires_at_ms", ""),
         ]
         message = json.dumps(signed, separators=(",", ":")).encode()
-        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+        return sign(self._secret, message)
 
     async def publish(
         self, replica_id: str, address: str, free_slots: int, total_slots: int
@@ -240,7 +240,7 @@ class CapacityRegistry:
         if not signature:
             return "unsigned"
         expected = self._signature(replica_id, fields)
-        if not hmac.compare_digest(signature.encode(), expected.encode()):
+        if not same_signature(signature, expected):
             return "bad_signature"
         if expires_at_ms <= time.time() * 1000:
             return "expired"

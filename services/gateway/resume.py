@@ -10,12 +10,11 @@ gets the same session id, so the oracle loads the conversation so far.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
 
 import grpc
 
+from kame_common.auth import same_signature, sign
 from kame_common.store import SessionStore
 from services.gateway.plan import SessionError
 
@@ -38,7 +37,7 @@ def session_of(secret: str, token: str) -> str:
             grpc.StatusCode.INVALID_ARGUMENT, "resume_token: this gateway does not resume sessions"
         )
     session_id, _, signature = token.rpartition(".")
-    if not session_id or not hmac.compare_digest(signature, _signature(secret, session_id)):
+    if not session_id or not same_signature(signature, _signature(secret, session_id)):
         raise SessionError(
             grpc.StatusCode.PERMISSION_DENIED, "resume_token: not a token this service issued"
         )
@@ -63,5 +62,4 @@ async def check_resumable(store: SessionStore, session_id: str, mode: str, ttl_s
 
 
 def _signature(secret: str, session_id: str) -> str:
-    digest = hmac.new(secret.encode(), session_id.encode(), hashlib.sha256)
-    return digest.hexdigest()[:32]
+    return sign(secret, session_id.encode())[:32]
