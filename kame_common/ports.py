@@ -35,6 +35,22 @@ class HttpPorts:
 # The browser's way in: an HTTP server (the page, its WebSocket bridge and a
 # /healthz for probes), no gRPC port of its own.
 WEB_PORTS = HttpPorts(http=8088, metrics=9105)
+
+
+@dataclass(frozen=True)
+class TelephonyPorts:
+    sip: int  # SIP over UDP (and TCP), the standard port
+    http: int  # Twilio Media Streams: the TwiML webhook and its WebSocket, /healthz
+    audiosocket: int  # Asterisk AudioSocket over TCP
+    metrics: int
+    rtp_first: int  # RTP ports of SIP calls: one per call from this range
+    rtp_last: int
+
+
+# The phones' way in: no gRPC port of its own either.
+TELEPHONY_PORTS = TelephonyPorts(
+    sip=5060, http=8089, audiosocket=9092, metrics=9106, rtp_first=40000, rtp_last=40999
+)
 LLM_PORT = 8080  # the embedded OpenAI-compatible LLM server
 REDIS_PORT = 6379
 

@@ -18,3 +18,9 @@ def normalize_words(text: str) -> tuple[str, ...]:
     """The words of a text without case or punctuation: "What is it?" and
     "what is it" are the same words; a word that was only punctuation is gone."""
     return tuple(word for word in (normalize_word(w) for w in text.split()) if word)
+
+
+def keypress_text(digit: str) -> str:
+    """How a key the caller pressed stands in the conversation the LLM reads: on
+    the caller's side, in words no speech recognizer would produce."""
+    return f"(pressed {digit} on the keypad)"

@@ -309,6 +309,59 @@ class OracleUpdate(_message.Message):
 Global___OracleUpdate: _TypeAlias = OracleUpdate  # noqa: Y015
 
 @_typing.final
+class Dtmf(_message.Message):
+    """A key the caller pressed on the phone's keypad (RFC 4733 telephone-event,
+    Twilio's dtmf message, an AudioSocket DTMF packet).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGIT_FIELD_NUMBER: _builtins.int
+    DURATION_MS_FIELD_NUMBER: _builtins.int
+    digit: _builtins.str
+    """One of 0-9, *, #, A-D."""
+    duration_ms: _builtins.int
+    """0 when the provider does not say."""
+    def __init__(
+        self,
+        *,
+        digit: _builtins.str = ...,
+        duration_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digit", b"digit", "duration_ms", b"duration_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Dtmf: _TypeAlias = Dtmf  # noqa: Y015
+
+@_typing.final
+class BargeIn(_message.Message):
+    """The agent stopped speaking because the caller started to: a client that
+    queues agent audio ahead of playout drops what it has queued (Twilio's
+    `clear`), or the caller hears the agent go on after it stopped.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """The caller frame on which the agent was cut."""
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BargeIn: _TypeAlias = BargeIn  # noqa: Y015
+
+@_typing.final
 class AgentText(_message.Message):
     """Text the agent actually spoke, timed to its audio."""
 

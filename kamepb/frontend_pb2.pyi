@@ -201,6 +201,7 @@ class FrontendResponse(_message.Message):
     AUDIO_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     TURN_END_FIELD_NUMBER: _builtins.int
+    BARGE_IN_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def ready(self) -> Global___FrontendReady: ...
     @_builtins.property
@@ -209,6 +210,10 @@ class FrontendResponse(_message.Message):
     def text(self) -> _common_pb2.AgentText: ...
     @_builtins.property
     def turn_end(self) -> Global___TurnEnd: ...
+    @_builtins.property
+    def barge_in(self) -> _common_pb2.BargeIn:
+        """The engine cut agent speech because the caller spoke."""
+
     def __init__(
         self,
         *,
@@ -216,12 +221,13 @@ class FrontendResponse(_message.Message):
         audio: Global___AgentAudio | None = ...,
         text: _common_pb2.AgentText | None = ...,
         turn_end: Global___TurnEnd | None = ...,
+        barge_in: _common_pb2.BargeIn | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "msg", b"msg", "ready", b"ready", "text", b"text", "turn_end", b"turn_end"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "barge_in", b"barge_in", "msg", b"msg", "ready", b"ready", "text", b"text", "turn_end", b"turn_end"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "msg", b"msg", "ready", b"ready", "text", b"text", "turn_end", b"turn_end"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "barge_in", b"barge_in", "msg", b"msg", "ready", b"ready", "text", b"text", "turn_end", b"turn_end"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["ready", "audio", "text", "turn_end"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["ready", "audio", "text", "turn_end", "barge_in"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 

@@ -176,6 +176,7 @@ class ConverseConfig(_message.Message):
     LANGUAGE_FIELD_NUMBER: _builtins.int
     HOLD_FIELD_NUMBER: _builtins.int
     RESUME_TOKEN_FIELD_NUMBER: _builtins.int
+    CALL_FIELD_NUMBER: _builtins.int
     mode: Global___ConverseConfig.Mode.ValueType
     voice: _builtins.str
     include_oracle_updates: _builtins.bool
@@ -199,6 +200,12 @@ class ConverseConfig(_message.Message):
 
     @_builtins.property
     def hold(self) -> Global___HoldConfig: ...
+    @_builtins.property
+    def call(self) -> Global___CallInfo:
+        """Where the call comes from, for a telephony bridge: kept in the session's
+        Redis record. Each field at most 256 characters (INVALID_ARGUMENT otherwise).
+        """
+
     def __init__(
         self,
         *,
@@ -211,14 +218,47 @@ class ConverseConfig(_message.Message):
         language: _builtins.str = ...,
         hold: Global___HoldConfig | None = ...,
         resume_token: _builtins.str = ...,
+        call: Global___CallInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["hold", b"hold", "input_format", b"input_format", "llm", b"llm", "output_format", b"output_format"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "hold", b"hold", "input_format", b"input_format", "llm", b"llm", "output_format", b"output_format"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold", b"hold", "include_oracle_updates", b"include_oracle_updates", "input_format", b"input_format", "language", b"language", "llm", b"llm", "mode", b"mode", "output_format", b"output_format", "resume_token", b"resume_token", "voice", b"voice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "hold", b"hold", "include_oracle_updates", b"include_oracle_updates", "input_format", b"input_format", "language", b"language", "llm", b"llm", "mode", b"mode", "output_format", b"output_format", "resume_token", b"resume_token", "voice", b"voice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConverseConfig: _TypeAlias = ConverseConfig  # noqa: Y015
+
+@_typing.final
+class CallInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    CALLER_FIELD_NUMBER: _builtins.int
+    CALLEE_FIELD_NUMBER: _builtins.int
+    PROVIDER_CALL_ID_FIELD_NUMBER: _builtins.int
+    provider: _builtins.str
+    """"sip", "twilio", "audiosocket", or an app's own name."""
+    caller: _builtins.str
+    """The caller's number or URI, as the provider gives it."""
+    callee: _builtins.str
+    """The number or URI that was called."""
+    provider_call_id: _builtins.str
+    """SIP Call-ID, Twilio CallSid, AudioSocket UUID."""
+    def __init__(
+        self,
+        *,
+        provider: _builtins.str = ...,
+        caller: _builtins.str = ...,
+        callee: _builtins.str = ...,
+        provider_call_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callee", b"callee", "caller", b"caller", "provider", b"provider", "provider_call_id", b"provider_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallInfo: _TypeAlias = CallInfo  # noqa: Y015
 
 @_typing.final
 class ConverseRequest(_message.Message):
@@ -226,20 +266,28 @@ class ConverseRequest(_message.Message):
 
     CONFIG_FIELD_NUMBER: _builtins.int
     AUDIO_FIELD_NUMBER: _builtins.int
+    DTMF_FIELD_NUMBER: _builtins.int
     audio: _builtins.bytes
     @_builtins.property
     def config(self) -> Global___ConverseConfig: ...
+    @_builtins.property
+    def dtmf(self) -> _common_pb2.Dtmf:
+        """A key the caller pressed: echoed to the client and given to the oracle
+        as part of the conversation. A digit outside 0-9*#A-D is INVALID_ARGUMENT.
+        """
+
     def __init__(
         self,
         *,
         config: Global___ConverseConfig | None = ...,
         audio: _builtins.bytes = ...,
+        dtmf: _common_pb2.Dtmf | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "msg", b"msg"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "msg", b"msg"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "msg", b"msg"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "msg", b"msg"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "audio"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "audio", "dtmf"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -416,6 +464,8 @@ class ConverseResponse(_message.Message):
     ORACLE_UPDATE_FIELD_NUMBER: _builtins.int
     TURN_FIELD_NUMBER: _builtins.int
     NOTICE_FIELD_NUMBER: _builtins.int
+    DTMF_FIELD_NUMBER: _builtins.int
+    BARGE_IN_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def started(self) -> Global___SessionStarted: ...
     @_builtins.property
@@ -430,6 +480,14 @@ class ConverseResponse(_message.Message):
     def turn(self) -> Global___TurnSummary: ...
     @_builtins.property
     def notice(self) -> Global___Notice: ...
+    @_builtins.property
+    def dtmf(self) -> _common_pb2.Dtmf:
+        """A key the caller pressed, as the gateway received it."""
+
+    @_builtins.property
+    def barge_in(self) -> _common_pb2.BargeIn:
+        """The caller cut the agent off: drop queued agent audio."""
+
     def __init__(
         self,
         *,
@@ -440,12 +498,14 @@ class ConverseResponse(_message.Message):
         oracle_update: _common_pb2.OracleUpdate | None = ...,
         turn: Global___TurnSummary | None = ...,
         notice: Global___Notice | None = ...,
+        dtmf: _common_pb2.Dtmf | None = ...,
+        barge_in: _common_pb2.BargeIn | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "dtmf", b"dtmf", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "dtmf", b"dtmf", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["started", "audio", "user_transcript", "agent_text", "oracle_update", "turn", "notice"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["started", "audio", "user_transcript", "agent_text", "oracle_update", "turn", "notice", "dtmf", "barge_in"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 

@@ -131,24 +131,30 @@ class GuideRequest(_message.Message):
     CONFIG_FIELD_NUMBER: _builtins.int
     USER_TRANSCRIPT_FIELD_NUMBER: _builtins.int
     AGENT_TEXT_FIELD_NUMBER: _builtins.int
+    DTMF_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def config(self) -> Global___OracleConfig: ...
     @_builtins.property
     def user_transcript(self) -> _common_pb2.TranscriptEvent: ...
     @_builtins.property
     def agent_text(self) -> _common_pb2.AgentText: ...
+    @_builtins.property
+    def dtmf(self) -> _common_pb2.Dtmf:
+        """A key the caller pressed: part of the caller's side of the conversation."""
+
     def __init__(
         self,
         *,
         config: Global___OracleConfig | None = ...,
         user_transcript: _common_pb2.TranscriptEvent | None = ...,
         agent_text: _common_pb2.AgentText | None = ...,
+        dtmf: _common_pb2.Dtmf | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "msg", b"msg", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "msg", b"msg", "user_transcript", b"user_transcript"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "msg", b"msg", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "msg", b"msg", "user_transcript", b"user_transcript"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "user_transcript", "agent_text"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "user_transcript", "agent_text", "dtmf"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 

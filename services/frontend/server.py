@@ -291,6 +291,9 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         if output.turn_end_s is not None:
             turn_end = frontend_pb2.TurnEnd(speech_end_s=output.turn_end_s, seq=frame.seq)
             responses.append(frontend_pb2.FrontendResponse(turn_end=turn_end))
+        if output.barged_in:
+            barge_in = common_pb2.BargeIn(seq=frame.seq)
+            responses.append(frontend_pb2.FrontendResponse(barge_in=barge_in))
         responses += [
             frontend_pb2.FrontendResponse(
                 text=common_pb2.AgentText(

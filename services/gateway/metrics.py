@@ -72,6 +72,10 @@ REFUSED_INPUT = Counter(
     "chunk_size (max_chunk_s)",
     ["reason"],
 )
+DTMF_DIGITS = Counter("kame_gateway_dtmf_digits_total", "Keys callers pressed (Dtmf requests)")
+BARGE_INS = Counter(
+    "kame_gateway_barge_ins_total", "Agent speech cut by the caller (BargeIn sent to the client)"
+)
 
 # The last five minutes of the latencies and frame timings (`kame status` reads them).
 RECENT = RecentHistograms([RESPONSE_LATENCY, ANSWER_LATENCY, FRAME_ROUND_TRIP])

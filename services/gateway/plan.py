@@ -47,6 +47,12 @@ _FROM_PROTO = {
 }
 
 
+# CallInfo's fields, each kept in the session's Redis record when set.
+CALL_INFO_FIELDS = ("provider", "caller", "callee", "provider_call_id")
+MAX_CALL_INFO_CHARS = 256
+DTMF_DIGITS = frozenset("0123456789*#ABCD")
+
+
 @dataclass(frozen=True)
 class SessionPlan:
     """A validated ConverseConfig."""
@@ -60,6 +66,7 @@ class SessionPlan:
     include_oracle_updates: bool
     hold_phrases: tuple[str, ...]
     hold_max_s: float
+    call: gateway_pb2.CallInfo
 
 
 def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) -> SessionPlan:
@@ -79,6 +86,11 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
         )
     if not 0 <= config.hold.max_s < math.inf:  # NaN fails too
         raise SessionError(invalid, f"hold.max_s: must be >= 0 and finite, got {config.hold.max_s}")
+    for name in CALL_INFO_FIELDS:
+        if len(value := getattr(config.call, name)) > MAX_CALL_INFO_CHARS:
+            raise SessionError(
+                invalid, f"call.{name}: at most {MAX_CALL_INFO_CHARS} characters, got {len(value)}"
+            )
     return SessionPlan(
         mode=mode,
         input_format=input_format,
@@ -89,6 +101,7 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
         include_oracle_updates=config.include_oracle_updates,
         hold_phrases=_hold_phrases(config.hold, mode, settings),
         hold_max_s=config.hold.max_s or settings.hold_max_s,
+        call=config.call,
     )
 
 

@@ -73,6 +73,7 @@ from kame_common.audio import (
     pcm16_to_float,
 )
 from kame_common.store import Replica
+from kame_common.words import keypress_text
 from kamepb import (
     common_pb2,
     frontend_pb2,
@@ -86,7 +87,14 @@ from kamepb import (
 from services.gateway import metrics, resume
 from services.gateway.codecs import CodecError, Decoder, Encoder
 from services.gateway.connections import Connections
-from services.gateway.plan import Mode, SessionError, SessionPlan
+from services.gateway.plan import (
+    CALL_INFO_FIELDS,
+    DTMF_DIGITS,
+    MAX_CALL_INFO_CHARS,
+    Mode,
+    SessionError,
+    SessionPlan,
+)
 from services.gateway.records import SessionRecords
 from services.gateway.reporting import TurnReporter
 from services.gateway.sidestream import SidePolicy, SideStream
@@ -151,6 +159,7 @@ class GatewaySession:
         self._tracker = TurnTracker()
         self._speaking = False
         self._last_agent_seq = 0
+        self._dtmf_digits = ""  # every key pressed in this call, in order
         self._encoder = Encoder(plan.output_format)
         self._span = _tracer.start_span(
             "session", attributes={"kame.session_id": self.id, "kame.mode": plan.mode.value}
@@ -230,6 +239,11 @@ class GatewaySession:
                 ("resumed_at" if self.resumed else "started_at"): now,
                 "alive_at": now,
                 "state": "active",
+                **{
+                    f"call_{name}": value
+                    for name in CALL_INFO_FIELDS
+                    if (value := getattr(self.plan.call, name))
+                },
             }
         )
 
@@ -458,9 +472,13 @@ class GatewaySession:
                     grpc.StatusCode.INVALID_ARGUMENT,
                     "a second config arrived: send the config once, first",
                 )
+            if kind == "dtmf":
+                await self._on_dtmf(request.dtmf)
+                continue
             if kind != "audio":
                 raise SessionError(
-                    grpc.StatusCode.INVALID_ARGUMENT, "a request carries neither config nor audio"
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "a request carries neither config, audio nor dtmf",
                 )
             arrival_us = _now_us()
             try:
@@ -479,6 +497,21 @@ class GatewaySession:
             await self._send_caller_frame(frame, _now_us())
         await self.frontend.close_input()
         self.stt.close_input()
+
+    async def _on_dtmf(self, dtmf: common_pb2.Dtmf) -> None:
+        """A key the caller pressed: back to the client, into the conversation (the
+        oracle's, or the gateway's own record while no oracle is open)."""
+        if dtmf.digit not in DTMF_DIGITS:
+            raise SessionError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"dtmf.digit: one of 0-9, *, #, A-D, got {dtmf.digit!r}",
+            )
+        metrics.DTMF_DIGITS.inc()
+        self._dtmf_digits += dtmf.digit
+        self._records.update_session({"dtmf": self._dtmf_digits[-MAX_CALL_INFO_CHARS:]})
+        await self._client_queue.put(gateway_pb2.ConverseResponse(dtmf=dtmf))
+        if self.oracle is None or not self.oracle.push(oracle_pb2.GuideRequest(dtmf=dtmf)):
+            self._records.user_turn(keypress_text(dtmf.digit), started_wall=time.time())
 
     async def _send_caller_frame(self, samples: Samples, capture_us: int) -> None:
         assert self.frontend is not None and self.stt is not None
@@ -512,6 +545,10 @@ class GatewaySession:
                 await self._on_agent_text(response.text)
             elif kind == "turn_end":
                 self._on_turn_end(response.turn_end)
+            elif kind == "barge_in":
+                metrics.BARGE_INS.inc()
+                barge_in = gateway_pb2.ConverseResponse(barge_in=response.barge_in)
+                await self._client_queue.put(barge_in)
         if not self.frontend.input_closed:
             raise SessionError(
                 grpc.StatusCode.UNAVAILABLE,

@@ -75,10 +75,14 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
                     session.user_transcript(request.user_transcript)
                 elif kind == "agent_text":
                     session.agent_text(request.agent_text)
+                elif kind == "dtmf":
+                    session.keypress(request.dtmf.digit)
                 elif kind == "config":
                     raise ProtocolError("a second config arrived; send config once, first")
                 else:
-                    raise ProtocolError("empty GuideRequest: set user_transcript or agent_text")
+                    raise ProtocolError(
+                        "empty GuideRequest: set user_transcript, agent_text or dtmf"
+                    )
         finally:
             await session.close()
 

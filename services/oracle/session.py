@@ -59,7 +59,7 @@ from kame_common.aio import cancel_and_wait
 from kame_common.metrics import TURN_BUCKETS
 from kame_common.store import SessionStore
 from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
-from kame_common.words import normalize_words
+from kame_common.words import keypress_text, normalize_words
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.backends import (
     BackendConfigError,
@@ -243,6 +243,12 @@ class OracleSession:
         began_s = event.span.start_s if event.HasField("span") else math.inf
         self._save_agent_words(spoken_before_s=began_s)
         self._commit(Turn(USER, text))
+
+    def keypress(self, digit: str) -> None:
+        """A key the caller pressed joins the caller's side of the conversation, so
+        the next answer can take it into account ("press 1 for ...")."""
+        self._save_agent_words()
+        self._commit(Turn(USER, keypress_text(digit)))
 
     def agent_text(self, event: common_pb2.AgentText) -> None:
         """Words the agent said. A hold phrase or repair ("Hmm,", "Sorry,") stays out

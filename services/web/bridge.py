@@ -18,6 +18,7 @@ without a browser or an HTTP server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -25,7 +26,6 @@ from typing import Any, Protocol
 
 import grpc
 
-from kame_common import tracing
 from kame_common.aio import cancel_and_wait
 from kame_common.auth import bearer_metadata
 from kamepb import gateway_pb2, gateway_pb2_grpc
@@ -176,7 +176,6 @@ class Bridge:
 
     def __init__(self, settings: WebSettings) -> None:
         self.settings = settings
-        self.tls = settings.gateway_tls_settings()
 
     async def run(self, page: PageSocket) -> None:
         """One conversation: the start message, then audio both ways until either
@@ -186,22 +185,16 @@ class Bridge:
         except StartError as exc:
             await send_json(page, error_event("INVALID_ARGUMENT", str(exc)))
             return
-        channel = self.tls.channel(
-            self.settings.gateway_address,
-            interceptors=tracing.client_interceptors(),
-            options=self.settings.connection_policy().channel_options(),
-        )
+        channel = self.settings.gateway_channel(self.settings.connection_policy())
         async with channel:
             call = gateway_pb2_grpc.GatewayStub(channel).Converse(
                 metadata=bearer_metadata(start.token)
             )
-            try:  # a gateway that cannot be reached fails the very first write
-                await call.write(gateway_pb2.ConverseRequest(config=start.config))
-            except grpc.aio.AioRpcError as exc:
-                await self._report(page, exc, channel)
-                return
+            # Every way the call ends, a gateway that cannot be reached included, is
+            # read from the call's status by the downlink: a write to a call that has
+            # already failed only says that it failed, not how.
             downlink = asyncio.ensure_future(self._downlink(page, call, channel))
-            uplink = asyncio.ensure_future(self._uplink(page, call, downlink))
+            uplink = asyncio.ensure_future(self._uplink(page, call, start.config, downlink))
             try:
                 await asyncio.wait({downlink, uplink}, return_when=asyncio.FIRST_COMPLETED)
                 if uplink.done():
@@ -212,19 +205,23 @@ class Bridge:
                 call.cancel()
 
     async def _uplink(
-        self, page: PageSocket, call: ConverseCall, downlink: asyncio.Future[None]
+        self,
+        page: PageSocket,
+        call: ConverseCall,
+        config: gateway_pb2.ConverseConfig,
+        downlink: asyncio.Future[None],
     ) -> None:
-        """The page's audio to the gateway until the page goes; `stop` half-closes."""
+        """The config, then the page's audio to the gateway until the page goes;
+        `stop` half-closes."""
+        await write_quietly(call, gateway_pb2.ConverseRequest(config=config))
         while (message := await page.receive()) is not None:
             if downlink.done():
                 continue  # the call is over; the page will hear how
-            try:
-                if isinstance(message, bytes):
-                    await call.write(gateway_pb2.ConverseRequest(audio=message))
-                elif is_stop(message):
+            if isinstance(message, bytes):
+                await write_quietly(call, gateway_pb2.ConverseRequest(audio=message))
+            elif is_stop(message):
+                with contextlib.suppress(*CALL_OVER):
                     await call.done_writing()
-            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
-                continue  # the gateway ended the call: the downlink reports its status
 
     async def _downlink(
         self, page: PageSocket, call: ConverseCall, channel: grpc.aio.Channel
@@ -253,6 +250,15 @@ class Bridge:
         connected = channel.get_state() == grpc.ChannelConnectivity.READY
         unreachable = "" if connected else self.settings.gateway_address
         await send_json(page, error_event(exc.code().name, exc.details() or "", unreachable))
+
+
+# What a write raises once the gateway has ended the call; the downlink reports its status.
+CALL_OVER = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
+
+
+async def write_quietly(call: ConverseCall, request: gateway_pb2.ConverseRequest) -> None:
+    with contextlib.suppress(*CALL_OVER):
+        await call.write(request)
 
 
 def is_stop(message: str) -> bool:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kame_common.config import ConfigError, ServiceSettings, check_secret, setting
-from kame_common.ports import WEB_PORTS, loopback_address
-from kame_common.tls import ClientTls
+from kame_common.config import ConfigError, ServiceSettings, setting
+from kame_common.gateway_client import GatewayClientSettings
+from kame_common.ports import WEB_PORTS
 
 MODES = ("tandem", "cascade", "s2s")
 
@@ -24,25 +24,12 @@ def entries(value: str) -> list[str]:
 
 
 @dataclass
-class WebSettings(ServiceSettings):
+class WebSettings(ServiceSettings, GatewayClientSettings):
     SERVICE: ClassVar[str] = "web"
 
     port: int = setting(WEB_PORTS.http, "HTTP port of the page and its WebSocket (0 picks one)")
     metrics_port: int = setting(WEB_PORTS.metrics, "Prometheus /metrics port (0 disables)")
     max_sessions: int = setting(16, "open page sessions before new ones are refused (0 = no limit)")
-    gateway_address: str = setting(loopback_address("gateway"), "host:port of the gateway")
-    gateway_ca_file: str = setting(
-        "", "PEM CA of the gateway's certificate (non-empty = TLS to the gateway)"
-    )
-    gateway_tls: bool = setting(False, "TLS to the gateway with the system's CAs")
-    gateway_server_name: str = setting(
-        "", "name the gateway's certificate carries when gateway_address is an IP or another name"
-    )
-    gateway_auth_token: str = setting(
-        "",
-        "bearer token the bridge sends when the page sends none (empty = the page must bring "
-        "one if the gateway requires it)",
-    )
     modes: str = setting(
         ",".join(MODES), "comma-separated modes the page offers (tandem, cascade, s2s)"
     )
@@ -56,14 +43,6 @@ class WebSettings(ServiceSettings):
         "comma-separated origins (https://host:port) whose pages may open the WebSocket, "
         "besides the page's own origin",
     )
-
-    def gateway_tls_settings(self) -> ClientTls:
-        return ClientTls(
-            ca_file=self.gateway_ca_file,
-            tls=self.gateway_tls,
-            server_name=self.gateway_server_name,
-            setting_prefix="gateway_",
-        )
 
     @property
     def mode_choices(self) -> list[str]:
@@ -79,7 +58,7 @@ class WebSettings(ServiceSettings):
 
     def validate(self) -> None:
         super().validate()
-        check_secret("gateway_auth_token", self.gateway_auth_token)
+        self.validate_gateway_client()
         unknown = [m for m in self.mode_choices if m not in MODES]
         if unknown or not self.mode_choices:
             raise ConfigError(
@@ -90,7 +69,3 @@ class WebSettings(ServiceSettings):
             raise ConfigError("tls_client_ca_file: the web service does not ask browsers for certs")
         if self.health_port:
             raise ConfigError("health_port: the web service answers probes on GET /healthz")
-        if self.gateway_server_name and not (self.gateway_ca_file or self.gateway_tls):
-            raise ConfigError(
-                "gateway_server_name: applies to TLS only: set gateway_ca_file or gateway_tls"
-            )

@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
@@ -35,7 +34,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kame_common import tracing
 from kame_common.config import ConfigError, load_settings
-from kame_common.metrics import start_metrics_server
+from kame_common.http_server import HttpServer
 from kame_common.server import ACTIVE_SESSIONS
 from services.web.bridge import Bridge, error_event, send_json
 from services.web.config import WebSettings
@@ -158,65 +157,23 @@ async def add_security_headers(
     return response
 
 
-class WebServer(uvicorn.Server):
-    """uvicorn on a socket we bound (port 0 works); signals are ours to handle."""
-
+class WebServer(HttpServer):
     def __init__(self, web: WebApp) -> None:
-        settings = web.settings
-        super().__init__(
-            uvicorn.Config(
-                web.app,
-                ssl_certfile=settings.tls_cert_file or None,
-                ssl_keyfile=settings.tls_key_file or None,
-                log_level="info",
-                ws_max_size=1 << 20,
-                lifespan="off",
-            )
-        )
+        super().__init__(web.app, web.settings, "web")
         self.web = web
-        self.socket = socket.create_server((settings.host, settings.port))
-        self.port: int = self.socket.getsockname()[1]
-        self._task: asyncio.Task[None] | None = None
-        self._metrics = start_metrics_server(settings.metrics_port)
-
-    @property
-    def url(self) -> str:
-        scheme = "https" if self.web.settings.tls_cert_file else "http"
-        return f"{scheme}://{self.web.settings.host}:{self.port}/"
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """Take no signals: the process's main (serve_until_signal) handles them, and a
-        server started inside a test must leave the test's alone."""
-        yield
-
-    async def start(self) -> None:
-        self._task = asyncio.ensure_future(self.serve(sockets=[self.socket]))
-        while not self.started:
-            if self._task.done():
-                await self._task  # it failed to start: raise why
-                raise RuntimeError("web: the HTTP server stopped before it started")
-            await asyncio.sleep(0.02)
-        log.info("web listening on %s", self.url)
 
     async def stop(self, grace_s: float = 0.0) -> None:
         """Health 503 and no new conversations; open ones get up to `grace_s` to end."""
         self.web.draining = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.web.idle.wait(), grace_s)
-        self.should_exit = True
-        if self._task is not None:
-            await self._task
-        if self._metrics is not None:
-            await asyncio.to_thread(self._metrics.shutdown)
+        await self.shut_down()
 
 
 async def serve(settings: WebSettings) -> WebServer:
     """Start the web service; stop it with `await server.stop()`."""
     tracing.setup_tracing("web", settings.otlp_endpoint, settings.otlp_ca_file)
-    tls = settings.gateway_tls_settings()
-    if tls.enabled:
-        tls.credentials()  # an unreadable CA file: ConfigError naming the setting, now
+    settings.validate_gateway_client()
     server = WebServer(WebApp(settings))
     await server.start()
     return server

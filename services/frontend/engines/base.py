@@ -85,6 +85,9 @@ class StepOutput:
     # Set when the engine's turn detector ended the caller's turn on this frame:
     # where the caller's speech ended, in seconds from the start of the stream.
     turn_end_s: float | None = None
+    # Set when caller speech cut agent speech on this frame (the client drops the
+    # agent audio it has queued).
+    barged_in: bool = False
 
 
 class EngineSession(abc.ABC):

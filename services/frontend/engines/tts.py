@@ -286,10 +286,11 @@ class TtsSession(EngineSession):
 
     async def step(self, frame: Samples) -> StepOutput:
         event = self._turns.push(frame)
-        turn_end_s = None
+        turn_end_s, barged_in = None, False
         if event is TurnEvent.SPEECH_START:
             if self._player.queued_samples:
                 metrics.BARGE_INS.inc()
+                barged_in = True
             self._policy.caller_speech_started(self._turns.speech_start_s)
         elif event is TurnEvent.TURN_END:
             metrics.TURN_ENDS.inc()
@@ -303,7 +304,11 @@ class TtsSession(EngineSession):
         if rendered.filled < FRAME_SAMPLES and self._job is not None and self._job.play:
             metrics.LATE_AUDIO_FRAMES.inc()
         return StepOutput(
-            rendered.pcm, speaking=rendered.filled > 0, words=rendered.words, turn_end_s=turn_end_s
+            rendered.pcm,
+            speaking=rendered.filled > 0,
+            words=rendered.words,
+            turn_end_s=turn_end_s,
+            barged_in=barged_in,
         )
 
     def oracle_reset(

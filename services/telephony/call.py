@@ -1,0 +1,247 @@
+"""One phone call bridged to one `kame.v1.Gateway/Converse` call.
+
+Each protocol (sip.py, twilio.py, audiosocket.py) turns its wire into the same
+few calls on a `PhoneCall`: caller audio, a key pressed, the caller hung up;
+and gives it a `PhoneLeg` for the other way: send a 20 ms packet, drop what the
+far end has queued, hang up. Everything in between is here, once:
+
+- the Converse config (mode, the phone's codec both ways, the call's metadata);
+- caller audio to the gateway as it comes, in the phone's codec (the gateway
+  decodes G.711 and PCM16 itself), keys as Dtmf requests;
+- agent audio through a `Playout` (20 ms packets on our clock); a BargeIn from
+  the gateway flushes it and asks the leg to clear the far end's queue;
+- the end: the caller hanging up cancels the Converse call at once (nobody is
+  listening any more, and the gateway frees the session's upstreams); the
+  gateway ending the call (an error, a drain, the length cap) hangs up the phone.
+
+No conversation state lives here: the gateway and Redis hold it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from kame_common.aio import cancel_and_wait
+from kame_common.auth import bearer_metadata
+from kamepb import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.telephony import metrics
+from services.telephony.playout import PhoneCodec, Playout
+
+log = logging.getLogger(__name__)
+
+# Caller audio waiting for the gateway beyond this is dropped, oldest first (a
+# stalled gateway must not grow the queue without bound): 2 s of 20 ms packets.
+CALLER_QUEUE_PACKETS = 100
+
+
+class PhoneLeg(Protocol):
+    """The phone's side of a call, as each protocol speaks it."""
+
+    async def send_audio(self, packet: bytes, speaking: bool) -> None:
+        """One 20 ms packet of agent audio in the call's codec (paced by the caller)."""
+
+    async def clear(self) -> None:
+        """The caller cut the agent off: drop agent audio the far end has queued."""
+
+    async def hang_up(self, reason: str) -> None:
+        """The agent's side ended the call: end it on the phone too."""
+
+
+class Ended(enum.Enum):
+    CALLER_HUNG_UP = "caller_hung_up"
+    AGENT_HUNG_UP = "agent_hung_up"  # the gateway ended the call normally
+    GATEWAY_ERROR = "gateway_error"  # the gateway refused or broke off the call
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    provider: str  # "sip", "twilio", "audiosocket"
+    caller: str = ""
+    callee: str = ""
+    provider_call_id: str = ""
+
+    def to_proto(self) -> gateway_pb2.CallInfo:
+        return gateway_pb2.CallInfo(
+            provider=self.provider,
+            caller=self.caller,
+            callee=self.callee,
+            provider_call_id=self.provider_call_id,
+        )
+
+
+@dataclass(frozen=True)
+class CallSettings:
+    """What every phone call of this service is configured with."""
+
+    mode: gateway_pb2.ConverseConfig.Mode.ValueType
+    auth_token: str
+    prebuffer_ms: int
+    max_queued_ms: int
+
+
+class _HungUp:
+    """The caller's hang-up, queued behind the audio that came before it."""
+
+
+class PhoneCall:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        settings: CallSettings,
+        info: CallInfo,
+        codec: PhoneCodec,
+        leg: PhoneLeg,
+    ) -> None:
+        self.info = info
+        self.codec = codec
+        self.session_id = ""
+        self.ended: Ended | None = None
+        self.status = ""  # the gateway's status when it ended the call ("" = OK)
+        self._channel = channel
+        self._settings = settings
+        self._leg = leg
+        self._to_gateway: asyncio.Queue[gateway_pb2.ConverseRequest | _HungUp] = asyncio.Queue()
+        self._hung_up = asyncio.Event()
+        self.playout = Playout(codec, leg.send_audio, settings.prebuffer_ms, settings.max_queued_ms)
+        self.dtmf_echoed: list[str] = []  # digits the gateway acknowledged
+        self.barge_ins = 0
+
+    # ---- from the phone --------------------------------------------------------
+
+    def caller_audio(self, payload: bytes) -> None:
+        """Caller audio in the call's codec, any size; never blocks."""
+        if self._hung_up.is_set() or not payload:
+            return
+        if self._to_gateway.qsize() >= CALLER_QUEUE_PACKETS:
+            with contextlib.suppress(asyncio.QueueEmpty):
+                self._to_gateway.get_nowait()
+            metrics.DROPPED_CALLER_PACKETS.labels(self.info.provider).inc()
+        self._to_gateway.put_nowait(gateway_pb2.ConverseRequest(audio=payload))
+
+    def caller_dtmf(self, digit: str, duration_ms: int = 0) -> None:
+        if self._hung_up.is_set():
+            return
+        metrics.DTMF_DIGITS.labels(self.info.provider).inc()
+        dtmf = common_pb2.Dtmf(digit=digit, duration_ms=duration_ms)
+        self._to_gateway.put_nowait(gateway_pb2.ConverseRequest(dtmf=dtmf))
+
+    def caller_hung_up(self) -> None:
+        """The phone hung up (BYE, a stop message, a hang-up packet, a closed socket)."""
+        if not self._hung_up.is_set():
+            self._hung_up.set()
+            self._to_gateway.put_nowait(_HungUp())
+
+    # ---- the call ----------------------------------------------------------------
+
+    async def run(self) -> Ended:
+        """The call from Converse's config to either side's hang-up."""
+        metrics.ACTIVE_CALLS.labels(self.info.provider).inc()
+        call = gateway_pb2_grpc.GatewayStub(self._channel).Converse(
+            metadata=bearer_metadata(self._settings.auth_token)
+        )
+        tasks = [
+            asyncio.ensure_future(self._uplink(call)),
+            asyncio.ensure_future(self._downlink(call)),
+            asyncio.ensure_future(self.playout.run()),
+        ]
+        uplink, downlink, _ = tasks
+        try:
+            await asyncio.wait([uplink, downlink], return_when=asyncio.FIRST_COMPLETED)
+            if self._hung_up.is_set():
+                self.ended = Ended.CALLER_HUNG_UP
+            else:
+                await downlink  # the gateway ends the call; the phone is told below
+        finally:
+            await cancel_and_wait(tasks)
+            call.cancel()
+            metrics.ACTIVE_CALLS.labels(self.info.provider).dec()
+            self._record_playout()
+        if self.ended is not Ended.CALLER_HUNG_UP:
+            why = f"the agent's side ended the call ({self.status or 'OK'})"
+            with contextlib.suppress(Exception):  # the phone may be gone already
+                await self._leg.hang_up(why)
+        assert self.ended is not None
+        metrics.CALLS.labels(self.info.provider, self.ended.value).inc()
+        log.info(
+            "%s call %s (session %s) ended: %s %s",
+            self.info.provider,
+            self.info.provider_call_id,
+            self.session_id,
+            self.ended.value,
+            self.status,
+        )
+        return self.ended
+
+    def config(self) -> gateway_pb2.ConverseConfig:
+        audio = gateway_pb2.AudioFormat(
+            codec=self.codec.gateway_codec,  # type: ignore[arg-type]
+            sample_rate_hz=self.codec.sample_rate_hz,
+        )
+        return gateway_pb2.ConverseConfig(
+            mode=self._settings.mode,
+            input_format=audio,
+            output_format=audio,
+            call=self.info.to_proto(),
+        )
+
+    async def _uplink(self, call: grpc.aio.StreamStreamCall) -> None:  # type: ignore[type-arg]
+        """Config, then what the phone sends, until the caller hangs up. A write to a
+        call that has ended fails: the downlink has its status."""
+        with contextlib.suppress(*CALL_OVER):
+            await call.write(gateway_pb2.ConverseRequest(config=self.config()))
+            while not isinstance(request := await self._to_gateway.get(), _HungUp):
+                await call.write(request)
+        if not self._hung_up.is_set():
+            await self._hung_up.wait()  # the call broke: nothing more to send, the downlink ends
+
+    async def _downlink(self, call: grpc.aio.StreamStreamCall) -> None:  # type: ignore[type-arg]
+        try:
+            async for response in call:
+                await self._on_response(response)
+            self.ended = Ended.AGENT_HUNG_UP
+        except grpc.aio.AioRpcError as exc:
+            if self._hung_up.is_set():
+                return  # our own cancel after the caller hung up
+            self.ended = Ended.GATEWAY_ERROR
+            self.status = f"{exc.code().name}: {exc.details()}"
+            log.warning("%s call %s: gateway: %s", self.info.provider, self.info.provider_call_id, self.status)
+
+    async def _on_response(self, response: gateway_pb2.ConverseResponse) -> None:
+        kind = response.WhichOneof("msg")
+        if kind == "audio":
+            self.playout.push(response.audio.data, response.audio.speaking)
+        elif kind == "barge_in":
+            self.barge_ins += 1
+            self.playout.flush()
+            metrics.BARGE_INS.labels(self.info.provider).inc()
+            await self._leg.clear()
+        elif kind == "started":
+            self.session_id = response.started.session_id
+        elif kind == "dtmf":
+            self.dtmf_echoed.append(response.dtmf.digit)
+        elif kind == "notice":
+            notice = response.notice
+            log.info(
+                "%s call %s: %s: %s",
+                self.info.provider,
+                self.info.provider_call_id,
+                gateway_pb2.Notice.Kind.Name(notice.kind),
+                notice.message,
+            )
+
+    def _record_playout(self) -> None:
+        stats, provider = self.playout.stats, self.info.provider
+        metrics.PACKETS_SENT.labels(provider).inc(stats.packets)
+        metrics.LATE_PACKETS.labels(provider).inc(stats.late)
+        metrics.UNDERRUNS.labels(provider).inc(stats.underruns)
+
+
+# What a write raises once the call has ended; the downlink reads its status.
+CALL_OVER = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)

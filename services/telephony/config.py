@@ -1,0 +1,129 @@
+"""Telephony settings: flags `--sip-port ...` or env `KAME_TELEPHONY_SIP_PORT ...`.
+
+The telephony service answers phones on three protocols and is, towards the
+gateway, a client like any app (same address, TLS and bearer-token settings as
+the web service). Who may call is the operator's choice: SIP and AudioSocket
+only from `allowed_networks`, Twilio only with a valid webhook signature.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kame_common.config import ConfigError, ServiceSettings, check_secret, setting
+from kame_common.gateway_client import GatewayClientSettings
+from kame_common.ports import TELEPHONY_PORTS
+
+MODES = ("tandem", "cascade", "s2s")
+SIP_CODECS = ("PCMU", "PCMA")
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def entries(value: str) -> list[str]:
+    """The non-blank items of a comma-separated setting."""
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+@dataclass
+class TelephonySettings(ServiceSettings, GatewayClientSettings):
+    SERVICE: ClassVar[str] = "telephony"
+
+    host: str = setting("0.0.0.0", "address the SIP, HTTP and AudioSocket servers bind")
+    port: int = setting(
+        TELEPHONY_PORTS.http,
+        "HTTP port: Twilio's TwiML webhook, its Media Streams WebSocket and /healthz "
+        "(0 picks one)",
+    )
+    metrics_port: int = setting(TELEPHONY_PORTS.metrics, "Prometheus /metrics port (0 disables)")
+    max_sessions: int = setting(32, "phone calls at once before new ones are refused (0 = no limit)")
+    sip_port: int = setting(TELEPHONY_PORTS.sip, "SIP port, UDP (0 picks one; -1 = no SIP)")
+    sip_advertised_ip: str = setting(
+        "",
+        "IP address put in SDP and Contact for RTP and SIP to come back to "
+        "(empty = host, or 127.0.0.1 when host is 0.0.0.0)",
+    )
+    rtp_port_first: int = setting(TELEPHONY_PORTS.rtp_first, "first UDP port for RTP of SIP calls")
+    rtp_port_last: int = setting(TELEPHONY_PORTS.rtp_last, "last UDP port for RTP of SIP calls")
+    sip_codecs: str = setting(
+        ",".join(SIP_CODECS), "comma-separated G.711 codecs offered, in order (PCMU, PCMA)"
+    )
+    audiosocket_port: int = setting(
+        TELEPHONY_PORTS.audiosocket, "Asterisk AudioSocket TCP port (0 picks one; -1 = off)"
+    )
+    allowed_networks: str = setting(
+        "127.0.0.0/8,::1/128",
+        "comma-separated networks (CIDR) SIP and AudioSocket calls may come from: a trunk's "
+        "or a PBX's addresses",
+    )
+    twilio_auth_token: str = setting(
+        "",
+        "Twilio auth token that signs the webhook and the stream (empty = Twilio calls are refused)",
+    )
+    public_url: str = setting(
+        "",
+        "https://host[:port] Twilio reaches this service at (signatures are computed on it; "
+        "empty = the URL the request names)",
+    )
+    mode: str = setting("tandem", "conversation mode of phone calls", choices=MODES)
+    playout_prebuffer_ms: int = setting(
+        100,
+        "agent audio held before playout starts, to ride out the gateway's 80 ms frames "
+        "and jitter (20 ms steps)",
+    )
+    playout_max_ms: int = setting(
+        1000, "agent audio queued for playout beyond which the oldest is dropped"
+    )
+
+    @property
+    def networks(self) -> list[Network]:
+        return [ipaddress.ip_network(entry, strict=False) for entry in entries(self.allowed_networks)]
+
+    @property
+    def codec_choices(self) -> list[str]:
+        return [entry.upper() for entry in entries(self.sip_codecs)]
+
+    @property
+    def advertised_ip(self) -> str:
+        if self.sip_advertised_ip:
+            return self.sip_advertised_ip
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+
+    def caller_allowed(self, address: str) -> bool:
+        """Whether a SIP or AudioSocket peer at `address` may call."""
+        try:
+            peer = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(peer in network for network in self.networks)
+
+    def validate(self) -> None:
+        super().validate()
+        self.validate_gateway_client()
+        check_secret("twilio_auth_token", self.twilio_auth_token)
+        try:
+            self.networks  # noqa: B018 (parsed for its errors)
+        except ValueError as exc:
+            raise ConfigError(f"allowed_networks: {exc}") from None
+        unknown = [c for c in self.codec_choices if c not in SIP_CODECS]
+        if unknown or not self.codec_choices:
+            raise ConfigError(
+                f"sip_codecs: {self.sip_codecs!r}: list one or more of {', '.join(SIP_CODECS)}"
+            )
+        if not 1024 <= self.rtp_port_first <= self.rtp_port_last <= 65535:
+            raise ConfigError(
+                "rtp_port_first, rtp_port_last: a range within 1024..65535, first <= last; got "
+                f"{self.rtp_port_first}..{self.rtp_port_last}"
+            )
+        if self.playout_prebuffer_ms % 20 or not 0 <= self.playout_prebuffer_ms <= 1000:
+            raise ConfigError(
+                f"playout_prebuffer_ms: 0..1000 in steps of 20, got {self.playout_prebuffer_ms}"
+            )
+        if self.playout_max_ms < self.playout_prebuffer_ms + 80:
+            raise ConfigError(
+                f"playout_max_ms: at least playout_prebuffer_ms + 80, got {self.playout_max_ms}"
+            )
+        if self.public_url and not self.public_url.startswith(("https://", "http://")):
+            raise ConfigError(f"public_url: an http(s):// URL, got {self.public_url!r}")

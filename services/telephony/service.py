@@ -1,0 +1,71 @@
+"""What the three protocols share on one replica: the channel to the gateway,
+who may call (admission), and the calls in progress (for the gauge and a drain)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kame_common.server import ACTIVE_SESSIONS
+from kamepb import gateway_pb2
+from services.telephony import metrics
+from services.telephony.call import CallInfo, CallSettings, Ended, PhoneCall, PhoneLeg
+from services.telephony.config import TelephonySettings
+from services.telephony.playout import PhoneCodec
+
+
+class Telephony:
+    def __init__(self, settings: TelephonySettings) -> None:
+        self.settings = settings
+        self.channel = settings.gateway_channel(settings.connection_policy())
+        self.call_settings = CallSettings(
+            mode=gateway_pb2.ConverseConfig.Mode.Value(settings.mode.upper()),
+            auth_token=settings.gateway_auth_token,
+            prebuffer_ms=settings.playout_prebuffer_ms,
+            max_queued_ms=settings.playout_max_ms,
+        )
+        self.calls: set[PhoneCall] = set()
+        self.draining = False
+        self.idle = asyncio.Event()  # set while no call is open
+        self.idle.set()
+        self._gauge = ACTIVE_SESSIONS.labels(service="telephony")
+
+    def refusal(self, provider: str, peer_ip: str | None = None) -> str:
+        """Why a new call must be refused ("" = it may go on): `peer_ip` not in
+        allowed_networks (SIP, AudioSocket), draining, or at max_sessions. Counted."""
+        reason = ""
+        if peer_ip is not None and not self.settings.caller_allowed(peer_ip):
+            reason = "network"
+        elif self.draining:
+            reason = "draining"
+        elif self.settings.max_sessions and len(self.calls) >= self.settings.max_sessions:
+            reason = "busy"
+        if reason:
+            self.refused(provider, reason)
+        return reason
+
+    def refused(self, provider: str, reason: str) -> None:
+        metrics.REFUSED_CALLS.labels(provider, reason).inc()
+
+    def new_call(self, info: CallInfo, codec: PhoneCodec, leg: PhoneLeg) -> PhoneCall:
+        return PhoneCall(self.channel, self.call_settings, info, codec, leg)
+
+    async def run(self, call: PhoneCall) -> Ended:
+        """Run `call` to its end, counted among the open calls meanwhile."""
+        self.calls.add(call)
+        self._gauge.set(len(self.calls))
+        self.idle.clear()
+        try:
+            return await call.run()
+        finally:
+            self.calls.discard(call)
+            self._gauge.set(len(self.calls))
+            if not self.calls:
+                self.idle.set()
+
+    def hang_up_all(self) -> None:
+        """End every open call as if its caller hung up (the service is stopping)."""
+        for call in list(self.calls):
+            call.caller_hung_up()
+
+    async def aclose(self) -> None:
+        await self.channel.close()
