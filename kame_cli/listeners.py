@@ -36,10 +36,11 @@ class Holder:
         return f"PID {self.pid} ({self.command})" if self.command else f"PID {self.pid}"
 
 
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a server could bind host:port now (a socket in TIME_WAIT does
-    not count: servers bind with SO_REUSEADDR too)."""
-    with socket.socket() as sock:
+def port_is_free(port: int, host: str = "127.0.0.1", udp: bool = False) -> bool:
+    """Whether a server could bind host:port (TCP, or UDP) now (a socket in
+    TIME_WAIT does not count: servers bind with SO_REUSEADDR too)."""
+    kind = socket.SOCK_DGRAM if udp else socket.SOCK_STREAM
+    with socket.socket(socket.AF_INET, kind) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))

@@ -54,12 +54,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kame_cli import llm_server
 from kame_cli.errors import USAGE, CliError
 from kame_cli.listeners import describe_holder, holders, port_is_free, process_group
-from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, WEB_PORTS
+from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
 from kame_common.store import redacted_url
 
 LOOPBACK = "127.0.0.1"
 SERVICES = ("stt", "oracle", "frontend", "gateway")
 SIDE_PROCESSES = ("llm", "stt", "oracle")  # off the voice path: they may wait for a core
+UDP_PORTS = ("sip",)  # the rest of the ports are TCP
 
 
 class StackError(CliError):
@@ -87,6 +88,10 @@ class Ports:
     oracle_metrics: int = SERVICE_PORTS["oracle"].metrics
     web: int = WEB_PORTS.http
     web_metrics: int = WEB_PORTS.metrics
+    telephony: int = TELEPHONY_PORTS.http
+    telephony_metrics: int = TELEPHONY_PORTS.metrics
+    sip: int = TELEPHONY_PORTS.sip  # UDP
+    audiosocket: int = TELEPHONY_PORTS.audiosocket
 
     @classmethod
     def free(cls, redis: int = 6379) -> Ports:
@@ -257,6 +262,18 @@ class Stack:
         return f"http://{LOOPBACK}:{self.ports.web}/"
 
     @property
+    def telephony_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.ports.telephony}/"
+
+    @property
+    def phone_endpoints(self) -> str:
+        """Where phones reach the stack, as the telephony service says at start."""
+        return (
+            f"SIP udp {LOOPBACK}:{self.ports.sip}, Twilio {self.telephony_url}twilio/voice, "
+            f"AudioSocket tcp {LOOPBACK}:{self.ports.audiosocket}"
+        )
+
+    @property
     def gateway_address(self) -> str:
         return f"{LOOPBACK}:{self.ports.gateway}"
 
@@ -339,7 +356,7 @@ class Stack:
             "METRICS_PORT": getattr(ports, f"{service}_metrics"),
             "GRACE_S": self.options.grace_s,
         }
-        if service not in ("stt", "web"):  # they keep no state in Redis
+        if service not in ("stt", "web", "telephony"):  # they keep no state in Redis
             env["REDIS_URL"] = self.redis_url
         if service == "oracle":
             env["BASE_URL"] = self.llm_base_url
@@ -370,6 +387,12 @@ class Stack:
             )
         elif service == "web":
             env["GATEWAY_ADDRESS"] = self.gateway_address
+        elif service == "telephony":
+            env.update(
+                GATEWAY_ADDRESS=self.gateway_address,
+                SIP_PORT=ports.sip,
+                AUDIOSOCKET_PORT=ports.audiosocket,
+            )
         return {prefix + name: str(value) for name, value in env.items()}
 
     def _service_child(self, service: str) -> Child:
@@ -399,7 +422,7 @@ class Stack:
     def check_ports_free(self) -> None:
         """StackError naming the first port another process holds (nothing started yet)."""
         for name, port in self.needed_ports().items():
-            if not port_is_free(port, LOOPBACK):
+            if not port_is_free(port, LOOPBACK, udp=name in UDP_PORTS):
                 flag = "" if " " in name else f", --{name}-port"  # metrics ports have none
                 raise StackError(
                     f"port {port} ({name}) is in use by {describe_holder(port)}: stop it "
@@ -416,6 +439,16 @@ class Stack:
             (self.ports.web, self.ports.web_metrics),
         )
 
+    def _telephony_child(self) -> Child:
+        return Child(
+            "telephony",
+            [sys.executable, "-m", "services.telephony"],
+            self.service_env("telephony"),
+            lambda: http_ok(f"{self.telephony_url}healthz"),
+            self.phone_endpoints,
+            (self.ports.telephony, self.ports.telephony_metrics, self.ports.audiosocket),
+        )
+
     def start(self) -> None:
         """Check the ports, start every process and wait until all answer
         (StackError if a port is taken or a process does not answer)."""
@@ -425,7 +458,12 @@ class Stack:
             self.start_and_wait([redis])
         others = [
             c
-            for c in (self._llm_child(), *map(self._service_child, SERVICES), self._web_child())
+            for c in (
+                self._llm_child(),
+                *map(self._service_child, SERVICES),
+                self._web_child(),
+                self._telephony_child(),
+            )
             if c
         ]
         for child in others:
@@ -531,7 +569,10 @@ class Stack:
         if not self.embedded_llm:
             rows.insert(1, ("llm", f"{self.llm_base_url} (external)"))
         rows.append(
-            ("metrics", ", ".join(f"{s} {self.metrics_url(s)}" for s in (*SERVICES, "web")))
+            (
+                "metrics",
+                ", ".join(f"{s} {self.metrics_url(s)}" for s in (*SERVICES, "web", "telephony")),
+            )
         )
         return rows
 
@@ -565,7 +606,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--free-ports", action="store_true", help="pick free ports instead of the defaults"
     )
-    for name in ("gateway", "frontend", "stt", "oracle", "llm", "redis", "web"):
+    for name in (
+        "gateway",
+        "frontend",
+        "stt",
+        "oracle",
+        "llm",
+        "redis",
+        "web",
+        "telephony",
+        "sip",
+        "audiosocket",
+    ):
         parser.add_argument(f"--{name}-port", type=int, default=getattr(defaults, name))
     parser.add_argument(
         "--log-dir",
@@ -596,6 +648,9 @@ def ports_from_args(args: argparse.Namespace) -> Ports:
         llm=args.llm_port,
         redis=args.redis_port,
         web=args.web_port,
+        telephony=args.telephony_port,
+        sip=args.sip_port,
+        audiosocket=args.audiosocket_port,
     )
 
 
@@ -640,6 +695,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {name:<9} {endpoint}")
         print(
             f"Talk to it in a browser: open {stack.web_url}\n"
+            f"Call it from a phone: {stack.phone_endpoints} (README: Connect a phone)\n"
             f"or stream a WAV: kame talk --wav q.wav --out a.wav --timeline t.json "
             f"--gateway {stack.gateway_address}\n"
             f"How it is doing: kame status --gateway {stack.gateway_address}\n"

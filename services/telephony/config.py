@@ -34,11 +34,12 @@ class TelephonySettings(ServiceSettings, GatewayClientSettings):
     host: str = setting("0.0.0.0", "address the SIP, HTTP and AudioSocket servers bind")
     port: int = setting(
         TELEPHONY_PORTS.http,
-        "HTTP port: Twilio's TwiML webhook, its Media Streams WebSocket and /healthz "
-        "(0 picks one)",
+        "HTTP port: Twilio's TwiML webhook, its Media Streams WebSocket and /healthz (0 picks one)",
     )
     metrics_port: int = setting(TELEPHONY_PORTS.metrics, "Prometheus /metrics port (0 disables)")
-    max_sessions: int = setting(32, "phone calls at once before new ones are refused (0 = no limit)")
+    max_sessions: int = setting(
+        32, "phone calls at once before new ones are refused (0 = no limit)"
+    )
     sip_port: int = setting(TELEPHONY_PORTS.sip, "SIP port, UDP (0 picks one; -1 = no SIP)")
     sip_advertised_ip: str = setting(
         "",
@@ -60,7 +61,8 @@ class TelephonySettings(ServiceSettings, GatewayClientSettings):
     )
     twilio_auth_token: str = setting(
         "",
-        "Twilio auth token that signs the webhook and the stream (empty = Twilio calls are refused)",
+        "Twilio auth token that signs the webhook and the stream "
+        "(empty = Twilio calls are refused)",
     )
     public_url: str = setting(
         "",
@@ -79,7 +81,9 @@ class TelephonySettings(ServiceSettings, GatewayClientSettings):
 
     @property
     def networks(self) -> list[Network]:
-        return [ipaddress.ip_network(entry, strict=False) for entry in entries(self.allowed_networks)]
+        return [
+            ipaddress.ip_network(entry, strict=False) for entry in entries(self.allowed_networks)
+        ]
 
     @property
     def codec_choices(self) -> list[str]:

@@ -17,9 +17,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 

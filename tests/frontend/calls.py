@@ -97,6 +97,7 @@ class Call:
     audio: list[frontend_pb2.AgentAudio] = field(default_factory=list)
     words: list[common_pb2.AgentText] = field(default_factory=list)
     turn_ends: list[frontend_pb2.TurnEnd] = field(default_factory=list)
+    barge_ins: list[common_pb2.BargeIn] = field(default_factory=list)
     responses: list[frontend_pb2.FrontendResponse] = field(default_factory=list)  # in order
     # Messages sent in reaction to the agent's words, by the frame they preceded.
     reactions: dict[int, list[Message]] = field(default_factory=dict)
@@ -165,6 +166,8 @@ async def play_call(
             call.audio.append(response.audio)
         elif kind == "turn_end":
             call.turn_ends.append(response.turn_end)
+        elif kind == "barge_in":
+            call.barge_ins.append(response.barge_in)
         else:
             call.words.append(response.text)
             if react is not None:

@@ -132,6 +132,9 @@ async def test_caller_speech_stops_the_agent_within_two_frames(frontend_stub, sp
     # the interrupted answer is not resumed.
     assert max(sounding) <= interruption_start + 1, (interruption_start, sounding[-5:])
     assert not any(a.speaking for a in call.audio[interruption_start + 2 :])
+    # One BargeIn, on the frame that cut the agent, so a client can drop queued audio.
+    (barge_in,) = call.barge_ins
+    assert interruption_start <= barge_in.seq <= interruption_start + 1
     spoken = [w.text for w in call.words]
     assert 0 < len(spoken) < len(answer.split())
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from kame_common.server import ServiceRuntime
 from kamepb import (
     common_pb2,
     frontend_pb2,
@@ -19,6 +20,8 @@ from kamepb import (
     stt_pb2,
     stt_pb2_grpc,
 )
+from services.gateway.config import GatewaySettings
+from services.gateway.server import serve as serve_gateway
 
 Activity = common_pb2.SpeechActivity
 
@@ -63,7 +66,8 @@ async def _pause_for_cancellation(log: StreamLog) -> None:
 class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
     """One agent frame per caller frame. `speak_at`: frames from this seq on are
     speaking; `words`: {seq: (text, generation)} agent words starting in that
-    frame; `turn_end_at`: a TurnEnd after that frame; `fail_at`/`end_at`: abort
+    frame; `turn_end_at`: a TurnEnd after that frame; `barge_in_at`: a BargeIn
+    after that frame; `fail_at`/`end_at`: abort
     UNAVAILABLE / end the stream at that frame; `refuse`: abort at the config;
     `silent_start`: never send ready."""
 
@@ -72,6 +76,7 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
         self.speak_at: int | None = None
         self.words: dict[int, tuple[str, int]] = {}
         self.turn_end_at: int | None = None
+        self.barge_in_at: int | None = None
         self.fail_at: int | None = None
         self.end_at: int | None = None
         self.refuse: grpc.StatusCode | None = None
@@ -115,6 +120,8 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
                 yield frontend_pb2.FrontendResponse(
                     turn_end=frontend_pb2.TurnEnd(speech_end_s=seq * 0.08 - 0.4, seq=seq)
                 )
+            if seq == self.barge_in_at:
+                yield frontend_pb2.FrontendResponse(barge_in=common_pb2.BargeIn(seq=seq))
 
 
 class FakeStt(stt_pb2_grpc.SttServicer):
@@ -259,3 +266,54 @@ async def serve_fake(add: object, servicer: object) -> tuple[grpc.aio.Server, st
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"
+
+
+@dataclass
+class Fakes:
+    """The three fakes on loopback, and real gateways in front of them."""
+
+    frontend: FakeFrontend
+    stt: FakeStt
+    oracle: FakeOracle
+    addresses: dict[str, str]
+    redis_url: str
+    servers: list[grpc.aio.Server] = field(default_factory=list)
+    gateways: list[ServiceRuntime] = field(default_factory=list)
+
+    async def gateway(self, **overrides: object) -> ServiceRuntime:
+        fields: dict[str, object] = {
+            "host": "127.0.0.1",
+            "port": 0,
+            "metrics_port": 0,
+            "redis_url": self.redis_url,
+            "frontend_address": self.addresses["frontend"],
+            "stt_address": self.addresses["stt"],
+            "oracle_address": self.addresses["oracle"],
+            "connect_timeout_s": 2.0,
+            "drain_timeout_s": 2.0,
+            # Calls here run faster than real time; pacing is tested in test_edge.py.
+            "input_burst_s": 0.0,
+        }
+        settings = GatewaySettings(**{**fields, **overrides})  # type: ignore[arg-type]
+        runtime = await serve_gateway(settings)
+        self.gateways.append(runtime)
+        return runtime
+
+    async def stop(self) -> None:
+        for runtime in self.gateways:
+            await runtime.stop()
+        for server in self.servers:
+            await server.stop(grace=0)
+
+
+async def start_fakes(redis_url: str) -> Fakes:
+    """The fakes serving on loopback; gateways (`await fakes.gateway()`) use `redis_url`."""
+    made = Fakes(FakeFrontend(), FakeStt(), FakeOracle(), {}, redis_url)
+    for name, add, servicer in (
+        ("frontend", frontend_pb2_grpc.add_FrontendServicer_to_server, made.frontend),
+        ("stt", stt_pb2_grpc.add_SttServicer_to_server, made.stt),
+        ("oracle", oracle_pb2_grpc.add_OracleServicer_to_server, made.oracle),
+    ):
+        server, made.addresses[name] = await serve_fake(add, servicer)
+        made.servers.append(server)
+    return made

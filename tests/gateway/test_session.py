@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import urllib.parse
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -19,23 +19,15 @@ from prometheus_client import REGISTRY
 
 from kame_common import store
 from kame_common.audio import FRAME_SAMPLES, float_to_pcm16
-from kame_common.server import ServiceRuntime
 from kamepb import (
-    frontend_pb2_grpc,
+    common_pb2,
     gateway_pb2,
     gateway_pb2_grpc,
-    oracle_pb2_grpc,
-    stt_pb2_grpc,
 )
-from services.gateway.config import GatewaySettings
-from services.gateway.server import serve
 from tests.gateway.fakes import (
     Activity,
-    FakeFrontend,
-    FakeOracle,
-    FakeStt,
     activity,
-    serve_fake,
+    start_fakes,
     transcript,
 )
 from tests.support import wait_until
@@ -45,53 +37,12 @@ Config = gateway_pb2.ConverseConfig
 Notice = gateway_pb2.Notice
 
 
-@dataclass
-class Fakes:
-    frontend: FakeFrontend
-    stt: FakeStt
-    oracle: FakeOracle
-    addresses: dict[str, str]
-    redis_url: str
-    servers: list[grpc.aio.Server] = field(default_factory=list)
-    gateways: list[ServiceRuntime] = field(default_factory=list)
-
-    async def gateway(self, **overrides: object) -> ServiceRuntime:
-        fields: dict[str, object] = {
-            "host": "127.0.0.1",
-            "port": 0,
-            "metrics_port": 0,
-            "redis_url": self.redis_url,
-            "frontend_address": self.addresses["frontend"],
-            "stt_address": self.addresses["stt"],
-            "oracle_address": self.addresses["oracle"],
-            "connect_timeout_s": 2.0,
-            "drain_timeout_s": 2.0,
-            # Calls here run faster than real time; pacing is tested in test_edge.py.
-            "input_burst_s": 0.0,
-        }
-        settings = GatewaySettings(**{**fields, **overrides})  # type: ignore[arg-type]
-        runtime = await serve(settings)
-        self.gateways.append(runtime)
-        return runtime
-
-
 @pytest.fixture
 async def fakes(redis_url):
     parts = urllib.parse.urlsplit(redis_url)
-    session_redis = urllib.parse.urlunsplit(parts._replace(path=f"/{SESSION_DB}"))
-    made = Fakes(FakeFrontend(), FakeStt(), FakeOracle(), {}, session_redis)
-    for name, add, servicer in (
-        ("frontend", frontend_pb2_grpc.add_FrontendServicer_to_server, made.frontend),
-        ("stt", stt_pb2_grpc.add_SttServicer_to_server, made.stt),
-        ("oracle", oracle_pb2_grpc.add_OracleServicer_to_server, made.oracle),
-    ):
-        server, made.addresses[name] = await serve_fake(add, servicer)
-        made.servers.append(server)
+    made = await start_fakes(urllib.parse.urlunsplit(parts._replace(path=f"/{SESSION_DB}")))
     yield made
-    for runtime in made.gateways:
-        await runtime.stop()
-    for server in made.servers:
-        await server.stop(grace=0)
+    await made.stop()
 
 
 def frame_bytes() -> bytes:
@@ -464,7 +415,8 @@ async def test_limits(fakes):
     ("second", "message"),
     [
         (gateway_pb2.ConverseRequest(config=Config()), "a second config"),
-        (gateway_pb2.ConverseRequest(), "neither config nor audio"),
+        (gateway_pb2.ConverseRequest(), "neither config, audio nor dtmf"),
+        (gateway_pb2.ConverseRequest(dtmf=common_pb2.Dtmf(digit="x")), "dtmf.digit"),
         (gateway_pb2.ConverseRequest(audio=b"\x01"), "audio chunk 0"),
     ],
 )
@@ -617,3 +569,71 @@ async def test_a_draining_gateway_asks_its_calls_to_reconnect(fakes):
             responses.append(response)
         assert await call.code() == grpc.StatusCode.OK
     await asyncio.wait_for(drain, 5)
+
+
+async def test_call_events_reach_the_client_the_oracle_and_the_session_record(fakes):
+    """A telephony bridge's events: keys pressed are echoed and join the oracle's
+    conversation, the frontend's barge-in reaches the client, and where the call
+    comes from is in the session record."""
+    fakes.frontend.speak_at = 2
+    fakes.frontend.barge_in_at = 5
+    gateway = await fakes.gateway()
+    call_info = gateway_pb2.CallInfo(
+        provider="sip", caller="sip:+15550100@trunk", callee="sip:agent@kame", provider_call_id="c1"
+    )
+
+    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=Config(call=call_info))
+        for seq in range(8):
+            yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+            if seq in (3, 4):
+                digit = "5" if seq == 3 else "#"
+                yield gateway_pb2.ConverseRequest(dtmf=common_pb2.Dtmf(digit=digit, duration_ms=90))
+            await asyncio.sleep(0.02)
+
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        responses = [response async for response in call]
+    outcome = Outcome(responses, grpc.StatusCode.OK, "")
+    assert [(d.digit, d.duration_ms) for d in outcome.of("dtmf")] == [("5", 90), ("#", 90)]
+    assert [b.seq for b in outcome.of("barge_in")] == [5]
+    assert [d.digit for d in fakes.oracle.log.of("dtmf")] == ["5", "#"]
+    session_id = outcome.of("started")[0].session_id
+    client = store.connect(fakes.redis_url)
+    try:
+        record = await client.hgetall(f"kame:session:{session_id}")
+    finally:
+        await client.aclose()
+    assert record["call_provider"] == "sip" and record["call_caller"] == "sip:+15550100@trunk"
+    assert record["call_callee"] == "sip:agent@kame" and record["call_provider_call_id"] == "c1"
+    assert record["dtmf"] == "5#"
+
+
+async def test_keys_pressed_without_an_oracle_are_in_the_gateways_conversation(fakes):
+    gateway = await fakes.gateway()
+
+    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=Config(mode=Config.S2S))
+        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+        yield gateway_pb2.ConverseRequest(dtmf=common_pb2.Dtmf(digit="1"))
+        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        responses = [response async for response in call]
+    session_id = Outcome(responses, grpc.StatusCode.OK, "").of("started")[0].session_id
+    client = store.connect(fakes.redis_url)
+    try:
+        turns = await store.SessionStore(client).conversation(session_id)
+    finally:
+        await client.aclose()
+    assert [(t["role"], t["text"]) for t in turns] == [("user", "(pressed 1 on the keypad)")]
+
+
+@pytest.mark.parametrize("field_name", ["provider", "caller", "callee", "provider_call_id"])
+async def test_call_info_longer_than_the_limit_is_refused(fakes, field_name):
+    gateway = await fakes.gateway()
+    config = Config(call=gateway_pb2.CallInfo(**{field_name: "x" * 257}))
+    outcome = await converse(gateway.address, frames=1, config=config)
+    assert outcome.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"call.{field_name}" in outcome.details

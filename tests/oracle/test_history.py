@@ -163,3 +163,18 @@ async def test_another_replica_continues_the_conversation(
     conversation = await store.SessionStore(redis_client).conversation(session_id)
     assert [t["text"] for t in conversation][-1] == "And Italy?"
     await store.SessionStore(redis_client).delete_session(session_id)
+
+
+async def test_a_key_the_caller_pressed_joins_the_callers_side_after_what_the_agent_said(
+    unstarted_session,
+):
+    history: list[Turn] = []
+    session = unstarted_session(history)
+    user(session, "Press one for sales?", (0.5, 1.8))
+    agent(session, "Yes, press one.", start_s=2.0)
+    session.keypress("1")
+    assert history == [
+        Turn(USER, "Press one for sales?"),
+        Turn(AGENT, "Yes, press one."),
+        Turn(USER, "(pressed 1 on the keypad)"),
+    ]
