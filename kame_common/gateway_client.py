@@ -45,9 +45,14 @@ class GatewayClientSettings:
             raise ConfigError(
                 "gateway_server_name: applies to TLS only: set gateway_ca_file or gateway_tls"
             )
+
+    def check_gateway_ca(self) -> None:
+        """At start: an unreadable CA file is a ConfigError naming the setting now, not
+        a failure of the first call. (Not in validation: settings are also checked
+        where the file is not, e.g. a container's paths.)"""
         tls = self.gateway_tls_settings()
         if tls.enabled:
-            tls.credentials()  # an unreadable CA file: ConfigError naming the setting, now
+            tls.credentials()
 
     def gateway_channel(self, policy: ConnectionPolicy) -> grpc.aio.Channel:
         """A channel to the gateway with traces, keepalive and the TLS settings."""

@@ -94,7 +94,7 @@ class TelephonyServer:
 async def serve(settings: TelephonySettings) -> TelephonyServer:
     """Start the telephony service; stop it with `await server.stop()`."""
     tracing.setup_tracing("telephony", settings.otlp_endpoint, settings.otlp_ca_file)
-    settings.validate_gateway_client()
+    settings.check_gateway_ca()
     server = TelephonyServer(settings)
     await server.start()
     return server

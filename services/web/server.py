@@ -172,7 +172,7 @@ class WebServer(HttpServer):
 async def serve(settings: WebSettings) -> WebServer:
     """Start the web service; stop it with `await server.stop()`."""
     tracing.setup_tracing("web", settings.otlp_endpoint, settings.otlp_ca_file)
-    settings.validate_gateway_client()
+    settings.check_gateway_ca()
     server = WebServer(WebApp(settings))
     await server.start()
     return server
