@@ -25,7 +25,7 @@ import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -212,9 +212,24 @@ class ServiceRuntime:
         await self._stopped.wait()
 
 
+class Servable(Protocol):
+    """A started service: a gRPC ServiceRuntime, or an HTTP service (web, telephony)."""
+
+    async def serve_until_stopped(self) -> None: ...
+
+
+async def until_signal() -> None:
+    """Wait for SIGTERM or SIGINT (the process's main loop)."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+
+
 def service_main(
     settings_class: type[SettingsT],
-    serve: Callable[[SettingsT], Awaitable[ServiceRuntime]],
+    serve: Callable[[SettingsT], Awaitable[Servable]],
     argv: Sequence[str] | None = None,
 ) -> int:
     """The process entry point of a service: logging, then its settings from flags

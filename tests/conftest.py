@@ -4,6 +4,7 @@ caller speech, and unique ids so tests never share Redis keys."""
 from __future__ import annotations
 
 import os
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -12,8 +13,10 @@ import pytest
 
 from kame_common import store
 from kame_common.voice import Voice, load_voice
+from tests.gateway.fakes import start_fakes
 
 REDIS_URL = os.environ.get("KAME_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+FAKES_DB = 10
 ESPEAK_QUESTIONS = Path(__file__).resolve().parents[1] / "bench/questions/espeak/questions.json"
 
 
@@ -33,6 +36,18 @@ async def redis_client(redis_url):
 @pytest.fixture
 def session_id() -> str:
     return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def fakes(redis_url):
+    """Scripted frontend, stt and oracle on loopback (tests/gateway/fakes.py), and
+    real gateways in front of them (`await fakes.gateway(**settings)`), whose
+    session records go to a Redis database no frontend publishes to (so the
+    gateway uses its frontend_address, the fake)."""
+    parts = urllib.parse.urlsplit(redis_url)
+    made = await start_fakes(urllib.parse.urlunsplit(parts._replace(path=f"/{FAKES_DB}")))
+    yield made
+    await made.stop()
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
-import sys
 from collections.abc import Sequence
 
 from starlette.applications import Starlette
@@ -20,8 +18,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from kame_common import tracing
-from kame_common.config import ConfigError, load_settings
 from kame_common.http_server import HttpServer
+from kame_common.server import service_main, until_signal
 from services.telephony.audiosocket import AudioSocketServer
 from services.telephony.config import TelephonySettings
 from services.telephony.service import Telephony
@@ -90,6 +88,10 @@ class TelephonyServer:
         await self.http.shut_down()
         await self.telephony.aclose()
 
+    async def serve_until_stopped(self) -> None:
+        await until_signal()
+        await self.stop(self.settings.grace_s)
+
 
 async def serve(settings: TelephonySettings) -> TelephonyServer:
     """Start the telephony service; stop it with `await server.stop()`."""
@@ -100,22 +102,5 @@ async def serve(settings: TelephonySettings) -> TelephonyServer:
     return server
 
 
-async def serve_until_signal(settings: TelephonySettings) -> None:
-    server = await serve(settings)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    await stopping.wait()
-    await server.stop(settings.grace_s)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        settings = load_settings(TelephonySettings, sys.argv[1:] if argv is None else argv)
-        asyncio.run(serve_until_signal(settings))
-    except ConfigError as exc:
-        print(f"telephony: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return service_main(TelephonySettings, serve, argv)

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -32,9 +30,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kame_common import tracing
-from kame_common.config import ConfigError, load_settings
 from kame_common.http_server import HttpServer
-from kame_common.server import ACTIVE_SESSIONS
+from kame_common.server import ACTIVE_SESSIONS, service_main, until_signal
 from services.web.bridge import Bridge, error_event, send_json
 from services.web.config import WebSettings
 
@@ -168,6 +165,10 @@ class WebServer(HttpServer):
             await asyncio.wait_for(self.web.idle.wait(), grace_s)
         await self.shut_down()
 
+    async def serve_until_stopped(self) -> None:
+        await until_signal()
+        await self.stop(self.web.settings.grace_s)
+
 
 async def serve(settings: WebSettings) -> WebServer:
     """Start the web service; stop it with `await server.stop()`."""
@@ -178,22 +179,5 @@ async def serve(settings: WebSettings) -> WebServer:
     return server
 
 
-async def serve_until_signal(settings: WebSettings) -> None:
-    server = await serve(settings)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    await stopping.wait()
-    await server.stop(settings.grace_s)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        settings = load_settings(WebSettings, sys.argv[1:] if argv is None else argv)
-        asyncio.run(serve_until_signal(settings))
-    except ConfigError as exc:
-        print(f"web: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return service_main(WebSettings, serve, argv)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -27,22 +26,12 @@ from kamepb import (
 from tests.gateway.fakes import (
     Activity,
     activity,
-    start_fakes,
     transcript,
 )
 from tests.support import wait_until
 
-SESSION_DB = 10  # a database no frontend publishes to: the gateway uses frontend_address
 Config = gateway_pb2.ConverseConfig
 Notice = gateway_pb2.Notice
-
-
-@pytest.fixture
-async def fakes(redis_url):
-    parts = urllib.parse.urlsplit(redis_url)
-    made = await start_fakes(urllib.parse.urlunsplit(parts._replace(path=f"/{SESSION_DB}")))
-    yield made
-    await made.stop()
 
 
 def frame_bytes() -> bytes:

@@ -7,19 +7,15 @@ tests with real peers."""
 from __future__ import annotations
 
 import asyncio
-import urllib.parse
 
 import grpc
-import pytest
 from prometheus_client import REGISTRY
 
 from kame_common import store
 from services.telephony.call import CallInfo, CallSettings, Ended, PhoneCall
 from services.telephony.playout import PCMA, PCMU
-from tests.gateway.fakes import start_fakes
 from tests.support import wait_until
 
-SESSION_DB = 10
 SETTINGS = CallSettings(mode=1, auth_token="", prebuffer_ms=40, max_queued_ms=1000)
 PACKET = b"\x55" * 160  # 20 ms of A-law/mu-law
 
@@ -40,14 +36,6 @@ class Leg:
 
     async def hang_up(self, reason: str) -> None:
         self.hung_up = reason
-
-
-@pytest.fixture
-async def fakes(redis_url):
-    parts = urllib.parse.urlsplit(redis_url)
-    made = await start_fakes(urllib.parse.urlunsplit(parts._replace(path=f"/{SESSION_DB}")))
-    yield made
-    await made.stop()
 
 
 def active_sessions(service: str) -> float:
