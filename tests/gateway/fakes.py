@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from kame_common import store
 from kame_common.server import ServiceRuntime
 from kamepb import (
     common_pb2,
@@ -298,6 +299,14 @@ class Fakes:
         runtime = await serve_gateway(settings)
         self.gateways.append(runtime)
         return runtime
+
+    async def session_record(self, session_id: str) -> dict[str, str]:
+        """The gateway's Redis record of a session."""
+        client = store.connect(self.redis_url)
+        try:
+            return await store.SessionStore(client).get_session(session_id)
+        finally:
+            await client.aclose()
 
     async def stop(self) -> None:
         for runtime in self.gateways:

@@ -140,11 +140,7 @@ async def test_a_call_flows_through_every_upstream_and_ends_in_order(fakes):
     # The hold phrase started the audio; the answer word came two frames (at 40 ms
     # each here) later: a hold phrase is no answer.
     assert turn.answer_latency_s - turn.response_latency_s == pytest.approx(0.08, abs=0.035)
-    client = store.connect(fakes.redis_url)
-    try:
-        record = await client.hgetall(f"kame:session:{started.session_id}")
-    finally:
-        await client.aclose()
+    record = await fakes.session_record(started.session_id)
     assert record["state"] == "ended" and record["replica_id"] == "fake-1"
     await wait_until(lambda: not gateway_tasks(), "the session's tasks to end", 2)
 
@@ -492,11 +488,7 @@ async def test_a_call_resumes_its_session_on_another_gateway(fakes):
     assert again.session_id == started.session_id and again.resumed
     # The oracle gets the same session id again: it loads the conversation so far.
     assert [c.session_id for c in fakes.oracle.log.of("config")] == [started.session_id] * 2
-    client = store.connect(fakes.redis_url)
-    try:
-        record = await client.hgetall(f"kame:session:{started.session_id}")
-    finally:
-        await client.aclose()
+    record = await fakes.session_record(started.session_id)
     assert float(record["resumed_at"]) >= float(record["started_at"])
 
 
@@ -588,11 +580,7 @@ async def test_call_events_reach_the_client_the_oracle_and_the_session_record(fa
     assert [b.seq for b in outcome.of("barge_in")] == [5]
     assert [d.digit for d in fakes.oracle.log.of("dtmf")] == ["5", "#"]
     session_id = outcome.of("started")[0].session_id
-    client = store.connect(fakes.redis_url)
-    try:
-        record = await client.hgetall(f"kame:session:{session_id}")
-    finally:
-        await client.aclose()
+    record = await fakes.session_record(session_id)
     assert record["call_provider"] == "sip" and record["call_caller"] == "sip:+15550100@trunk"
     assert record["call_callee"] == "sip:agent@kame" and record["call_provider_call_id"] == "c1"
     assert record["dtmf"] == "5#"

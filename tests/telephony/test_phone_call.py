@@ -11,7 +11,6 @@ import asyncio
 import grpc
 from prometheus_client import REGISTRY
 
-from kame_common import store
 from services.telephony.call import CallInfo, CallSettings, Ended, PhoneCall
 from services.telephony.playout import PCMA, PCMU
 from tests.support import wait_until
@@ -69,7 +68,7 @@ async def test_a_phone_call_is_one_converse_call_in_the_phones_codec(fakes, redi
     assert any(speaking for _, speaking in leg.packets)
     (config,) = fakes.frontend.log.of("config")
     assert config.session_id == call.session_id
-    record = await session_record(fakes.redis_url, call.session_id)
+    record = await fakes.session_record(call.session_id)
     assert record["input_codec"] == record["output_codec"] == "alaw"
     assert record["call_provider_call_id"] == "call-1" and record["dtmf"] == "7"
     # Hanging up cancelled the Converse call: the gateway let the session go.
@@ -110,11 +109,3 @@ async def test_a_gateway_that_is_not_there_hangs_up_the_phone_at_once():
         call = PhoneCall(channel, SETTINGS, CallInfo("sip"), PCMU, leg)
         assert await asyncio.wait_for(call.run(), 10) is Ended.GATEWAY_ERROR
     assert call.status.startswith("UNAVAILABLE") and leg.hung_up
-
-
-async def session_record(redis_url: str, session_id: str) -> dict[str, str]:
-    client = store.connect(redis_url)
-    try:
-        return await client.hgetall(f"kame:session:{session_id}")
-    finally:
-        await client.aclose()
