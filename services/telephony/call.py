@@ -109,7 +109,9 @@ class PhoneCall:
         self._leg = leg
         self._to_gateway: asyncio.Queue[gateway_pb2.ConverseRequest | _HungUp] = asyncio.Queue()
         self._hung_up = asyncio.Event()
-        self.playout = Playout(codec, leg.send_audio, settings.prebuffer_ms, settings.max_queued_ms)
+        self.playout = Playout(
+            codec, leg.send_audio, settings.prebuffer_ms, settings.max_queued_ms, info.provider
+        )
         self.dtmf_echoed: list[str] = []  # digits the gateway acknowledged
         self.barge_ins = 0
 
@@ -162,7 +164,6 @@ class PhoneCall:
             await cancel_and_wait(tasks)
             call.cancel()
             metrics.ACTIVE_CALLS.labels(self.info.provider).dec()
-            self._record_playout()
         if self.ended is not Ended.CALLER_HUNG_UP:
             why = f"the agent's side ended the call ({self.status or 'OK'})"
             with contextlib.suppress(Exception):  # the phone may be gone already
@@ -240,12 +241,6 @@ class PhoneCall:
                 gateway_pb2.Notice.Kind.Name(notice.kind),
                 notice.message,
             )
-
-    def _record_playout(self) -> None:
-        stats, provider = self.playout.stats, self.info.provider
-        metrics.PACKETS_SENT.labels(provider).inc(stats.packets)
-        metrics.LATE_PACKETS.labels(provider).inc(stats.late)
-        metrics.UNDERRUNS.labels(provider).inc(stats.underruns)
 
 
 # What a write raises once the call has ended; the downlink reads its status.

@@ -15,6 +15,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from services.telephony import metrics
+
 PACKET_S = 0.020
 # A packet sent this long after its deadline counts as late.
 LATE_S = 0.010
@@ -60,8 +62,14 @@ SendPacket = Callable[[bytes, bool], Awaitable[None]]
 
 class Playout:
     def __init__(
-        self, codec: PhoneCodec, send: SendPacket, prebuffer_ms: int, max_queued_ms: int
+        self,
+        codec: PhoneCodec,
+        send: SendPacket,
+        prebuffer_ms: int,
+        max_queued_ms: int,
+        provider: str = "",
     ) -> None:
+        """`provider` labels the service's metrics, counted as packets go."""
         self.codec = codec
         self._send = send
         self._packet = codec.packet_bytes
@@ -73,6 +81,9 @@ class Playout:
         self._started = False
         self._wake = asyncio.Event()
         self.stats = PlayoutStats()
+        self._sent = metrics.PACKETS_SENT.labels(provider)
+        self._late = metrics.LATE_PACKETS.labels(provider)
+        self._underruns = metrics.UNDERRUNS.labels(provider)
 
     @property
     def queued_ms(self) -> float:
@@ -106,8 +117,10 @@ class Playout:
             packet, speaking = self._next_packet()
             late = loop.time() - deadline
             self.stats.packets += 1
+            self._sent.inc()
             if late > LATE_S:
                 self.stats.late += 1
+                self._late.inc()
             await self._send(packet, speaking)
             deadline += PACKET_S
             if (wait := deadline - loop.time()) > 0:
@@ -119,6 +132,7 @@ class Playout:
         size = self._packet
         if len(self._queue) < size:
             self.stats.underruns += 1
+            self._underruns.inc()
             packet = bytes(self._queue) + self.codec.silence(size - len(self._queue))
             speaking = bool(self._speech)
             self._queue.clear()
