@@ -11,8 +11,9 @@ that is draining (NOT_SERVING after SIGTERM) reports unhealthy here too.
 by the image): on its plaintext health port KAME_<SVC>_HEALTH_PORT when that is
 on, else on its gRPC port (KAME_<SVC>_PORT or the default of
 kame_common/ports.py), which is plaintext only while TLS is off.
-`http` is for the embedded LLM server, which speaks HTTP only; the web service
-(KAME_SERVICE=web) answers `service` on GET /healthz of its HTTP port.
+`http` is for the embedded LLM server, which speaks HTTP only; the web and
+telephony services (KAME_SERVICE=web, telephony) answer `service` on GET
+/healthz of their HTTP port.
 Exit status 0 means healthy, 1 unhealthy (the message on stderr says why).
 """
 
@@ -62,12 +63,21 @@ def service_health_port(env: Mapping[str, str]) -> tuple[int, str]:
     return int(env.get(f"{prefix}PORT") or SERVICE_PORTS[service].grpc), ""
 
 
-def web_health_url(env: Mapping[str, str]) -> str:
-    """The web service's /healthz on this container (https when it serves TLS)."""
-    from kame_common.ports import WEB_PORTS
+def http_service_port(service: str) -> int | None:
+    """The default HTTP port of a service that answers probes on GET /healthz (web,
+    telephony), or None for a gRPC service."""
+    from kame_common.ports import TELEPHONY_PORTS, WEB_PORTS
 
-    scheme = "https" if env.get("KAME_WEB_TLS_CERT_FILE") else "http"
-    return f"{scheme}://127.0.0.1:{int(env.get('KAME_WEB_PORT') or WEB_PORTS.http)}/healthz"
+    return {"web": WEB_PORTS.http, "telephony": TELEPHONY_PORTS.http}.get(service)
+
+
+def http_health_url(env: Mapping[str, str]) -> str:
+    """The HTTP service's /healthz on this container (https when it serves TLS)."""
+    service = env["KAME_SERVICE"]
+    prefix = f"KAME_{service.upper()}_"
+    port = int(env.get(f"{prefix}PORT") or http_service_port(service) or 0)
+    scheme = "https" if env.get(f"{prefix}TLS_CERT_FILE") else "http"
+    return f"{scheme}://127.0.0.1:{port}/healthz"
 
 
 def http_ok(url: str, timeout_s: float = 3.0) -> tuple[bool, str]:
@@ -94,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     http_mode.add_argument("--url", required=True)
     http_mode.add_argument("--timeout", type=float, default=3.0)
     args = parser.parse_args(argv)
-    if args.mode == "service" and os.environ.get("KAME_SERVICE") == "web":
-        healthy, reason = http_ok(web_health_url(os.environ))
+    if args.mode == "service" and http_service_port(os.environ.get("KAME_SERVICE", "")):
+        healthy, reason = http_ok(http_health_url(os.environ))
     elif args.mode == "service":
         port, reason = service_health_port(os.environ)
         healthy, reason = grpc_serving(f"127.0.0.1:{port}") if port else (False, reason)

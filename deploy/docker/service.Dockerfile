@@ -1,11 +1,13 @@
 # syntax=docker/dockerfile:1
-# The one image recipe of the KAME services: the four gRPC services and web (the browser page and
-# its WebSocket bridge to the gateway). Build from the repository root:
+# The one image recipe of the KAME services: the four gRPC services, web (the browser page and
+# its WebSocket bridge to the gateway) and telephony (SIP, Twilio Media Streams and Asterisk
+# AudioSocket to the gateway). Build from the repository root:
 #
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=gateway -t kame/gateway:0.1.0 .
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=stt     -t kame/stt:0.1.0 .
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=oracle  -t kame/oracle:0.1.0 .
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=web     -t kame/web:0.1.0 .
+#   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=telephony -t kame/telephony:0.1.0 .
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=frontend \
 #     --build-arg DEPS=frontend-cpu  -t kame/frontend:0.1.0-cpu .
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=frontend \
@@ -15,7 +17,8 @@
 # the command (python -m services.<SERVICE>) and the exposed ports (the service-* stages below,
 # the defaults of kame_common/ports.py; tests/deploy checks that they agree). DEPS picks how the
 # dependencies install:
-#   python         requirements/<SERVICE>.txt at the lock's versions (gateway, stt, oracle, web)
+#   python         requirements/<SERVICE>.txt at the lock's versions (gateway, stt, oracle, web,
+#                  telephony)
 #   frontend-cpu   the same on python:3.11, with the lock's CPU torch from PyTorch's CPU index
 #   frontend-cuda  on a CUDA torch base image (moshi needs torch<2.10, the lock pins the CPU 2.13)
 # Configure the container with KAME_<SERVICE>_* variables (services/<SERVICE>/config.py).
@@ -48,9 +51,9 @@ COPY requirements/ requirements/
 FROM base AS deps-python
 ARG SERVICE
 RUN case "${SERVICE}" in \
-      gateway|stt|oracle|web) ;; \
+      gateway|stt|oracle|web|telephony) ;; \
       frontend) echo "SERVICE=frontend: build with DEPS=frontend-cpu or DEPS=frontend-cuda" >&2; exit 1 ;; \
-      *) echo "SERVICE=${SERVICE}: expected gateway, stt, oracle, frontend or web" >&2; exit 1 ;; \
+      *) echo "SERVICE=${SERVICE}: expected gateway, stt, oracle, frontend, web or telephony" >&2; exit 1 ;; \
     esac \
  && pip install -c constraints.txt -r "requirements/${SERVICE}.txt"
 
@@ -91,7 +94,7 @@ ENV KAME_SERVICE=${SERVICE}
 USER 10001:10001
 # grpc.health.v1 on the service's plaintext health port (KAME_<SERVICE>_HEALTH_PORT), or on its
 # gRPC port when that is off: the check the Kubernetes probes make, NOT_SERVING while draining
-# (web: GET /healthz on its HTTP port, 503 while draining).
+# (web, telephony: GET /healthz on their HTTP port, 503 while draining).
 # The start period covers model load (a 7B model onto a GPU); a healthy answer ends it at once.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
   CMD ["python", "deploy/docker/healthcheck.py", "service"]
@@ -112,5 +115,10 @@ EXPOSE 50054 9104 9114
 # web: HTTP (the page and its WebSocket) and metrics; kame_common/ports.py's WEB_PORTS.
 FROM app AS service-web
 EXPOSE 8088 9105
+# telephony: SIP (UDP), HTTP (Twilio's webhook and Media Streams WebSocket), AudioSocket, metrics
+# and the RTP range of SIP calls; kame_common/ports.py's TELEPHONY_PORTS. SIP over TCP is not
+# served.
+FROM app AS service-telephony
+EXPOSE 5060/udp 8089 9092 9106 40000-40999/udp
 
 FROM service-${SERVICE}

@@ -35,8 +35,10 @@ from kame_common.ports import SERVICE_PORTS
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "kame"
 SERVICES = ("gateway", "frontend", "stt", "oracle")  # the gRPC services
-# Every service of the one service Dockerfile: the gRPC ones and web (HTTP, a gateway client).
-KAME_SERVICES = (*SERVICES, "web")
+# Services that serve HTTP (probed on GET /healthz) and are clients of the gateway.
+HTTP_SERVICES = ("web", "telephony")
+# Every service of the one service Dockerfile: the gRPC ones, web and telephony.
+KAME_SERVICES = (*SERVICES, *HTTP_SERVICES)
 # The default ports, from their one source: gRPC and Prometheus.
 PORTS = {service: ports.grpc for service, ports in SERVICE_PORTS.items()}
 METRICS_PORTS = {service: ports.metrics for service, ports in SERVICE_PORTS.items()}
@@ -56,9 +58,18 @@ class ServiceConfig:
     def load(self, env: dict[str, str]) -> typing.Any:
         """The settings the service would run with in `env`, through its own loader (which
         adds its range checks to the dataclass's types and choices). Settings naming files
-        (`*_FILE`: TLS certificates and keys) load as paths: the files exist only inside the
-        container, so tests check them against the mounts."""
-        return load_settings(self.cls, [], env)
+        (`*_FILE`: TLS certificates, keys and CAs) load as paths: the files exist only inside
+        the container, so tests check them against the mounts. A loader that reads such a file
+        to validate it (a gateway client's CA) reads a stand-in, and the path stays as written."""
+        absent = {
+            name: path
+            for name, path in env.items()
+            if name.endswith("_FILE") and path and not Path(path).exists()
+        }
+        settings = load_settings(self.cls, [], {**env, **dict.fromkeys(absent, __file__)})
+        for name, field in self.env_fields(absent).items():
+            setattr(settings, field, absent[name])
+        return settings
 
     @property
     def fields(self) -> dict[str, dataclasses.Field]:
@@ -265,9 +276,21 @@ class Image:
             result.update(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=(\S+)", args))
         return result
 
+    def exposed_ports(self, protocol: str) -> set[int]:
+        """The EXPOSEd ports of one protocol ("tcp", the default, or "udp"), ranges expanded."""
+        result: set[int] = set()
+        for args in self.arguments("EXPOSE"):
+            for entry in args.split():
+                ports, _, proto = entry.partition("/")
+                if (proto or "tcp") == protocol:
+                    first, _, last = ports.partition("-")
+                    result.update(range(int(first), int(last or first) + 1))
+        return result
+
     @property
     def exposed(self) -> set[int]:
-        return {int(port) for args in self.arguments("EXPOSE") for port in args.split()}
+        """The EXPOSEd TCP ports."""
+        return self.exposed_ports("tcp")
 
 
 def build_image(path: Path, build_args: dict[str, str] | None = None) -> Image:

@@ -29,6 +29,7 @@ from kame_cli.main import COMMANDS
 from tests.deploy.conftest import (
     CHART,
     HEALTH_PORTS,
+    HTTP_SERVICES,
     KAME_SERVICES,
     METRICS_PORTS,
     PORTS,
@@ -76,6 +77,16 @@ CHART_OWNED = {
     "stt": set(),
     "oracle": set(),
     "web": {"gateway_address", "gateway_ca_file", "gateway_tls"},
+    # Ports the Services, NetworkPolicy and probes name, and the RTP range they must agree on.
+    "telephony": {
+        "gateway_address",
+        "gateway_ca_file",
+        "gateway_tls",
+        "sip_port",
+        "audiosocket_port",
+        "rtp_port_first",
+        "rtp_port_last",
+    },
 }
 # The upstreams the gateway balances over, per pod, through a headless Service.
 BALANCED = ("stt", "oracle")
@@ -83,10 +94,14 @@ SECRET_FIELDS = {
     "gateway": {"auth_tokens", "registry_secret", "resume_secret"},
     "frontend": {"registry_secret"},
     "web": {"gateway_auth_token"},
+    "telephony": {"gateway_auth_token", "twilio_auth_token"},
 }
-# Inherited from ServiceSettings but without effect: web serves no gRPC (its
+# Inherited from ServiceSettings but without effect: web and telephony serve no gRPC (their
 # channel to the gateway keeps alive; connection age is a gRPC server's).
-NOT_APPLICABLE = {"web": {"reflection", "max_connection_age_s", "max_connection_age_grace_s"}}
+NOT_APPLICABLE = {
+    service: {"reflection", "max_connection_age_s", "max_connection_age_grace_s"}
+    for service in HTTP_SERVICES
+}
 
 
 def test_lint_has_no_errors_or_warnings():
@@ -309,7 +324,7 @@ def test_every_kame_env_var_is_a_real_config_field(rendered, configs):
         values = {n: kubelet_expand(e["value"], pod) for n, e in env.items() if "value" in e}
         loaded = config.load(values)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        served = ports["http"] if service == "web" else ports["grpc"]
+        served = ports["http"] if service in HTTP_SERVICES else ports["grpc"]
         assert (loaded.port, loaded.metrics_port) == (served, ports["metrics"])
 
 

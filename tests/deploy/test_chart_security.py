@@ -306,6 +306,9 @@ ALL_KEYS = {
     "registrySecretKey": "REGISTRY_SECRET",
     "resumeSecretKey": "RESUME_SECRET",
     "redisPasswordKey": "REDIS_PASSWORD",
+    "webGatewayAuthTokenKey": "WEB_GATEWAY_TOKEN",
+    "telephonyGatewayAuthTokenKey": "TELEPHONY_GATEWAY_TOKEN",
+    "twilioAuthTokenKey": "TWILIO_AUTH_TOKEN",
 }
 
 
@@ -338,6 +341,9 @@ def test_secrets_are_referenced_never_inlined():
         ("gateway", "KAME_GATEWAY_REGISTRY_SECRET", "REGISTRY_SECRET"),
         ("gateway", "KAME_GATEWAY_RESUME_SECRET", "RESUME_SECRET"),
         ("frontend", "KAME_FRONTEND_REGISTRY_SECRET", "REGISTRY_SECRET"),
+        ("web", "KAME_WEB_GATEWAY_AUTH_TOKEN", "WEB_GATEWAY_TOKEN"),
+        ("telephony", "KAME_TELEPHONY_GATEWAY_AUTH_TOKEN", "TELEPHONY_GATEWAY_TOKEN"),
+        ("telephony", "KAME_TELEPHONY_TWILIO_AUTH_TOKEN", "TWILIO_AUTH_TOKEN"),
         ("redis", "REDISCLI_AUTH", "REDIS_PASSWORD"),
         *((s, "REDIS_PASSWORD", "REDIS_PASSWORD") for s in ("gateway", "frontend", "oracle")),
     ):
@@ -372,6 +378,11 @@ def test_secrets_are_referenced_never_inlined():
         {"gateway": {"config": {"auth_token": "s3cret"}}},
         {"gateway": {"config": {"registry_secret": "s3cret"}}},
         {"frontend": {"config": {"registry_secret": "s3cret"}}},
+        {"web": {"config": {"gateway_auth_token": "s3cret"}}},
+        {"telephony": {"config": {"twilio_auth_token": "0123456789abcdef"}}},
+        {"telephony": {"config": {"gateway_auth_token": "s3cret"}}},
+        {"telephony": {"extraEnv": [{"name": "KAME_TELEPHONY_TWILIO_AUTH_TOKEN", "value": "x"}]}},
+        {"secrets": {"twilioAuthTokenKey": "AC0123 0123456789abcdef"}},
         {"oracle": {"config": {"api_key": "sk-123"}}},
         {"oracle": {"extraEnv": [{"name": "OPENAI_API_KEY", "value": "sk-123"}]}},
         {"gateway": {"extraEnv": [{"name": "KAME_GATEWAY_AUTH_TOKENS", "value": "t1,t2"}]}},

@@ -27,6 +27,7 @@ from kame_common.ports import SERVICE_PORTS
 from kame_common.server import ServiceRuntime
 from services.stt.config import SttSettings
 from tests.deploy.conftest import (
+    HTTP_SERVICES,
     LLM_DOCKERFILE,
     ROOT,
     SERVICE_DOCKERFILE,
@@ -61,8 +62,9 @@ def image(request) -> tuple[str | None, Image]:
 
 
 def test_compose_builds_every_service_from_the_one_dockerfile():
-    """gateway, stt, oracle, web and both frontends come from deploy/docker/service.Dockerfile; only
-    the llm (a C++ build of llama.cpp, HTTP, `kame llm-server`) has its own."""
+    """gateway, stt, oracle, web, telephony and both frontends come from
+    deploy/docker/service.Dockerfile; only the llm (a C++ build of llama.cpp, HTTP,
+    `kame llm-server`) has its own."""
     services = compose_config("--profile", "gpu")["services"]
     dockerfiles = {
         name: Path(spec["build"]["context"]) / spec["build"]["dockerfile"]
@@ -76,6 +78,7 @@ def test_compose_builds_every_service_from_the_one_dockerfile():
         "frontend",
         "frontend-gpu",
         "web",
+        "telephony",
     }
     assert dockerfiles["llm"] == LLM_DOCKERFILE
     assert not list((ROOT / "services").rglob("Dockerfile*"))
@@ -91,7 +94,7 @@ def test_a_service_name_the_dockerfile_does_not_know_fails_the_build():
     stages = [a.split(" AS ")[-1] for kw, a in instructions(SERVICE_DOCKERFILE) if " AS " in a]
     assert {s.removeprefix("service-") for s in stages if s.startswith("service-")} == {
         *SERVICE_PORTS,
-        "web",
+        *HTTP_SERVICES,
     }
 
 
@@ -111,7 +114,8 @@ def _deps_python_check() -> str:
         ("stt", None),
         ("frontend", "DEPS=frontend-cpu or DEPS=frontend-cuda"),
         ("web", None),
-        ("", "expected gateway, stt, oracle, frontend or web"),
+        ("telephony", None),
+        ("", "expected gateway, stt, oracle, frontend, web or telephony"),
     ],
 )
 def test_the_plain_python_dependency_stage_refuses_the_frontend_and_unknown_names(service, message):

@@ -12,9 +12,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from kame_cli.stack import Ports
-from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, WEB_PORTS
+from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
 from tests.deploy.conftest import (
     CHART,
+    HTTP_SERVICES,
     LLM_DOCKERFILE,
     ROOT,
     SERVICE_DOCKERFILE,
@@ -97,6 +98,20 @@ def test_compose_uses_them(configs):
         {k: str(v) for k, v in by_service.pop("web")[0][1]["environment"].items()}
     )
     assert (web.port, web.metrics_port) == (WEB_PORTS.http, WEB_PORTS.metrics)
+    telephony = configs["telephony"].load(
+        {k: str(v) for k, v in by_service.pop("telephony")[0][1]["environment"].items()}
+    )
+    assert (
+        telephony.sip_port,
+        telephony.port,
+        telephony.audiosocket_port,
+        telephony.metrics_port,
+    ) == (
+        TELEPHONY_PORTS.sip,
+        TELEPHONY_PORTS.http,
+        TELEPHONY_PORTS.audiosocket,
+        TELEPHONY_PORTS.metrics,
+    )
     hosts = {}
     for service, specs in by_service.items():
         for name, spec in specs:
@@ -124,7 +139,7 @@ def test_compose_uses_them(configs):
 def test_the_compose_tls_override_uses_the_health_ports():
     override = yaml.safe_load(TLS_OVERRIDE.read_text())["services"]
     for name, spec in override.items():
-        if name == "web":
+        if name in HTTP_SERVICES:
             continue  # HTTP: probed on /healthz, no health port
         service = "frontend" if name.startswith("frontend") else name
         port = spec["environment"][f"KAME_{service.upper()}_HEALTH_PORT"]

@@ -151,7 +151,8 @@ def test_a_restricted_gateway_still_takes_the_web_pods():
     rendered = helm_render({"networkPolicy": {"gatewayFrom": clients}})
     converse = policy(rendered, "gateway")["ingress"][0]
     web_pods = policy(rendered, "web")["podSelector"]
-    assert converse["from"] == [*clients, {"podSelector": web_pods}]
+    assert converse["from"][: len(clients)] == clients  # then this release's gateway clients
+    assert {"podSelector": web_pods} in converse["from"]
     ingress = [{"podSelector": {"matchLabels": {"app": "ingress-nginx"}}}]
     page = policy(helm_render({"networkPolicy": {"webFrom": ingress}}), "web")["ingress"][0]
     assert page["from"] == ingress

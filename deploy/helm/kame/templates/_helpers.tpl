@@ -444,3 +444,37 @@ certificates (tls.gateway.clientCaSecret), which the web bridge does not present
 {{- define "kame.webEnabled" -}}
 {{- if and .Values.web.enabled (not .Values.tls.gateway.clientCaSecret) }}true{{ end }}
 {{- end }}
+
+{{/* "true" when the telephony service is installed: telephony.enabled, and a gateway that does not
+require client certificates (tls.gateway.clientCaSecret), which telephony does not present. */}}
+{{- define "kame.telephonyEnabled" -}}
+{{- if and .Values.telephony.enabled (not .Values.tls.gateway.clientCaSecret) }}true{{ end }}
+{{- end }}
+
+{{/* The telephony ports phones and PBXs reach (Service ports): SIP over UDP, HTTP (Twilio's webhook
+and Media Streams), AudioSocket; with telephony.service.rtp on a published Service (.public),
+each RTP port too (a Service has no port ranges). */}}
+{{- define "kame.telephonyPorts" -}}
+{{- $values := .root.Values.telephony }}
+- name: sip
+  port: {{ $values.sipPort }}
+  targetPort: sip
+  protocol: UDP
+- name: http
+  port: {{ $values.port }}
+  targetPort: http
+  protocol: TCP
+  appProtocol: http
+- name: audiosocket
+  port: {{ $values.audiosocketPort }}
+  targetPort: audiosocket
+  protocol: TCP
+{{- if and .public $values.service.rtp }}
+{{- range $port := untilStep (int $values.rtpPortFirst) (int (add1 $values.rtpPortLast)) 1 }}
+- name: rtp-{{ $port }}
+  port: {{ $port }}
+  targetPort: {{ $port }}
+  protocol: UDP
+{{- end }}
+{{- end }}
+{{- end }}
