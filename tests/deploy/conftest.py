@@ -58,18 +58,9 @@ class ServiceConfig:
     def load(self, env: dict[str, str]) -> typing.Any:
         """The settings the service would run with in `env`, through its own loader (which
         adds its range checks to the dataclass's types and choices). Settings naming files
-        (`*_FILE`: TLS certificates, keys and CAs) load as paths: the files exist only inside
-        the container, so tests check them against the mounts. A loader that reads such a file
-        to validate it (a gateway client's CA) reads a stand-in, and the path stays as written."""
-        absent = {
-            name: path
-            for name, path in env.items()
-            if name.endswith("_FILE") and path and not Path(path).exists()
-        }
-        settings = load_settings(self.cls, [], {**env, **dict.fromkeys(absent, __file__)})
-        for name, field in self.env_fields(absent).items():
-            setattr(settings, field, absent[name])
-        return settings
+        (`*_FILE`: TLS certificates and keys) load as paths: the files exist only inside the
+        container, so tests check them against the mounts."""
+        return load_settings(self.cls, [], env)
 
     @property
     def fields(self) -> dict[str, dataclasses.Field]:
