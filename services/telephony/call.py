@@ -102,6 +102,9 @@ class PhoneCall:
         self.info = info
         self.codec = codec
         self.session_id = ""
+        # Set once the gateway has started the session: a protocol that can
+        # answer late (SIP) answers the phone then, not before it knows.
+        self.started = asyncio.Event()
         self.ended: Ended | None = None
         self.status = ""  # the gateway's status when it ended the call ("" = OK)
         self._channel = channel
@@ -211,7 +214,12 @@ class PhoneCall:
                 return  # our own cancel after the caller hung up
             self.ended = Ended.GATEWAY_ERROR
             self.status = f"{exc.code().name}: {exc.details()}"
-            log.warning("%s call %s: gateway: %s", self.info.provider, self.info.provider_call_id, self.status)
+            log.warning(
+                "%s call %s: gateway: %s",
+                self.info.provider,
+                self.info.provider_call_id,
+                self.status,
+            )
 
     async def _on_response(self, response: gateway_pb2.ConverseResponse) -> None:
         kind = response.WhichOneof("msg")
@@ -224,6 +232,7 @@ class PhoneCall:
             await self._leg.clear()
         elif kind == "started":
             self.session_id = response.started.session_id
+            self.started.set()
         elif kind == "dtmf":
             self.dtmf_echoed.append(response.dtmf.digit)
         elif kind == "notice":
