@@ -277,7 +277,7 @@ class SipCall:
         try:
             self.answer(offer)
         except SdpNegotiationError:
-            self.server.reply(self.invite.invite, 488, "Not Acceptable Here")
+            self.server.reply(self.invite, 488, "Not Acceptable Here")
             return
         self.held = on_hold(offer)
         address = offer.rtp_address
@@ -387,7 +387,7 @@ class SipServer:
     def _on_reinvite(self, invite: IncomingCall) -> None:
         sip_call = self.calls.get(invite.call_id)
         if sip_call is None or not sip_call.answered:
-            self.reply(invite.invite, 491, "Request Pending")
+            self.reply(invite, 491, "Request Pending")
             return
         sip_call.reinvite()
 
@@ -486,13 +486,12 @@ class SipServer:
 
     # ---- sending -------------------------------------------------------------------
 
-    def reply(self, request: SipRequest, status: int, phrase: str) -> None:
-        """A final response to an in-dialog request, outside aiosipua's helpers
+    def reply(self, invite: IncomingCall, status: int, phrase: str) -> None:
+        """A final error response to a re-INVITE, outside aiosipua's helpers
         (IncomingCall.reject would end the whole dialog)."""
-        sip_call = self.calls.get(request.call_id or "")
-        if sip_call is None or self._transport is None:
+        if self._transport is None:
             return
-        response = sip_call.invite.dialog.create_response(request, status, phrase)
+        response = invite.dialog.create_response(invite.invite, status, phrase)
         response.headers.set_single("User-Agent", USER_AGENT)
         self._transport.send_reply(response)
 

@@ -438,6 +438,24 @@ Content-Length: 0
     await all_ended(rig, sip)
 
 
+async def test_a_session_the_gateway_refuses_is_never_answered(rig, tmp_path):
+    # The frontend refuses: the gateway ends the Converse call before it starts a
+    # session, so the phone, still ringing, gets 503 instead of a call that is
+    # answered and hung up at once.
+    rig.frontend.refuse = grpc.StatusCode.UNAVAILABLE
+    sip = await rig.sip()
+    xml = scenario(
+        request("INVITE", sdp()),
+        '  <recv response="100" optional="true"/>\n',
+        '  <recv response="180" optional="true"/>\n',
+        '  <recv response="503"/>\n',
+        ACK_ERROR,
+    )
+    result = await sipp(xml, f"127.0.0.1:{sip.port}", tmp_path)
+    assert result.passed, result.output
+    await all_ended(rig, sip)
+
+
 async def test_keys_from_sipp_reach_the_session_once_each(rig, tmp_path):
     sip = await rig.sip()
     pcaps = [SIPP_PCAPS / f"dtmf_2833_{key}.pcap" for key in ("1", "2", "pound")]
