@@ -42,7 +42,7 @@ from aiosipua import (
 
 from kame_common.aio import cancel_and_wait
 from services.telephony.call import CallInfo, PhoneCall
-from services.telephony.playout import PCMA, PCMU, PhoneCodec
+from services.telephony.playout import PACKET_S, PCMA, PCMU, PhoneCodec
 from services.telephony.service import Telephony
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,8 @@ DEFAULT_DTMF_PAYLOAD_TYPE = 101
 CLOCK_RATE = 8000
 SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz
 DTMF_DIGITS = frozenset("0123456789*#ABCD")
+# Caller audio this late is taken for missing, and silence goes in its place.
+CALLER_GAP_S = 0.1
 # What a refused INVITE is answered with, by Telephony.refusal's reason.
 REFUSALS = {
     "network": (403, "Forbidden"),
@@ -209,6 +211,9 @@ class SipCall:
         self._talking = False  # the last packet sent carried agent speech
         self._restart = True  # the next packet sent starts a talk spurt
         self._sdp_version = 0
+        # The caller's side of the call in our clock's seconds: how far its
+        # audio (or silence standing in for it) has reached the PhoneCall.
+        self._caller_until = 0.0
 
     @property
     def call_id(self) -> str:
@@ -288,8 +293,26 @@ class SipCall:
     # ---- media from the phone -----------------------------------------------------
 
     def on_audio(self, payload: bytes, _timestamp: int) -> None:
-        if self.call is not None:
-            self.call.caller_audio(payload)
+        if self.call is None:
+            return
+        now = asyncio.get_running_loop().time()
+        self._caller_until = max(self._caller_until, now - CALLER_GAP_S) + len(payload) / CLOCK_RATE
+        self.call.caller_audio(payload)
+
+    async def fill_caller_silence(self) -> None:
+        """Silence in place of caller audio that does not come: the gateway answers
+        each caller frame with an agent frame, so a phone that stops sending (silence
+        suppression, a key's RFC 4733 packets replacing audio, lost packets, hold)
+        must not stop the agent's voice. Runs from the answer to the end."""
+        assert self.call is not None
+        loop = asyncio.get_running_loop()
+        silence = self.media.codec.silence(self.media.codec.packet_bytes)
+        self._caller_until = loop.time()
+        while True:
+            await asyncio.sleep(PACKET_S)
+            while self._caller_until < loop.time() - CALLER_GAP_S:
+                self.call.caller_audio(silence)
+                self._caller_until += PACKET_S
 
     def on_dtmf(self, digit: str, duration: int) -> None:
         """An RFC 4733 event has ended (aiortp reports each once, whatever number
@@ -468,10 +491,12 @@ class SipServer:
         invite.ringing()
         running = asyncio.ensure_future(self.telephony.run(call))
         started = asyncio.ensure_future(call.started.wait())
+        filler: asyncio.Future[None] | None = None
         try:
             await asyncio.wait([running, started], return_when=asyncio.FIRST_COMPLETED)
             if started.done() and not sip_call.phone_gone:
                 sip_call.answer(offer)
+                filler = asyncio.ensure_future(sip_call.fill_caller_silence())
                 log.info(
                     "sip call %s from %s answered (%s, session %s)",
                     invite.call_id,
@@ -481,7 +506,7 @@ class SipServer:
                 )
             await running
         finally:
-            await cancel_and_wait([running, started])
+            await cancel_and_wait([f for f in (running, started, filler) if f is not None])
         sip_call.end_here()  # ended on our side (stop, a drain): the phone is told
 
     # ---- sending -------------------------------------------------------------------
