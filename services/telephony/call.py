@@ -214,12 +214,7 @@ class PhoneCall:
                 return  # our own cancel after the caller hung up
             self.ended = Ended.GATEWAY_ERROR
             self.status = f"{exc.code().name}: {exc.details()}"
-            log.warning(
-                "%s call %s: gateway: %s",
-                self.info.provider,
-                self.info.provider_call_id,
-                self.status,
-            )
+            log.warning("%s call %s: gateway: %s", self.info.provider, self.info.provider_call_id, self.status)
 
     async def _on_response(self, response: gateway_pb2.ConverseResponse) -> None:
         kind = response.WhichOneof("msg")

@@ -423,9 +423,16 @@ class SipServer:
     def _on_cancel(self, request: SipRequest, _addr: tuple[str, int]) -> None:
         # aiosipua has answered 487 to the INVITE (it was not answered yet).
         sip_call = self.calls.get(request.call_id or "")
-        if sip_call is not None and not sip_call.answered:
-            log.info("sip call %s: cancelled by the phone", sip_call.call_id)
-            sip_call.phone_hung_up()
+        if sip_call is None:
+            return
+        if sip_call.answered:
+            # The CANCEL crossed our 200 OK: the call stands (the phone will send
+            # BYE), but aiosipua forgot its dialog, and with it the ACK and BYE.
+            assert self._uas is not None
+            self._uas._calls[sip_call.call_id] = sip_call.invite
+            return
+        log.info("sip call %s: cancelled by the phone", sip_call.call_id)
+        sip_call.phone_hung_up()
 
     def _on_ack_timeout(self, invite: IncomingCall) -> None:
         # Our 200 OK was never acknowledged: the phone is not there.

@@ -354,6 +354,23 @@ Content-Length: 0
 """
 
 
+CANCEL = """\
+  <send>
+    <![CDATA[
+CANCEL sip:agent@[remote_ip]:[remote_port] SIP/2.0
+[last_Via:]
+From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]
+To: <sip:agent@[remote_ip]:[remote_port]>
+Call-ID: [call_id]
+CSeq: 1 CANCEL
+Max-Forwards: 70
+Content-Length: 0
+
+    ]]>
+  </send>
+"""
+
+
 def scenario(*steps: str) -> str:
     body = "".join(textwrap.dedent(step) if step.startswith(" ") else step for step in steps)
     return (
@@ -396,27 +413,12 @@ async def test_a_call_cancelled_while_ringing_ends_its_session(rig, tmp_path):
     # phone rings until the caller gives up.
     rig.frontend.silent_start = True
     sip = await rig.sip()
-    cancel = """\
-  <send>
-    <![CDATA[
-CANCEL sip:agent@[remote_ip]:[remote_port] SIP/2.0
-[last_Via:]
-From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]
-To: <sip:agent@[remote_ip]:[remote_port]>
-Call-ID: [call_id]
-CSeq: 1 CANCEL
-Max-Forwards: 70
-Content-Length: 0
-
-    ]]>
-  </send>
-"""
     xml = scenario(
         request("INVITE", sdp()),
         '  <recv response="100" optional="true"/>\n',
         '  <recv response="180"/>\n',
         '  <pause milliseconds="300"/>\n',
-        cancel,
+        CANCEL,
         '  <recv response="200"/>\n',
         '  <recv response="487"/>\n',
         ACK_ERROR,
@@ -435,6 +437,25 @@ Content-Length: 0
         watcher.cancel()
     assert result.passed, result.output
     assert max(calls_seen) == 1  # the Converse call was under way while it rang
+    await all_ended(rig, sip)
+
+
+async def test_a_cancel_that_crosses_the_answer_leaves_the_call_standing(rig, tmp_path):
+    sip = await rig.sip()
+    xml = scenario(
+        request("INVITE", sdp()),
+        '  <recv response="100" optional="true"/>\n',
+        '  <recv response="180" optional="true"/>\n',
+        '  <recv response="200" rrs="true"/>\n',
+        CANCEL,  # too late: the call was answered
+        '  <recv response="200"/>\n',
+        in_dialog("ACK", 1),
+        '  <pause milliseconds="300"/>\n',
+        in_dialog("BYE", 2),
+        '  <recv response="200"/>\n',  # not 481: the dialog is still known
+    )
+    result = await sipp(xml, f"127.0.0.1:{sip.port}", tmp_path)
+    assert result.passed, result.output
     await all_ended(rig, sip)
 
 
