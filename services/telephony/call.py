@@ -102,6 +102,9 @@ class PhoneCall:
         self.info = info
         self.codec = codec
         self.session_id = ""
+        # Set once the gateway has started the session: a protocol that can
+        # answer late (SIP) answers the phone then, not before it knows.
+        self.started = asyncio.Event()
         self.ended: Ended | None = None
         self.status = ""  # the gateway's status when it ended the call ("" = OK)
         self._channel = channel
@@ -230,6 +233,7 @@ class PhoneCall:
             await self._leg.clear()
         elif kind == "started":
             self.session_id = response.started.session_id
+            self.started.set()
         elif kind == "dtmf":
             self.dtmf_echoed.append(response.dtmf.digit)
         elif kind == "notice":

@@ -1,17 +1,552 @@
-"""SIP user agent (being written): answers INVITEs, RTP both ways."""
+"""SIP user agent: phones and trunks call in over UDP, each call one Converse call.
+
+Signalling is aiosipua's (transactions, dialogs, SDP offer/answer), media
+aiortp's (RTP/RTCP sockets, a reordering jitter buffer, RFC 4733 telephone
+events); services/telephony/README.md says why these. Per INVITE:
+
+- admission first: a peer outside allowed_networks gets 403, a full or
+  draining replica 486 / 503, an offer without PCMU or PCMA 488;
+- otherwise an RTP port pair from rtp_port_first..last, a PhoneCall in the
+  offered G.711 codec (passed through as is: the gateway decodes G.711 itself),
+  180 Ringing, and 200 OK with our SDP once the gateway has started the
+  session (a gateway that refuses the call gets the phone a 503, not a call
+  that is answered and hung up at once);
+- caller RTP through aiortp's jitter buffer (in order, lost packets skipped)
+  to `caller_audio`, each telephone event once (at its end) to `caller_dtmf`;
+- agent audio as 20 ms RTP packets, timestamps +160 each, the marker bit at
+  the start of each talk spurt; nothing is sent while the phone holds the call
+  (a re-INVITE with sendonly or inactive);
+- a BYE from the phone ends the Converse call; our side ending it (the
+  gateway's end, `stop()`) sends BYE, repeated until answered as RFC 3261 asks
+  of UDP.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiortp
+from aiosipua import (
+    IncomingCall,
+    SdpMessage,
+    SdpNegotiationError,
+    SipRequest,
+    SipResponse,
+    SipUAS,
+    UdpSipTransport,
+    negotiate_sdp,
+)
+
+from kame_common.aio import cancel_and_wait
+from services.telephony.call import CallInfo, PhoneCall
+from services.telephony.playout import PACKET_S, PCMA, PCMU, PhoneCodec
 from services.telephony.service import Telephony
+
+log = logging.getLogger(__name__)
+
+PROVIDER = "sip"
+USER_AGENT = "kame-telephony"
+# The static RTP payload types of G.711 (RFC 3551).
+PAYLOAD_TYPES = {"PCMU": 0, "PCMA": 8}
+CODECS = {"PCMU": PCMU, "PCMA": PCMA}
+# Offered when the phone names no telephone-event type of its own.
+DEFAULT_DTMF_PAYLOAD_TYPE = 101
+CLOCK_RATE = 8000
+SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz
+DTMF_DIGITS = frozenset("0123456789*#ABCD")
+# Caller audio this late is taken for missing, and silence goes in its place.
+CALLER_GAP_S = 0.1
+# What a refused INVITE is answered with, by Telephony.refusal's reason.
+REFUSALS = {
+    "network": (403, "Forbidden"),
+    "busy": (486, "Busy Here"),
+    "draining": (503, "Service Unavailable"),
+}
+# The jitter buffer: 16 packets (320 ms) of room for reordering, audio handed on
+# once two packets are in (40 ms), a gap skipped once a later packet proves it lost.
+JITTER_CAPACITY = 16
+JITTER_PREFETCH = 2
+# BYE over UDP is retransmitted from T1 doubling up to T2 until answered, for at
+# most 64 * T1 (RFC 3261 17.1.2.2).
+T1_S, T2_S = 0.5, 4.0
+BYE_GIVE_UP_S = 64 * T1_S
+STOP_WAIT_S = 5.0
+
+
+class _Datagrams(asyncio.DatagramProtocol):
+    """Datagrams to the SIP transport's parser."""
+
+    def __init__(self, owner: UdpTransport) -> None:
+        self._owner = owner
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._owner._udp_transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self._owner._dispatch(data, (str(addr[0]), int(addr[1])))
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("sip: udp: %s", exc)
+
+
+class UdpTransport(UdpSipTransport):
+    """aiosipua's UDP transport with a protocol of our own: aiosipua's asserts that
+    asyncio hands it a DatagramTransport, which the selector loop's datagram
+    transport of Python 3.11 is not (it is from 3.12 on)."""
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.create_datagram_endpoint(lambda: _Datagrams(self), local_addr=self.local_addr)
+
+    @property
+    def bound_port(self) -> int:
+        assert self._udp_transport is not None
+        return int(self._udp_transport.get_extra_info("sockname")[1])
+
+
+class G711Passthrough(aiortp.Codec):
+    """aiortp decodes what it receives with the session's codec; the gateway takes
+    G.711 as is, so this codec hands the payload on unchanged."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def sample_rate(self) -> int:
+        return CLOCK_RATE
+
+    @property
+    def samples_per_frame(self) -> int:
+        return SAMPLES_PER_PACKET
+
+    def encode(self, pcm: bytes) -> bytes:
+        return pcm
+
+    def decode(self, payload: bytes) -> bytes:
+        return payload
+
+
+class PhoneRtp(aiortp.RTPSession):
+    """aiortp's audio session, plus sending with the marker bit and letting time
+    pass without sending (hold): its own send API has neither."""
+
+    def send_packet(self, payload: bytes, marker: bool) -> None:
+        if self._sender is None or self._closed:
+            return
+        self._sender.send_frame_auto(payload, marker=int(marker), addr=self._remote_addr)
+
+    def skip_packet(self) -> None:
+        """A packet's time passed unsent: the next one's timestamp shows the gap."""
+        if self._sender is not None:
+            self._sender.advance_timestamp()
+
+
+@dataclass(frozen=True)
+class MediaChoice:
+    """What a call's audio is: the codec and the payload types both ways."""
+
+    codec: PhoneCodec
+    payload_type: int
+    dtmf_payload_type: int
+
+
+def choose_media(offer: SdpMessage | None, codec_choices: list[str]) -> MediaChoice | None:
+    """The first of `codec_choices` the offer carries (None: no G.711 offered).
+    Telephone events keep the phone's payload type, so both directions agree."""
+    audio = offer.audio if offer is not None else None
+    if audio is None or offer is None or offer.rtp_address is None:
+        return None
+    offered = {codec.payload_type: codec.encoding_name.upper() for codec in audio.codecs}
+    offered.update({int(f): "" for f in audio.formats if f.isdigit() and int(f) not in offered})
+    for name in codec_choices:
+        payload_type = PAYLOAD_TYPES[name]
+        if payload_type in offered and offered[payload_type] in ("", name):
+            dtmf = next(
+                (
+                    codec.payload_type
+                    for codec in audio.codecs
+                    if codec.encoding_name.lower() == "telephone-event"
+                    and codec.clock_rate in (0, CLOCK_RATE)
+                ),
+                DEFAULT_DTMF_PAYLOAD_TYPE,
+            )
+            return MediaChoice(CODECS[name], payload_type, dtmf)
+    return None
+
+
+def on_hold(offer: SdpMessage) -> bool:
+    """Whether an offer puts the call on hold: the phone will not listen (sendonly,
+    inactive), or the old way, a connection address of 0.0.0.0."""
+    audio = offer.audio
+    if audio is None:
+        return True
+    address = offer.rtp_address
+    return audio.direction in ("sendonly", "inactive") or (
+        address is not None and address[0] in ("0.0.0.0", "::")
+    )
+
+
+class SipCall:
+    """One phone call: the SIP dialog, its RTP session and the PhoneCall between
+    them. It is the call's PhoneLeg."""
+
+    def __init__(self, server: SipServer, invite: IncomingCall, media: MediaChoice) -> None:
+        self.server = server
+        self.invite = invite
+        self.media = media
+        self.rtp_port = 0
+        self.rtp: PhoneRtp | None = None
+        self.call: PhoneCall | None = None
+        self.answered = False
+        self.held = False
+        self.phone_gone = False  # BYE or CANCEL from the phone
+        self.bye_sent = False
+        self._talking = False  # the last packet sent carried agent speech
+        self._restart = True  # the next packet sent starts a talk spurt
+        self._sdp_version = 0
+        # The caller's side of the call in our clock's seconds: how far its
+        # audio (or silence standing in for it) has reached the PhoneCall.
+        self._caller_until = 0.0
+
+    @property
+    def call_id(self) -> str:
+        return self.invite.call_id
+
+    # ---- the PhoneLeg ---------------------------------------------------------
+
+    async def send_audio(self, packet: bytes, speaking: bool) -> None:
+        if self.rtp is None:
+            return
+        if self.held or not self.answered:
+            self.rtp.skip_packet()
+            self._restart = True
+            return
+        marker = self._restart or (speaking and not self._talking)
+        self._talking, self._restart = speaking, False
+        self.rtp.send_packet(packet, marker)
+
+    async def clear(self) -> None:
+        """Nothing to do: RTP has no queue at the far end beyond its own small
+        jitter buffer, and the playout was flushed."""
+
+    async def hang_up(self, reason: str) -> None:
+        log.info("sip call %s: hanging up: %s", self.call_id, reason)
+        self.end_here()
+
+    # ---- the dialog -------------------------------------------------------------
+
+    def end_here(self) -> None:
+        """Our side ends the call: BYE once answered, 503 while still ringing."""
+        if self.phone_gone or self.bye_sent:
+            return
+        if self.answered:
+            self.bye_sent = True
+            self.server.send_bye(self.invite)
+        else:
+            self.phone_gone = True  # the INVITE is over either way
+            self.invite.reject(503, "Service Unavailable")
+
+    def phone_hung_up(self) -> None:
+        self.phone_gone = True
+        if self.call is not None:
+            self.call.caller_hung_up()
+
+    def answer(self, offer: SdpMessage) -> None:
+        """200 OK with our answer to `offer` (the INVITE's or a re-INVITE's)."""
+        answer, _ = negotiate_sdp(
+            offer=offer,
+            local_ip=self.server.telephony.settings.advertised_ip,
+            rtp_port=self.rtp_port,
+            supported_codecs=[self.media.payload_type],
+            dtmf_payload_type=self.media.dtmf_payload_type,
+            session_id=str(self.rtp_port),
+        )
+        self._sdp_version += 1
+        answer.origin.session_version = str(self._sdp_version)
+        self.invite.accept(answer)
+        self.answered = True
+
+    def reinvite(self) -> None:
+        """A new offer in the dialog: hold, resume, or a new address for the media."""
+        offer = self.invite.sdp_offer
+        if offer is None or self.rtp is None:
+            self.invite.accept(self.invite.sdp_answer)  # no offer: the last answer stands
+            return
+        try:
+            self.answer(offer)
+        except SdpNegotiationError:
+            self.server.reply(self.invite, 488, "Not Acceptable Here")
+            return
+        self.held = on_hold(offer)
+        address = offer.rtp_address
+        if not self.held and address is not None and address[1]:
+            self.rtp.update_remote(address)
+        log.info("sip call %s: %s", self.call_id, "on hold" if self.held else "resumed")
+
+    # ---- media from the phone -----------------------------------------------------
+
+    def on_audio(self, payload: bytes, _timestamp: int) -> None:
+        if self.call is None:
+            return
+        now = asyncio.get_running_loop().time()
+        self._caller_until = max(self._caller_until, now - CALLER_GAP_S) + len(payload) / CLOCK_RATE
+        self.call.caller_audio(payload)
+
+    async def fill_caller_silence(self) -> None:
+        """Silence in place of caller audio that does not come: the gateway answers
+        each caller frame with an agent frame, so a phone that stops sending (silence
+        suppression, a key's RFC 4733 packets replacing audio, lost packets, hold)
+        must not stop the agent's voice. Runs from the answer to the end."""
+        assert self.call is not None
+        loop = asyncio.get_running_loop()
+        silence = self.media.codec.silence(self.media.codec.packet_bytes)
+        self._caller_until = loop.time()
+        while True:
+            await asyncio.sleep(PACKET_S)
+            while self._caller_until < loop.time() - CALLER_GAP_S:
+                self.call.caller_audio(silence)
+                self._caller_until += PACKET_S
+
+    def on_dtmf(self, digit: str, duration: int) -> None:
+        """An RFC 4733 event has ended (aiortp reports each once, whatever number
+        of end packets repeat it); its duration is in timestamp units."""
+        if self.call is not None and digit in DTMF_DIGITS:
+            self.call.caller_dtmf(digit, duration * 1000 // CLOCK_RATE)
 
 
 class SipServer:
+    """The SIP side of the telephony service: one UDP socket for signalling, an RTP
+    port pair per call."""
+
     def __init__(self, telephony: Telephony) -> None:
         self.telephony = telephony
+        self.settings = telephony.settings
         self.port = 0
+        self.calls: dict[str, SipCall] = {}  # by Call-ID, from INVITE to the end
+        # Pairs (RTP even, RTCP the odd one above) within first..last; aiortp's
+        # allocator probes each and never hands the same pair out twice.
+        self._ports = aiortp.PortAllocator(
+            (self.settings.rtp_port_first, self.settings.rtp_port_last)
+        )
+        self._transport: UdpTransport | None = None
+        self._uas: SipUAS | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._byes: dict[str, asyncio.Task[None]] = {}  # Call-ID -> BYE until answered
 
     async def start(self) -> None:
-        raise NotImplementedError
+        self._transport = UdpTransport(local_addr=(self.settings.host, self.settings.sip_port))
+        uas = SipUAS(self._transport, user_agent=USER_AGENT)
+        uas.on_invite = self._on_invite
+        uas.on_reinvite = self._on_reinvite
+        uas.on_bye = self._on_bye
+        uas.on_cancel = self._on_cancel
+        uas.on_ack_timeout = self._on_ack_timeout
+        await uas.start()
+        self._uas = uas
+        self._transport.on_message = self._on_message
+        self.port = self._transport.bound_port
+        # Contact and Via name where phones reach us, not the address we bind.
+        uas.advertised_addr = (self.settings.advertised_ip, self.port)
 
     async def stop(self) -> None:
-        pass
+        """Hang up every open call (BYE), then close the socket."""
+        for sip_call in list(self.calls.values()):
+            sip_call.end_here()
+            sip_call.phone_hung_up()  # ends the Converse call; the BYE is out already
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=STOP_WAIT_S)
+        await cancel_and_wait(list(self._tasks) + list(self._byes.values()))
+        if self._uas is not None:
+            await self._uas.stop()
+
+    # ---- requests ----------------------------------------------------------------
+
+    def _on_message(self, message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
+        """Responses to our BYEs stop their retransmission; the UAS takes the rest."""
+        if isinstance(message, SipResponse):
+            cseq = message.cseq
+            if cseq is not None and cseq.method.upper() == "BYE" and message.status_code >= 200:
+                task = self._byes.pop(message.call_id or "", None)
+                if task is not None:
+                    task.cancel()
+            return
+        assert self._uas is not None
+        self._uas._on_message(message, addr)
+
+    def _on_invite(self, invite: IncomingCall) -> None:
+        call_id = invite.call_id
+        if call_id in self.calls:
+            # A retransmitted INVITE (our 100 Trying crossed it): aiosipua made a
+            # new dialog for it; the call goes on with the one it has.
+            assert self._uas is not None
+            self._uas._calls[call_id] = self.calls[call_id].invite
+            return
+        peer = invite.source_addr[0]
+        reason = self.telephony.refusal(PROVIDER, peer)
+        if reason:
+            status, phrase = REFUSALS.get(reason, (503, "Service Unavailable"))
+            log.info("sip: refused %s from %s: %s", call_id, peer, reason)
+            invite.reject(status, phrase)
+            return
+        media = choose_media(invite.sdp_offer, self.settings.codec_choices)
+        if media is None:
+            self.telephony.refused(PROVIDER, "codec")
+            log.info("sip: refused %s from %s: no G.711 offered", call_id, peer)
+            invite.reject(488, "Not Acceptable Here")
+            return
+        sip_call = SipCall(self, invite, media)
+        self.calls[call_id] = sip_call
+        task = asyncio.ensure_future(self._run(sip_call))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_reinvite(self, invite: IncomingCall) -> None:
+        sip_call = self.calls.get(invite.call_id)
+        if sip_call is None or not sip_call.answered:
+            self.reply(invite, 491, "Request Pending")
+            return
+        sip_call.reinvite()
+
+    def _on_bye(self, invite: IncomingCall, _request: SipRequest) -> None:
+        sip_call = self.calls.get(invite.call_id)
+        if sip_call is not None:
+            log.info("sip call %s: the phone hung up", invite.call_id)
+            sip_call.phone_hung_up()
+
+    def _on_cancel(self, request: SipRequest, _addr: tuple[str, int]) -> None:
+        # aiosipua has answered 487 to the INVITE (it was not answered yet).
+        sip_call = self.calls.get(request.call_id or "")
+        if sip_call is None:
+            return
+        if sip_call.answered:
+            # The CANCEL crossed our 200 OK: the call stands (the phone will send
+            # BYE), but aiosipua forgot its dialog, and with it the ACK and BYE.
+            assert self._uas is not None
+            self._uas._calls[sip_call.call_id] = sip_call.invite
+            return
+        log.info("sip call %s: cancelled by the phone", sip_call.call_id)
+        sip_call.phone_hung_up()
+
+    def _on_ack_timeout(self, invite: IncomingCall) -> None:
+        # Our 200 OK was never acknowledged: the phone is not there.
+        sip_call = self.calls.get(invite.call_id)
+        if sip_call is not None:
+            log.warning("sip call %s: no ACK for our 200 OK", invite.call_id)
+            sip_call.phone_hung_up()
+
+    # ---- one call ----------------------------------------------------------------
+
+    async def _run(self, sip_call: SipCall) -> None:
+        try:
+            sip_call.rtp_port, _ = await self._ports.allocate()
+        except RuntimeError:
+            self.calls.pop(sip_call.call_id, None)
+            first, last = self.settings.rtp_port_first, self.settings.rtp_port_last
+            log.warning("sip: no free RTP port pair in %d..%d", first, last)
+            self.telephony.refused(PROVIDER, "busy")
+            sip_call.end_here()
+            return
+        try:
+            await self._bridge(sip_call)
+        except Exception:
+            log.exception("sip call %s failed", sip_call.call_id)
+            sip_call.end_here()
+        finally:
+            self.calls.pop(sip_call.call_id, None)
+            if sip_call.rtp is not None:
+                log.info("sip call %s: rtp %s", sip_call.call_id, describe(sip_call.rtp.stats))
+                await sip_call.rtp.close()
+            await self._ports.release(sip_call.rtp_port)
+
+    async def _bridge(self, sip_call: SipCall) -> None:
+        invite, media = sip_call.invite, sip_call.media
+        offer = invite.sdp_offer
+        assert offer is not None and offer.rtp_address is not None
+        rtp = await PhoneRtp.create(
+            local_addr=(self.settings.host, sip_call.rtp_port),
+            remote_addr=offer.rtp_address,
+            payload_type=media.payload_type,
+            codec=G711Passthrough(media.codec.name),
+            clock_rate=CLOCK_RATE,
+            dtmf_payload_type=media.dtmf_payload_type,
+            jitter_capacity=JITTER_CAPACITY,
+            jitter_prefetch=JITTER_PREFETCH,
+            skip_audio_gaps=True,
+            plc=False,  # concealment works on PCM; we pass G.711 through
+        )
+        assert isinstance(rtp, PhoneRtp)
+        sip_call.rtp = rtp
+        info = CallInfo(
+            provider=PROVIDER,
+            caller=invite.caller,
+            callee=invite.callee or invite.invite.uri,
+            provider_call_id=invite.call_id,
+        )
+        call = self.telephony.new_call(info, media.codec, sip_call)
+        sip_call.call = call
+        rtp.on_audio = sip_call.on_audio
+        rtp.on_dtmf = sip_call.on_dtmf
+        if sip_call.phone_gone:  # cancelled while the RTP port was bound
+            return
+        invite.ringing()
+        running = asyncio.ensure_future(self.telephony.run(call))
+        started = asyncio.ensure_future(call.started.wait())
+        filler: asyncio.Future[None] | None = None
+        try:
+            await asyncio.wait([running, started], return_when=asyncio.FIRST_COMPLETED)
+            if started.done() and not sip_call.phone_gone:
+                sip_call.answer(offer)
+                filler = asyncio.ensure_future(sip_call.fill_caller_silence())
+                log.info(
+                    "sip call %s from %s answered (%s, session %s)",
+                    invite.call_id,
+                    invite.caller,
+                    media.codec.name,
+                    call.session_id,
+                )
+            await running
+        finally:
+            await cancel_and_wait([f for f in (running, started, filler) if f is not None])
+        sip_call.end_here()  # ended on our side (stop, a drain): the phone is told
+
+    # ---- sending -------------------------------------------------------------------
+
+    def reply(self, invite: IncomingCall, status: int, phrase: str) -> None:
+        """A final error response to a re-INVITE, outside aiosipua's helpers
+        (IncomingCall.reject would end the whole dialog)."""
+        if self._transport is None:
+            return
+        response = invite.dialog.create_response(invite.invite, status, phrase)
+        response.headers.set_single("User-Agent", USER_AGENT)
+        self._transport.send_reply(response)
+
+    def send_bye(self, invite: IncomingCall) -> None:
+        bye = invite.hangup()
+        if bye is None or self._transport is None:
+            return
+        task = asyncio.ensure_future(self._repeat(bye, invite.source_addr))
+        self._byes[invite.call_id] = task
+        task.add_done_callback(lambda _: self._byes.pop(invite.call_id, None))
+
+    async def _repeat(self, request: SipRequest, addr: tuple[str, int]) -> None:
+        """Retransmit `request` until its answer cancels this task, or give up."""
+        interval, waited = T1_S, 0.0
+        while waited < BYE_GIVE_UP_S:
+            await asyncio.sleep(interval)
+            waited += interval
+            if self._transport is None or self._transport._udp_transport is None:
+                return
+            self._transport.send(request, addr)
+            interval = min(2 * interval, T2_S)
+
+
+def describe(stats: dict[str, Any]) -> str:
+    """One line of an RTP session's statistics, for the log."""
+    return ", ".join(f"{key} {value}" for key, value in sorted(stats.items()))
