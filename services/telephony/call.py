@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 # Caller audio waiting for the gateway beyond this is dropped, oldest first (a
 # stalled gateway must not grow the queue without bound): 2 s of 20 ms packets.
 CALLER_QUEUE_PACKETS = 100
+# The keys of a phone, the only Dtmf digits the gateway takes.
+DTMF_KEYS = frozenset("0123456789*#ABCD")
 
 
 class PhoneLeg(Protocol):
@@ -128,6 +130,13 @@ class PhoneCall:
     def caller_dtmf(self, digit: str, duration_ms: int = 0) -> None:
         if self._hung_up.is_set():
             return
+        if digit.upper() not in DTMF_KEYS:  # the gateway would end the call over it
+            info = self.info
+            log.warning(
+                "%s call %s: %r is not a key: dropped", info.provider, info.provider_call_id, digit
+            )
+            return
+        digit = digit.upper()
         metrics.DTMF_DIGITS.labels(self.info.provider).inc()
         dtmf = common_pb2.Dtmf(digit=digit, duration_ms=duration_ms)
         self._to_gateway.put_nowait(gateway_pb2.ConverseRequest(dtmf=dtmf))

@@ -322,9 +322,7 @@ class TwilioStream:
                 if event == "media":
                     self._on_media(call, message)
                 elif event == "dtmf":
-                    digit = str((message.get("dtmf") or {}).get("digit", ""))
-                    if digit:
-                        call.caller_dtmf(digit)
+                    call.caller_dtmf(str((message.get("dtmf") or {}).get("digit", "")))
                 elif event == "mark":
                     self._on_mark(message)
                 elif event == "stop":

@@ -34,7 +34,14 @@ from prometheus_client import REGISTRY
 from twilio.request_validator import RequestValidator
 
 from kame_common import store
-from kame_common.audio import float_to_pcm16, mulaw_encode, resample
+from kame_common.audio import (
+    float_to_pcm16,
+    mulaw_decode,
+    mulaw_encode,
+    pcm16_to_float,
+    resample,
+    rms_dbfs,
+)
 from kame_common.server import ServiceRuntime
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc, oracle_pb2_grpc, stt_pb2_grpc
 from services.gateway.config import GatewaySettings
@@ -90,6 +97,23 @@ async def at_real_time(items: list[bytes], send: Callable[[bytes], Any]) -> None
         await send(item)
 
 
+def speech_seconds(samples: np.ndarray) -> float:
+    """Seconds of speech (20 ms at 8 kHz above -40 dBFS) in `samples`."""
+    frames = samples[: len(samples) // 160 * 160].reshape(-1, 160)
+    return sum(rms_dbfs(frame) > -40 for frame in frames) * PACKET_S
+
+
+def speaking_at_end(samples: np.ndarray) -> bool:
+    """Whether the last 100 ms of `samples` (8 kHz) carry speech."""
+    return len(samples) >= 800 and rms_dbfs(samples[-800:]) > -40
+
+
+def quiet_at_end(samples: np.ndarray, seconds: float) -> bool:
+    """Whether the last `seconds` of `samples` (8 kHz) are silence."""
+    size = round(8000 * seconds)
+    return len(samples) >= size and rms_dbfs(samples[-size:]) < -50
+
+
 # ---- metrics -------------------------------------------------------------------------
 
 
@@ -107,6 +131,31 @@ def calls_ended(provider: str, ended: str) -> float:
 
 def gateway_sessions() -> float:
     return sample("kame_active_sessions", service="gateway")
+
+
+# ---- Redis ---------------------------------------------------------------------------------
+
+
+async def session_record(redis_url: str, session_id: str) -> dict[str, str]:
+    client = store.connect(redis_url)
+    try:
+        return await store.SessionStore(client).get_session(session_id)
+    finally:
+        await client.aclose()
+
+
+async def conversation(redis_url: str, session_id: str) -> list[dict[str, Any]]:
+    client = store.connect(redis_url)
+    try:
+        return await store.SessionStore(client).conversation(session_id)
+    finally:
+        await client.aclose()
+
+
+async def agent_turns(redis_url: str, session_id: str) -> list[str]:
+    """What the agent said in the session, as the oracle logged it."""
+    turns = await conversation(redis_url, session_id)
+    return [turn["text"] for turn in turns if turn["role"] == "agent"]
 
 
 # ---- a gateway behind fakes --------------------------------------------------------------
@@ -159,11 +208,7 @@ class FakeGateway:
         return self.runtime.address
 
     async def session_record(self, session_id: str) -> dict[str, str]:
-        client = store.connect(self.redis_url)
-        try:
-            return await store.SessionStore(client).get_session(session_id)
-        finally:
-            await client.aclose()
+        return await session_record(self.redis_url, session_id)
 
 
 def db_url(redis_url: str, db: int) -> str:
@@ -443,6 +488,20 @@ class TwilioClient:
     def of(self, event: str) -> list[Received]:
         return [r for r in self.received if r.message["event"] == event]
 
+    def agent_samples(self, after: float = 0.0) -> np.ndarray:
+        """Agent audio that arrived after `after` (monotonic), as float samples at 8 kHz."""
+        chunks = [r.message["media"]["payload"] for r in self.of("media") if r.at > after]
+        return pcm16_to_float(mulaw_decode(b"".join(base64.b64decode(c) for c in chunks)))
+
+    def speech_after(self, after: float) -> float:
+        return speech_seconds(self.agent_samples(after))
+
+    def speaking_now(self) -> bool:
+        return speaking_at_end(self.agent_samples())
+
+    def quiet_for(self, seconds: float) -> bool:
+        return quiet_at_end(self.agent_samples(), seconds)
+
     def agent_audio(self) -> bytes:
         return b"".join(base64.b64decode(r.message["media"]["payload"]) for r in self.of("media"))
 
@@ -523,6 +582,10 @@ class AudioSocketClient:
 
     def of(self, kind: int) -> list[tuple[float, bytes]]:
         return [(at, payload) for at, k, payload in self.received if k == kind]
+
+    def agent_samples(self, after: float = 0.0) -> np.ndarray:
+        """Agent audio that arrived after `after` (monotonic), as float samples at 8 kHz."""
+        return pcm16_to_float(b"".join(p for at, p in self.of(AUDIO) if at > after))
 
     def kinds(self) -> list[int]:
         return [k for _, k, _ in self.received]

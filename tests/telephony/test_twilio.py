@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kame_common.audio import mulaw_decode, pcm16_to_float, rms_dbfs
+from kame_common.audio import mulaw_decode, pcm16_to_float, resample, rms_dbfs
 from services.telephony import twilio as twilio_module
 from tests.e2e import conftest as e2e
 from tests.support import wait_until, word_recall
@@ -22,6 +22,7 @@ from tests.telephony.phone_support import (
     TwilioClient,
     call_params,
     calls_ended,
+    conversation,
     espeak_8k,
     fake_gateway,
     gateway_sessions,
@@ -30,6 +31,7 @@ from tests.telephony.phone_support import (
     post_webhook,
     refused,
     sample,
+    session_record,
     telephony_server,
     the_call,
     twilio_call,
@@ -40,6 +42,8 @@ stack = e2e.stack
 e2e_redis_url = e2e.e2e_redis_url
 
 QUESTION = "What is the capital of France?"
+SECOND_QUESTION = "Can you tell me about the history of the Roman Empire?"
+INTERRUPTION = "Wait, wait, stop, I have another question."
 
 
 def delays_observed() -> float:
@@ -112,6 +116,27 @@ async def test_a_webhook_without_a_valid_signature_is_refused_with_403(redis_url
     assert answer.status == 403, (case, answer)
     assert "<Stream" not in answer.body
     assert after == before + 1
+
+
+async def test_a_busy_service_rejects_the_call_in_twiml(redis_url):
+    async with (
+        fake_gateway(redis_url) as gateway,
+        telephony_server(gateway.address, max_sessions=1) as server,
+    ):
+        before = refused("twilio", "busy")
+        client = await twilio_call(server)
+        try:
+            await client.start()
+            line = asyncio.create_task(client.silence(2.0))
+            await the_call(server)
+            answer = await post_webhook(f"{server.url}twilio/voice", call_params(new_call_sid()))
+            line.cancel()
+            await asyncio.gather(line, return_exceptions=True)
+        finally:
+            await client.close()
+    assert answer.status == 200
+    assert answer.body.endswith('<Response><Reject reason="busy" /></Response>'), answer.body
+    assert refused("twilio", "busy") == before + 1
 
 
 # ---- the stream ------------------------------------------------------------------------
@@ -235,73 +260,90 @@ async def test_a_caller_who_just_drops_the_socket_ends_the_gateway_session(redis
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_twilio_caller_asking_a_question_hears_a_spoken_answer(stack, speak, transcribe):
     """Piper asks over Twilio's protocol (mu-law, 20 ms media at real time); the whole
-    stack answers; the answer comes back as 20 ms mu-law the caller can hear, and
-    its end is marked and echoed."""
+    stack answers; the answer comes back as 20 ms mu-law the caller can hear, its
+    end is marked and echoed, and a key pressed afterwards reaches the gateway."""
     async with telephony_server(stack.gateway.address) as server:
         delays_before = delays_observed()
         client = await twilio_call(server)
         try:
             await client.start()
-            call_task = asyncio.create_task(client.speak(piper_to_ulaw(speak(QUESTION))))
+            # The question, then silence (a phone line never stops sending) while the
+            # agent answers.
+            speech = piper_to_ulaw(speak(QUESTION))
+            line = asyncio.create_task(client.speak(speech + b"\xff" * 8000 * 30))
             call = await the_call(server, timeout_s=15.0)
-            await call_task
+            asked_at = time.monotonic() + len(speech) / 8000
+            # More speech than a hold phrase ("Hmm,"), then a pause.
+            await wait_until(
+                lambda: client.speech_after(asked_at) > 1.0 and client.quiet_for(1.0),
+                "the agent to speak its answer and fall silent",
+                30.0,
+                interval_s=0.1,
+            )
+            await wait_until(lambda: client.marks_echoed, "the answer's end, marked and echoed")
             await client.dtmf("1")
-            asked_at = time.monotonic()
-            # Silence while the agent answers, until the end of its speech is marked.
-            listening = asyncio.create_task(client.silence(25.0))
-            await wait_until(lambda: client.marks_echoed, "the agent's answer, marked", 25.0)
-            listening.cancel()
-            await asyncio.gather(listening, return_exceptions=True)
+            await wait_until(lambda: call.dtmf_echoed == ["1"], "the gateway's dtmf echo")
+            await client.stop()
+            await wait_until(lambda: not server.telephony.calls, "the call to end", 5.0)
+            line.cancel()
+            await asyncio.gather(line, return_exceptions=True)
+        finally:
+            await client.close()
+
+    async def closed() -> bool:  # the agent's last turn is logged when the session ends
+        return "ended_at" in await session_record(stack.redis_url, call.session_id)
+
+    await wait_until(closed, "the gateway to close the session's record", 10.0)
+    record = await session_record(stack.redis_url, call.session_id)
+    turns = await conversation(stack.redis_url, call.session_id)
+
+    media = client.of("media")
+    assert {len(base64.b64decode(r.message["media"]["payload"])) for r in media} == {ULAW_PACKET}
+    # What the agent said is audible and is words (Whisper hears some of them).
+    answer = client.agent_samples(after=asked_at)
+    assert rms_dbfs(answer) > -45
+    heard = await asyncio.to_thread(transcribe, resample(answer, 8000, 24_000))
+    spoken = " ".join(t["text"] for t in turns if t["role"] == "agent")
+    assert word_recall(spoken, heard) >= 0.3, (spoken, heard)
+    assert delays_observed() >= delays_before + 1
+    assert record["call_provider"] == "twilio"
+    assert record["call_provider_call_id"] == client.call_sid
+    assert record["dtmf"] == "1"
+    user = [t["text"] for t in turns if t["role"] == "user"]
+    assert any(word_recall("capital France", text) >= 0.5 for text in user), turns
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_twilio_caller_speaking_over_the_agent_gets_its_audio_cleared(stack, speak):
+    """The tts engine's barge-in, through the gateway, becomes Twilio's `clear`."""
+    async with telephony_server(stack.gateway.address) as server:
+        client = await twilio_call(server)
+        try:
+            await client.start()
+            speech = piper_to_ulaw(speak(SECOND_QUESTION))
+            line = asyncio.create_task(client.speak(speech + b"\xff" * 8000 * 25))
+            call = await the_call(server, timeout_s=15.0)
+            asked_at = time.monotonic() + len(speech) / 8000
+            # Into its answer (past a hold phrase), and still talking.
+            await wait_until(
+                lambda: client.speech_after(asked_at) > 1.0 and client.speaking_now(),
+                "the agent to be well into its answer",
+                30.0,
+                interval_s=0.05,
+            )
+            line.cancel()
+            await asyncio.gather(line, return_exceptions=True)
+            cut_in = time.monotonic()
+            interruption = asyncio.create_task(client.speak(piper_to_ulaw(speak(INTERRUPTION))))
+            await wait_until(lambda: client.of("clear"), "a clear after the barge-in", 10.0)
+            interruption.cancel()
+            await asyncio.gather(interruption, return_exceptions=True)
             await client.stop()
             await wait_until(lambda: not server.telephony.calls, "the call to end", 5.0)
         finally:
             await client.close()
-        record = await _session_record(stack.redis_url, call.session_id)
-
-    media = client.of("media")
-    assert {len(base64.b64decode(r.message["media"]["payload"])) for r in media} == {ULAW_PACKET}
-    answer = pcm16_to_float(
-        mulaw_decode(
-            b"".join(
-                base64.b64decode(r.message["media"]["payload"]) for r in media if r.at > asked_at
-            )
-        )
-    )
-    assert rms_dbfs(answer) > -45
-    heard = await asyncio.to_thread(transcribe, _to_24k(answer))
-    assert heard.strip(), "nothing intelligible in the agent's answer"
-    assert delays_observed() >= delays_before + 1
-    assert call.dtmf_echoed == ["1"]
-    assert record["call_provider"] == "twilio"
-    assert record["call_provider_call_id"] == client.call_sid
-    assert record["dtmf"] == "1"
-    turns = await _conversation(stack.redis_url, call.session_id)
-    assert any(
-        word_recall("capital France", t["text"]) >= 0.5 for t in turns if t["role"] == "user"
-    )
-
-
-def _to_24k(samples):
-    from kame_common.audio import resample
-
-    return resample(samples, 8000, 24_000)
-
-
-async def _session_record(redis_url: str, session_id: str) -> dict:
-    from kame_common import store
-
-    client = store.connect(redis_url)
-    try:
-        return await store.SessionStore(client).get_session(session_id)
-    finally:
-        await client.aclose()
-
-
-async def _conversation(redis_url: str, session_id: str) -> list[dict]:
-    from kame_common import store
-
-    client = store.connect(redis_url)
-    try:
-        return await store.SessionStore(client).conversation(session_id)
-    finally:
-        await client.aclose()
+    cleared = client.of("clear")[0]
+    assert cleared.at > cut_in
+    assert call.barge_ins >= 1
+    assert cleared.message == {"event": "clear", "streamSid": client.stream_sid}
