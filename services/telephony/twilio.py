@@ -224,7 +224,6 @@ class TwilioStream:
         self.telephony = telephony
         self.websocket = websocket
         self.stream_sid = ""
-        self.call: PhoneCall | None = None
         self._send_lock = asyncio.Lock()
         self._speaking = False
         self._marks_sent = 0
@@ -249,7 +248,6 @@ class TwilioStream:
             return
         except WebSocketDisconnect:
             return
-        self.call = call
         reader = asyncio.ensure_future(self._read(call))
         try:
             await self.telephony.run(call)

@@ -169,6 +169,18 @@ async def test_a_stream_whose_token_does_not_verify_is_closed_before_any_call(re
     assert refused("twilio", "signature") == before + 4
 
 
+async def test_a_stream_that_does_not_start_with_connected_and_start_is_closed(redis_url):
+    async with fake_gateway(redis_url) as gateway, telephony_server(gateway.address) as server:
+        answer = await post_webhook(f"{server.url}twilio/voice", call_params(new_call_sid()))
+        before = refused("twilio", "protocol")
+        client = await TwilioClient(answer.stream_url, new_call_sid(), answer.parameters).connect()
+        await client.media(b"\xff" * ULAW_PACKET)  # media before start
+        await wait_until(lambda: client.closed, "the socket closed", 5.0)
+        assert not server.telephony.calls
+    assert client.close_code == 1008
+    assert refused("twilio", "protocol") == before + 1
+
+
 async def test_a_twilio_call_end_to_end_over_a_gateway_with_scripted_upstreams(redis_url):
     """Media both ways in 20 ms mu-law, a mark after the agent's speech echoed after
     playout (the delay metric), a key press reaching the gateway, a BargeIn turned
