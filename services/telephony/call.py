@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 # Caller audio waiting for the gateway beyond this is dropped, oldest first (a
 # stalled gateway must not grow the queue without bound): 2 s of 20 ms packets.
 CALLER_QUEUE_PACKETS = 100
+# After a hang-up the Converse call is half-closed, so the gateway finishes the
+# session (stt's last final, the oracle's log); past this it is cancelled.
+HANG_UP_GRACE_S = 3.0
+# The keys of a phone, the only Dtmf digits the gateway takes.
+DTMF_KEYS = frozenset("0123456789*#ABCD")
 
 
 class PhoneLeg(Protocol):
@@ -111,7 +116,9 @@ class PhoneCall:
         self._settings = settings
         self._leg = leg
         self._to_gateway: asyncio.Queue[gateway_pb2.ConverseRequest | _HungUp] = asyncio.Queue()
-        self._hung_up = asyncio.Event()
+        self._hung_up = asyncio.Event()  # either side hung up (not the gateway)
+        self._gateway_error = ""
+        self._dropped = 0  # caller packets dropped (the gateway took them too slowly)
         self.playout = Playout(
             codec, leg.send_audio, settings.prebuffer_ms, settings.max_queued_ms, info.provider
         )
@@ -128,20 +135,43 @@ class PhoneCall:
             with contextlib.suppress(asyncio.QueueEmpty):
                 self._to_gateway.get_nowait()
             metrics.DROPPED_CALLER_PACKETS.labels(self.info.provider).inc()
+            if not self._dropped:
+                log.warning(
+                    "%s call %s: the gateway takes caller audio too slowly: dropping the oldest",
+                    self.info.provider,
+                    self.info.provider_call_id,
+                )
+            self._dropped += 1
         self._to_gateway.put_nowait(gateway_pb2.ConverseRequest(audio=payload))
 
     def caller_dtmf(self, digit: str, duration_ms: int = 0) -> None:
         if self._hung_up.is_set():
             return
+        if digit.upper() not in DTMF_KEYS:  # the gateway would end the call over it
+            info = self.info
+            log.warning(
+                "%s call %s: %r is not a key: dropped", info.provider, info.provider_call_id, digit
+            )
+            return
+        digit = digit.upper()
         metrics.DTMF_DIGITS.labels(self.info.provider).inc()
         dtmf = common_pb2.Dtmf(digit=digit, duration_ms=duration_ms)
         self._to_gateway.put_nowait(gateway_pb2.ConverseRequest(dtmf=dtmf))
 
     def caller_hung_up(self) -> None:
         """The phone hung up (BYE, a stop message, a hang-up packet, a closed socket)."""
-        if not self._hung_up.is_set():
-            self._hung_up.set()
-            self._to_gateway.put_nowait(_HungUp())
+        self._end(Ended.CALLER_HUNG_UP, "")
+
+    def hang_up(self, reason: str) -> None:
+        """Our side ends the call (the service is stopping): the phone is told."""
+        self._end(Ended.AGENT_HUNG_UP, reason)
+
+    def _end(self, how: Ended, reason: str) -> None:
+        if self._hung_up.is_set():
+            return
+        self.ended, self.status = how, reason
+        self._hung_up.set()
+        self._to_gateway.put_nowait(_HungUp())
 
     # ---- the call ----------------------------------------------------------------
 
@@ -151,27 +181,30 @@ class PhoneCall:
         call = gateway_pb2_grpc.GatewayStub(self._channel).Converse(
             metadata=bearer_metadata(self._settings.auth_token)
         )
-        tasks = [
-            asyncio.ensure_future(self._uplink(call)),
-            asyncio.ensure_future(self._downlink(call)),
-            asyncio.ensure_future(self.playout.run()),
-        ]
-        uplink, downlink, _ = tasks
+        uplink = asyncio.ensure_future(self._uplink(call))
+        downlink = asyncio.ensure_future(self._downlink(call))
+        playout = asyncio.ensure_future(self.playout.run())
+        hung_up = asyncio.ensure_future(self._hung_up.wait())
         try:
-            await asyncio.wait([uplink, downlink], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([downlink, hung_up], return_when=asyncio.FIRST_COMPLETED)
             if self._hung_up.is_set():
-                self.ended = Ended.CALLER_HUNG_UP
+                # The uplink half-closes: the gateway ends the session as finished (its
+                # record says so), unless it takes longer than the grace.
+                await cancel_and_wait(playout)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(downlink), HANG_UP_GRACE_S)
             else:
-                await downlink  # the gateway ends the call; the phone is told below
+                self.ended = Ended.GATEWAY_ERROR if self._gateway_error else Ended.AGENT_HUNG_UP
+                self.status = self._gateway_error
         finally:
-            await cancel_and_wait(tasks)
+            await cancel_and_wait([uplink, downlink, playout, hung_up])
             call.cancel()
             metrics.ACTIVE_CALLS.labels(self.info.provider).dec()
+        assert self.ended is not None
         if self.ended is not Ended.CALLER_HUNG_UP:
             why = f"the agent's side ended the call ({self.status or 'OK'})"
             with contextlib.suppress(Exception):  # the phone may be gone already
                 await self._leg.hang_up(why)
-        assert self.ended is not None
         metrics.CALLS.labels(self.info.provider, self.ended.value).inc()
         log.info(
             "%s call %s (session %s) ended: %s %s",
@@ -196,30 +229,29 @@ class PhoneCall:
         )
 
     async def _uplink(self, call: grpc.aio.StreamStreamCall) -> None:  # type: ignore[type-arg]
-        """Config, then what the phone sends, until the caller hangs up. A write to a
+        """Config, then what the phone sends, until a hang-up half-closes. A write to a
         call that has ended fails: the downlink has its status."""
         with contextlib.suppress(*CALL_OVER):
             await call.write(gateway_pb2.ConverseRequest(config=self.config()))
             while not isinstance(request := await self._to_gateway.get(), _HungUp):
                 await call.write(request)
-        if not self._hung_up.is_set():
-            await self._hung_up.wait()  # the call broke: nothing more to send, the downlink ends
+            await call.done_writing()
 
     async def _downlink(self, call: grpc.aio.StreamStreamCall) -> None:  # type: ignore[type-arg]
+        """The gateway's responses until it ends the call; a failure is kept in
+        `_gateway_error` (not one that follows our own hang-up)."""
         try:
             async for response in call:
                 await self._on_response(response)
-            self.ended = Ended.AGENT_HUNG_UP
         except grpc.aio.AioRpcError as exc:
             if self._hung_up.is_set():
-                return  # our own cancel after the caller hung up
-            self.ended = Ended.GATEWAY_ERROR
-            self.status = f"{exc.code().name}: {exc.details()}"
+                return
+            self._gateway_error = f"{exc.code().name}: {exc.details()}"
             log.warning(
                 "%s call %s: gateway: %s",
                 self.info.provider,
                 self.info.provider_call_id,
-                self.status,
+                self._gateway_error,
             )
 
     async def _on_response(self, response: gateway_pb2.ConverseResponse) -> None:

@@ -3,7 +3,7 @@ audiosocket). Open calls are also in kame_active_sessions{service="telephony"}."
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 ACTIVE_CALLS = Gauge("kame_telephony_active_calls", "Phone calls in progress", ["provider"])
 CALLS = Counter(
@@ -42,4 +42,10 @@ BARGE_INS = Counter(
     "kame_telephony_barge_ins_total",
     "Agent audio flushed because the caller cut the agent off",
     ["provider"],
+)
+TWILIO_PLAYOUT_DELAY = Histogram(
+    "kame_telephony_twilio_playout_delay_seconds",
+    "Twilio Media Streams: from the mark sent after a stretch of agent speech to Twilio "
+    "echoing it, i.e. how long Twilio held agent audio before it had played",
+    buckets=(0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0),
 )

@@ -62,10 +62,11 @@ class Telephony:
             if not self.calls:
                 self.idle.set()
 
-    def hang_up_all(self) -> None:
-        """End every open call as if its caller hung up (the service is stopping)."""
+    def hang_up_all(self, reason: str = "the telephony service is stopping") -> None:
+        """Hang up every open call: each phone is told (SIP BYE, Twilio socket closed,
+        AudioSocket hang-up)."""
         for call in list(self.calls):
-            call.caller_hung_up()
+            call.hang_up(reason)
 
     async def aclose(self) -> None:
         await self.channel.close()
