@@ -17,13 +17,11 @@ import pytest
 
 from kame_common.audio import FRAME_SECONDS
 from kamepb import gateway_pb2, gateway_pb2_grpc, stt_pb2_grpc
-from tests.gateway import test_session
 from tests.gateway.fakes import FakeStt, serve_fake
 from tests.gateway.test_session import Config, converse, frame_bytes, gateway_tasks
 from tests.support import Blackhole, wait_until
 
 AUDIO = gateway_pb2.ConverseRequest(audio=frame_bytes())
-fakes = test_session.fakes  # the fake upstreams, served on loopback
 
 
 async def hold_after_config(address: str, frames: int = 0) -> tuple[grpc.StatusCode, str, float]:
