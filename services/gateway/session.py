@@ -55,9 +55,9 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from opentelemetry import trace
@@ -85,7 +85,7 @@ from kamepb import (
     stt_pb2_grpc,
 )
 from services.gateway import metrics, resume
-from services.gateway.codecs import CodecError, Decoder, Encoder
+from services.gateway.codecs import AudioFormat, CodecError, Decoder, Encoder
 from services.gateway.connections import Connections
 from services.gateway.plan import (
     CALL_INFO_FIELDS,
@@ -126,6 +126,9 @@ class EndOfSession:
 
 ClientItem = gateway_pb2.ConverseResponse | AgentFrameOut | EndOfSession
 
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # The session record's alive_at is refreshed this often (in caller frames: 5 s),
 # so that a resume token of a session whose gateway died can tell how long ago.
@@ -482,7 +485,7 @@ class GatewaySession:
                 )
             arrival_us = _now_us()
             try:
-                samples = await asyncio.to_thread(decoder.decode, request.audio)
+                samples = await _coded(self.plan.input_format, decoder.decode, request.audio)
             except CodecError as exc:
                 raise SessionError(
                     grpc.StatusCode.INVALID_ARGUMENT, f"audio chunk {chunk_index}: {exc}"
@@ -561,7 +564,8 @@ class GatewaySession:
         mode = self.plan.mode.value
         metrics.FRAME_ROUND_TRIP.labels(mode).observe(round_trip)
         metrics.FRAME_TRANSPORT.labels(mode).observe(max(0.0, round_trip - audio.step_s))
-        chunks = await asyncio.to_thread(self._encoder.encode, pcm16_to_float(frame.pcm))
+        samples = pcm16_to_float(frame.pcm)
+        chunks = await _coded(self.plan.output_format, self._encoder.encode, samples)
         await self._client_queue.put(AgentFrameOut(frame.seq, audio.speaking, chunks))
 
     async def _on_agent_text(self, text: common_pb2.AgentText) -> None:
@@ -744,6 +748,13 @@ def _shift_transcript(
             word.start_s += offset_s
             word.end_s += offset_s
     return event
+
+
+async def _coded(fmt: AudioFormat, code: Callable[[T], R], data: T) -> R:
+    """`code(data)`: in a worker thread for a format worth one, else right here."""
+    if fmt.in_thread:
+        return await asyncio.to_thread(code, data)
+    return code(data)
 
 
 def _notice(kind: gateway_pb2.Notice.Kind.ValueType, message: str) -> gateway_pb2.ConverseResponse:
