@@ -61,6 +61,7 @@ LOOPBACK = "127.0.0.1"
 SERVICES = ("stt", "oracle", "frontend", "gateway")
 SIDE_PROCESSES = ("llm", "stt", "oracle")  # off the voice path: they may wait for a core
 UDP_PORTS = ("sip",)  # the rest of the ports are TCP
+INGRESS = ("web", "telephony")  # HTTP services in front of the gateway
 
 
 class StackError(CliError):
@@ -259,11 +260,11 @@ class Stack:
 
     @property
     def web_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.ports.web}/"
+        return self.ingress_url("web")
 
     @property
     def telephony_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.ports.telephony}/"
+        return self.ingress_url("telephony")
 
     @property
     def phone_endpoints(self) -> str:
@@ -522,13 +523,21 @@ class Stack:
                     "pid": child.process.pid if child.process else None,
                     **(
                         {"metrics_url": self.metrics_url(child.name)}
-                        if child.name in SERVICES
+                        if child.name in (*SERVICES, *INGRESS)
+                        else {}
+                    ),
+                    **(
+                        {"health_url": f"{self.ingress_url(child.name)}healthz"}
+                        if child.name in INGRESS
                         else {}
                     ),
                 }
                 for child in self.children
             },
         }
+
+    def ingress_url(self, service: str) -> str:
+        return f"http://{LOOPBACK}:{getattr(self.ports, service)}/"
 
     def metrics_url(self, service: str) -> str:
         return f"http://{LOOPBACK}:{getattr(self.ports, f'{service}_metrics')}/metrics"
@@ -571,7 +580,7 @@ class Stack:
         rows.append(
             (
                 "metrics",
-                ", ".join(f"{s} {self.metrics_url(s)}" for s in (*SERVICES, "web", "telephony")),
+                ", ".join(f"{s} {self.metrics_url(s)}" for s in (*SERVICES, *INGRESS)),
             )
         )
         return rows

@@ -8,13 +8,16 @@ kame_frontend_free_slots); Redis and the frontend replicas in its capacity
 registry; the LLM server's models; and the gateway's response latency, answer
 latency and frame round trip percentiles over its last minutes
 (the `_recent` histograms, kame_common.metrics.RecentHistograms), with the
-share of late frames (a round trip over the 80 ms frame budget).
+share of late frames (a round trip over the 80 ms frame budget). The ingress
+services in front of the gateway (web, telephony) are HTTP servers: their
+health is GET /healthz (200 SERVING, 503 NOT_SERVING), the rest as above.
 
 Where the services are: a stack started by `kame up` lists its endpoints in
 its stack file (kame_cli.stack.stack_file), found by the gateway's port;
 without one, every service is looked for on the gateway's host at its default
-ports (kame_common.ports). Exit status 0 when every service is SERVING, 1
-otherwise; when nothing answers at all, one line says so.
+ports (kame_common.ports). Exit status 0 when every gRPC service is SERVING
+and no ingress service that answers is unhealthy (a deployment may run without
+web or telephony), 1 otherwise; when nothing answers at all, one line says so.
 """
 
 from __future__ import annotations
@@ -34,12 +37,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.exceptions import RedisError
 
 from kame_cli.errors import USAGE, CliError
-from kame_cli.stack import SERVICES, stack_file
+from kame_cli.stack import INGRESS, SERVICES, stack_file
 from kame_common import store
-from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, loopback_address
+from kame_common.ports import (
+    LLM_PORT,
+    REDIS_PORT,
+    SERVICE_PORTS,
+    TELEPHONY_PORTS,
+    WEB_PORTS,
+    loopback_address,
+)
 
 FRAME_BUDGET_S = 0.08
-SHOWN_ORDER = ("gateway", "frontend", "stt", "oracle")  # the caller's path inwards
+SHOWN_ORDER = (*INGRESS, "gateway", "frontend", "stt", "oracle")  # the caller's path inwards
+INGRESS_PORTS = {"web": WEB_PORTS, "telephony": TELEPHONY_PORTS}
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 QUANTILES = (0.5, 0.9, 0.99)
 # (label, histogram) of the gateway shown in the latency section.
@@ -56,7 +67,7 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 @dataclass
 class Endpoints:
-    grpc: dict[str, str]
+    grpc: dict[str, str]  # the gRPC services' addresses, and the ingress services' /healthz URLs
     metrics: dict[str, str]
     redis_url: str
     llm_url: str
@@ -101,8 +112,11 @@ def find_endpoints(gateway: str) -> Endpoints:
         described = json.loads(path.read_text())
         processes = described["processes"]
         return Endpoints(
-            grpc={s: processes[s]["endpoint"] for s in SERVICES if s in processes},
-            metrics={s: processes[s]["metrics_url"] for s in SERVICES if s in processes},
+            grpc={
+                **{s: processes[s]["endpoint"] for s in SERVICES if s in processes},
+                **{s: processes[s]["health_url"] for s in INGRESS if s in processes},
+            },
+            metrics={s: processes[s]["metrics_url"] for s in SHOWN_ORDER if s in processes},
             redis_url=described["redis_url"],
             llm_url=described["llm_url"],
             pids={name: p["pid"] for name, p in processes.items() if p.get("pid")},
@@ -110,9 +124,13 @@ def find_endpoints(gateway: str) -> Endpoints:
         )
     grpc_addresses = {s: loopback_address(s).replace("127.0.0.1", host) for s in SERVICES}
     grpc_addresses["gateway"] = gateway
+    metrics = {s: f"http://{host}:{SERVICE_PORTS[s].metrics}/metrics" for s in SERVICES}
+    for name, ports in INGRESS_PORTS.items():
+        grpc_addresses[name] = f"http://{host}:{ports.http}/healthz"
+        metrics[name] = f"http://{host}:{ports.metrics}/metrics"
     return Endpoints(
         grpc=grpc_addresses,
-        metrics={s: f"http://{host}:{SERVICE_PORTS[s].metrics}/metrics" for s in SERVICES},
+        metrics=metrics,
         redis_url=f"redis://{host}:{REDIS_PORT}/0",
         llm_url=f"http://{host}:{LLM_PORT}/v1",
     )
@@ -127,6 +145,17 @@ def health_of(address: str, timeout_s: float) -> str:
         except grpc.RpcError as exc:
             return "unreachable" if exc.code() == grpc.StatusCode.UNAVAILABLE else exc.code().name
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def http_health_of(url: str, timeout_s: float) -> str:
+    """An ingress service's /healthz as a gRPC health status name."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s):
+            return "SERVING"
+    except urllib.error.HTTPError as exc:
+        return "NOT_SERVING" if exc.code == 503 else f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError):
+        return "unreachable"
 
 
 def scrape(url: str, timeout_s: float) -> Samples:
@@ -153,9 +182,10 @@ def service_status(
 ) -> tuple[ServiceStatus, Samples]:
     """A service's row and its scraped metrics."""
     address = endpoints.grpc[name]
-    status = ServiceStatus(
-        name, address, health_of(address, timeout_s), pid=endpoints.pids.get(name)
+    health = (
+        http_health_of(address, timeout_s) if name in INGRESS else health_of(address, timeout_s)
     )
+    status = ServiceStatus(name, address, health, pid=endpoints.pids.get(name))
     samples = scrape(endpoints.metrics[name], timeout_s)
     if not samples:
         return status, samples
@@ -238,6 +268,8 @@ def collect(gateway: str, redis_url: str, timeout_s: float) -> dict[str, Any]:
         endpoints.redis_url = redis_url
     services, gateway_samples = [], {}
     for name in SHOWN_ORDER:
+        if name not in endpoints.grpc:
+            continue  # a stack started without it
         status, samples = service_status(name, endpoints, timeout_s)
         services.append(status)
         if name == "gateway":
@@ -354,10 +386,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-s", type=float, default=2.0, help="per request")
 
 
+def healthy(services: list[dict[str, Any]]) -> bool:
+    """Every gRPC service SERVING; an ingress service only if it answers."""
+    return all(
+        s["health"] == "SERVING" or (s["name"] in INGRESS and s["health"] == "unreachable")
+        for s in services
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     data = collect(args.gateway, args.redis_url, args.timeout_s)
     healths = [s["health"] for s in data["services"]]
     if all(h == "unreachable" for h in healths):
         raise CliError(f"no service answers for the stack at {args.gateway}: is `kame up` running?")
     print(json.dumps(data, indent=2) if args.json else render(data))
-    return 0 if all(h == "SERVING" for h in healths) else 1
+    return 0 if healthy(data["services"]) else 1

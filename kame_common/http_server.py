@@ -15,7 +15,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from kame_common.config import ServiceSettings
-from kame_common.metrics import start_metrics_server
+from kame_common.metrics import describe_service, start_metrics_server
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class HttpServer(uvicorn.Server):
         self.port: int = self.socket.getsockname()[1]
         self._task: asyncio.Task[None] | None = None
         self._metrics = start_metrics_server(settings.metrics_port)
+        describe_service(name, settings.max_sessions)
 
     @property
     def url(self) -> str:

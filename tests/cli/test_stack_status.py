@@ -1,6 +1,7 @@
 """A real `kame up` (every process, on free ports): a second `kame up` on the
 same ports refuses to start and names the busy port, and `kame status` reports
-every service, the Redis registry and the gateway's latencies after a call."""
+every service (the web and telephony ingress too), the Redis registry and the
+gateway's latencies after a call."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def test_kame_status_reports_every_service_and_the_latency_of_a_call(
     table = kame("status", "--gateway", running_stack.gateway, timeout=60)
     assert table.returncode == 0, table.stdout + table.stderr
     print(table.stdout)  # what README shows
-    for service in ("gateway", "stt", "oracle", "frontend"):
+    for service in ("web", "telephony", "gateway", "stt", "oracle", "frontend"):
         row = re.search(
             rf"^{service}\s+SERVING\s+0\.1\.0\s+\d+m\d\ds\s+\d+\s+\d+\s", table.stdout, re.M
         )
@@ -125,6 +126,9 @@ def test_kame_status_reports_every_service_and_the_latency_of_a_call(
         assert service["pid"] == described["processes"][name]["pid"]
         assert 0 < service["uptime_s"] < 600
     assert services["gateway"]["free_capacity"] == services["gateway"]["limit"] == 64
+    # The ingress services answer on HTTP; their limits are their own.
+    assert services["telephony"]["free_capacity"] == services["telephony"]["limit"] == 32
+    assert services["web"]["address"].endswith("/healthz") and services["web"]["limit"] == 16
     assert data["redis"]["ok"]
     frontend = f"127.0.0.1:{running_stack.ports['frontend']}"  # Redis db 0 is shared
     (replica,) = [r for r in data["frontend_registry"] if r["address"] == frontend]
