@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from grpc_health.v1 import health_pb2
@@ -26,6 +27,10 @@ from grpc_health.v1 import health_pb2
 from kame_common.ports import SERVICE_PORTS
 from kame_common.server import ServiceRuntime
 from services.stt.config import SttSettings
+from services.telephony.config import TelephonySettings
+from services.telephony.server import serve as serve_telephony
+from services.web.config import WebSettings
+from services.web.server import serve as serve_web
 from tests.deploy.conftest import (
     HTTP_SERVICES,
     LLM_DOCKERFILE,
@@ -424,3 +429,37 @@ async def test_http_health_check():
         server.shutdown()
         thread.join()
     assert (await run_healthcheck("http", "--url", f"{base}/v1/models", "--timeout", "1"))[0] == 1
+
+
+async def serve_web_for_probe() -> tuple[int, Any, Any]:
+    server = await serve_web(WebSettings(host="127.0.0.1", port=0, metrics_port=0))
+    return server.port, server, server.web
+
+
+async def serve_telephony_for_probe() -> tuple[int, Any, Any]:
+    # HTTP only: the health check asks nothing of SIP or AudioSocket.
+    settings = TelephonySettings(
+        host="127.0.0.1", port=0, metrics_port=0, sip_port=-1, audiosocket_port=-1
+    )
+    server = await serve_telephony(settings)
+    return server.port, server, server.telephony
+
+
+@pytest.mark.parametrize(
+    ("service", "start"),
+    [("web", serve_web_for_probe), ("telephony", serve_telephony_for_probe)],
+)
+async def test_an_http_services_health_check_asks_healthz_and_fails_while_draining(service, start):
+    """The image's check (`service`) of an HTTP service: GET /healthz on its port."""
+    port, server, state = await start()
+    env = {"KAME_SERVICE": service, f"KAME_{service.upper()}_PORT": str(port)}
+    try:
+        code, reason = await run_healthcheck("service", env=env)
+        assert code == 0 and "HTTP 200" in reason and f":{port}/healthz" in reason, reason
+        state.draining = True
+        code, reason = await run_healthcheck("service", env=env)
+        assert code == 1 and "503" in reason, reason
+    finally:
+        await server.stop()
+    code, _ = await run_healthcheck("service", env=env)
+    assert code == 1  # nothing listens any more

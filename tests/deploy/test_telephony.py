@@ -6,9 +6,7 @@ kame_common/ports.py's TELEPHONY_PORTS, the one place they are written."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
 
 import helm_python as helm
 import kubernetes_validate
@@ -16,8 +14,6 @@ import pytest
 import yaml
 
 from kame_common.ports import SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
-from services.telephony.config import TelephonySettings
-from services.telephony.server import serve
 from tests.deploy.conftest import (
     ROOT,
     SERVICE_DOCKERFILE,
@@ -30,7 +26,6 @@ from tests.deploy.conftest import (
 from tests.deploy.test_chart import KUBE_VERSIONS
 from tests.deploy.test_chart_security import Pod, allowed, chart_pods, outside
 
-HEALTHCHECK = ROOT / "deploy" / "docker" / "healthcheck.py"
 GATEWAY_TLS = {"tls": {"gateway": {"enabled": True, "existingSecret": "edge-tls"}}}
 RTP = range(TELEPHONY_PORTS.rtp_first, TELEPHONY_PORTS.rtp_last + 1)
 LOAD_BALANCER = {"telephony": {"service": {"type": "LoadBalancer"}}}
@@ -415,38 +410,3 @@ def test_restricted_callers_and_a_restricted_gateway():
     assert allowed(policies, telephony, pods["gateway"], "grpc")
     assert allowed(policies, pods["web"], pods["gateway"], "grpc")
     assert not allowed(policies, pods["stranger"], pods["gateway"], "grpc")
-
-
-# ---- the image's health check -------------------------------------------------------------------
-
-
-async def healthcheck(env: dict[str, str]) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(HEALTHCHECK),
-        "service",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "KAME_SERVICE": "telephony", **env},
-    )
-    _, stderr = await process.communicate()
-    return process.returncode, stderr.decode()
-
-
-async def test_the_images_health_check_asks_healthz_and_fails_while_draining():
-    # HTTP only: the health check asks nothing of SIP or AudioSocket.
-    settings = TelephonySettings(
-        host="127.0.0.1", port=0, metrics_port=0, sip_port=-1, audiosocket_port=-1
-    )
-    server = await serve(settings)
-    try:
-        env = {"KAME_TELEPHONY_PORT": str(server.port)}
-        code, reason = await healthcheck(env)
-        assert code == 0 and "HTTP 200" in reason and f":{server.port}/healthz" in reason, reason
-        server.telephony.draining = True
-        code, reason = await healthcheck(env)
-        assert code == 1 and "503" in reason, reason
-    finally:
-        await server.stop()
-    code, _ = await healthcheck(env)
-    assert code == 1  # nothing listens any more

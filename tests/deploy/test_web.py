@@ -5,15 +5,11 @@ env vars, ports, drain."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sys
 
 import yaml
 
 from kame_common.ports import SERVICE_PORTS, WEB_PORTS
-from services.web.config import WebSettings
-from services.web.server import serve
 from tests.deploy.conftest import (
     ROOT,
     SERVICE_DOCKERFILE,
@@ -24,7 +20,6 @@ from tests.deploy.conftest import (
     helm_render,
 )
 
-HEALTHCHECK = ROOT / "deploy" / "docker" / "healthcheck.py"
 GATEWAY_TLS = {"tls": {"gateway": {"enabled": True, "existingSecret": "edge-tls"}}}
 
 
@@ -156,31 +151,3 @@ def test_a_restricted_gateway_still_takes_the_web_pods():
     ingress = [{"podSelector": {"matchLabels": {"app": "ingress-nginx"}}}]
     page = policy(helm_render({"networkPolicy": {"webFrom": ingress}}), "web")["ingress"][0]
     assert page["from"] == ingress
-
-
-async def healthcheck(env: dict[str, str]) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(HEALTHCHECK),
-        "service",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "KAME_SERVICE": "web", **env},
-    )
-    _, stderr = await process.communicate()
-    return process.returncode, stderr.decode()
-
-
-async def test_the_images_health_check_asks_healthz_and_fails_while_draining():
-    server = await serve(WebSettings(host="127.0.0.1", port=0, metrics_port=0))
-    try:
-        env = {"KAME_WEB_PORT": str(server.port)}
-        code, reason = await healthcheck(env)
-        assert code == 0 and "HTTP 200" in reason, reason
-        server.web.draining = True
-        code, reason = await healthcheck(env)
-        assert code == 1 and "503" in reason, reason
-    finally:
-        await server.stop()
-    code, _ = await healthcheck(env)
-    assert code == 1  # nothing listens any more
