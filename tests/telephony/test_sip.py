@@ -15,7 +15,6 @@ import itertools
 import socket
 import struct
 import textwrap
-import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -24,11 +23,7 @@ import numpy as np
 import pytest
 from aiosipua import parse_sdp
 
-from kame_common import store
 from kame_common.server import ServiceRuntime
-from kamepb import frontend_pb2_grpc, oracle_pb2_grpc, stt_pb2_grpc
-from services.gateway.config import GatewaySettings
-from services.gateway.server import serve as serve_gateway
 from services.telephony.config import TelephonySettings
 from services.telephony.playout import PCMA, PCMU
 from services.telephony.service import Telephony
@@ -42,40 +37,29 @@ from services.telephony.sip import (
     choose_media,
     on_hold,
 )
-from tests.gateway.fakes import FakeFrontend, FakeOracle, FakeStt, serve_fake
+from tests.gateway.fakes import FakeFrontend, Fakes
 from tests.support import wait_until
 from tests.telephony.sip_support import SIPP_PCAPS, Baresip, sipp, write_wav
-
-SESSION_DB = 11  # session records of these tests; no frontend publishes here
-
 
 # ---- the service behind the phone -----------------------------------------------
 
 
 @dataclass
 class Rig:
-    """Fake upstreams, a real gateway, and the SIP servers the test started."""
+    """The shared fakes (tests/conftest.py), a real gateway in front of them, and
+    the SIP servers the test started."""
 
-    frontend: FakeFrontend
-    redis_url: str
-    addresses: dict[str, str] = field(default_factory=dict)
-    servers: list[grpc.aio.Server] = field(default_factory=list)
+    fakes: Fakes
     gateway: ServiceRuntime | None = None
     sips: list[SipServer] = field(default_factory=list)
 
+    @property
+    def frontend(self) -> FakeFrontend:
+        return self.fakes.frontend
+
     async def start_gateway(self, **overrides: object) -> ServiceRuntime:
-        fields: dict[str, object] = {
-            "host": "127.0.0.1",
-            "port": 0,
-            "metrics_port": 0,
-            "redis_url": self.redis_url,
-            "frontend_address": self.addresses["frontend"],
-            "stt_address": self.addresses["stt"],
-            "oracle_address": self.addresses["oracle"],
-            "connect_timeout_s": 2.0,
-            "drain_timeout_s": 2.0,
-        }
-        self.gateway = await serve_gateway(GatewaySettings(**{**fields, **overrides}))  # type: ignore[arg-type]
+        # With the gateway's own input pacing, which a phone's real-time audio meets.
+        self.gateway = await self.fakes.gateway(**{"input_burst_s": 2.0, **overrides})
         return self.gateway
 
     async def sip(self, **overrides: object) -> SipServer:
@@ -96,34 +80,19 @@ class Rig:
         return server
 
     async def record(self, session_id: str) -> dict[str, str]:
-        client = store.connect(self.redis_url)
-        try:
-            return await store.SessionStore(client).get_session(session_id)
-        finally:
-            await client.aclose()
+        return await self.fakes.session_record(session_id)
 
     async def close(self) -> None:
+        """The SIP servers; the gateway and the fakes stop with the `fakes` fixture."""
         for server in self.sips:
             await server.stop()
             await server.telephony.aclose()
-        if self.gateway is not None:
-            await self.gateway.stop()
-        for server in self.servers:
-            await server.stop(grace=0)
 
 
 @pytest.fixture
-async def rig(redis_url) -> AsyncIterator[Rig]:
-    parts = urllib.parse.urlsplit(redis_url)
-    made = Rig(FakeFrontend(), urllib.parse.urlunsplit(parts._replace(path=f"/{SESSION_DB}")))
-    made.frontend.speak_at = 0  # every echoed frame is agent speech
-    for name, add, servicer in (
-        ("frontend", frontend_pb2_grpc.add_FrontendServicer_to_server, made.frontend),
-        ("stt", stt_pb2_grpc.add_SttServicer_to_server, FakeStt()),
-        ("oracle", oracle_pb2_grpc.add_OracleServicer_to_server, FakeOracle()),
-    ):
-        server, made.addresses[name] = await serve_fake(add, servicer)
-        made.servers.append(server)
+async def rig(fakes: Fakes) -> AsyncIterator[Rig]:
+    fakes.frontend.speak_at = 0  # every echoed frame is agent speech
+    made = Rig(fakes)
     try:
         yield made
     finally:
