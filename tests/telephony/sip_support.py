@@ -88,19 +88,7 @@ def caller_wav(
     silence, the speech, then `tail_s` of silence to listen to the answer (baresip
     hangs up when the file ends). Resampled with sox."""
     raw = write_wav(directory / f"{name}-raw.wav", speech, speech_rate)
-    speech_8k = directory / f"{name}-8k.wav"
-    subprocess.run(
-        ["sox", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(speech_8k)], check=True
-    )
-    samples, _ = read_wav(speech_8k)
-    padded = np.concatenate(
-        [
-            np.zeros(int(lead_s * RATE), np.float32),
-            samples,
-            np.zeros(int(tail_s * RATE), np.float32),
-        ]
-    )
-    return write_wav(directory / f"{name}.wav", padded)
+    return phone_wav(raw, directory, name, lead_s, tail_s)
 
 
 def espeak_wav(
@@ -114,7 +102,13 @@ def espeak_wav(
     """`text` spoken by espeak-ng, resampled by sox to 8 kHz mono 16-bit, padded."""
     raw = directory / f"{name}-espeak.wav"
     subprocess.run(["espeak-ng", "-v", voice, "-s", "150", "-w", str(raw), text], check=True)
-    speech_8k = directory / f"{name}-espeak-8k.wav"
+    return phone_wav(raw, directory, name, lead_s, tail_s)
+
+
+def phone_wav(raw: Path, directory: Path, name: str, lead_s: float, tail_s: float) -> Path:
+    """`raw` made 8 kHz mono 16-bit by sox, with `lead_s` of silence before and
+    `tail_s` after: NAME.wav in `directory`."""
+    speech_8k = directory / f"{name}-8k.wav"
     subprocess.run(
         ["sox", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(speech_8k)], check=True
     )

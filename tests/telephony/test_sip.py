@@ -11,12 +11,14 @@ ends the other, what is refused and how."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import socket
 import struct
 import textwrap
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -133,13 +135,24 @@ async def all_ended(rig: Rig, sip: SipServer) -> None:
 # ---- baresip ------------------------------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def baresip_call(
+    sip: SipServer, directory: Path, seconds: float
+) -> AsyncIterator[tuple[Baresip, dict]]:
+    """baresip playing a 300 Hz tone of `seconds` (the fake frontend echoes it back as
+    agent audio), in a call to `sip` once established; the phone and that event."""
+    phone = await Baresip(write_wav(directory / "tone.wav", tone(seconds))).start()
+    try:
+        await phone.dial(f"sip:agent@127.0.0.1:{sip.port}")
+        yield phone, await phone.wait_for("CALL_ESTABLISHED")
+    finally:
+        await phone.close()
+
+
 async def test_a_baresip_call_hears_the_agent_presses_keys_and_hangs_up(rig, tmp_path):
     sip = await rig.sip()
     # 300 Hz for the whole call: the fake frontend echoes it back as agent audio.
-    phone = await Baresip(write_wav(tmp_path / "tone.wav", tone(12.0))).start()
-    try:
-        await phone.dial(f"sip:agent@127.0.0.1:{sip.port}")
-        await phone.wait_for("CALL_ESTABLISHED")
+    async with baresip_call(sip, tmp_path, 12.0) as (phone, _):
         session_id = await one_session(sip)
         (sip_call,) = sip.calls.values()
         assert sip_call.media.codec is PCMU  # baresip offers PCMU first; so do we
@@ -169,16 +182,11 @@ async def test_a_baresip_call_hears_the_agent_presses_keys_and_hangs_up(rig, tmp
         loud = heard[np.abs(heard) > 0.05]
         assert len(loud) > rate, "baresip heard less than a second of agent audio"
         assert abs(dominant_hz(heard, rate) - 300) < 15
-    finally:
-        await phone.close()
 
 
 async def test_on_hold_no_agent_audio_goes_out(rig, tmp_path):
     sip = await rig.sip()
-    phone = await Baresip(write_wav(tmp_path / "tone.wav", tone(20.0))).start()
-    try:
-        await phone.dial(f"sip:agent@127.0.0.1:{sip.port}")
-        await phone.wait_for("CALL_ESTABLISHED")
+    async with baresip_call(sip, tmp_path, 20.0) as (phone, _):
         await one_session(sip)
         (sip_call,) = sip.calls.values()
         # baresip re-INVITEs with sendonly): no agent audio goes out meanwhile.
@@ -196,49 +204,32 @@ async def test_on_hold_no_agent_audio_goes_out(rig, tmp_path):
         await phone.hang_up()
         await phone.wait_for("CALL_CLOSED")
         await all_ended(rig, sip)
-    finally:
-        await phone.close()
 
 
 async def test_the_agent_side_ending_the_call_hangs_baresip_up(rig, tmp_path):
     await rig.start_gateway(max_session_s=2.0)
     sip = await rig.sip()
-    phone = await Baresip(write_wav(tmp_path / "tone.wav", tone(20.0))).start()
-    try:
-        await phone.dial(f"sip:agent@127.0.0.1:{sip.port}")
-        established = await phone.wait_for("CALL_ESTABLISHED")
+    async with baresip_call(sip, tmp_path, 20.0) as (phone, established):
         closed = await phone.wait_for("CALL_CLOSED", timeout_s=10)
         # The gateway's cap, not the 20 s file, ended the call: our BYE did.
         assert closed["at"] - established["at"] < 6.0
         await all_ended(rig, sip)
-    finally:
-        await phone.close()
 
 
 async def test_stopping_the_server_hangs_up_open_calls(rig, tmp_path):
     sip = await rig.sip()
-    phone = await Baresip(write_wav(tmp_path / "tone.wav", tone(20.0))).start()
-    try:
-        await phone.dial(f"sip:agent@127.0.0.1:{sip.port}")
-        await phone.wait_for("CALL_ESTABLISHED")
+    async with baresip_call(sip, tmp_path, 20.0) as (phone, _):
         await one_session(sip)
         await sip.stop()
         await phone.wait_for("CALL_CLOSED", timeout_s=5)
         await all_ended(rig, sip)
-    finally:
-        await phone.close()
 
 
 async def test_a_second_call_over_max_sessions_is_busy(rig, tmp_path):
     sip = await rig.sip(max_sessions=1)
-    phone = await Baresip(write_wav(tmp_path / "tone.wav", tone(20.0))).start()
-    try:
-        await phone.dial(f"sip:agent@127.0.0.1:{sip.port}")
-        await phone.wait_for("CALL_ESTABLISHED")
+    async with baresip_call(sip, tmp_path, 20.0) as _:
         result = await sipp(invite_scenario(expect=486), f"127.0.0.1:{sip.port}", tmp_path)
         assert result.passed, result.output
-    finally:
-        await phone.close()
 
 
 # ---- SIPp ---------------------------------------------------------------------------
