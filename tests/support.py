@@ -10,9 +10,11 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 
+from kame_common import store
 from kame_common.server import ServiceRuntime
 
 
@@ -143,3 +145,21 @@ class Blackhole:
             thread.join()
         for sock in self._sockets:
             sock.close()
+
+
+async def session_record(redis_url: str, session_id: str) -> dict[str, str]:
+    """A gateway's Redis record of a session."""
+    client = store.connect(redis_url)
+    try:
+        return await store.SessionStore(client).get_session(session_id)
+    finally:
+        await client.aclose()
+
+
+async def conversation(redis_url: str, session_id: str) -> list[dict[str, Any]]:
+    """A session's conversation as Redis holds it: [{role, text, ts}]."""
+    client = store.connect(redis_url)
+    try:
+        return await store.SessionStore(client).conversation(session_id)
+    finally:
+        await client.aclose()

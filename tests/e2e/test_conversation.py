@@ -20,7 +20,6 @@ from prometheus_client import REGISTRY
 
 from kame_cli.bench.answer import coherence
 from kame_cli.talk import TalkOptions, talk
-from kame_common import store
 from kame_common.audio import FRAME_SAMPLES, SAMPLE_RATE, rms_dbfs
 from kame_common.words import normalize_words
 from kamepb import gateway_pb2
@@ -32,7 +31,7 @@ from tests.e2e.conftest import (
     session_tasks,
     wait_until,
 )
-from tests.support import word_recall, words_of
+from tests.support import conversation, session_record, word_recall, words_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -49,22 +48,6 @@ def metric_samples(text: str, name: str) -> float:
     """Sum of a metric's samples over all label sets."""
     pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", re.M)
     return sum(float(v) for v in pattern.findall(text))
-
-
-async def conversation(redis_url: str, session_id: str) -> list[dict]:
-    client = store.connect(redis_url)
-    try:
-        return await store.SessionStore(client).conversation(session_id)
-    finally:
-        await client.aclose()
-
-
-async def session_record(redis_url: str, session_id: str) -> dict:
-    client = store.connect(redis_url)
-    try:
-        return await store.SessionStore(client).get_session(session_id)
-    finally:
-        await client.aclose()
 
 
 def read_url(url: str) -> str:

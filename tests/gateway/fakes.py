@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from kame_common import store
 from kame_common.server import ServiceRuntime
 from kamepb import (
     common_pb2,
@@ -23,6 +22,7 @@ from kamepb import (
 )
 from services.gateway.config import GatewaySettings
 from services.gateway.server import serve as serve_gateway
+from tests.support import session_record
 
 Activity = common_pb2.SpeechActivity
 
@@ -58,7 +58,9 @@ async def _log_requests(requests: AsyncIterator, log: StreamLog) -> AsyncIterato
 
 async def _pause_for_cancellation(log: StreamLog) -> None:
     try:
-        await asyncio.sleep(0.05)
+        # Long enough for a gateway tearing down under load to cancel (at 50 ms a
+        # cancellation was sometimes seen as a normal end).
+        await asyncio.sleep(0.2)
     except asyncio.CancelledError:
         log.outcome = "cancelled"
         raise
@@ -302,11 +304,7 @@ class Fakes:
 
     async def session_record(self, session_id: str) -> dict[str, str]:
         """The gateway's Redis record of a session."""
-        client = store.connect(self.redis_url)
-        try:
-            return await store.SessionStore(client).get_session(session_id)
-        finally:
-            await client.aclose()
+        return await session_record(self.redis_url, session_id)
 
     async def stop(self) -> None:
         for runtime in self.gateways:

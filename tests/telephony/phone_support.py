@@ -33,7 +33,6 @@ import websockets
 from prometheus_client import REGISTRY
 from twilio.request_validator import RequestValidator
 
-from kame_common import store
 from kame_common.audio import (
     float_to_pcm16,
     mulaw_decode,
@@ -50,7 +49,7 @@ from services.telephony.call import PhoneCall
 from services.telephony.config import TelephonySettings
 from services.telephony.server import TelephonyServer
 from tests.gateway.fakes import FakeOracle, FakeStt, StreamLog, serve_fake
-from tests.support import wait_until
+from tests.support import conversation, session_record, wait_until
 
 TWILIO_TOKEN = "twilio-auth-token-for-tests-0123"
 FAKE_GATEWAY_DB = 10  # no frontend publishes here: the gateway uses its frontend_address
@@ -134,22 +133,6 @@ def gateway_sessions() -> float:
 
 
 # ---- Redis ---------------------------------------------------------------------------------
-
-
-async def session_record(redis_url: str, session_id: str) -> dict[str, str]:
-    client = store.connect(redis_url)
-    try:
-        return await store.SessionStore(client).get_session(session_id)
-    finally:
-        await client.aclose()
-
-
-async def conversation(redis_url: str, session_id: str) -> list[dict[str, Any]]:
-    client = store.connect(redis_url)
-    try:
-        return await store.SessionStore(client).conversation(session_id)
-    finally:
-        await client.aclose()
 
 
 async def agent_turns(redis_url: str, session_id: str) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 
 from kame_common.audio import pcm16_to_float, resample, rms_dbfs
 from tests.e2e import conftest as e2e
-from tests.support import wait_until, word_recall
+from tests.support import conversation, session_record, wait_until, word_recall
 from tests.telephony.phone_support import (
     AUDIO,
     DTMF,
@@ -22,7 +22,6 @@ from tests.telephony.phone_support import (
     SLIN_PACKET,
     AudioSocketClient,
     calls_ended,
-    conversation,
     espeak_8k,
     fake_gateway,
     gateway_sessions,
@@ -30,7 +29,6 @@ from tests.telephony.phone_support import (
     median,
     quiet_at_end,
     refused,
-    session_record,
     speech_seconds,
     telephony_server,
     the_call,

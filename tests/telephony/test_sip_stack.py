@@ -19,12 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kame_common import store
 from kame_common.audio import SAMPLE_RATE, resample
 from services.telephony.config import TelephonySettings
 from services.telephony.server import TelephonyServer
 from tests.e2e.conftest import QUESTION, e2e_redis_url, stack  # noqa: F401 (fixtures)
-from tests.support import wait_until, word_recall, words_of
+from tests.support import conversation, wait_until, word_recall, words_of
 from tests.telephony.sip_support import Baresip, caller_wav, espeak_wav
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -49,14 +48,6 @@ async def gateway_sessions(metrics_url: str) -> float:
 
 async def gateway_sessions_are(metrics_url: str, value: float) -> bool:
     return await gateway_sessions(metrics_url) == value
-
-
-async def conversation(redis_url: str, session_id: str) -> list[dict]:
-    client = store.connect(redis_url)
-    try:
-        return await store.SessionStore(client).conversation(session_id)
-    finally:
-        await client.aclose()
 
 
 async def start_telephony(stack) -> TelephonyServer:  # noqa: F811 (the fixture's value)

@@ -16,14 +16,13 @@ from kame_common.audio import mulaw_decode, pcm16_to_float, resample, rms_dbfs
 from services.telephony import twilio as twilio_module
 from services.telephony.call import PhoneCall
 from tests.e2e import conftest as e2e
-from tests.support import wait_until, word_recall
+from tests.support import conversation, session_record, wait_until, word_recall
 from tests.telephony.phone_support import (
     TWILIO_TOKEN,
     ULAW_PACKET,
     TwilioClient,
     call_params,
     calls_ended,
-    conversation,
     espeak_8k,
     fake_gateway,
     gateway_sessions,
@@ -32,7 +31,6 @@ from tests.telephony.phone_support import (
     post_webhook,
     refused,
     sample,
-    session_record,
     telephony_server,
     the_call,
     twilio_call,
