@@ -89,6 +89,9 @@ class CallSettings:
     auth_token: str
     prebuffer_ms: int
     max_queued_ms: int
+    # A gateway that does not answer at once (restarting, a connection in backoff)
+    # is waited for this long before the phone is hung up.
+    start_timeout_s: float = 5.0
 
 
 class _HungUp:
@@ -179,7 +182,10 @@ class PhoneCall:
         """The call from Converse's config to either side's hang-up."""
         metrics.ACTIVE_CALLS.labels(self.info.provider).inc()
         call = gateway_pb2_grpc.GatewayStub(self._channel).Converse(
-            metadata=bearer_metadata(self._settings.auth_token)
+            metadata=bearer_metadata(self._settings.auth_token), wait_for_ready=True
+        )
+        start_timer = asyncio.get_running_loop().call_later(
+            self._settings.start_timeout_s, self._start_timed_out, call
         )
         uplink = asyncio.ensure_future(self._uplink(call))
         downlink = asyncio.ensure_future(self._downlink(call))
@@ -197,6 +203,7 @@ class PhoneCall:
                 self.ended = Ended.GATEWAY_ERROR if self._gateway_error else Ended.AGENT_HUNG_UP
                 self.status = self._gateway_error
         finally:
+            start_timer.cancel()
             await cancel_and_wait([uplink, downlink, playout, hung_up])
             call.cancel()
             metrics.ACTIVE_CALLS.labels(self.info.provider).dec()
@@ -215,6 +222,12 @@ class PhoneCall:
             self.status,
         )
         return self.ended
+
+    def _start_timed_out(self, call: grpc.aio.Call) -> None:
+        if not self.started.is_set():
+            timeout_s = self._settings.start_timeout_s
+            self._gateway_error = f"no session from the gateway within {timeout_s:g} s"
+            call.cancel()
 
     def config(self) -> gateway_pb2.ConverseConfig:
         audio = gateway_pb2.AudioFormat(
@@ -244,8 +257,8 @@ class PhoneCall:
             async for response in call:
                 await self._on_response(response)
         except grpc.aio.AioRpcError as exc:
-            if self._hung_up.is_set():
-                return
+            if self._hung_up.is_set() or self._gateway_error:
+                return  # our own hang-up, or the start timed out
             self._gateway_error = f"{exc.code().name}: {exc.details()}"
             log.warning(
                 "%s call %s: gateway: %s",

@@ -7,6 +7,9 @@ tests with real peers."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import socket
+import time
 
 import grpc
 from prometheus_client import REGISTRY
@@ -35,6 +38,12 @@ class Leg:
 
     async def hang_up(self, reason: str) -> None:
         self.hung_up = reason
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def active_sessions(service: str) -> float:
@@ -103,9 +112,28 @@ async def test_the_gateway_ending_the_call_hangs_up_the_phone(fakes):
     assert "UNAVAILABLE" in leg.hung_up
 
 
-async def test_a_gateway_that_is_not_there_hangs_up_the_phone_at_once():
+async def test_a_gateway_that_is_not_there_hangs_up_the_phone_after_the_start_timeout():
     leg = Leg()
+    settings = dataclasses.replace(SETTINGS, start_timeout_s=1.0)
     async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:
-        call = PhoneCall(channel, SETTINGS, CallInfo("sip"), PCMU, leg)
+        call = PhoneCall(channel, settings, CallInfo("sip"), PCMU, leg)
+        started = time.monotonic()
         assert await asyncio.wait_for(call.run(), 10) is Ended.GATEWAY_ERROR
-    assert call.status.startswith("UNAVAILABLE") and leg.hung_up
+    assert 0.9 < time.monotonic() - started < 5
+    assert call.status == "no session from the gateway within 1 s" and leg.hung_up
+
+
+async def test_a_gateway_that_comes_up_late_still_takes_the_call(fakes):
+    """wait_for_ready: the call waits for a gateway that is starting (a rollout)."""
+    fakes.frontend.speak_at = 0
+    port = free_port()
+    leg = Leg()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = PhoneCall(channel, SETTINGS, CallInfo("sip"), PCMU, leg)
+        running = asyncio.ensure_future(call.run())
+        await asyncio.sleep(0.5)  # the call is waiting for a gateway
+        await fakes.gateway(port=port)
+        await talk(call, 10)
+        await wait_until(lambda: call.started.is_set(), "the session to start", 4)
+        call.caller_hung_up()
+        assert await asyncio.wait_for(running, 5) is Ended.CALLER_HUNG_UP
