@@ -751,10 +751,14 @@ def _shift_transcript(
 
 
 async def _coded(fmt: AudioFormat, code: Callable[[T], R], data: T) -> R:
-    """`code(data)`: in a worker thread for a format worth one, else right here."""
+    """`code(data)`: in a worker thread for a format worth one, else right here and
+    then a yield, so that a caller whose messages are all ready (a flood) takes
+    turns with the other sessions."""
     if fmt.in_thread:
         return await asyncio.to_thread(code, data)
-    return code(data)
+    result = code(data)
+    await asyncio.sleep(0)
+    return result
 
 
 def _notice(kind: gateway_pb2.Notice.Kind.ValueType, message: str) -> gateway_pb2.ConverseResponse:
