@@ -244,12 +244,17 @@ async def test_calls_outlive_the_connection_age_unless_the_grace_ends_them(fakes
     """max_connection_age_s sends GOAWAY so clients reconnect for new calls; the
     calls open on the old connection go on (grace 0 = to their end), or are cut
     when the grace is shorter."""
-    for grace_s, expected in ((0.0, grpc.StatusCode.OK), (0.3, grpc.StatusCode.UNAVAILABLE)):
+    # A call cut with its connection ends UNAVAILABLE, or INTERNAL ("Internal error
+    # from Core") when gRPC's core sees the connection close under the stream first.
+    cut = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL}
+    for grace_s, expected in ((0.0, {grpc.StatusCode.OK}), (0.3, cut)):
         gateway = await fakes.gateway(max_connection_age_s=0.3, max_connection_age_grace_s=grace_s)
         outcome = await converse(gateway.address, frames=20, pace_s=FRAME_SECONDS)
-        assert outcome.code == expected, (grace_s, outcome.details)
-        if expected == grpc.StatusCode.OK:
+        assert outcome.code in expected, (grace_s, outcome.details)
+        if grace_s == 0.0:
             assert len(outcome.of("audio")) == 20
+        else:
+            assert len(outcome.of("audio")) < 20
         await gateway.stop()
 
 
