@@ -17,11 +17,19 @@ from kame_common.models import piper_voice_path
 
 
 class Voice:
-    def __init__(self, model_path: Path, length_scale: float | None = None) -> None:
+    """`varied=False` turns piper's random noise off (phoneme durations and the
+    generator's noise), so the same text always gives the same samples."""
+
+    def __init__(
+        self, model_path: Path, length_scale: float | None = None, *, varied: bool = True
+    ) -> None:
         from piper import PiperVoice, SynthesisConfig
 
         self._voice = PiperVoice.load(str(model_path))
-        self._config = SynthesisConfig(length_scale=length_scale)
+        noise = None if varied else 0.0  # None: the voice's own setting
+        self._config = SynthesisConfig(
+            length_scale=length_scale, noise_scale=noise, noise_w_scale=noise
+        )
         self.native_rate = int(self._voice.config.sample_rate)
 
     def sentences(self, text: str) -> Iterator[Samples]:
@@ -37,6 +45,9 @@ class Voice:
 
 
 @functools.lru_cache(maxsize=4)
-def load_voice(model_path: str = "", length_scale: float | None = None) -> Voice:
+def load_voice(
+    model_path: str = "", length_scale: float | None = None, *, varied: bool = True
+) -> Voice:
     """The cached voice at `model_path` (default: the embedded joe voice)."""
-    return Voice(Path(model_path) if model_path else piper_voice_path(), length_scale)
+    path = Path(model_path) if model_path else piper_voice_path()
+    return Voice(path, length_scale, varied=varied)

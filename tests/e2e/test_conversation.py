@@ -89,7 +89,15 @@ async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
     assert word_recall(result.agent_text, heard) >= 0.5, (result.agent_text, heard)
     # Latency, measured at the client and summarized by the gateway (how fast is
     # for the benchmark; here: both exist and are sane).
-    assert result.response_latency_s is not None and 0 < result.response_latency_s < 20
+    turn_events = [
+        (e["type"], e["t"], e.get("text", ""))
+        for e in result.events
+        if e["type"] in ("user_final", "agent_audio_start", "notice")
+    ]
+    assert result.response_latency_s is not None and 0 < result.response_latency_s < 20, (
+        result.speech_end_s,
+        turn_events,
+    )
     assert result.turns and result.turns[0]["response_latency_s"] > 0
     # One agent frame per caller frame, however long the call.
     assert len(result.agent) == pytest.approx(result.streamed_samples, abs=2 * FRAME_SAMPLES)

@@ -35,9 +35,18 @@ class StreamLog:
     opened: int = 0
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: str = ""  # "finished" (the RPC ended normally) or "cancelled" (by the gateway)
+    # How long the handler waits, after the last request, for a cancellation to show.
+    cancel_wait_s: float = 0.2
 
     def of(self, kind: str) -> list:
         return [getattr(r, kind) for r in self.requests if r.WhichOneof("msg") == kind]
+
+    def expect_cancellation(self) -> None:
+        """A test that expects the gateway to cancel this stream: wait up to 5 s for
+        it. A loaded machine can delay the cancellation past the short default,
+        which every normally ending stream pays, so only such tests wait longer
+        (a cancellation ends the wait at once)."""
+        self.cancel_wait_s = 5.0
 
     def watch(self, context: grpc.aio.ServicerContext) -> None:
         self.opened += 1
@@ -58,9 +67,9 @@ async def _log_requests(requests: AsyncIterator, log: StreamLog) -> AsyncIterato
 
 async def _pause_for_cancellation(log: StreamLog) -> None:
     try:
-        # Long enough for a gateway tearing down under load to cancel (at 50 ms a
-        # cancellation was sometimes seen as a normal end).
-        await asyncio.sleep(0.2)
+        # grpc.aio tells a client's half-close from its cancellation only by
+        # cancelling the handler a moment after the request stream ends.
+        await asyncio.sleep(log.cancel_wait_s)
     except asyncio.CancelledError:
         log.outcome = "cancelled"
         raise

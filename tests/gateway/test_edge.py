@@ -70,6 +70,7 @@ def flood(address: str, frames: int) -> tuple[grpc.StatusCode, str, int]:
 
 @pytest.mark.parametrize("frames", [0, 5])
 async def test_a_caller_that_stalls_is_cut_after_the_idle_timeout_and_frees_its_slot(fakes, frames):
+    fakes.frontend.log.expect_cancellation()
     gateway = await fakes.gateway(idle_timeout_s=0.5, max_sessions=1)
     code, details, waited = await hold_after_config(gateway.address, frames)
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -190,6 +191,7 @@ async def test_a_caller_that_vanishes_is_cut_by_keepalive(fakes, keepalive_s):
     """The caller's packets stop (no FIN, no RST): with keepalive the gateway ends
     the session within about time + timeout and the frontend slot is free; without
     it (0: gRPC's default of 2 h) the session holds its slot."""
+    fakes.frontend.log.expect_cancellation()
     gateway = await fakes.gateway(
         keepalive_time_s=keepalive_s, keepalive_timeout_s=0.5, idle_timeout_s=0
     )

@@ -295,6 +295,8 @@ async def test_a_stalled_oracle_costs_agent_text_not_frames(fakes):
 
 async def test_frontend_failure_ends_the_call_unavailable_without_its_address(fakes):
     fakes.frontend.fail_at = 4
+    for fake in (fakes.stt, fakes.oracle):
+        fake.log.expect_cancellation()
     gateway = await fakes.gateway()
     outcome = await converse(gateway.address, frames=100, pace_s=0.01)
     assert outcome.code == grpc.StatusCode.UNAVAILABLE
@@ -356,6 +358,8 @@ async def test_a_side_service_that_is_down_is_one_notice_however_often_it_is_tri
 
 
 async def test_a_caller_who_hangs_up_frees_every_upstream(fakes):
+    for fake in (fakes.frontend, fakes.stt, fakes.oracle):
+        fake.log.expect_cancellation()
     gateway = await fakes.gateway()
     release = asyncio.Event()
 
