@@ -201,28 +201,34 @@ class KameEngine(Engine):
     def from_config(cls, config: ModelSettings, with_oracle: bool) -> KameEngine:
         """Load the checkpoint named by config.checkpoint (blocking: seconds to minutes).
 
-        Sampling parameters come from the checkpoint's lm_gen_config."""
+        LMGen's parameters (sampling, CFG) come from the checkpoint's lm_gen_config;
+        dtype `auto` is bfloat16 on CUDA, float32 elsewhere."""
         if not config.checkpoint:
             raise checkpoint.CheckpointError(
                 "engines kame and moshi need a checkpoint: a directory in the Hugging Face "
                 "layout or a repo id (--checkpoint / KAME_FRONTEND_CHECKPOINT)"
             )
         ckpt = checkpoint.read(checkpoint.resolve(config.checkpoint))
-        lm = checkpoint.load_lm(
-            ckpt, device=config.device, dtype=checkpoint.parse_dtype(config.dtype)
-        )
+        dtype = checkpoint.resolve_dtype(config.dtype, config.device)
+        lm = checkpoint.load_lm(ckpt, device=config.device, dtype=dtype)
         mimi = checkpoint.load_mimi(ckpt, device=config.device)
         tokenizer = None
         if with_oracle or ckpt.tokenizer_path is not None:
             tokenizer = checkpoint.load_tokenizer(ckpt)
-        batch = SlotBatch(
-            lm,
-            config.batch_slots,
-            mimi=mimi,
-            use_sampling=True,
-            sampling_params=ckpt.sampling_params(),
-            with_oracle=with_oracle,
-        )
+        lm_gen_params = ckpt.lm_gen_params()
+        try:
+            batch = SlotBatch(
+                lm,
+                config.batch_slots,
+                mimi=mimi,
+                use_sampling=True,
+                sampling_params=lm_gen_params,
+                with_oracle=with_oracle,
+            )
+        except AssertionError as exc:  # LMGen checks its arguments (CFG needs a fuser)
+            raise checkpoint.CheckpointError(
+                f"{ckpt.directory}: lm_gen_config {lm_gen_params} does not suit this model: {exc}"
+            ) from exc
         batch.warm_up()
         return cls(batch, tokenizer)
 
