@@ -145,6 +145,23 @@ async def test_a_moshiko_checkpoint_runs_with_the_builtin_settings(
     assert torch.equal(lm.oracle_emb.weight, lm.text_emb.weight)  # plain Moshi: cloned
 
 
+def test_a_moshiko_repo_id_in_the_cache_resolves_without_config_json(tmp_path, hf_cache):
+    """Offline, a repo id is read from the cache; that the repo has no config.json
+    is known from the cache's record of it (moshi's loader leaves one)."""
+    files = tmp_path / "files"
+    write_moshiko_checkpoint(files)
+    for name in (loaders.MOSHI_NAME, loaders.MIMI_NAME, loaders.TEXT_TOKENIZER_NAME):
+        put_in_cache(hf_cache, MOSHIKO, name, files / name)
+    with pytest.raises(CheckpointError, match="could not fetch checkpoint"):
+        checkpoint.resolve(MOSHIKO)  # no record: config.json may just not be cached
+    no_config = hf_cache / f"models--{MOSHIKO.replace('/', '--')}" / ".no_exist" / REVISION
+    no_config.mkdir(parents=True)
+    (no_config / "config.json").touch()
+    directory = checkpoint.resolve(MOSHIKO)
+    assert directory == hf_cache / f"models--{MOSHIKO.replace('/', '--')}" / "snapshots" / REVISION
+    assert checkpoint.read(directory).lm_kwargs == loaders._lm_kwargs
+
+
 # --- hf:// references ----------------------------------------------------------------
 
 
