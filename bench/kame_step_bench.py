@@ -32,8 +32,9 @@ import torch
 from moshi.models import loaders
 
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
+from services.frontend.config import DTYPES
 from services.frontend.engines.kame.batch import SlotBatch
-from services.frontend.engines.kame.checkpoint import parse_dtype
+from services.frontend.engines.kame.checkpoint import resolve_dtype
 from services.frontend.engines.kame.oracle import KameLMModel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true", help="the real 7B LM and Mimi configs")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="torch dtype (default auto: bfloat16 on CUDA, float32 otherwise)",
+    )
     parser.add_argument("--batch-sizes", default="1,2,4,8,16")
     parser.add_argument("--steps", type=int, default=20, help="timed ticks per batch size")
     parser.add_argument("--warmup", type=int, default=4, help="untimed ticks first")
@@ -116,12 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    dtype = parse_dtype(args.dtype)
+    dtype = resolve_dtype(args.dtype, args.device)
+    dtype_name = str(dtype).removeprefix("torch.")
     config = "full" if args.full else "small"
 
     rows = []
     print(
-        f"kame step bench: {config} config, {args.device}, {args.dtype}, "
+        f"kame step bench: {config} config, {args.device}, {dtype_name}, "
         f"{args.steps} ticks per batch size (medians)"
     )
     print(
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "config": config,
                 "device": args.device,
-                "dtype": args.dtype,
+                "dtype": dtype_name,
                 "threads": args.threads,
                 "steps": args.steps,
                 "warmup": args.warmup,

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from kame_cli.errors import USAGE, CliError, one_line
+from services.frontend.config import DTYPES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, type=Path, help="trace JSON")
     parser.add_argument("--out", required=True, type=Path, help="where to write the outputs")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="torch dtype (default auto: bfloat16 on CUDA, float32 otherwise)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         trace = json.loads(args.trace.read_text())
         ckpt = checkpoint.read(checkpoint.resolve(args.checkpoint))
-        lm = checkpoint.load_lm(ckpt, device=args.device, dtype=checkpoint.parse_dtype(args.dtype))
+        dtype = checkpoint.resolve_dtype(args.dtype, args.device)
+        lm = checkpoint.load_lm(ckpt, device=args.device, dtype=dtype)
         batch = SlotBatch(lm, slots=1, use_sampling=False)
         outputs = run_trace(batch, trace)
     except (OSError, json.JSONDecodeError, checkpoint.CheckpointError, TraceError) as exc:

@@ -56,6 +56,7 @@ from kame_cli.errors import USAGE, CliError
 from kame_cli.listeners import describe_holder, holders, port_is_free, process_group
 from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
 from kame_common.store import redacted_url
+from services.frontend.config import DTYPES
 
 LOOPBACK = "127.0.0.1"
 SERVICES = ("stt", "oracle", "frontend", "gateway")
@@ -124,6 +125,7 @@ class StackOptions:
     frontend_engine: str = "tts"
     checkpoint: str = ""
     device: str = "cpu"
+    dtype: str = "auto"  # bfloat16 on CUDA, float32 otherwise
     redis_url: str = ""  # empty: 127.0.0.1:<ports.redis>, started if none answers
     llm_base_url: str = ""  # empty: the embedded llm server (or the vendor API, anthropic)
     llm_backend: str = ""
@@ -376,6 +378,7 @@ class Stack:
                 ENGINE=self.options.frontend_engine,
                 CHECKPOINT=self.options.checkpoint,
                 DEVICE=self.options.device,
+                DTYPE=self.options.dtype,
                 ADVERTISE_ADDRESS=f"{LOOPBACK}:{ports.frontend}",
             )
         elif service == "gateway":
@@ -598,6 +601,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint", default="", help="KAME/Moshi checkpoint directory (Hugging Face layout)"
     )
     parser.add_argument("--device", default="cpu", help="torch device of the kame/moshi engine")
+    add_dtype_argument(parser)
     parser.add_argument("--redis-url", default="", help="use this Redis instead of 127.0.0.1")
     parser.add_argument(
         "--llm-base-url",
@@ -646,6 +650,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="torch dtype of the kame/moshi engine (default auto: bfloat16 on CUDA, "
+        "float32 otherwise)",
+    )
+
+
 def ports_from_args(args: argparse.Namespace) -> Ports:
     if args.free_ports:
         return Ports.free(redis=args.redis_port)
@@ -673,6 +687,7 @@ def options_from_args(
         frontend_engine=engine,
         checkpoint=args.checkpoint if engine != "tts" else "",
         device=args.device,
+        dtype=args.dtype,
         redis_url=args.redis_url,
         llm_base_url=args.llm_base_url,
         llm_backend=args.llm_backend,

@@ -21,6 +21,7 @@ from kame_cli.bench.runner import CHUNK_MS, Bench
 from kame_cli.bench.runs import Run, pick_load_run, plan_runs, select_runs
 from kame_cli.bench.summary import cold_calls, summarize
 from kame_cli.errors import USAGE, CliError, file_error, one_line
+from kame_cli.stack import add_dtype_argument
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
 
 
@@ -38,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="KAME/Moshi checkpoint directory: adds the tandem-kame and s2s runs",
     )
     parser.add_argument("--device", default="cpu", help="torch device of the kame/moshi engines")
+    add_dtype_argument(parser)
     parser.add_argument(
         "--questions",
         type=Path,

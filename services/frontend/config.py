@@ -18,6 +18,8 @@ from kame_common.config import (
 from kame_common.ports import LOCAL_REDIS_URL
 
 ENGINES = ("tts", "kame", "moshi")
+# auto: bfloat16 on a CUDA device, float32 elsewhere (resolved when the model loads).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -28,7 +30,11 @@ class FrontendSettings(ServiceSettings):
     voice: str = setting("", "tts engine: piper .onnx voice path (empty = embedded joe voice)")
     checkpoint: str = setting("", "kame/moshi engines: checkpoint directory or HF repo id")
     device: str = setting("cpu", "kame/moshi engines: torch device")
-    dtype: str = setting("float32", "kame/moshi engines: torch dtype")
+    dtype: str = setting(
+        "auto",
+        "kame/moshi engines: torch dtype (auto = bfloat16 on CUDA, float32 otherwise)",
+        choices=DTYPES,
+    )
     batch_slots: int = setting(
         4, "Sessions served at once (kame/moshi: the model's batch size; tts: concurrent voices)"
     )

@@ -6,7 +6,9 @@ engine session as they arrive). Out: FrontendReady once, then for every caller
 frame exactly one AgentAudio (its seq and capture time copied, `step_s` =
 engine time, `received_time_us` = when the frame arrived), followed by a
 TurnEnd if the engine's turn detector ended the caller's turn on that frame,
-and an AgentText for each word that starts in that frame.
+and an AgentText for each word that starts in that frame. When the caller's
+input ends (the client half-closes), an AgentText for each word the engine
+still held back (the last word of a kame/moshi session), then the stream ends.
 
 Capacity: the engine's free slots go to the Redis capacity registry (a
 heartbeat, plus a publish whenever a session opens or closes), signed with
@@ -47,6 +49,7 @@ from services.frontend.engines.base import (
     InvalidSessionConfig,
     SessionParams,
     SlotsExhausted,
+    SpokenWord,
     Transcript,
 )
 from services.frontend.watchdog import EngineWatchdog
@@ -183,6 +186,8 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                             "oracle and user_transcript messages, "
                             f"got {kind or 'an empty message'}",
                         )
+                for word in session.flush_words():
+                    yield agent_text(word)
             finally:
                 span.end()
                 await session.close()
@@ -294,18 +299,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         if output.barged_in:
             barge_in = common_pb2.BargeIn(seq=frame.seq)
             responses.append(frontend_pb2.FrontendResponse(barge_in=barge_in))
-        responses += [
-            frontend_pb2.FrontendResponse(
-                text=common_pb2.AgentText(
-                    text=word.text,
-                    start_s=word.start_s,
-                    end_s=word.end_s,
-                    generation=word.generation,
-                    filler=word.filler,
-                )
-            )
-            for word in output.words
-        ]
+        responses += [agent_text(word) for word in output.words]
         return responses
 
     async def _apply_oracle(
@@ -328,6 +322,18 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"oracle update op must be RESET or APPEND, got {update.op}",
             )
+
+
+def agent_text(word: SpokenWord) -> frontend_pb2.FrontendResponse:
+    return frontend_pb2.FrontendResponse(
+        text=common_pb2.AgentText(
+            text=word.text,
+            start_s=word.start_s,
+            end_s=word.end_s,
+            generation=word.generation,
+            filler=word.filler,
+        )
+    )
 
 
 def transcript_of(event: common_pb2.TranscriptEvent) -> Transcript:

@@ -183,11 +183,13 @@ def test_settings_come_from_flags_then_environment_then_defaults():
     env = {"KAME_FRONTEND_ENGINE": "moshi", "KAME_FRONTEND_BATCH_SLOTS": "8"}
     settings = load_settings(FrontendSettings, ["--batch-slots", "2"], env=env)
     assert (settings.engine, settings.batch_slots, settings.port) == ("moshi", 2, 50052)
-    assert (settings.metrics_port, settings.device, settings.dtype) == (9102, "cpu", "float32")
+    assert (settings.metrics_port, settings.device, settings.dtype) == (9102, "cpu", "auto")
     assert settings.resolved_advertise_address(50099) == "127.0.0.1:50099"
     assert settings.resolved_replica_id().endswith(f"-{os.getpid()}")
     with pytest.raises(ConfigError, match="engine: 'gpt' is not allowed"):
         load_settings(FrontendSettings, ["--engine", "gpt"], env={})
+    with pytest.raises(ConfigError, match="dtype: 'float64' is not allowed"):
+        load_settings(FrontendSettings, ["--dtype", "float64"], env={})
     with pytest.raises(ConfigError, match="batch_slots: must be at least 1"):
         load_settings(FrontendSettings, [], env={"KAME_FRONTEND_BATCH_SLOTS": "0"})
 

@@ -120,18 +120,27 @@ def random_mimi_state() -> dict[str, torch.Tensor]:
     return {key: value.contiguous() for key, value in state.items()}
 
 
+def write_tokenizer(path: Path) -> int:
+    """The tiny SentencePiece model at `path`; returns its vocabulary size (text_card)."""
+    tokenizer_model = train_tokenizer()
+    path.write_bytes(tokenizer_model)
+    return sentencepiece.SentencePieceProcessor(model_proto=tokenizer_model).vocab_size()
+
+
+def random_lm_state(lm_kwargs: dict, with_oracle_emb: bool = True) -> dict[str, torch.Tensor]:
+    lm = KameLMModel(device="cpu", dtype=torch.float32, **lm_kwargs)
+    state = {key: value.contiguous() for key, value in lm.state_dict().items()}
+    if not with_oracle_emb:  # a plain Moshi LM has no oracle table
+        state = {key: value for key, value in state.items() if not key.startswith("oracle_emb.")}
+    return state
+
+
 def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    tokenizer_model = train_tokenizer()
-    (directory / "tokenizer.model").write_bytes(tokenizer_model)
-    text_card = sentencepiece.SentencePieceProcessor(model_proto=tokenizer_model).vocab_size()
+    text_card = write_tokenizer(directory / "tokenizer.model")
     lm_kwargs = tiny_lm_kwargs(text_card)
-    lm = KameLMModel(device="cpu", dtype=torch.float32, **lm_kwargs)
-    save_file(
-        {key: value.contiguous() for key, value in lm.state_dict().items()},
-        str(directory / "lm.safetensors"),
-    )
+    save_file(random_lm_state(lm_kwargs), str(directory / "lm.safetensors"))
     save_file(random_mimi_state(), str(directory / "mimi.safetensors"))
     (directory / "mimi_config.json").write_text(json.dumps(TINY_MIMI_CONFIG))
     config = {
@@ -145,6 +154,19 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
     }
     (directory / "config.json").write_text(json.dumps(config, indent=1))
     return directory
+
+
+def write_moshiko_checkpoint(directory: Path, seed: int = 0) -> dict:
+    """A plain kyutai/moshiko-style directory: no config.json, the moshi package's
+    default file names, no oracle table. Returns the tiny LMModel kwargs its
+    weights were made with (the test makes them the built-in settings)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    lm_kwargs = tiny_lm_kwargs(write_tokenizer(directory / loaders.TEXT_TOKENIZER_NAME))
+    lm_state = random_lm_state(lm_kwargs, with_oracle_emb=False)
+    save_file(lm_state, str(directory / loaders.MOSHI_NAME))
+    save_file(random_mimi_state(), str(directory / loaders.MIMI_NAME))
+    return lm_kwargs
 
 
 @pytest.fixture(scope="session")

@@ -62,12 +62,12 @@ def test_missing_key_other_than_oracle_is_an_error_naming_it(parity_dir, tmp_pat
 def test_dtype_and_lm_only_checkpoint(parity_dir):
     ckpt = checkpoint.read(parity_dir)
     assert ckpt.mimi_weights is None and ckpt.tokenizer_path is None
-    lm = checkpoint.load_lm(ckpt, dtype=checkpoint.parse_dtype("bfloat16"))
+    lm = checkpoint.load_lm(ckpt, dtype=checkpoint.resolve_dtype("bfloat16", "cpu"))
     assert lm.dtype == torch.bfloat16 and lm.oracle_emb.weight.dtype == torch.bfloat16
     with pytest.raises(CheckpointError, match="needs them"):
         checkpoint.load_mimi(ckpt)
     with pytest.raises(CheckpointError, match="dtype must be one of"):
-        checkpoint.parse_dtype("float64")
+        checkpoint.resolve_dtype("float64", "cpu")
 
 
 def test_full_layout_loads_mimi_and_tokenizer(tiny_checkpoint):
@@ -76,7 +76,7 @@ def test_full_layout_loads_mimi_and_tokenizer(tiny_checkpoint):
     tokenizer = checkpoint.load_tokenizer(ckpt)
     assert mimi.num_codebooks == 8
     assert tokenizer.vocab_size() == ckpt.lm_kwargs["text_card"]
-    assert ckpt.sampling_params() == {"temp": 0.8, "temp_text": 0.7, "top_k": 25, "top_k_text": 25}
+    assert ckpt.lm_gen_params() == {"temp": 0.8, "temp_text": 0.7, "top_k": 25, "top_k_text": 25}
 
 
 def test_missing_config_and_weights_are_clear_errors(parity_dir, tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from kame_common.audio import FRAME_SAMPLES
+from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
 from services.frontend.engines.base import (
     CandidateSource,
     SessionParams,
@@ -20,6 +20,7 @@ from services.frontend.engines.base import (
 from services.frontend.engines.kame import checkpoint, metrics
 from services.frontend.engines.kame.checkpoint import CheckpointError
 from services.frontend.engines.kame.engine import KameEngine
+from tests.support import wait_until
 
 ANSWER = "the capital of france is paris"
 
@@ -212,3 +213,57 @@ async def test_from_config_loads_the_checkpoint(tiny_checkpoint, callers):
     await moshi.close()
     with pytest.raises(CheckpointError, match="need a checkpoint"):
         KameEngine.from_config(SimpleNamespace(**{**vars(config), "checkpoint": ""}), True)
+
+
+async def step_with_reset_in_flight(session, frame, generation: int):
+    """Step `frame`, and once the engine has taken it into a tick with the oracle
+    updates queued until then, RESET to `generation` before the tick's output."""
+    assert session._oracle_ops  # what the tick takes
+    step = asyncio.create_task(session.step(frame))
+    await wait_until(lambda: not session._oracle_ops, "the frame taken into a tick", interval_s=0)
+    session.oracle_reset(generation, "paris")
+    return await step
+
+
+async def test_agent_words_carry_the_generation_in_effect_when_spoken(make_engine, callers):
+    """Step n feeds the oracle of the RESET to generation n (sent while step n-1
+    ran); a word whose first piece comes out of step n belongs to generation n,
+    not to the n+1 received while step n ran."""
+    engine = make_engine(slots=1)
+    session = await engine.open_session(SessionParams(session_id="g"))
+    session.oracle_reset(0, "paris")
+    words = []
+    try:
+        for index, frame in enumerate(callers[0]):
+            output = await step_with_reset_in_flight(session, frame, index + 1)
+            words += output.words
+    finally:
+        await session.close()
+    assert words  # the random model speaks words
+    for word in words:
+        assert word.generation == round(word.start_s / FRAME_SECONDS), word
+
+
+async def test_the_last_word_of_a_session_is_flushed(make_engine, callers):
+    """The words of a session cut right after a word's last piece are the words of
+    a longer session up to that word; without the flush the last one was lost.
+    (A new oracle before every step makes the random model end words often.)"""
+
+    async def words_of(frames) -> tuple[list, list]:
+        session = await make_engine(slots=1).open_session(SessionParams(session_id="w"))
+        try:
+            spoken = []
+            for index, frame in enumerate(frames):
+                session.oracle_reset(index + 1, "paris")
+                spoken += (await session.step(frame)).words
+            return spoken, session.flush_words()
+        finally:
+            await session.close()
+
+    spoken, _ = await words_of(callers[1])
+    assert spoken
+    last = spoken[-1]
+    cut = round(last.end_s / FRAME_SECONDS)  # the frames up to its last piece
+    short_spoken, flushed = await words_of(callers[1][:cut])
+    assert short_spoken == spoken[:-1]
+    assert flushed == [last]

@@ -5,8 +5,12 @@ oracle text over the wire, free slots in Redis, RESOURCE_EXHAUSTED when full."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import shutil
 import time
 import uuid
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -14,7 +18,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from kame_common import store
-from kame_common.audio import FRAME_BYTES, SAMPLE_RATE, float_to_pcm16
+from kame_common.audio import FRAME_BYTES, FRAME_SECONDS, SAMPLE_RATE, float_to_pcm16
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
 from services.frontend.config import FrontendSettings
 from services.frontend.server import serve
@@ -23,22 +27,30 @@ from tests.support import wait_until
 SLOTS = 2
 
 
-@pytest.fixture
-async def kame_frontend(tiny_checkpoint, redis_url):
+@contextlib.asynccontextmanager
+async def kame_service(checkpoint_dir: Path, redis_url: str):
     settings = FrontendSettings(
         host="127.0.0.1",
         port=0,
         metrics_port=0,
         engine="kame",
-        checkpoint=str(tiny_checkpoint),
+        checkpoint=str(checkpoint_dir),
         batch_slots=SLOTS,
         redis_url=redis_url,
         replica_id=f"test-kame-{uuid.uuid4().hex[:8]}",
     )
     runtime = await serve(settings)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.port}") as channel:
-        yield runtime, settings, frontend_pb2_grpc.FrontendStub(channel)
-    await runtime.stop()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{runtime.port}") as channel:
+            yield runtime, settings, frontend_pb2_grpc.FrontendStub(channel)
+    finally:
+        await runtime.stop()
+
+
+@pytest.fixture
+async def kame_frontend(tiny_checkpoint, redis_url):
+    async with kame_service(tiny_checkpoint, redis_url) as served:
+        yield served
 
 
 def config_request(engine: str = "kame") -> frontend_pb2.FrontendRequest:
@@ -154,3 +166,46 @@ async def test_all_slots_busy_is_resource_exhausted(kame_frontend, redis_client)
         lambda: REGISTRY.get_sample_value("kame_frontend_free_slots") == SLOTS, "free slots", 1
     )
     assert await published_free_slots(redis_client, settings.replica_id, SLOTS) == SLOTS
+
+
+async def words_around_the_end(stub, frames) -> tuple[list, list]:
+    """The AgentText of a stream of `frames`: those before its last agent frame,
+    and those after it (sent once the input ended)."""
+
+    async def requests():
+        yield config_request()
+        for seq, frame in enumerate(frames):
+            # A new oracle before every frame makes the random model end words often.
+            yield oracle_request(common_pb2.OracleUpdate.RESET, seq + 1, "paris")
+            yield audio_request(seq, frame)
+
+    responses = [response async for response in stub.Stream(requests())]
+    kinds = [response.WhichOneof("msg") for response in responses]
+    last_audio = len(kinds) - 1 - kinds[::-1].index("audio")
+    texts = [(index, r.text) for index, r in enumerate(responses) if kinds[index] == "text"]
+    return (
+        [text for index, text in texts if index < last_audio],
+        [text for index, text in texts if index > last_audio],
+    )
+
+
+async def test_the_last_word_is_sent_when_the_input_ends(
+    tiny_checkpoint, tmp_path, redis_url, speak, to_frames
+):
+    """A stream cut right after a word's last piece still sends that word, after
+    its last agent frame. Sampling only the top token makes the engine
+    deterministic, so a longer stream shows which word that is."""
+    directory = tmp_path / "top-1"
+    shutil.copytree(tiny_checkpoint, directory)
+    config = json.loads((directory / "config.json").read_text())
+    config["lm_gen_config"] = {"top_k": 1, "top_k_text": 1}
+    (directory / "config.json").write_text(json.dumps(config))
+    frames = to_frames(speak("Tell me about the moon landing."), 16)
+    async with kame_service(directory, redis_url) as (_runtime, _settings, stub):
+        during, _after = await words_around_the_end(stub, frames)
+        assert during
+        last = during[-1]
+        cut = round(last.end_s / FRAME_SECONDS)  # the frames up to its last piece
+        short_during, short_after = await words_around_the_end(stub, frames[:cut])
+    assert short_during == during[:-1]
+    assert short_after == [last]

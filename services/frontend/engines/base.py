@@ -112,6 +112,11 @@ class EngineSession(abc.ABC):
         """A caller transcript event, in stt order. Engines that do not check
         candidates against what the caller said ignore it."""
 
+    def flush_words(self) -> list[SpokenWord]:
+        """The caller's input ended: the words the engine still holds back (one
+        that reports a word only once it is complete has the last one open)."""
+        return []
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Free the session's slot and state. Idempotent."""

@@ -28,6 +28,11 @@ engine never reports turn ends: KAME is full duplex, it takes turns itself.
 Agent audio: Mimi's decode of the step's agent codes; silence while the LM is
 still filling its acoustic delay (the first step of a session). `speaking` is
 True when the frame's level is above SPEAKING_DBFS.
+
+Agent words: a word is reported when the next token shows it complete, with
+the oracle generation in effect (fed to the model) at the step its first piece
+was spoken, not the newest one received; `flush_words` reports the word still
+open when the caller's input ends.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from services.frontend.engines.base import (
     EngineSession,
     SessionParams,
     SlotsExhausted,
+    SpokenWord,
     StepOutput,
 )
 from services.frontend.engines.kame import checkpoint, metrics
@@ -95,7 +101,11 @@ class KameSession(EngineSession):
         self._needs_reset = True
         self._closed = False
         self._oracle_ops: list[_OracleOp] = []
+        # The newest generation received (what stale APPENDs are judged by), and
+        # the one the model is fed: updates go to the model thread with the next
+        # frame, so a word spoken in the meantime belongs to the older one.
         self._generation: int | None = None
+        self._generation_in_effect: int | None = None
         self._frame_index = 0
         self._words = (
             WordAssembler(engine.tokenizer, engine.padding_ids)
@@ -139,6 +149,11 @@ class KameSession(EngineSession):
             self._oracle_ops.append(_OracleOp(tokens=tokens))
             metrics.ORACLE_TOKENS.inc(len(tokens))
 
+    def flush_words(self) -> list[SpokenWord]:
+        """The word still open (a word is reported once the next token shows it
+        complete, and the session's last word has no next token)."""
+        return self._words.flush() if self._words is not None else []
+
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -148,6 +163,7 @@ class KameSession(EngineSession):
         work = _SlotWork(self.slot, frame, self._needs_reset, self._oracle_ops)
         self._needs_reset = False
         self._oracle_ops = []
+        self._generation_in_effect = self._generation
         return work
 
     def _step_output(self, output: SlotOutput) -> StepOutput:
@@ -162,7 +178,7 @@ class KameSession(EngineSession):
         words = []
         if self._words is not None:
             text_token = output.tokens[0] if output.tokens is not None else None
-            words = self._words.push(text_token, frame_index, self._generation or 0)
+            words = self._words.push(text_token, frame_index, self._generation_in_effect or 0)
         return StepOutput(pcm=pcm, speaking=speaking, words=words)
 
 
@@ -201,28 +217,34 @@ class KameEngine(Engine):
     def from_config(cls, config: ModelSettings, with_oracle: bool) -> KameEngine:
         """Load the checkpoint named by config.checkpoint (blocking: seconds to minutes).
 
-        Sampling parameters come from the checkpoint's lm_gen_config."""
+        LMGen's parameters (sampling, CFG) come from the checkpoint's lm_gen_config;
+        dtype `auto` is bfloat16 on CUDA, float32 elsewhere."""
         if not config.checkpoint:
             raise checkpoint.CheckpointError(
                 "engines kame and moshi need a checkpoint: a directory in the Hugging Face "
                 "layout or a repo id (--checkpoint / KAME_FRONTEND_CHECKPOINT)"
             )
         ckpt = checkpoint.read(checkpoint.resolve(config.checkpoint))
-        lm = checkpoint.load_lm(
-            ckpt, device=config.device, dtype=checkpoint.parse_dtype(config.dtype)
-        )
+        dtype = checkpoint.resolve_dtype(config.dtype, config.device)
+        lm = checkpoint.load_lm(ckpt, device=config.device, dtype=dtype)
         mimi = checkpoint.load_mimi(ckpt, device=config.device)
         tokenizer = None
         if with_oracle or ckpt.tokenizer_path is not None:
             tokenizer = checkpoint.load_tokenizer(ckpt)
-        batch = SlotBatch(
-            lm,
-            config.batch_slots,
-            mimi=mimi,
-            use_sampling=True,
-            sampling_params=ckpt.sampling_params(),
-            with_oracle=with_oracle,
-        )
+        lm_gen_params = ckpt.lm_gen_params()
+        try:
+            batch = SlotBatch(
+                lm,
+                config.batch_slots,
+                mimi=mimi,
+                use_sampling=True,
+                sampling_params=lm_gen_params,
+                with_oracle=with_oracle,
+            )
+        except AssertionError as exc:  # LMGen checks its arguments (CFG needs a fuser)
+            raise checkpoint.CheckpointError(
+                f"{ckpt.directory}: lm_gen_config {lm_gen_params} does not suit this model: {exc}"
+            ) from exc
         batch.warm_up()
         return cls(batch, tokenizer)
 

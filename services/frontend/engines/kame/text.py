@@ -58,6 +58,10 @@ class WordAssembler:
         self._word.last_frame = frame_index
         return []
 
+    def flush(self) -> list[SpokenWord]:
+        """The open word, reported now: nothing follows it (the session ended)."""
+        return self._close()
+
     def _piece(self, token: int | None) -> str | None:
         tokenizer = self._tokenizer
         if token is None or token in self._padding_ids:
