@@ -5,7 +5,8 @@ models, in milliseconds. Each records what it received and how its stream ended.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -15,6 +16,8 @@ from kamepb import (
     common_pb2,
     frontend_pb2,
     frontend_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
     oracle_pb2,
     oracle_pb2_grpc,
     stt_pb2,
@@ -333,3 +336,18 @@ async def start_fakes(redis_url: str) -> Fakes:
         server, made.addresses[name] = await serve_fake(add, servicer)
         made.servers.append(server)
     return made
+
+
+def sync_converse(
+    address: str, requests: Iterable[gateway_pb2.ConverseRequest]
+) -> tuple[grpc.StatusCode, str, list[gateway_pb2.ConverseResponse]]:
+    """A whole call with the sync API: status, details and responses. Sync on
+    purpose: a grpc.aio client that is still writing when the gateway ends the call
+    may report INTERNAL 'Internal error from Core' instead of the gateway's status
+    (grpc/grpc#36066); the sync API reports what the gateway sent."""
+    responses: list[gateway_pb2.ConverseResponse] = []
+    with grpc.insecure_channel(address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(iter(requests))
+        with contextlib.suppress(grpc.RpcError):
+            responses.extend(call)
+        return call.code(), call.details() or "", responses

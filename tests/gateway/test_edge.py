@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 
 import grpc
 import numpy as np
@@ -17,7 +17,7 @@ import pytest
 
 from kame_common.audio import FRAME_SECONDS
 from kamepb import gateway_pb2, gateway_pb2_grpc, stt_pb2_grpc
-from tests.gateway.fakes import FakeStt, serve_fake
+from tests.gateway.fakes import FakeStt, serve_fake, sync_converse
 from tests.gateway.test_session import Config, converse, frame_bytes, gateway_tasks
 from tests.support import Blackhole, wait_until
 
@@ -43,21 +43,6 @@ async def hold_after_config(address: str, frames: int = 0) -> tuple[grpc.StatusC
             async for _ in call:
                 pass
         return await call.code(), await call.details() or "", time.monotonic() - sent_last
-
-
-def sync_converse(
-    address: str, requests: Iterable[gateway_pb2.ConverseRequest]
-) -> tuple[grpc.StatusCode, str, list[gateway_pb2.ConverseResponse]]:
-    """A whole call with the sync API: status, details and responses. Sync on
-    purpose: a grpc.aio client that is still writing when the gateway ends the call
-    may report INTERNAL 'Internal error from Core' instead of the gateway's status
-    (grpc/grpc#36066); the sync API reports what the gateway sent."""
-    responses: list[gateway_pb2.ConverseResponse] = []
-    with grpc.insecure_channel(address) as channel:
-        call = gateway_pb2_grpc.GatewayStub(channel).Converse(iter(requests))
-        with contextlib.suppress(grpc.RpcError):
-            responses.extend(call)
-        return call.code(), call.details() or "", responses
 
 
 def flood(address: str, frames: int) -> tuple[grpc.StatusCode, str, int]:

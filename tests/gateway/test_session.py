@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -23,11 +24,7 @@ from kamepb import (
     gateway_pb2,
     gateway_pb2_grpc,
 )
-from tests.gateway.fakes import (
-    Activity,
-    activity,
-    transcript,
-)
+from tests.gateway.fakes import Activity, activity, sync_converse, transcript
 from tests.support import wait_until
 
 Config = gateway_pb2.ConverseConfig
@@ -55,21 +52,17 @@ async def converse(
     pace_s: float = 0.0,
 ) -> Outcome:
     """A whole call: config, `frames` 80 ms frames (one every `pace_s`, or as fast
-    as flow control allows), half-close; every response and the final status."""
+    as flow control allows), half-close; every response and the final status. It
+    runs on the sync API in a thread (see `sync_converse`)."""
 
-    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+    def requests() -> Iterator[gateway_pb2.ConverseRequest]:
         yield gateway_pb2.ConverseRequest(config=config or Config(include_oracle_updates=True))
         for _ in range(frames):
             yield gateway_pb2.ConverseRequest(audio=frame_bytes())
-            await asyncio.sleep(pace_s)
+            time.sleep(pace_s)
 
-    responses: list[gateway_pb2.ConverseResponse] = []
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            async for response in call:
-                responses.append(response)
-        return Outcome(responses, await call.code(), await call.details() or "")
+    code, details, responses = await asyncio.to_thread(sync_converse, address, requests())
+    return Outcome(responses, code, details)
 
 
 def dropped_messages(queue: str) -> float:
