@@ -1,6 +1,7 @@
 """End to end through the gRPC frontend service running the kame engine on the
 tiny random checkpoint: real speech frames in, one agent frame out per frame in,
-oracle text over the wire, free slots in Redis, RESOURCE_EXHAUSTED when full."""
+oracle text over the wire, a burst cut back by the jitter buffer, free slots in
+Redis, RESOURCE_EXHAUSTED when full."""
 
 from __future__ import annotations
 
@@ -21,10 +22,18 @@ from services.frontend.server import serve
 from tests.support import wait_until
 
 SLOTS = 2
+# Deep enough that no frame is dropped however fast a test sends them (the
+# service reads frames ahead of their ticks).
+NO_DROPS = 64
 
 
 @pytest.fixture
-async def kame_frontend(tiny_checkpoint, redis_url):
+def jitter_frames() -> int:
+    return NO_DROPS
+
+
+@pytest.fixture
+async def kame_frontend(tiny_checkpoint, redis_url, jitter_frames):
     settings = FrontendSettings(
         host="127.0.0.1",
         port=0,
@@ -32,6 +41,7 @@ async def kame_frontend(tiny_checkpoint, redis_url):
         engine="kame",
         checkpoint=str(tiny_checkpoint),
         batch_slots=SLOTS,
+        jitter_frames=jitter_frames,
         redis_url=redis_url,
         replica_id=f"test-kame-{uuid.uuid4().hex[:8]}",
     )
@@ -107,6 +117,38 @@ async def test_speech_in_one_agent_frame_out_per_frame(
     replicas = await store.CapacityRegistry(redis_client, "frontend").replicas()
     mine = [r for r in replicas if r.replica_id == settings.replica_id]
     assert mine and mine[0].total_slots == SLOTS
+
+
+@pytest.mark.parametrize("jitter_frames", [2])
+async def test_a_burst_of_frames_is_cut_back_to_the_jitter_buffer(kame_frontend, speak, to_frames):
+    """Frames that come faster than the 80 ms clock (a backlog after a stall) are
+    read ahead, and a full jitter buffer drops the oldest: each still gets its
+    answer, in order, silent, and the call does not stay behind by the backlog."""
+    _runtime, _settings, stub = kame_frontend
+    frames = to_frames(speak("What is the capital of France? I forgot."), 12)
+    dropped_before = dropped_frames()
+
+    async def requests():
+        yield config_request()
+        for seq, frame in enumerate(frames):
+            yield audio_request(seq, frame)
+
+    responses = [response async for response in stub.Stream(requests())]
+    audio = [r.audio for r in responses if r.WhichOneof("msg") == "audio"]
+    assert [a.frame.seq for a in audio] == list(range(len(frames)))
+    dropped = dropped_frames() - dropped_before
+    # All 12 arrive within a tick or so: the buffer keeps 2, one or two more may
+    # have been taken by ticks while they came in.
+    assert len(frames) - 4 <= dropped <= len(frames) - 2
+    assert not any(any(a.frame.pcm) for a in audio[: int(dropped)])
+    # The frames kept were stepped: the session's first step fills the acoustic
+    # delay (silence), the next speaks.
+    assert any(audio[-1].frame.pcm)
+
+
+def dropped_frames() -> float:
+    labels = {"engine": "kame"}
+    return REGISTRY.get_sample_value("kame_frontend_jitter_dropped_frames_total", labels) or 0.0
 
 
 async def published_free_slots(redis_client, replica_id: str, want: int) -> int | None:
