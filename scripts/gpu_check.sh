@@ -31,6 +31,12 @@ if ((!cpu_smoke)); then
         echo "gpu_check: $python has no CUDA torch (torch.cuda.is_available() is False); install a CUDA build of torch" >&2
         exit 2
     fi
+    # Whisper's CTranslate2 looks for cuBLAS and cuDNN on the library path: those of
+    # torch's nvidia-* wheels, when torch came from pip.
+    wheel_libs=$("$python" -c 'import glob, os, site; print(":".join(sorted(glob.glob(os.path.join(site.getsitepackages()[0], "nvidia", "*", "lib")))))' 2>/dev/null || true)
+    if [[ -n $wheel_libs ]]; then
+        export LD_LIBRARY_PATH=$wheel_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    fi
 fi
 
 cd "$root"
