@@ -26,10 +26,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from moshi.models import loaders
+from moshi.models.compression import MimiModel
 
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
 from services.frontend.config import DTYPES
@@ -77,13 +79,24 @@ SMALL_MIMI = {
 FULL_MIMI = loaders._mimi_config
 
 
-def build(full: bool, batch_size: int, device: str, dtype: torch.dtype) -> SlotBatch:
-    lm = KameLMModel(device=device, dtype=dtype, **(loaders._lm_kwargs if full else SMALL_LM))
+def build_models(
+    lm_kwargs: dict[str, Any], mimi_config: dict[str, Any], device: str, dtype: torch.dtype
+) -> tuple[KameLMModel, MimiModel]:
+    """The LM (in `dtype`) and Mimi (float32, as the engine loads it) with random
+    weights, built directly on the device."""
+    lm = KameLMModel(device=device, dtype=dtype, **lm_kwargs)
     lm.eval()
-    mimi = loaders.get_mimi(None, FULL_MIMI if full else SMALL_MIMI, device=device, num_codebooks=8)
+    mimi = loaders.get_mimi(None, mimi_config, device=device, num_codebooks=8)
     for name, buffer in mimi.named_buffers():
         if name.endswith("embedding_sum"):  # random codebooks instead of all-zero ones
             buffer.normal_()
+    return lm, mimi
+
+
+def build(full: bool, batch_size: int, device: str, dtype: torch.dtype) -> SlotBatch:
+    lm, mimi = build_models(
+        loaders._lm_kwargs if full else SMALL_LM, FULL_MIMI if full else SMALL_MIMI, device, dtype
+    )
     return SlotBatch(lm, batch_size, mimi=mimi, use_sampling=True)
 
 

@@ -38,6 +38,11 @@ class FrontendSettings(ServiceSettings):
     batch_slots: int = setting(
         4, "Sessions served at once (kame/moshi: the model's batch size; tts: concurrent voices)"
     )
+    jitter_frames: int = setting(
+        2,
+        "kame/moshi engines: caller frames a session may have waiting for the 80 ms tick; "
+        "one more drops the oldest (bounds the delay a backlog adds)",
+    )
     max_sessions: int = setting(0, "Admission limit on open streams (0 = batch_slots decides)")
     redis_url: str = setting(LOCAL_REDIS_URL, "Redis for the capacity registry")
     redis_timeout_s: float = redis_timeout_setting()
@@ -64,6 +69,8 @@ class FrontendSettings(ServiceSettings):
         super().validate()
         if self.batch_slots < 1:
             raise ConfigError(f"batch_slots: must be at least 1, got {self.batch_slots}")
+        if self.jitter_frames < 1:
+            raise ConfigError(f"jitter_frames: must be at least 1, got {self.jitter_frames}")
         check_secret("registry_secret", self.registry_secret)
         check_not_negative(self, "redis_timeout_s")
         if self.engine_stall_s < 0:

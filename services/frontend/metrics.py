@@ -8,7 +8,8 @@ from kame_common.metrics import FRAME_BUCKETS, RTF_BUCKETS, TURN_BUCKETS
 
 STEP_SECONDS = Histogram(
     "kame_frontend_step_seconds",
-    "Engine time per 80 ms caller frame (the budget is 0.08 s)",
+    "Engine time per 80 ms caller frame (the budget is 0.08 s); for kame/moshi it includes "
+    "the frame's wait for its tick of the 80 ms clock (kame_frontend_tick_seconds is the model's)",
     ["engine"],
     buckets=FRAME_BUCKETS,
 )

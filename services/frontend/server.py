@@ -34,6 +34,7 @@ import grpc
 from redis.exceptions import RedisError
 
 from kame_common import store, tracing
+from kame_common.aio import cancel_and_wait
 from kame_common.audio import SAMPLE_RATE, check_frame, float_to_pcm16, pcm16_to_float
 from kame_common.server import ServiceRuntime, service_main
 from kame_common.words import normalize_words
@@ -65,6 +66,10 @@ MAX_HOLD_MAX_S = 10.0
 MAX_HOLD_PHRASES = 8
 MAX_HOLD_PHRASE_CHARS = 60
 WITHDRAW_TIMEOUT_S = 2.0
+# Caller frames a stream reads ahead of their answers (6.4 s of audio): enough for
+# an engine's jitter buffer to see any backlog the gateway admits (its input
+# burst, 2 s); past it the stream stops reading until answers are sent.
+READ_AHEAD_FRAMES = 80
 
 
 class CapacityPublisher:
@@ -162,6 +167,12 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 "frontend.session",
                 attributes={"session.id": params.session_id, "engine": self._engine.name},
             )
+            steps: asyncio.Queue[asyncio.Task[list[frontend_pb2.FrontendResponse]] | None]
+            steps = asyncio.Queue()
+            read_ahead = asyncio.Semaphore(READ_AHEAD_FRAMES)
+            reader = asyncio.create_task(
+                self._read_requests(request_iterator, session, context, steps, read_ahead)
+            )
             try:
                 yield frontend_pb2.FrontendResponse(
                     ready=frontend_pb2.FrontendReady(
@@ -170,28 +181,56 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                         slot=session.slot,
                     )
                 )
-                async for request in request_iterator:
-                    kind = request.WhichOneof("msg")
-                    if kind == "audio":
-                        for response in await self._step(session, request.audio, context):
-                            yield response
-                    elif kind == "oracle":
-                        await self._apply_oracle(session, request.oracle, context)
-                    elif kind == "user_transcript":
-                        session.user_transcript(transcript_of(request.user_transcript))
-                    else:
-                        await context.abort(
-                            grpc.StatusCode.INVALID_ARGUMENT,
-                            "after the first message (the config) a stream takes only audio, "
-                            "oracle and user_transcript messages, "
-                            f"got {kind or 'an empty message'}",
-                        )
+                while (step := await steps.get()) is not None:
+                    for response in await step:
+                        yield response
+                    read_ahead.release()
+                await reader  # a bad message's abort ends the stream here
                 for word in session.flush_words():
                     yield agent_text(word)
             finally:
+                queued = [steps.get_nowait() for _ in range(steps.qsize())]
+                await cancel_and_wait([reader, *(task for task in queued if task is not None)])
                 span.end()
                 await session.close()
                 self._capacity.changed()
+
+    async def _read_requests(
+        self,
+        request_iterator: AsyncIterator[frontend_pb2.FrontendRequest],
+        session: EngineSession,
+        context: grpc.aio.ServicerContext[Any, Any],
+        steps: asyncio.Queue[asyncio.Task[list[frontend_pb2.FrontendResponse]] | None],
+        read_ahead: asyncio.Semaphore,
+    ) -> None:
+        """Hand the caller's messages to the session as they arrive; each frame's step
+        goes in `steps`, in order, for Stream to answer (None: the input ended).
+
+        Frames are read ahead of their answers, so that a batched engine's jitter
+        buffer sees a caller's backlog (and cuts it) instead of gRPC holding it."""
+        try:
+            async for request in request_iterator:
+                kind = request.WhichOneof("msg")
+                if kind == "audio":
+                    await self._check_audio(request.audio, context)
+                    await read_ahead.acquire()  # released once the frame's answer is sent
+                    steps.put_nowait(asyncio.create_task(self._step(session, request.audio)))
+                    # Let the step start (an engine takes frames in the order steps
+                    # start) before a later message reaches the session.
+                    await asyncio.sleep(0)
+                elif kind == "oracle":
+                    await self._apply_oracle(session, request.oracle, context)
+                elif kind == "user_transcript":
+                    session.user_transcript(transcript_of(request.user_transcript))
+                else:
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "after the first message (the config) a stream takes only audio, "
+                        "oracle and user_transcript messages, "
+                        f"got {kind or 'an empty message'}",
+                    )
+        finally:
+            steps.put_nowait(None)
 
     async def _session_params(
         self, request: frontend_pb2.FrontendRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -259,19 +298,21 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         self._capacity.changed()
         return session
 
-    async def _step(
-        self,
-        session: EngineSession,
-        frame: common_pb2.AudioFrame,
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> list[frontend_pb2.FrontendResponse]:
-        received_time_us = time.time_ns() // 1000
+    @staticmethod
+    async def _check_audio(
+        frame: common_pb2.AudioFrame, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
         try:
             check_frame(frame.pcm, frame.sample_rate_hz)
         except ValueError as exc:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"audio frame seq {frame.seq}: {exc}"
             )
+
+    async def _step(
+        self, session: EngineSession, frame: common_pb2.AudioFrame
+    ) -> list[frontend_pb2.FrontendResponse]:
+        received_time_us = time.time_ns() // 1000
         started = time.perf_counter()
         with self._watchdog.step():
             output = await session.step(pcm16_to_float(frame.pcm))

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from kame_common.audio import FRAME_SAMPLES
 from services.frontend.engines.kame import checkpoint
 from services.frontend.engines.kame.batch import SlotBatch
+from services.frontend.engines.kame.engine import DEFAULT_JITTER_FRAMES, KameEngine
 from services.frontend.engines.kame.oracle import KameLMModel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -222,3 +223,23 @@ def make_greedy_batch():
 @pytest.fixture(scope="session")
 def to_frames():
     return speech_frames
+
+
+@pytest.fixture
+async def make_engine(tiny_checkpoint):
+    """make_engine(slots, with_oracle, jitter_frames) -> a greedy, warmed-up
+    KameEngine on the tiny checkpoint (closed at the end of the test)."""
+    tokenizer = checkpoint.load_tokenizer(checkpoint.read(tiny_checkpoint))
+    engines: list[KameEngine] = []
+
+    def _make(
+        slots: int = 4, with_oracle: bool = True, jitter_frames: int = DEFAULT_JITTER_FRAMES
+    ) -> KameEngine:
+        batch = greedy_batch(tiny_checkpoint, slots, with_oracle=with_oracle)
+        batch.warm_up()  # as from_config does: the first steps are slow (torch compiles)
+        engines.append(KameEngine(batch, tokenizer, jitter_frames=jitter_frames))
+        return engines[-1]
+
+    yield _make
+    for engine in engines:
+        await engine.close()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from services.frontend.engines.kame import checkpoint
 from services.frontend.engines.kame.batch import SlotBatch
 
 SAYINGS = [
@@ -138,4 +139,21 @@ def test_moshi_batch_ignores_the_oracle(tiny_checkpoint, make_greedy_batch, sing
     ]
     assert [o.tokens for o in run_alone(kame, plain)] != [
         o.tokens for o in run_alone(kame, steered)
+    ]
+
+
+def test_a_closed_batch_hands_its_model_to_a_new_one(tiny_checkpoint, single, plans):
+    """close() ends the streaming state, so one LM and Mimi can serve batches of
+    other sizes in turn (the GPU check times several sizes on one 7B model)."""
+    ckpt = checkpoint.read(tiny_checkpoint)
+    lm, mimi = checkpoint.load_lm(ckpt), checkpoint.load_mimi(ckpt)
+    first = SlotBatch(lm, 3, mimi=mimi, use_sampling=False)
+    run_alone(first, plans[0])
+    with pytest.raises(AssertionError, match="already streaming"):
+        SlotBatch(lm, 2, mimi=mimi, use_sampling=False)
+    first.close()
+    first.close()
+    second = SlotBatch(lm, 2, mimi=mimi, use_sampling=False)
+    assert [o.tokens for o in run_alone(second, plans[1])] == [
+        o.tokens for o in run_alone(single, plans[1])
     ]

@@ -11,7 +11,6 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -40,8 +39,10 @@ def copy_checkpoint(source: Path, target: Path, **config_changes: object) -> Pat
     return target
 
 
-def engine_settings(directory: Path, dtype: str = "auto") -> SimpleNamespace:
-    return SimpleNamespace(checkpoint=str(directory), device="cpu", dtype=dtype, batch_slots=1)
+def engine_settings(directory: Path, dtype: str = "auto") -> FrontendSettings:
+    return FrontendSettings(
+        engine="kame", checkpoint=str(directory), device="cpu", dtype=dtype, batch_slots=1
+    )
 
 
 @pytest.fixture

@@ -17,27 +17,12 @@ from services.frontend.engines.base import (
     SlotsExhausted,
     Transcript,
 )
-from services.frontend.engines.kame import checkpoint, metrics
+from services.frontend.engines.kame import metrics
 from services.frontend.engines.kame.checkpoint import CheckpointError
 from services.frontend.engines.kame.engine import KameEngine
 from tests.support import wait_until
 
 ANSWER = "the capital of france is paris"
-
-
-@pytest.fixture
-async def make_engine(tiny_checkpoint, make_greedy_batch):
-    tokenizer = checkpoint.load_tokenizer(checkpoint.read(tiny_checkpoint))
-    engines: list[KameEngine] = []
-
-    def _make(slots: int = 4, with_oracle: bool = True) -> KameEngine:
-        batch = make_greedy_batch(tiny_checkpoint, slots, with_oracle=with_oracle)
-        engines.append(KameEngine(batch, tokenizer))
-        return engines[-1]
-
-    yield _make
-    for engine in engines:
-        await engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +184,12 @@ async def test_moshi_engine_ignores_oracle_text_and_kame_follows_it(make_engine,
 
 async def test_from_config_loads_the_checkpoint(tiny_checkpoint, callers):
     config = SimpleNamespace(
-        checkpoint=str(tiny_checkpoint), device="cpu", dtype="float32", batch_slots=3, voice=""
+        checkpoint=str(tiny_checkpoint),
+        device="cpu",
+        dtype="float32",
+        batch_slots=3,
+        jitter_frames=2,
+        voice="",
     )
     engine = await asyncio.to_thread(KameEngine.from_config, config, True)
     try:

@@ -1,6 +1,7 @@
 """End to end through the gRPC frontend service running the kame engine on the
 tiny random checkpoint: real speech frames in, one agent frame out per frame in,
-oracle text over the wire, free slots in Redis, RESOURCE_EXHAUSTED when full."""
+oracle text over the wire, a burst cut back by the jitter buffer, free slots in
+Redis, RESOURCE_EXHAUSTED when full."""
 
 from __future__ import annotations
 
@@ -25,10 +26,18 @@ from services.frontend.server import serve
 from tests.support import wait_until
 
 SLOTS = 2
+# Deep enough that no frame is dropped however fast a test sends them (the
+# service reads frames ahead of their ticks).
+NO_DROPS = 64
+
+
+@pytest.fixture
+def jitter_frames() -> int:
+    return NO_DROPS
 
 
 @contextlib.asynccontextmanager
-async def kame_service(checkpoint_dir: Path, redis_url: str):
+async def kame_service(checkpoint_dir: Path, redis_url: str, jitter_frames: int = NO_DROPS):
     settings = FrontendSettings(
         host="127.0.0.1",
         port=0,
@@ -36,6 +45,7 @@ async def kame_service(checkpoint_dir: Path, redis_url: str):
         engine="kame",
         checkpoint=str(checkpoint_dir),
         batch_slots=SLOTS,
+        jitter_frames=jitter_frames,
         redis_url=redis_url,
         replica_id=f"test-kame-{uuid.uuid4().hex[:8]}",
     )
@@ -48,8 +58,8 @@ async def kame_service(checkpoint_dir: Path, redis_url: str):
 
 
 @pytest.fixture
-async def kame_frontend(tiny_checkpoint, redis_url):
-    async with kame_service(tiny_checkpoint, redis_url) as served:
+async def kame_frontend(tiny_checkpoint, redis_url, jitter_frames):
+    async with kame_service(tiny_checkpoint, redis_url, jitter_frames) as served:
         yield served
 
 
@@ -121,6 +131,38 @@ async def test_speech_in_one_agent_frame_out_per_frame(
     assert mine and mine[0].total_slots == SLOTS
 
 
+@pytest.mark.parametrize("jitter_frames", [2])
+async def test_a_burst_of_frames_is_cut_back_to_the_jitter_buffer(kame_frontend, speak, to_frames):
+    """Frames that come faster than the 80 ms clock (a backlog after a stall) are
+    read ahead, and a full jitter buffer drops the oldest: each still gets its
+    answer, in order, silent, and the call does not stay behind by the backlog."""
+    _runtime, _settings, stub = kame_frontend
+    frames = to_frames(speak("What is the capital of France? I forgot."), 12)
+    dropped_before = dropped_frames()
+
+    async def requests():
+        yield config_request()
+        for seq, frame in enumerate(frames):
+            yield audio_request(seq, frame)
+
+    responses = [response async for response in stub.Stream(requests())]
+    audio = [r.audio for r in responses if r.WhichOneof("msg") == "audio"]
+    assert [a.frame.seq for a in audio] == list(range(len(frames)))
+    dropped = dropped_frames() - dropped_before
+    # All 12 arrive within a tick or so: the buffer keeps 2, one or two more may
+    # have been taken by ticks while they came in.
+    assert len(frames) - 4 <= dropped <= len(frames) - 2
+    assert not any(any(a.frame.pcm) for a in audio[: int(dropped)])
+    # The frames kept were stepped: the session's first step fills the acoustic
+    # delay (silence), the next speaks.
+    assert any(audio[-1].frame.pcm)
+
+
+def dropped_frames() -> float:
+    labels = {"engine": "kame"}
+    return REGISTRY.get_sample_value("kame_frontend_jitter_dropped_frames_total", labels) or 0.0
+
+
 async def published_free_slots(redis_client, replica_id: str, want: int) -> int | None:
     """The replica's free slots in the capacity registry, once they read `want` (2 s max)."""
     registry = store.CapacityRegistry(redis_client, "frontend")
@@ -170,16 +212,22 @@ async def test_all_slots_busy_is_resource_exhausted(kame_frontend, redis_client)
 
 async def words_around_the_end(stub, frames) -> tuple[list, list]:
     """The AgentText of a stream of `frames`: those before its last agent frame,
-    and those after it (sent once the input ended)."""
-
-    async def requests():
-        yield config_request()
-        for seq, frame in enumerate(frames):
-            # A new oracle before every frame makes the random model end words often.
-            yield oracle_request(common_pb2.OracleUpdate.RESET, seq + 1, "paris")
-            yield audio_request(seq, frame)
-
-    responses = [response async for response in stub.Stream(requests())]
+    and those after it (sent once the input ended). Each frame is sent once the
+    one before it has its agent frame: the service reads frames ahead of the
+    engine's ticks, so oracle updates sent ahead would overtake them."""
+    call = stub.Stream()
+    await call.write(config_request())
+    responses = []
+    for seq, frame in enumerate(frames):
+        # A new oracle before every frame makes the random model end words often.
+        await call.write(oracle_request(common_pb2.OracleUpdate.RESET, seq + 1, "paris"))
+        await call.write(audio_request(seq, frame))
+        while (response := await call.read()).WhichOneof("msg") != "audio":
+            responses.append(response)
+        responses.append(response)
+    await call.done_writing()
+    while (response := await call.read()) != grpc.aio.EOF:
+        responses.append(response)
     kinds = [response.WhichOneof("msg") for response in responses]
     last_audio = len(kinds) - 1 - kinds[::-1].index("audio")
     texts = [(index, r.text) for index, r in enumerate(responses) if kinds[index] == "text"]

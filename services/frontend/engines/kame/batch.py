@@ -10,12 +10,14 @@ audio or oracle.
 
 This class is synchronous and not thread-safe: the engine calls it from its
 single model thread, `kame replay` from the main thread. It is the one step
-path both use.
+path both use. `close()` ends its streaming state (KV caches, CUDA graphs), so
+that the same LM and Mimi can serve another batch, of any size.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,10 +60,11 @@ class SlotBatch:
         self._gen = LMGen(
             lm, use_sampling=use_sampling, support_out_of_sync=True, **dict(sampling_params or {})
         )
-        self._gen.streaming_forever(slots)
+        self._streaming = ExitStack()
+        self._streaming.enter_context(self._gen.streaming(slots))
         self._mimi = mimi
         if mimi is not None:
-            mimi.streaming_forever(slots)
+            self._streaming.enter_context(mimi.streaming(slots))
         self._feeds = [
             OracleFeed(lm.text_initial_token_id, lm.text_padding_token_id) for _ in range(slots)
         ]
@@ -75,6 +78,11 @@ class SlotBatch:
         for _ in range(steps):
             self.step_audio({slot: silence for slot in range(self.slots)})
         self.reset(range(self.slots))
+
+    def close(self) -> None:
+        """Leave streaming: the LM and Mimi drop this batch's state (KV caches,
+        CUDA graphs) and may serve a new SlotBatch. Idempotent."""
+        self._streaming.close()
 
     def reset(self, slots: Iterable[int]) -> None:
         """Give these rows a fresh stream: model state, oracle and step count."""

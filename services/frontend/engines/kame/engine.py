@@ -1,18 +1,48 @@
 """The `kame` and `moshi` front-end engines: batch slots over one model.
 
 Each session owns one row (slot) of a `SlotBatch`. `step()` hands in one caller
-frame and waits for the tick that carries it. The ticker (an asyncio task)
-gathers the frames of the active sessions and starts one tick as soon as every
-session stepped in the previous tick has supplied its next frame, or
-`tick_deadline_s` after the first frame of the tick arrived. A session that is
-late misses that tick (its row is masked out, its state does not move) and goes
-in the next one; sessions out of that rhythm (just joined, or late last time)
-are taken when their frame is there but not waited for, so a stalled client
-does not delay everyone else's every frame. Ticks run in one dedicated model
-thread, never on the event loop, one at a time.
+frame and waits for the tick that carries it.
+
+Ticks run on a fixed clock, one every `tick_s` (80 ms, the frame), in one
+dedicated model thread, never on the event loop, one at a time. Every open
+session has a small jitter buffer: the frames it handed in that no tick has
+taken yet, oldest first. Each tick takes the oldest frame of every session
+that has one, so all active sessions share every tick, whatever the phase of
+their frames: a frame that arrived since the last tick is stepped at the next
+one, which adds less than one tick of delay while a caller's frames come at
+the frame rate (one tick plus the arrival jitter when its frames arrive right
+at the tick). `step()` may be called again before the previous frame's tick
+(the frontend service reads ahead), and the outputs come back in order.
+- Underrun: a session with no frame at a tick is masked out of it; its state
+  does not move (no concealment is fed to the model), and its frame goes in
+  the next tick after it arrives (`kame_frontend_jitter_underruns_total`).
+- Overflow: a buffer holds at most `jitter_frames` frames (2: the next tick's
+  and one that came early). A frame more drops the oldest one waiting: the
+  model never hears it and its step returns silence
+  (`kame_frontend_jitter_dropped_frames_total`). A caller's backlog (frames
+  that bunched after a network stall) is so cut back instead of delaying the
+  rest of the call, and no frame waits two ticks or more.
+- A tick that runs past the next tick's time (overload) is followed at once by
+  the next one, and the clock goes on from there
+  (`kame_frontend_tick_overruns_total`).
+A masked row still costs a full pass: moshi computes every row of the batch
+and masks the state updates (its CUDA graphs need the fixed batch shape), so a
+tick costs what `batch_slots` rows cost, however many sessions are active.
+`kame_frontend_tick_sessions` is the histogram of sessions per tick.
 
 A slot is reset (model state, oracle, step count) in the first tick of the
 session that takes it, so a new session starts with no oracle.
+
+Long calls: the LM attends to the last `context` steps of its session (3000
+steps, 4 minutes, in Moshi's config). Past that edge the engine keeps
+speaking: moshi's `RingKVCache` (the reference's) is a sliding window, each
+step overwrites the oldest of the `context` entries and attends to the last
+`context` steps; the position (RoPE offset, computed in float32) keeps
+counting. Nothing is reset at the edge: Mimi's codec state, the acoustic
+delay, the step count and the oracle stream (anchored at step numbers that
+keep counting) go on as before; the model simply no longer sees what was said
+more than `context` steps ago. Mimi's own transformers (context 250) slide the
+same way.
 
 Oracle updates (kame engine; the moshi engine ignores them): text is tokenized
 whole words at a time on arrival and queued; the queue is handed to the model
@@ -40,6 +70,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -47,7 +78,7 @@ from typing import Protocol
 import numpy as np
 import sentencepiece
 
-from kame_common.audio import FRAME_SAMPLES, Samples, rms_dbfs
+from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, Samples, rms_dbfs
 from services.frontend.engines.base import (
     CandidateSource,
     Engine,
@@ -61,8 +92,10 @@ from services.frontend.engines.kame import checkpoint, metrics
 from services.frontend.engines.kame.batch import SlotBatch, SlotOutput
 from services.frontend.engines.kame.text import WordAssembler, oracle_token_ids
 
-DEFAULT_TICK_DEADLINE_S = 0.02
+DEFAULT_JITTER_FRAMES = 2
 SPEAKING_DBFS = -50.0
+# What the step of a frame dropped from a full jitter buffer returns: silence.
+_DROPPED = SlotOutput(tokens=None, pcm=None)
 
 
 class ModelSettings(Protocol):
@@ -72,6 +105,7 @@ class ModelSettings(Protocol):
     device: str
     dtype: str
     batch_slots: int
+    jitter_frames: int
 
 
 @dataclass
@@ -100,6 +134,8 @@ class KameSession(EngineSession):
         self.session_id = session_id
         self._needs_reset = True
         self._closed = False
+        self._stepped = False  # a tick has taken one of its frames
+        self._jitter: deque[_Pending] = deque()  # frames no tick has taken yet, oldest first
         self._oracle_ops: list[_OracleOp] = []
         # The newest generation received (what stale APPENDs are judged by), and
         # the one the model is fed: updates go to the model thread with the next
@@ -119,7 +155,7 @@ class KameSession(EngineSession):
         frame = np.asarray(frame, dtype=np.float32)
         if frame.shape != (FRAME_SAMPLES,):
             raise ValueError(f"a frame must be {FRAME_SAMPLES} samples, got shape {frame.shape}")
-        output = await self._engine._submit(self.slot, frame)
+        output = await self._engine._submit(self, frame)
         return self._step_output(output)
 
     def oracle_reset(
@@ -159,12 +195,25 @@ class KameSession(EngineSession):
             self._closed = True
             self._engine._release(self)
 
+    def _next_frame(self) -> _Pending | None:
+        """The oldest frame still awaited (a caller that gave up cancelled the others)."""
+        while self._jitter:
+            pending = self._jitter.popleft()
+            if not pending.future.done():
+                return pending
+        return None
+
     def _take_work(self, frame: Samples) -> _SlotWork:
         work = _SlotWork(self.slot, frame, self._needs_reset, self._oracle_ops)
         self._needs_reset = False
+        self._stepped = True
         self._oracle_ops = []
         self._generation_in_effect = self._generation
         return work
+
+    def _cancel_frames(self) -> None:
+        while self._jitter:
+            self._jitter.popleft().future.cancel()
 
     def _step_output(self, output: SlotOutput) -> StepOutput:
         frame_index = self._frame_index
@@ -188,10 +237,15 @@ class KameEngine(Engine):
         batch: SlotBatch,
         tokenizer: sentencepiece.SentencePieceProcessor | None,
         *,
-        tick_deadline_s: float = DEFAULT_TICK_DEADLINE_S,
+        tick_s: float = FRAME_SECONDS,
+        jitter_frames: int = DEFAULT_JITTER_FRAMES,
     ) -> None:
         if batch.with_oracle and tokenizer is None:
             raise ValueError("the kame engine needs the checkpoint's tokenizer for oracle text")
+        if tick_s <= 0:
+            raise ValueError(f"tick_s must be positive, got {tick_s}")
+        if jitter_frames < 1:
+            raise ValueError(f"jitter_frames must be at least 1, got {jitter_frames}")
         self.name = "kame" if batch.with_oracle else "moshi"
         self.with_oracle = batch.with_oracle
         self.tokenizer = tokenizer
@@ -202,15 +256,13 @@ class KameEngine(Engine):
             lm.text_initial_token_id,
         )
         self._batch = batch
-        self._tick_deadline_s = tick_deadline_s
+        self._tick_s = tick_s
+        self._jitter_frames = jitter_frames
         self._sessions: list[KameSession | None] = [None] * batch.slots
-        self._pending: dict[int, _Pending] = {}
-        self._last_tick: list[KameSession] = []
         self._model_thread = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"{self.name}-model"
         )
         self._ticker: asyncio.Task[None] | None = None
-        self._frame_arrived: asyncio.Event | None = None
         self._closed = False
 
     @classmethod
@@ -246,7 +298,7 @@ class KameEngine(Engine):
                 f"{ckpt.directory}: lm_gen_config {lm_gen_params} does not suit this model: {exc}"
             ) from exc
         batch.warm_up()
-        return cls(batch, tokenizer)
+        return cls(batch, tokenizer, jitter_frames=config.jitter_frames)
 
     @property
     def total_slots(self) -> int:
@@ -275,90 +327,84 @@ class KameEngine(Engine):
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError, RuntimeError):
                 await self._ticker
-        for pending in self._pending.values():
-            pending.future.cancel()
-        self._pending.clear()
+        for session in self._sessions:
+            if session is not None:
+                session._cancel_frames()
         await asyncio.to_thread(self._model_thread.shutdown, wait=True)
 
     def _ensure_ticker(self) -> None:
         loop = asyncio.get_running_loop()
         if self._ticker is not None and not self._ticker.done() and self._ticker.get_loop() is loop:
             return
-        self._frame_arrived = asyncio.Event()
         self._ticker = loop.create_task(self._tick_forever(), name=f"{self.name}-ticker")
 
-    async def _submit(self, slot: int, frame: Samples) -> SlotOutput:
-        if slot in self._pending:
-            raise RuntimeError(f"slot {slot} already has a frame waiting for its tick")
+    async def _submit(self, session: KameSession, frame: Samples) -> SlotOutput:
+        """Queue the frame in the session's jitter buffer; its output once a tick took it."""
         self._ensure_ticker()
         future: asyncio.Future[SlotOutput] = asyncio.get_running_loop().create_future()
-        self._pending[slot] = _Pending(frame, future)
-        assert self._frame_arrived is not None
-        self._frame_arrived.set()
-        try:
-            return await future
-        finally:
-            if self._pending.get(slot) is not None and self._pending[slot].future is future:
-                del self._pending[slot]
+        session._jitter.append(_Pending(frame, future))
+        if len(session._jitter) > self._jitter_frames:
+            oldest = session._jitter.popleft()
+            if not oldest.future.done():
+                metrics.JITTER_DROPPED_FRAMES.labels(self.name).inc()
+                oldest.future.set_result(_DROPPED)
+        return await future
 
     def _release(self, session: KameSession) -> None:
         if self._sessions[session.slot] is session:
             self._sessions[session.slot] = None
-        pending = self._pending.pop(session.slot, None)
-        if pending is not None:
-            pending.future.cancel()
-        if self._frame_arrived is not None:
-            self._frame_arrived.set()  # the sessions left may all be ready now
-
-    def _ready_to_tick(self) -> bool:
-        """Every session still open that was stepped in the last tick has its frame in."""
-        return all(
-            session.slot in self._pending
-            for session in self._last_tick
-            if self._sessions[session.slot] is session
-        )
+        session._cancel_frames()
 
     async def _tick_forever(self) -> None:
         loop = asyncio.get_running_loop()
-        arrived = self._frame_arrived
-        assert arrived is not None
+        next_tick = loop.time() + self._tick_s
         while True:
-            await arrived.wait()
-            deadline = loop.time() + self._tick_deadline_s
-            while not self._ready_to_tick() and (remaining := deadline - loop.time()) > 0:
-                arrived.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(arrived.wait(), remaining)
-            arrived.clear()
+            await asyncio.sleep(max(0.0, next_tick - loop.time()))
             work, futures = self._collect_work()
-            if not work:
-                continue
-            try:
-                outputs = await loop.run_in_executor(self._model_thread, self._run_tick, work)
-            except Exception as exc:  # hand the failure to every session of the tick
-                for future in futures.values():
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for slot, future in futures.items():
+            if work:
+                await self._tick(loop, work, futures)
+            next_tick += self._tick_s
+            if loop.time() > next_tick:
+                # This tick ran past the next one's time: that one starts at once and
+                # the clock goes on from there (no burst of ticks to catch up).
+                metrics.TICK_OVERRUNS.labels(self.name).inc()
+                next_tick = loop.time()
+
+    async def _tick(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        work: list[_SlotWork],
+        futures: dict[int, asyncio.Future[SlotOutput]],
+    ) -> None:
+        try:
+            outputs = await loop.run_in_executor(self._model_thread, self._run_tick, work)
+        except asyncio.CancelledError:  # the engine is closing
+            for future in futures.values():
+                future.cancel()
+            raise
+        except Exception as exc:  # hand the failure to every session of the tick
+            for future in futures.values():
                 if not future.done():
-                    future.set_result(outputs[slot])
-            if self._pending:
-                arrived.set()
+                    future.set_exception(exc)
+            return
+        for slot, future in futures.items():
+            if not future.done():
+                future.set_result(outputs[slot])
 
     def _collect_work(self) -> tuple[list[_SlotWork], dict[int, asyncio.Future[SlotOutput]]]:
+        """The oldest waiting frame of every open session that has one."""
         work: list[_SlotWork] = []
         futures: dict[int, asyncio.Future[SlotOutput]] = {}
-        stepped: list[KameSession] = []
-        for slot, pending in list(self._pending.items()):
-            session = self._sessions[slot]
-            del self._pending[slot]
-            if session is None or pending.future.done():
+        for session in self._sessions:
+            if session is None:
+                continue
+            pending = session._next_frame()
+            if pending is None:
+                if session._stepped:
+                    metrics.JITTER_UNDERRUNS.labels(self.name).inc()
                 continue
             work.append(session._take_work(pending.frame))
-            futures[slot] = pending.future
-            stepped.append(session)
-        self._last_tick = stepped
+            futures[session.slot] = pending.future
         return work, futures
 
     def _run_tick(self, work: list[_SlotWork]) -> dict[int, SlotOutput]:

@@ -15,9 +15,24 @@ TICK_SECONDS = Histogram(
 )
 TICK_SESSIONS = Histogram(
     "kame_frontend_tick_sessions",
-    "kame/moshi engines: sessions stepped together in one batch tick",
+    "kame/moshi engines: sessions stepped together in one batch tick (of the 80 ms clock)",
     ["engine"],
-    buckets=(1, 2, 4, 8, 16, 32, 64),
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+)
+TICK_OVERRUNS = Counter(
+    "kame_frontend_tick_overruns_total",
+    "kame/moshi engines: ticks that ran past the next tick's time (the model is over budget)",
+    ["engine"],
+)
+JITTER_UNDERRUNS = Counter(
+    "kame_frontend_jitter_underruns_total",
+    "kame/moshi engines: ticks at which a started session had no frame waiting (masked out)",
+    ["engine"],
+)
+JITTER_DROPPED_FRAMES = Counter(
+    "kame_frontend_jitter_dropped_frames_total",
+    "kame/moshi engines: caller frames dropped from a full jitter buffer (never stepped)",
+    ["engine"],
 )
 ORACLE_TOKENS = Counter(
     "kame_frontend_oracle_tokens_total",
