@@ -7,7 +7,7 @@ small protocol (services/web/README.md has it in full):
   binary messages of PCM16 mono at that rate, then optionally `{"type":
   "stop"}` (the caller is done: half-close). Closing the socket cancels the call.
 - bridge -> page: JSON events (started, transcript, oracle, agent_text, turn,
-  notice, error, end) and binary agent audio: one flag byte (1 = the agent is
+  notice, barge_in, dtmf, error, end) and binary agent audio: one flag byte (1 = the agent is
   speaking) followed by PCM16 at the same rate. The gateway resamples both
   ways, so the page needs no resampler.
 
@@ -159,6 +159,10 @@ def page_event(response: gateway_pb2.ConverseResponse) -> dict[str, Any] | bytes
             "kind": gateway_pb2.Notice.Kind.Name(notice.kind),
             "message": notice.message,
         }
+    if kind == "barge_in":
+        return {"type": "barge_in", "seq": response.barge_in.seq}
+    if kind == "dtmf":
+        return {"type": "dtmf", "digit": response.dtmf.digit}
     return {"type": "unknown", "kind": kind or ""}
 
 

@@ -107,7 +107,12 @@ def test_the_four_streams_and_the_turn_summary_become_json_events():
         )
     )
     assert (turn["type"], turn["response_latency_s"]) == ("turn", pytest.approx(0.42))
-    json.dumps([transcript, reset, words, turn])  # what the bridge sends must serialize
+    barge_in = page_event(gateway_pb2.ConverseResponse(barge_in=common_pb2.BargeIn(seq=41)))
+    assert barge_in == {"type": "barge_in", "seq": 41}
+    dtmf = page_event(gateway_pb2.ConverseResponse(dtmf=common_pb2.Dtmf(digit="5")))
+    assert dtmf == {"type": "dtmf", "digit": "5"}
+    # what the bridge sends must serialize
+    json.dumps([transcript, reset, words, turn, barge_in, dtmf])
 
 
 def test_errors_say_what_happened_in_words():

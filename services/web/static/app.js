@@ -4,8 +4,9 @@
 import { MicrophoneError, openAudio } from "./audio.js";
 import { Timeline } from "./timeline.js";
 
-// The caller is talking when the microphone is this loud (dBFS); caller speech
-// while the agent stops speaking is a barge-in, and its queued audio is dropped.
+// The caller is talking when the microphone is this loud (dBFS). A barge-in
+// (the gateway's barge_in event: the caller cut the agent off) drops the agent
+// audio queued here.
 const TALKING_DB = -45;
 const TALKING_HOLD_MS = 400;
 
@@ -168,6 +169,10 @@ class Session {
     const event = JSON.parse(data);
     const t = this.now();
     state.events.push({ t, ...event });
+    if (event.type === "barge_in") {
+      // What is still queued here would talk over the caller.
+      this.audio.flush();
+    }
     const handler = HANDLERS[event.type];
     if (handler) handler(event, t);
   }
@@ -177,14 +182,6 @@ class Session {
     const t = this.now();
     if (speaking !== state.agentSpeaking) {
       state.events.push({ t, type: speaking ? "agent_audio_start" : "agent_audio_stop" });
-    }
-    if (state.agentSpeaking && !speaking && this.callerTalking()) {
-      // The agent stopped because the caller spoke (the frontend's barge-in):
-      // what is still queued here would talk over the caller.
-      this.audio.flush();
-      state.bargeIns += 1;
-      state.events.push({ t, type: "barge_in" });
-      timeline.mark(3, t, "barge-in", "#805ad5");
     }
     state.agentSpeaking = speaking;
     this.audio.play(data.slice(1));
@@ -220,6 +217,11 @@ class Session {
 }
 
 const HANDLERS = {
+  barge_in(_event, t) {
+    state.bargeIns += 1;
+    timeline.mark(3, t, "barge-in", "#805ad5");
+    setState({});
+  },
   started(event) {
     setState({ sessionId: event.session_id, engine: event.engine });
   },
