@@ -359,14 +359,14 @@ def part_step(profile: Profile, lm: KameLMModel, mimi: MimiModel) -> dict[str, A
 # ---- 4. a conversation end to end ----------------------------------------------
 
 
-def train_tokenizer(texts: list[str]) -> bytes:
+def train_tokenizer(texts: list[str], vocab_size: int = 200) -> bytes:
     """A small SentencePiece model (the real one cannot be downloaded here); its ids
     fit any text_card, and the oracle's words map to real pieces."""
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(texts),
         model_writer=model,
-        vocab_size=200,
+        vocab_size=vocab_size,
         hard_vocab_limit=False,
         unk_id=0,
         bos_id=1,

@@ -4,7 +4,6 @@ safetensors, a SentencePiece model trained on a few sentences)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 from moshi.models import loaders
 from safetensors.torch import save_file
 
+from bench.gpu_check import train_tokenizer
 from kame_common.audio import FRAME_SAMPLES
 from services.frontend.engines.kame import checkpoint
 from services.frontend.engines.kame.batch import SlotBatch
@@ -92,23 +92,6 @@ def tiny_lm_kwargs(text_card: int) -> dict:
     }
 
 
-def train_tokenizer() -> bytes:
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(SENTENCES),
-        model_writer=model,
-        vocab_size=80,
-        hard_vocab_limit=False,
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=3,
-        character_coverage=1.0,
-        minloglevel=2,
-    )
-    return model.getvalue()
-
-
 def random_mimi_state() -> dict[str, torch.Tensor]:
     mimi = loaders.get_mimi(None, TINY_MIMI_CONFIG, num_codebooks=8)
     state = mimi.state_dict()
@@ -123,7 +106,7 @@ def random_mimi_state() -> dict[str, torch.Tensor]:
 
 def write_tokenizer(path: Path) -> int:
     """The tiny SentencePiece model at `path`; returns its vocabulary size (text_card)."""
-    tokenizer_model = train_tokenizer()
+    tokenizer_model = train_tokenizer(SENTENCES, vocab_size=80)
     path.write_bytes(tokenizer_model)
     return sentencepiece.SentencePieceProcessor(model_proto=tokenizer_model).vocab_size()
 
