@@ -274,6 +274,8 @@ class _Conversation:
         self.input_end_t: float | None = None  # when the WAV had been sent
         self.resume_token = ""
         self.move_asked = False  # the gateway sent Notice RECONNECT
+        # Set once the current call's session started: audio waits for it (see _send).
+        self.call_started = asyncio.Event()
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -302,6 +304,7 @@ class _Conversation:
         """One Converse call; False when it should be continued in another (it broke
         off or the gateway asked, and there is a resume token)."""
         self.move_asked = False
+        self.call_started.clear()
         config = self.options.converse_config(self.resume_token)
         # Keepalive: a gateway that vanished mid-call fails the call instead of
         # leaving it silent; round robin over every address the name resolves to.
@@ -343,7 +346,15 @@ class _Conversation:
         return answered and quiet and now - input_end_t >= self.options.tail_s
 
     async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
-        """The WAV from `next_chunk` on, then silence until the agent is done."""
+        """The WAV from `next_chunk` on, then silence until the agent is done.
+
+        Audio goes only once the session started: a gateway that refuses the call
+        (a bad token, config or resume token, no capacity) ends it while a write
+        may be under way, and grpc.aio then reports INTERNAL "Internal error from
+        Core" instead of the gateway's status (grpc/grpc#36066). Chunks due in the
+        meantime go at once after it; the gateway would not have read them
+        earlier anyway."""
+        await self.call_started.wait()
         audio = self.result.caller
         count = -(-len(audio) // self.chunk)
         if self.next_chunk == 0:
@@ -390,6 +401,7 @@ class _Conversation:
                     "frontend_replica": started.frontend_replica,
                 }
                 self.event("resumed" if started.resumed else "started", **self.result.started)
+                self.call_started.set()
             elif kind == "user_transcript":
                 self._on_transcript(response.user_transcript)
             elif kind == "agent_text":

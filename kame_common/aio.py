@@ -20,3 +20,16 @@ async def cancel_and_wait(tasks: asyncio.Future[Any] | Iterable[asyncio.Future[A
         task.cancel()
     if pending:
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def wait_first(*waitables: asyncio.Event | asyncio.Future[Any]) -> None:
+    """Until one of `waitables` is set (an event) or done (a future), whichever
+    comes first. The futures are only watched, never cancelled."""
+    watchers: set[asyncio.Future[Any]] = {
+        asyncio.ensure_future(w.wait()) if isinstance(w, asyncio.Event) else w for w in waitables
+    }
+    try:
+        await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        own = [w for w in watchers if w not in waitables]
+        await cancel_and_wait(own)

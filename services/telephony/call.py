@@ -28,7 +28,7 @@ from typing import Protocol
 
 import grpc
 
-from kame_common.aio import cancel_and_wait
+from kame_common.aio import cancel_and_wait, wait_first
 from kame_common.auth import bearer_metadata
 from kamepb import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.telephony import metrics
@@ -243,9 +243,13 @@ class PhoneCall:
 
     async def _uplink(self, call: grpc.aio.StreamStreamCall) -> None:  # type: ignore[type-arg]
         """Config, then what the phone sends, until a hang-up half-closes. A write to a
-        call that has ended fails: the downlink has its status."""
+        call that has ended fails: the downlink has its status. The phone's audio
+        waits until the session started (or the phone hung up): a write under way
+        when the gateway refuses the call would turn its status into INTERNAL
+        "Internal error from Core" (grpc/grpc#36066)."""
         with contextlib.suppress(*CALL_OVER):
             await call.write(gateway_pb2.ConverseRequest(config=self.config()))
+            await wait_first(self.started, self._hung_up)
             while not isinstance(request := await self._to_gateway.get(), _HungUp):
                 await call.write(request)
             await call.done_writing()

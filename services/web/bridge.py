@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from kame_common.aio import cancel_and_wait
+from kame_common.aio import cancel_and_wait, wait_first
 from kame_common.auth import bearer_metadata
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.web.config import WebSettings
@@ -197,8 +197,11 @@ class Bridge:
             # Every way the call ends, a gateway that cannot be reached included, is
             # read from the call's status by the downlink: a write to a call that has
             # already failed only says that it failed, not how.
-            downlink = asyncio.ensure_future(self._downlink(page, call, channel))
-            uplink = asyncio.ensure_future(self._uplink(page, call, start.config, downlink))
+            started = asyncio.Event()
+            downlink = asyncio.ensure_future(self._downlink(page, call, channel, started))
+            uplink = asyncio.ensure_future(
+                self._uplink(page, call, start.config, downlink, started)
+            )
             try:
                 await asyncio.wait({downlink, uplink}, return_when=asyncio.FIRST_COMPLETED)
                 if uplink.done():
@@ -214,10 +217,15 @@ class Bridge:
         call: ConverseCall,
         config: gateway_pb2.ConverseConfig,
         downlink: asyncio.Future[None],
+        started: asyncio.Event,
     ) -> None:
         """The config, then the page's audio to the gateway until the page goes;
-        `stop` half-closes."""
+        `stop` half-closes. The audio waits (in the socket) until the session
+        started: a write under way when the gateway refuses the call would turn
+        its status into INTERNAL "Internal error from Core" (grpc/grpc#36066),
+        and the page would say that instead of, say, "auth refused"."""
         await write_quietly(call, gateway_pb2.ConverseRequest(config=config))
+        await wait_first(started, downlink)
         while (message := await page.receive()) is not None:
             if downlink.done():
                 continue  # the call is over; the page will hear how
@@ -228,12 +236,18 @@ class Bridge:
                     await call.done_writing()
 
     async def _downlink(
-        self, page: PageSocket, call: ConverseCall, channel: grpc.aio.Channel
+        self,
+        page: PageSocket,
+        call: ConverseCall,
+        channel: grpc.aio.Channel,
+        started: asyncio.Event,
     ) -> None:
         """Every gateway response to the page; ends with `end` or, if the gateway
         refused (a bad token fails the first read) or broke off the call, `error`."""
         try:
             async for response in call:
+                if response.HasField("started"):
+                    started.set()
                 event = page_event(response)
                 if isinstance(event, bytes):
                     await page.send_bytes(event)

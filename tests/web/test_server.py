@@ -78,13 +78,18 @@ def blocking_get(url: str) -> tuple[int, dict[str, str], bytes]:
         return exc.code, dict(exc.headers), exc.read()
 
 
-async def converse(server, first: str | bytes, origin: str | None = None) -> list[dict]:
-    """Open /converse, send `first`, and collect the JSON events until the bridge closes."""
+async def converse(
+    server, first: str | bytes, origin: str | None = None, audio: list[bytes] = ()
+) -> list[dict]:
+    """Open /converse, send `first` (then `audio` at once, as a page with its
+    microphone open does), and collect the JSON events until the bridge closes."""
     url = f"ws://127.0.0.1:{server.port}/converse"
     headers = {"Origin": origin} if origin else {}
     async with connect(url, additional_headers=headers, open_timeout=10) as socket:
         with contextlib.suppress(ConnectionClosed):  # refused before it read anything
             await socket.send(first)
+            for chunk in audio:
+                await socket.send(chunk)
         return [json.loads(m) async for m in socket if isinstance(m, str)]
 
 
@@ -124,6 +129,17 @@ async def test_a_wrong_or_missing_token_is_reported_as_auth_refused(web):
         (event,) = await converse(server, start)
         assert event["type"] == "error" and event["code"] == "UNAUTHENTICATED", event
         assert event["message"].startswith("auth refused"), event
+
+
+async def test_a_refusal_is_reported_as_sent_while_the_page_streams_audio(web):
+    """The page's audio waits until the session started: a write racing the
+    gateway's refusal would turn it into INTERNAL (grpc/grpc#36066)."""
+    server = await web()
+    start = json.dumps({"type": "start", "rate": 48000, "token": "wrong-token-0123456789"})
+    twenty_ms = bytes(2 * 960)
+    for _ in range(5):
+        events = await converse(server, start, audio=[twenty_ms] * 25)
+        assert [e["code"] for e in events if e["type"] == "error"] == ["UNAUTHENTICATED"], events
 
 
 async def test_the_right_token_gets_past_the_gateways_auth(web):
