@@ -25,7 +25,8 @@ writes go through their own queue (records.py). Only the side streams' own
 readers wait on the voice path, never the other way round.
 
 Failures: the frontend is essential, so its failure ends the session with
-UNAVAILABLE. stt and oracle are side streams, watched and reopened
+UNAVAILABLE, and so does a frontend stream that ends before the caller is
+done or with caller frames it never answered. stt and oracle are side streams, watched and reopened
 (sidestream.py): one that fails, ends early or sends nothing for
 side_timeout_s while caller audio flows is cancelled and reopened with
 backoff. While either is down the call goes on without oracle; the client
@@ -539,10 +540,14 @@ class GatewaySession:
             side.audio_flowing()
 
     async def _read_frontend(self) -> None:
+        """The frontend's answers until it ends its stream, which it may do only
+        once the caller is done and every caller frame has its agent frame."""
         assert self.frontend is not None
+        answered = 0
         while (response := await self.frontend.call.read()) is not grpc.aio.EOF:
             kind = response.WhichOneof("msg")
             if kind == "audio":
+                answered += 1
                 await self._on_agent_audio(response.audio)
             elif kind == "text":
                 await self._on_agent_text(response.text)
@@ -556,6 +561,11 @@ class GatewaySession:
             raise SessionError(
                 grpc.StatusCode.UNAVAILABLE,
                 "the frontend ended the stream before the caller finished",
+            )
+        if (unanswered := len(self._capture_us) - answered) > 0:
+            raise SessionError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the frontend ended the stream with {unanswered} caller frames unanswered",
             )
 
     async def _on_agent_audio(self, audio: frontend_pb2.AgentAudio) -> None:

@@ -83,7 +83,8 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
     speaking; `words`: {seq: (text, generation)} agent words starting in that
     frame; `turn_end_at`: a TurnEnd after that frame; `barge_in_at`: a BargeIn
     after that frame; `fail_at`/`end_at`: abort
-    UNAVAILABLE / end the stream at that frame; `refuse`: abort at the config;
+    UNAVAILABLE / end the stream at that frame; `mute_at`: answer no frame from
+    that one on, and end normally once the input ends; `refuse`: abort at the config;
     `silent_start`: never send ready."""
 
     def __init__(self) -> None:
@@ -94,6 +95,7 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
         self.barge_in_at: int | None = None
         self.fail_at: int | None = None
         self.end_at: int | None = None
+        self.mute_at: int | None = None
         self.refuse: grpc.StatusCode | None = None
         self.silent_start = False
 
@@ -119,6 +121,8 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "engine crashed at 10.9.8.7")
             if seq == self.end_at:
                 return
+            if self.mute_at is not None and seq >= self.mute_at:
+                continue
             speaking = self.speak_at is not None and seq >= self.speak_at
             yield frontend_pb2.FrontendResponse(
                 audio=frontend_pb2.AgentAudio(frame=request.audio, speaking=speaking)

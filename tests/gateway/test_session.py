@@ -300,11 +300,26 @@ async def test_frontend_failure_ends_the_call_unavailable_without_its_address(fa
         assert fake.log.outcome == "cancelled"
 
 
-async def test_a_frontend_that_ends_early_is_a_failure(fakes):
+@pytest.mark.parametrize("pace_s", [0.0, 0.05])
+async def test_a_frontend_that_ends_early_is_a_failure(fakes, pace_s):
+    """Early, whether the caller is still sending (paced) or already done (its
+    frames all sent at once, and the frontend's input half-closed): frames it
+    never answered make it a failure either way."""
     fakes.frontend.end_at = 3
     gateway = await fakes.gateway()
-    outcome = await converse(gateway.address, frames=10)
+    outcome = await converse(gateway.address, frames=10, pace_s=pace_s)
     assert outcome.code == grpc.StatusCode.UNAVAILABLE and "frontend" in outcome.details
+
+
+async def test_a_frontend_that_leaves_frames_unanswered_is_a_failure(fakes):
+    """It ends its stream normally once the caller is done, but answered only
+    the first 3 of 10 frames: the call must not end OK."""
+    fakes.frontend.mute_at = 3
+    gateway = await fakes.gateway()
+    outcome = await converse(gateway.address, frames=10)
+    assert outcome.code == grpc.StatusCode.UNAVAILABLE
+    assert "7 caller frames unanswered" in outcome.details
+    assert len(outcome.of("audio")) == 3
 
 
 @pytest.mark.parametrize(
