@@ -334,7 +334,7 @@ async def test_stt_failure_leaves_the_oracle_open_and_the_call_goes_on(stack, sp
 
 async def test_frontend_failure_ends_the_session_with_unavailable(stack, speak, e2e_redis_url):
     # A frontend of its own, found by a gateway of its own through another Redis db.
-    other_db = e2e_redis_url.rsplit("/", 1)[0] + "/10"
+    other_db = e2e_redis_url.rsplit("/", 1)[0] + "/11"  # not the fakes' db (10)
     frontend = await stack.services.frontend(redis_url=other_db)
     gateway = await stack.services.gateway(
         stack.stt, stack.oracle, f"127.0.0.1:{frontend.port}", redis_url=other_db

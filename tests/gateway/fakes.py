@@ -40,6 +40,7 @@ class StreamLog:
     outcome: str = ""  # "finished" (the RPC ended normally) or "cancelled" (by the gateway)
     # How long the handler waits, after the last request, for a cancellation to show.
     cancel_wait_s: float = 0.2
+    _cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
     def of(self, kind: str) -> list:
         return [getattr(r, kind) for r in self.requests if r.WhichOneof("msg") == kind]
@@ -50,6 +51,18 @@ class StreamLog:
         which every normally ending stream pays, so only such tests wait longer
         (a cancellation ends the wait at once)."""
         self.cancel_wait_s = 5.0
+
+    def mark_cancelled(self) -> None:
+        self.outcome = "cancelled"
+        self._cancelled.set()
+
+    async def cancelled(self, timeout_s: float) -> None:
+        """Until the handler has seen its stream cancelled (the RPC's end can be
+        reported a moment before the handler is cancelled); AssertionError if not."""
+        try:
+            await asyncio.wait_for(self._cancelled.wait(), timeout_s)
+        except TimeoutError:
+            raise AssertionError(f"the stream was not cancelled ({self.outcome})") from None
 
     def watch(self, context: grpc.aio.ServicerContext) -> None:
         self.opened += 1
@@ -74,7 +87,7 @@ async def _pause_for_cancellation(log: StreamLog) -> None:
         # cancelling the handler a moment after the request stream ends.
         await asyncio.sleep(log.cancel_wait_s)
     except asyncio.CancelledError:
-        log.outcome = "cancelled"
+        log.mark_cancelled()
         raise
 
 
@@ -213,7 +226,7 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
                 yield item
             await _pause_for_cancellation(self.log)
         except asyncio.CancelledError:
-            self.log.outcome = "cancelled"
+            self.log.mark_cancelled()
             raise
         finally:
             for task in tasks:
@@ -312,6 +325,9 @@ class Fakes:
             "drain_timeout_s": 2.0,
             # Calls here run faster than real time; pacing is tested in test_edge.py.
             "input_burst_s": 0.0,
+            # Its own secret: a frontend another test left in this Redis db's
+            # registry (a real one, since stopped) is never chosen.
+            "registry_secret": "registry-secret-of-the-fake-upstreams",
         }
         settings = GatewaySettings(**{**fields, **overrides})  # type: ignore[arg-type]
         runtime = await serve_gateway(settings)

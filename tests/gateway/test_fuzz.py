@@ -239,6 +239,7 @@ def loopback_gateway(redis_url):
             port=0,
             metrics_port=0,
             redis_url=urllib.parse.urlunsplit(parts._replace(path="/10")),
+            registry_secret="registry-secret-of-the-fake-upstreams",
             frontend_address=addresses["frontend"],
             stt_address=addresses["stt"],
             oracle_address=addresses["oracle"],
