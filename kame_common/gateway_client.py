@@ -56,9 +56,8 @@ class GatewayClientSettings:
 
     def gateway_channel(self, policy: ConnectionPolicy) -> grpc.aio.Channel:
         """A channel to the gateway with traces, keepalive and the TLS settings."""
-        # Its own subchannels: one shared with an earlier channel to the same address
-        # (a gateway restarted on its port) may still be in reconnect backoff.
-        options = [*policy.channel_options(), ("grpc.use_local_subchannel_pool", 1)]
         return self.gateway_tls_settings().channel(
-            self.gateway_address, interceptors=tracing.client_interceptors(), options=options
+            self.gateway_address,
+            interceptors=tracing.client_interceptors(),
+            options=policy.channel_options(),
         )

@@ -78,4 +78,8 @@ class ConnectionPolicy:
             # an idle channel would stop probing its connection.
             options.append(("grpc.http2.max_pings_without_data", 0))
         options.append(("grpc.lb_policy_name", "round_robin"))
+        # Its own subchannels: one shared with an earlier channel to the same address
+        # (a replica restarted on its port, or a new one that got the port) may still
+        # be in reconnect backoff, and would fail the new channel's first calls at once.
+        options.append(("grpc.use_local_subchannel_pool", 1))
         return options
