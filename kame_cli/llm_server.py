@@ -77,6 +77,12 @@ def launch(
         str(n_ctx),
         "--verbose",
         "False",
+        # A stream ends when it is done or its client goes away, not when another
+        # request arrives: by default the server ends the running stream as if it
+        # were complete, so under load each session's request would cut another
+        # session's answer short (the oracle cancels its own superseded streams).
+        "--interrupt_requests",
+        "False",
     ]
     if threads > 0:
         command += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
