@@ -235,6 +235,8 @@ async def main_async(args: argparse.Namespace) -> dict:
         decode_workers=args.decode_workers,
         cpu_threads=args.cpu_threads,
         beam_size=args.beam_size,
+        max_batch=args.max_batch,
+        window_pad_s=args.window_pad_s,
     )
     engine = await asyncio.to_thread(SttEngine, settings)
     script = await asyncio.to_thread(build_script, args.rounds)
@@ -270,6 +272,8 @@ async def main_async(args: argparse.Namespace) -> dict:
                 "decode_workers",
                 "cpu_threads",
                 "beam_size",
+                "max_batch",
+                "window_pad_s",
                 "partial_interval_s",
                 "endpoint_silence_s",
                 "word_timestamps",
@@ -301,6 +305,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-workers", type=int, default=1)
     parser.add_argument("--cpu-threads", type=int, default=0)
     parser.add_argument("--beam-size", type=int, default=1)
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=SttSettings.max_batch,
+        help="utterances one decode may take together (1 = no batching)",
+    )
+    parser.add_argument(
+        "--window-pad-s",
+        type=float,
+        default=SttSettings.window_pad_s,
+        help="silence after the audio in Whisper's window (30 = the full 30 s window)",
+    )
     parser.add_argument(
         "--limit-s",
         type=float,

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from kame_common.config import (
     ConfigError,
-    ServiceSettings,
+    MeasuredCapacitySettings,
     setting,
 )
 
@@ -32,7 +32,7 @@ MAX_UTTERANCE_LIMIT_S = 30.0
 
 
 @dataclass
-class SttSettings(ServiceSettings):
+class SttSettings(MeasuredCapacitySettings):
     SERVICE: ClassVar[str] = "stt"
 
     model_dir: str = setting("", "CTranslate2 Whisper directory (empty = embedded tiny.en)")
@@ -42,6 +42,10 @@ class SttSettings(ServiceSettings):
     )
     cpu_threads: int = setting(0, "Threads per decode worker on CPU (0 = cores / workers)")
     decode_workers: int = setting(1, "Whisper decodes run at once (all sessions share them)")
+    max_batch: int = setting(8, "Utterances one Whisper decode may take together")
+    window_pad_s: float = setting(
+        2.0, "Silence after the audio in Whisper's window (30 = always the full 30 s window)"
+    )
     beam_size: int = setting(1, "Beam size of final decodes (partials are always greedy)")
     word_timestamps: bool = setting(True, "Align word timings (about 10% more decode time)")
     partial_interval_s: float = setting(0.5, "Default: re-decode after this much new speech")
@@ -51,9 +55,19 @@ class SttSettings(ServiceSettings):
 
     def validate(self) -> None:
         super().validate()
-        for name, minimum in (("decode_workers", 1), ("beam_size", 1), ("cpu_threads", 0)):
+        for name, minimum in (
+            ("decode_workers", 1),
+            ("max_batch", 1),
+            ("beam_size", 1),
+            ("cpu_threads", 0),
+        ):
             if getattr(self, name) < minimum:
                 raise ConfigError(f"{name}: must be at least {minimum}, got {getattr(self, name)}")
+        if not 0.5 <= self.window_pad_s <= MAX_UTTERANCE_LIMIT_S:
+            raise ConfigError(
+                f"window_pad_s: must be between 0.5 and {MAX_UTTERANCE_LIMIT_S:g} "
+                f"(Whisper loops into a window with less silence), got {self.window_pad_s:g}"
+            )
         for name in RANGES:
             try:
                 _in_range(name, getattr(self, name))

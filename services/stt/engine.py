@@ -1,30 +1,34 @@
 """The shared side of the STT service: one Whisper model and what every stream uses.
 
 `SttEngine` owns one WhisperModel, the Silero VAD model, the decode queue
-(`DecodeScheduler`) and a small pool of threads for per-frame audio work.
-Each caller's stream is an `SttSession` (session.py) that submits its
-decodes here.
+(`DecodeScheduler`, which batches the sessions' decodes) and a small pool of
+threads for per-frame audio work. Each caller's stream is an `SttSession`
+(session.py) that submits its decodes here; `decode_batch` runs a batch as
+windowed Whisper calls (whisper.py), one per language and beam size.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from faster_whisper import WhisperModel
-from faster_whisper.transcribe import Segment
 
 from kame_common.audio import SAMPLE_RATE, Samples, resample
+from kame_common.capacity import LoadMeter
 from kame_common.models import whisper_tiny_en_dir
 from services.stt.agreement import Word
 from services.stt.config import SttSettings
 from services.stt.scheduler import DecodeScheduler
 from services.stt.vad import VAD_RATE, SileroVad
+from services.stt.whisper import DecodeRequest, WindowedWhisper
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +37,18 @@ TOKENS_PER_SECOND_CAP = 10
 MAX_NEW_TOKENS = 400
 # Less audio than this holds no word: not worth a decode.
 MIN_DECODE_S = 0.1
+# The start-up guess of what one session costs (kame_common.capacity replaces it
+# with measurements): it talks this share of the time, and while it talks it
+# needs one decode of about this much audio per partial interval.
+SPEAKING_SHARE = 0.5
+TYPICAL_UTTERANCE_S = 3.0
 
 
 @dataclass(frozen=True)
 class Decoded:
     words: list[Word]  # stream seconds
-    seconds: float  # decode wall time
+    seconds: float  # wall time of the decode call that held it (0: nothing to decode)
+    batch_size: int = 1  # utterances decoded in that call
 
 
 class SttEngine:
@@ -60,10 +70,18 @@ class SttEngine:
             cpu_threads=cpu_threads,
             num_workers=workers,
         )
+        self.whisper = WindowedWhisper(
+            self.model, self.settings.window_pad_s, self.settings.word_timestamps
+        )
         self.vad = SileroVad()
+        # How busy the decode workers are: the service's capacity (kame_common.capacity).
+        self.load = LoadMeter(parallelism=workers)
         # The first decode pays one-off allocations: pay them before serving.
-        self.decode(np.zeros(VAD_RATE, dtype=np.float32), 0.0, "en", 1)
-        self.scheduler = DecodeScheduler(workers)
+        self.decode_batch([self.request(np.zeros(VAD_RATE, dtype=np.float32), 0.0, "en", 1)])
+        self.prior_session_load = self._measure_session_load(workers)
+        self.scheduler: DecodeScheduler[DecodeRequest, Decoded] = DecodeScheduler(
+            workers, self.decode_batch, max_batch=self.settings.max_batch
+        )
         # Resampling and VAD per frame: light, but never on the event loop thread.
         self.audio_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stt-audio")
 
@@ -87,25 +105,44 @@ class SttEngine:
                 f"{', '.join(self.model.supported_languages)}"
             )
 
-    def decode(self, audio: Samples, offset_s: float, language: str, beam_size: int) -> Decoded:
-        """Transcribe one 16 kHz utterance (blocking); word times in stream seconds."""
-        started = time.perf_counter()
+    @staticmethod
+    def request(audio: Samples, offset_s: float, language: str, beam_size: int) -> DecodeRequest:
+        """A decode of one 16 kHz utterance whose word times start at `offset_s`."""
         duration = len(audio) / VAD_RATE
-        if duration < MIN_DECODE_S:
-            return Decoded([], 0.0)  # nothing to hear (e.g. a cut just before a pause ended)
-        segments, _info = self.model.transcribe(
-            audio,
-            language=language,
-            beam_size=beam_size,
-            temperature=0.0,
-            condition_on_previous_text=False,
-            word_timestamps=self.settings.word_timestamps,
-            max_new_tokens=min(MAX_NEW_TOKENS, int(TOKENS_PER_SECOND_CAP * duration) + 16),
-        )
-        words = [
-            word for segment in segments for word in _segment_words(segment, offset_s, duration)
-        ]
-        return Decoded(words, time.perf_counter() - started)
+        max_new_tokens = min(MAX_NEW_TOKENS, int(TOKENS_PER_SECOND_CAP * duration) + 16)
+        return DecodeRequest(audio, offset_s, language, beam_size, max_new_tokens)
+
+    def _measure_session_load(self, workers: int) -> float:
+        """Share of the decode workers one session takes, from one timed decode of a
+        typical utterance's length (its window costs the same, speech or not)."""
+        audio = np.zeros(int(TYPICAL_UTTERANCE_S * VAD_RATE), dtype=np.float32)
+        started = time.perf_counter()
+        self.decode_batch([self.request(audio, 0.0, "en", 1)])
+        decode_s = time.perf_counter() - started
+        return SPEAKING_SHARE * decode_s / self.settings.partial_interval_s / workers
+
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Decoded]:
+        """Transcribe a batch of utterances (blocking): one Whisper call per language
+        and beam size among them; word times in stream seconds."""
+        with self.load.busy():
+            return self._decode_batch(requests)
+
+    def _decode_batch(self, requests: Sequence[DecodeRequest]) -> list[Decoded]:
+        results: dict[int, Decoded] = {}
+        heard = [i for i, r in enumerate(requests) if len(r.audio) / VAD_RATE >= MIN_DECODE_S]
+        for i in set(range(len(requests))) - set(heard):
+            results[i] = Decoded([], 0.0)  # nothing to hear (e.g. a cut just before a pause)
+        by_kind = sorted(heard, key=lambda i: (requests[i].language, requests[i].beam_size))
+        for _kind, group in itertools.groupby(
+            by_kind, key=lambda i: (requests[i].language, requests[i].beam_size)
+        ):
+            rows = list(group)
+            started = time.perf_counter()
+            words = self.whisper.decode([requests[i] for i in rows])
+            seconds = time.perf_counter() - started
+            for i, row_words in zip(rows, words, strict=True):
+                results[i] = Decoded(row_words, seconds, len(rows))
+        return [results[i] for i in range(len(requests))]
 
     def transcribe_clip(
         self, samples: Samples, sample_rate: int = SAMPLE_RATE, beam_size: int = 5
@@ -126,23 +163,3 @@ class SttEngine:
     def close(self) -> None:
         self.scheduler.close()
         self.audio_executor.shutdown(wait=True, cancel_futures=True)
-
-
-def _segment_words(segment: Segment, offset_s: float, duration_s: float) -> list[Word]:
-    """The segment's words in stream seconds, inside the decoded audio (Whisper's
-    timestamps are 20 ms steps and can overshoot the end of a short clip)."""
-    if segment.words is not None:
-        timed = [(w.word.strip(), w.start, w.end, float(w.probability)) for w in segment.words]
-    else:  # without word alignment, spread the segment's words evenly over its span
-        texts = segment.text.split()
-        step = (segment.end - segment.start) / max(len(texts), 1)
-        probability = float(np.exp(segment.avg_logprob))
-        timed = [
-            (text, segment.start + i * step, segment.start + (i + 1) * step, probability)
-            for i, text in enumerate(texts)
-        ]
-    return [
-        Word(text, offset_s + min(start, duration_s), offset_s + min(end, duration_s), prob)
-        for text, start, end, prob in timed
-        if text
-    ]

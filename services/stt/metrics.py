@@ -26,6 +26,11 @@ DECODE_RTF = Histogram(
     ["kind"],
     buckets=RTF_BUCKETS,
 )
+DECODE_BATCH_SIZE = Histogram(
+    "kame_stt_decode_batch_size",
+    "Utterances decoded together in one Whisper call",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
+)
 DECODE_QUEUE_DEPTH = Gauge("kame_stt_decode_queue_depth", "Decode jobs waiting for a worker")
 PARTIALS_SKIPPED = Counter(
     "kame_stt_partials_skipped_total",

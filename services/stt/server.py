@@ -24,6 +24,7 @@ import grpc
 from kame_common import tracing
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import check_frame
+from kame_common.capacity import publish_measured_capacity
 from kame_common.server import ServiceRuntime, service_main
 from kamepb import stt_pb2, stt_pb2_grpc
 from services.stt.config import StreamSettings, SttSettings, stream_settings
@@ -149,7 +150,11 @@ async def serve(settings: SttSettings, engine: SttEngine | None = None) -> Servi
         engine = await asyncio.to_thread(SttEngine, settings)
         runtime.on_close(partial(asyncio.to_thread, engine.close))
     servicer = SttServicer(engine, runtime)
+    start_publishing = publish_measured_capacity(
+        runtime, settings, engine.load, engine.prior_session_load
+    )
     await runtime.start(lambda server: stt_pb2_grpc.add_SttServicer_to_server(servicer, server))
+    start_publishing()
     log.info("stt serving %s on %s", engine.model_dir, runtime.address)
     return runtime
 

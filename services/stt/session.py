@@ -30,7 +30,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Final
@@ -53,6 +53,7 @@ from services.stt.agreement import LocalAgreement, Word, join_words
 from services.stt.config import MAX_UTTERANCE_LIMIT_S, StreamSettings
 from services.stt.engine import Decoded, SttEngine
 from services.stt.vad import VAD_RATE, Segmenter, VadEvent
+from services.stt.whisper import DecodeRequest
 
 log = logging.getLogger(__name__)
 _tracer = tracing.tracer(__name__)
@@ -351,34 +352,24 @@ class SttSession:
 
     # --- decoding ---
 
-    def _decode_job(
-        self, utterance: Utterance, end_s: float, kind: str, beam_size: int
-    ) -> Callable[[], Decoded]:
+    def _decode_request(self, utterance: Utterance, end_s: float, beam_size: int) -> DecodeRequest:
         audio = self._audio.slice(utterance.audio_start_s, end_s)
-        offset_s = utterance.audio_start_s
-        duration = max(len(audio) / VAD_RATE, 1e-3)
-
-        def job() -> Decoded:
-            decoded = self._engine.decode(audio, offset_s, self.settings.language, beam_size)
-            if decoded.seconds:  # 0 when there was too little audio to run Whisper
-                metrics.DECODE_SECONDS.labels(kind=kind).observe(decoded.seconds)
-                metrics.DECODE_RTF.labels(kind=kind).observe(decoded.seconds / duration)
-            return decoded
-
-        return job
+        return self._engine.request(
+            audio, utterance.audio_start_s, self.settings.language, beam_size
+        )
 
     def _submit_final(self, utterance: Utterance, end_s: float) -> Future[Decoded]:
-        job = self._decode_job(utterance, end_s, "final", self._engine.settings.beam_size)
+        request = self._decode_request(utterance, end_s, self._engine.settings.beam_size)
         # A waiting partial would only run after the final: drop it. A running one
         # is still emitted if it ends before the final does.
         if self._engine.scheduler.withdraw_partial(self):
             metrics.PARTIALS_SKIPPED.labels(reason="finalized").inc()
-        return self._engine.scheduler.submit_final(self, job)
+        return _observed(self._engine.scheduler.submit_final(self, request), "final", request)
 
     def _submit_partial(self, utterance: Utterance) -> None:
         end_s = self._audio.end_s
-        job = self._decode_job(utterance, end_s, "partial", beam_size=1)
-        future = self._engine.scheduler.submit_partial(self, job)
+        request = self._decode_request(utterance, end_s, beam_size=1)
+        future = _observed(self._engine.scheduler.submit_partial(self, request), "partial", request)
         utterance.last_partial_end_s = end_s
         received_at = self._clock.received_at(end_s)
         task = asyncio.create_task(self._deliver_partial(utterance, future, end_s, received_at))
@@ -479,6 +470,22 @@ class SttSession:
         """Abandon the stream: withdraw its waiting decodes, stop its tasks and wait for them."""
         self._engine.scheduler.cancel_owner(self)
         await cancel_and_wait([self._final_emitter, *self._tasks])
+
+
+def _observed(future: Future[Decoded], kind: str, request: DecodeRequest) -> Future[Decoded]:
+    """`future`, whose decode (when it runs) is counted in the decode metrics."""
+    duration = max(len(request.audio) / VAD_RATE, 1e-3)
+
+    def observe(done: Future[Decoded]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return
+        decoded = done.result()
+        if decoded.seconds:  # 0 when there was too little audio to run Whisper
+            metrics.DECODE_SECONDS.labels(kind=kind).observe(decoded.seconds)
+            metrics.DECODE_RTF.labels(kind=kind).observe(decoded.seconds / duration)
+
+    future.add_done_callback(observe)
+    return future
 
 
 def _transcript(

@@ -122,7 +122,7 @@ def test_without_word_alignment_words_are_spread_over_their_segment(speak, text_
     engine = SttEngine(SttSettings(word_timestamps=False))
     try:
         speech = resample(speak("Please remind me to call my mother."), SAMPLE_RATE, 16_000)
-        decoded = engine.decode(speech, offset_s=10.0, language="en", beam_size=1)
+        (decoded,) = engine.decode_batch([engine.request(speech, 10.0, "en", beam_size=1)])
     finally:
         engine.close()
     text = " ".join(w.text for w in decoded.words)

@@ -1,0 +1,251 @@
+"""Whisper decodes sized to their audio, several utterances in one call.
+
+faster-whisper's `transcribe` always encodes a 30 s window (the audio, then
+zero features), and the encoder's cost follows the window, not the speech: a
+2 s partial cost as much as a 30 s one (about 0.35 s of tiny.en on two CPU
+cores). Whisper's encoder also takes shorter windows (CTranslate2 cuts the
+positional table to the window), so `WindowedWhisper` encodes the audio plus
+`pad_s` of zero features: about seven times less work for a question, with
+the same words on the bench's piper and espeak-ng clips.
+
+Without that padding Whisper loops into the window's end ("What is 12 times
+4? What is 12 times 4? ..."); with a second or more it usually closes its
+segment as in the full window, but not always (it loops in the full window
+too, more rarely). So a loop is cut wherever it shows: a segment that starts
+past the audio or repeats the one before it is dropped, and a phrase of
+REPEAT_MIN_TOKENS or more said twice in a row ends its segment.
+
+Utterances decoded together share one window (the longest one's): on two CPU
+cores eight questions decode in one batch in about half the time they take
+one by one (`bench/stt_bench.py` measures the whole service).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ctranslate2
+import numpy as np
+import numpy.typing as npt
+from faster_whisper import WhisperModel
+from faster_whisper.tokenizer import Tokenizer
+from faster_whisper.transcribe import merge_punctuations
+
+from kame_common.audio import Samples
+from services.stt.agreement import Word
+
+WHISPER_RATE = 16_000
+FULL_WINDOW_FRAMES = 3000  # 30 s of 10 ms mel frames: the most the encoder takes
+SECONDS_PER_FRAME = 0.01
+TIMESTAMP_STEP_S = 0.02
+# faster-whisper's defaults: a window counts as silence when the no-speech token is
+# likely and the text is not; the first timestamp may come at most this late.
+NO_SPEECH_THRESHOLD = 0.6
+LOG_PROB_THRESHOLD = -1.0
+MAX_INITIAL_TIMESTAMP_S = 1.0
+# A phrase of this many tokens twice in a row is a decoding loop, not speech.
+REPEAT_MIN_TOKENS = 4
+# Punctuation is glued to the word before or after it as faster-whisper's own
+# transcribe does (its defaults, so both ways of decoding write words alike).
+_TRANSCRIBE_DEFAULTS = inspect.signature(WhisperModel.transcribe).parameters
+PREPEND_PUNCTUATION: str = _TRANSCRIBE_DEFAULTS["prepend_punctuations"].default
+APPEND_PUNCTUATION: str = _TRANSCRIBE_DEFAULTS["append_punctuations"].default
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """One utterance to transcribe: 16 kHz audio, times reported from `offset_s`."""
+
+    audio: Samples
+    offset_s: float
+    language: str
+    beam_size: int
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class _Segment:
+    start_s: float
+    end_s: float
+    tokens: tuple[int, ...]
+
+
+class WindowedWhisper:
+    def __init__(self, model: WhisperModel, pad_s: float, word_timestamps: bool) -> None:
+        self.model = model
+        self.pad_frames = math.ceil(pad_s / SECONDS_PER_FRAME)
+        self.word_timestamps = word_timestamps
+        self._tokenizers: dict[str, Tokenizer] = {}
+
+    def decode(self, requests: Sequence[DecodeRequest]) -> list[list[Word]]:
+        """Each request's words (blocking; every request must share language and
+        beam size). One encoder call and one generate call for the batch."""
+        if not requests:
+            return []
+        language, beam_size = requests[0].language, requests[0].beam_size
+        if any((r.language, r.beam_size) != (language, beam_size) for r in requests):
+            raise ValueError("a decode batch shares one language and one beam size")
+        tokenizer = self._tokenizer(language)
+        features = [self.model.feature_extractor(r.audio) for r in requests]
+        content_frames = [f.shape[-1] - 1 for f in features]  # the extractor adds one
+        window = self._window(features, max(content_frames))
+        encoded = self.model.model.encode(window, to_cpu=False)
+        prompt = self.model.get_prompt(tokenizer, [])
+        results = self.model.model.generate(
+            encoded,
+            [prompt] * len(requests),
+            beam_size=beam_size,
+            max_length=len(prompt) + max(r.max_new_tokens for r in requests),
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=[-1],
+            max_initial_timestamp_index=round(MAX_INITIAL_TIMESTAMP_S / TIMESTAMP_STEP_S),
+        )
+        segments = [
+            _spoken_segments(result, tokenizer, frames * SECONDS_PER_FRAME)
+            for result, frames in zip(results, content_frames, strict=True)
+        ]
+        return self._words(segments, tokenizer, encoded, content_frames, requests)
+
+    def _tokenizer(self, language: str) -> Tokenizer:
+        if language not in self._tokenizers:
+            self._tokenizers[language] = Tokenizer(
+                self.model.hf_tokenizer,
+                self.model.model.is_multilingual,
+                task="transcribe",
+                language=language,
+            )
+        return self._tokenizers[language]
+
+    def _window(
+        self, features: list[npt.NDArray[np.float32]], longest: int
+    ) -> ctranslate2.StorageView:
+        """The batch's mel features, zero-padded to one even length (the encoder halves it)."""
+        frames = min(FULL_WINDOW_FRAMES, 2 * math.ceil((longest + self.pad_frames) / 2))
+        window = np.zeros((len(features), features[0].shape[0], frames), dtype=np.float32)
+        for row, feature in zip(window, features, strict=True):
+            kept = feature[:, :frames]
+            row[:, : kept.shape[-1]] = kept
+        return ctranslate2.StorageView.from_array(window)
+
+    def _words(
+        self,
+        segments: list[list[_Segment]],
+        tokenizer: Tokenizer,
+        encoded: ctranslate2.StorageView,
+        content_frames: list[int],
+        requests: Sequence[DecodeRequest],
+    ) -> list[list[Word]]:
+        if not self.word_timestamps:
+            return [
+                [word for segment in spoken for word in _spread_words(segment, tokenizer, r)]
+                for spoken, r in zip(segments, requests, strict=True)
+            ]
+        tokens = [[t for segment in spoken for t in segment.tokens] for spoken in segments]
+        # One batched alignment; a row without text aligns to nothing.
+        alignments = self.model.find_alignment(
+            tokenizer,
+            tokens,
+            encoded,
+            content_frames,  # CTranslate2 takes one frame count per row
+        )
+        words = []
+        for alignment, frames, request in zip(alignments, content_frames, requests, strict=True):
+            merge_punctuations(alignment, PREPEND_PUNCTUATION, APPEND_PUNCTUATION)
+            duration = frames * SECONDS_PER_FRAME
+            words.append(
+                [
+                    _word(t["word"], t["start"], t["end"], t["probability"], request, duration)
+                    for t in alignment
+                    if t["word"].strip()
+                ]
+            )
+        return words
+
+
+def _spoken_segments(result: Any, tokenizer: Tokenizer, content_s: float) -> list[_Segment]:
+    """The segments of one generated sequence that lie in the audio, loops dropped."""
+    scores, tokens = result.scores[0], result.sequences_ids[0]
+    avg_logprob = scores * len(tokens) / (len(tokens) + 1)
+    if result.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOG_PROB_THRESHOLD:
+        return []  # Whisper's own silence rule
+    kept: list[_Segment] = []
+    for segment in _segments(tokens, tokenizer, content_s):
+        if segment.start_s >= content_s:
+            break  # a loop into the padding after the audio
+        if kept and segment.tokens == kept[-1].tokens:
+            break  # a loop over the same words
+        kept.append(segment)
+    return kept
+
+
+def _segments(tokens: list[int], tokenizer: Tokenizer, content_s: float) -> list[_Segment]:
+    """Split `<|t0|> text <|t1|><|t1|> text <|t2|> ...` into timed segments."""
+    segments: list[_Segment] = []
+    text: list[int] = []
+    start_s = 0.0
+    for token in tokens:
+        if token >= tokenizer.timestamp_begin:
+            at_s = (token - tokenizer.timestamp_begin) * TIMESTAMP_STEP_S
+            if text:
+                segments.append(_Segment(start_s, at_s, tuple(text)))
+                text = []
+            start_s = at_s
+        elif token < tokenizer.eot:
+            text.append(token)
+    if text:  # no closing timestamp: the segment runs to the end of the audio
+        segments.append(_Segment(start_s, max(content_s, start_s), tuple(text)))
+    return [
+        _Segment(segment.start_s, segment.end_s, _without_loop(segment.tokens))
+        for segment in segments
+    ]
+
+
+def _without_loop(tokens: tuple[int, ...]) -> tuple[int, ...]:
+    """`tokens` up to where a phrase of REPEAT_MIN_TOKENS or more repeats at once."""
+    for end in range(2 * REPEAT_MIN_TOKENS, len(tokens) + 1):
+        for length in range(REPEAT_MIN_TOKENS, end // 2 + 1):
+            if tokens[end - length : end] == tokens[end - 2 * length : end - length]:
+                return tokens[: end - length]
+    return tokens
+
+
+def _spread_words(segment: _Segment, tokenizer: Tokenizer, request: DecodeRequest) -> list[Word]:
+    """Without alignment: the segment's words spread evenly over its span."""
+    texts = tokenizer.decode(list(segment.tokens)).split()
+    step = (segment.end_s - segment.start_s) / max(len(texts), 1)
+    duration = len(request.audio) / WHISPER_RATE
+    return [
+        _word(
+            text,
+            segment.start_s + i * step,
+            segment.start_s + (i + 1) * step,
+            1.0,
+            request,
+            duration,
+        )
+        for i, text in enumerate(texts)
+    ]
+
+
+def _word(
+    text: str,
+    start: float,
+    end: float,
+    probability: float,
+    request: DecodeRequest,
+    duration_s: float,
+) -> Word:
+    """A word in stream seconds, inside the decoded audio (Whisper's 20 ms steps can
+    overshoot the end of a short clip)."""
+    return Word(
+        text.strip(),
+        request.offset_s + min(float(start), duration_s),
+        request.offset_s + min(float(end), duration_s),
+        float(probability),
+    )
