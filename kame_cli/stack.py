@@ -134,6 +134,8 @@ class StackOptions:
     startup_timeout_s: float = 300.0
     log_dir: Path | None = None
     side_niceness: int = 10  # of SIDE_PROCESSES (0 = the same priority as the rest)
+    # stt and the oracle publish what they can serve; the gateway refuses calls beyond it.
+    capacity_admission: bool = True
 
 
 def redis_answers(host: str, port: int) -> bool:
@@ -359,8 +361,12 @@ class Stack:
             "METRICS_PORT": getattr(ports, f"{service}_metrics"),
             "GRACE_S": self.options.grace_s,
         }
-        if service not in ("stt", "web", "telephony"):  # they keep no state in Redis
+        if service not in ("web", "telephony"):  # they keep no state in Redis
             env["REDIS_URL"] = self.redis_url
+        if service in ("stt", "oracle") and self.options.capacity_admission:
+            env.update(
+                PUBLISH_CAPACITY="1", ADVERTISE_ADDRESS=f"{LOOPBACK}:{getattr(ports, service)}"
+            )
         if service == "oracle":
             env["BASE_URL"] = self.llm_base_url
             env.update(
@@ -388,6 +394,7 @@ class Stack:
                 FRONTEND_ADDRESS=f"{LOOPBACK}:{ports.frontend}",
                 # one local replica serves every mode, s2s included
                 S2S_ENGINE="" if self.options.frontend_engine != "moshi" else "moshi",
+                CAPACITY_ADMISSION=int(self.options.capacity_admission),
             )
         elif service == "web":
             env["GATEWAY_ADDRESS"] = self.gateway_address
@@ -648,6 +655,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="niceness of stt, oracle and the LLM server, so that gateway and frontend "
         "keep the voice on time on a busy machine (0 = no difference)",
     )
+    parser.add_argument(
+        "--no-capacity-admission",
+        dest="capacity_admission",
+        action="store_false",
+        help="admit every call: stt and the oracle do not publish what they can serve, "
+        "and the gateway does not refuse calls beyond it",
+    )
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
@@ -694,6 +708,7 @@ def options_from_args(
         llm_model=args.llm_model,
         startup_timeout_s=args.startup_timeout_s,
         log_dir=log_dir,
+        capacity_admission=args.capacity_admission,
     )
 
 

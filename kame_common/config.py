@@ -13,12 +13,13 @@ import argparse
 import dataclasses
 import inspect
 import os
+import socket
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from kame_common.grpc_options import ConnectionPolicy
-from kame_common.ports import SERVICE_PORTS
+from kame_common.ports import LOCAL_REDIS_URL, SERVICE_PORTS
 
 T = TypeVar("T")
 SettingsT = TypeVar("SettingsT", bound="ServiceSettings")
@@ -264,6 +265,57 @@ class ServiceSettings:
         if self.health_port and self.health_port == self.port:
             raise ConfigError(
                 f"health_port: must differ from port ({self.port}): it serves plaintext health only"
+            )
+
+
+@dataclasses.dataclass
+class RegistrySettings(ServiceSettings):
+    """The settings of a service that publishes its capacity in the Redis registry
+    (kame_common.capacity), where gateways read it: the frontend its batch slots,
+    stt and the oracle the sessions they can serve in time."""
+
+    redis_url: str = setting(LOCAL_REDIS_URL, "Redis for the capacity registry")
+    redis_timeout_s: float = redis_timeout_setting()
+    replica_id: str = setting("", "Name in the capacity registry (empty = hostname-pid)")
+    registry_secret: str = setting(
+        "", "HMAC key that signs this replica's capacity records (the gateway's registry_secret)"
+    )
+    advertise_address: str = setting(
+        "", "host:port the gateway dials for this replica (empty = 127.0.0.1:<bound port>)"
+    )
+
+    def resolved_replica_id(self) -> str:
+        return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    def resolved_advertise_address(self, bound_port: int) -> str:
+        return self.advertise_address or f"127.0.0.1:{bound_port}"
+
+    def validate(self) -> None:
+        super().validate()
+        check_secret("registry_secret", self.registry_secret)
+        check_not_negative(self, "redis_timeout_s")
+
+
+@dataclasses.dataclass
+class MeasuredCapacitySettings(RegistrySettings):
+    """A service whose capacity is measured (stt, oracle): see kame_common.capacity."""
+
+    publish_capacity: bool = setting(
+        False,
+        "publish the sessions this replica can serve in time in the Redis registry, so "
+        "gateways refuse calls beyond them (RESOURCE_EXHAUSTED)",
+    )
+    target_utilization: float = setting(
+        0.8, "share of its bottleneck (stt: decode workers, oracle: the LLM) it may fill"
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.publish_capacity and not self.redis_url:
+            raise ConfigError("publish_capacity: needs redis_url (the registry lives in Redis)")
+        if not 0.05 <= self.target_utilization <= 1.0:
+            raise ConfigError(
+                f"target_utilization: must be between 0.05 and 1, got {self.target_utilization:g}"
             )
 
 

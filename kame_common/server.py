@@ -69,6 +69,7 @@ class ServiceRuntime:
         self._sessions_idle.set()
         self._stopped = asyncio.Event()
         self._drain_hooks: list[Hook] = []
+        self._session_hooks: list[Callable[[int], None]] = []
         self._close_hooks = contextlib.AsyncExitStack()
         self._shutdown: asyncio.Future[None] | None = None
         self.health = health.aio.HealthServicer()
@@ -94,6 +95,15 @@ class ServiceRuntime:
     def on_close(self, hook: Hook) -> None:
         """Run `hook` after the server stopped; hooks run last registered first."""
         self._close_hooks.push_async_callback(hook)
+
+    def on_sessions_changed(self, hook: Callable[[int], None]) -> None:
+        """Call `hook(open sessions)` whenever a session is admitted or ends."""
+        self._session_hooks.append(hook)
+
+    def _sessions_changed(self) -> None:
+        self._gauge.set(self.active_sessions)
+        for hook in self._session_hooks:
+            hook(self.active_sessions)
 
     async def start(self, add_servicers: Callable[[grpc.aio.Server], None]) -> None:
         """Tracing, /metrics, servicers; bind the port (0 picks a free one) and serve."""
@@ -165,13 +175,13 @@ class ServiceRuntime:
                 f"{self.service_name} is at its limit of {max_sessions} sessions",
             )
         self.active_sessions += 1
-        self._gauge.set(self.active_sessions)
+        self._sessions_changed()
         self._sessions_idle.clear()
         try:
             yield
         finally:
             self.active_sessions -= 1
-            self._gauge.set(self.active_sessions)
+            self._sessions_changed()
             if self.active_sessions == 0:
                 self._sessions_idle.set()
 

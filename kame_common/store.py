@@ -137,6 +137,7 @@ class Replica:
     address: str
     free_slots: int
     total_slots: int
+    published_at: float = 0.0  # wall time the replica wrote this record
 
 
 class CapacityRegistry:
@@ -216,7 +217,11 @@ class CapacityRegistry:
         reason = self._rejection(replica_id, fields)
         if reason is None:
             return Replica(
-                replica_id, fields["address"], int(fields["free_slots"]), int(fields["total_slots"])
+                replica_id,
+                fields["address"],
+                int(fields["free_slots"]),
+                int(fields["total_slots"]),
+                published_at=int(fields.get("expires_at_ms", "0")) / 1000 - self.ttl_s,
             )
         REJECTED_RECORDS.labels(service=self.service, reason=reason).inc()
         if (replica_id, reason) not in self._reported:  # once each, not at every choice
@@ -248,8 +253,13 @@ class CapacityRegistry:
 
     async def choose(self) -> Replica | None:
         """The live replica with the most free slots, or None if none has one."""
-        candidates = [r for r in await self.replicas() if r.free_slots > 0]
-        return max(candidates, key=lambda r: (r.free_slots, r.replica_id), default=None)
+        return choose(await self.replicas())
+
+
+def choose(replicas: list[Replica]) -> Replica | None:
+    """The replica with the most free slots, or None if none has one."""
+    candidates = [r for r in replicas if r.free_slots > 0]
+    return max(candidates, key=lambda r: (r.free_slots, r.replica_id), default=None)
 
 
 def _texts(fields: Mapping[Any, Any]) -> dict[str, str]:

@@ -108,6 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--llm-backend", default="", help="oracle back-end: openai or anthropic")
     parser.add_argument("--llm-model", default="", help="model name for the oracle")
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+    parser.add_argument(
+        "--no-capacity-admission",
+        dest="capacity_admission",
+        action="store_false",
+        help="the stacks admit every call (by default the gateway refuses, with "
+        "RESOURCE_EXHAUSTED, calls stt or the oracle cannot serve in time: the load "
+        "levels count them as refused)",
+    )
 
 
 def invoked_command() -> str:

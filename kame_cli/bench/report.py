@@ -173,7 +173,7 @@ def _load_table(report: dict[str, Any]) -> list[str]:
     ]
     for level in levels:
         lines.append(
-            f"| {level['sessions']} | {level['ok']} | {level['frames']} | {_late(level)} | "
+            f"| {level['sessions']} | {_ok_cell(level)} | {level['frames']} | {_late(level)} | "
             f"{_fmt(level['frame_lag_p50_s'], 1e3, 0)} / "
             f"{_fmt(level['frame_lag_p99_s'], 1e3, 0)} | "
             f"{_ms_pair(level, 'step')} | {_ms_pair(level, 'transport')} | "
@@ -184,6 +184,12 @@ def _load_table(report: dict[str, Any]) -> list[str]:
             f"{level['coherent']} of {level['sessions']} |"
         )
     return lines
+
+
+def _ok_cell(level: dict[str, Any]) -> str:
+    """Calls that ended OK, and those the gateway refused for want of capacity."""
+    refused = level.get("refused", 0)  # reports written before admission by capacity
+    return f"{level['ok']} ({refused} refused)" if refused else str(level["ok"])
 
 
 def _failures(report: dict[str, Any]) -> list[str]:

@@ -182,6 +182,7 @@ class Bench:
                 "sessions": sessions,
                 "run": run.label,
                 "ok": sum(r["status"] == "OK" for r in records),
+                "refused": sum(r["status"] == "RESOURCE_EXHAUSTED" for r in records),
                 "statuses": sorted({r["status"] for r in records}),
                 **frame_lag_stats(lags, late_s),
                 **frames.summary(),

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
 from typing import ClassVar
 
 from kame_common.config import (
     ConfigError,
-    ServiceSettings,
-    check_not_negative,
-    check_secret,
-    redis_timeout_setting,
+    RegistrySettings,
     setting,
 )
-from kame_common.ports import LOCAL_REDIS_URL
 
 ENGINES = ("tts", "kame", "moshi")
 # auto: bfloat16 on a CUDA device, float32 elsewhere (resolved when the model loads).
@@ -23,7 +17,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
-class FrontendSettings(ServiceSettings):
+class FrontendSettings(RegistrySettings):
     SERVICE: ClassVar[str] = "frontend"
 
     engine: str = setting("tts", "Engine this replica serves", choices=ENGINES)
@@ -44,26 +38,11 @@ class FrontendSettings(ServiceSettings):
         "one more drops the oldest (bounds the delay a backlog adds)",
     )
     max_sessions: int = setting(0, "Admission limit on open streams (0 = batch_slots decides)")
-    redis_url: str = setting(LOCAL_REDIS_URL, "Redis for the capacity registry")
-    redis_timeout_s: float = redis_timeout_setting()
-    replica_id: str = setting("", "Name in the capacity registry (empty = hostname-pid)")
-    registry_secret: str = setting(
-        "", "HMAC key that signs this replica's capacity records (the gateway's registry_secret)"
-    )
-    advertise_address: str = setting(
-        "", "host:port the gateway dials for this replica (empty = 127.0.0.1:<bound port>)"
-    )
     engine_stall_s: float = setting(
         5.0,
         "an engine step waiting this long turns the replica NOT_SERVING until steps "
         "complete again (0 = no watchdog)",
     )
-
-    def resolved_replica_id(self) -> str:
-        return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
-
-    def resolved_advertise_address(self, bound_port: int) -> str:
-        return self.advertise_address or f"127.0.0.1:{bound_port}"
 
     def validate(self) -> None:
         super().validate()
@@ -71,7 +50,5 @@ class FrontendSettings(ServiceSettings):
             raise ConfigError(f"batch_slots: must be at least 1, got {self.batch_slots}")
         if self.jitter_frames < 1:
             raise ConfigError(f"jitter_frames: must be at least 1, got {self.jitter_frames}")
-        check_secret("registry_secret", self.registry_secret)
-        check_not_negative(self, "redis_timeout_s")
         if self.engine_stall_s < 0:
             raise ConfigError(f"engine_stall_s: must be >= 0, got {self.engine_stall_s:g}")

@@ -24,18 +24,17 @@ has waited longer than engine_stall_s (watchdog.py), and from the drain on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
-from redis.exceptions import RedisError
 
-from kame_common import store, tracing
+from kame_common import tracing
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import SAMPLE_RATE, check_frame, float_to_pcm16, pcm16_to_float
+from kame_common.capacity import CapacityPublisher
 from kame_common.server import ServiceRuntime, service_main
 from kame_common.words import normalize_words
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
@@ -65,78 +64,10 @@ MAX_HOLD_MAX_S = 10.0
 # caches; a long one would delay the answer (a hold phrase is never cut).
 MAX_HOLD_PHRASES = 8
 MAX_HOLD_PHRASE_CHARS = 60
-WITHDRAW_TIMEOUT_S = 2.0
 # Caller frames a stream reads ahead of their answers (6.4 s of audio): enough for
 # an engine's jitter buffer to see any backlog the gateway admits (its input
 # burst, 2 s); past it the stream stops reading until answers are sent.
 READ_AHEAD_FRAMES = 80
-
-
-class CapacityPublisher:
-    """Keeps this replica's free slots in the Redis capacity registry: a heartbeat
-    every third of the registry TTL, and at once whenever the count changes.
-
-    The loop stops on a flag rather than by cancellation: redis-py (8.1) can
-    swallow a CancelledError that lands inside a command, which would leave a
-    cancelled heartbeat running forever.
-    """
-
-    def __init__(
-        self,
-        redis_url: str,
-        replica_id: str,
-        engine: Engine,
-        secret: str = "",
-        redis_timeout_s: float = store.DEFAULT_TIMEOUT_S,
-    ) -> None:
-        self.replica_id = replica_id
-        self.address = ""
-        self._engine = engine
-        self._client = store.connect(redis_url, redis_timeout_s)
-        self._registry = store.CapacityRegistry(self._client, "frontend", secret=secret)
-        self._wake = asyncio.Event()
-        self._closing = False
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self, address: str) -> None:
-        """Publish `address` (host:port the gateway dials) from now on."""
-        self.address = address
-        self._task = asyncio.create_task(self._heartbeat())
-
-    def changed(self) -> None:
-        """Publish the new slot count now rather than at the next heartbeat."""
-        self._wake.set()
-
-    async def _heartbeat(self) -> None:
-        while not self._closing:
-            self._wake.clear()
-            try:
-                await self._registry.publish(
-                    self.replica_id,
-                    self.address,
-                    self._engine.free_slots,
-                    self._engine.total_slots,
-                )
-            except (RedisError, OSError) as exc:
-                log.warning("capacity registry unreachable (%s); retrying", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._registry.ttl_s / 3)
-
-    async def close(self) -> None:
-        """Stop publishing and withdraw from the registry (best effort when Redis is down)."""
-        task, self._task = self._task, None
-        if task is not None:
-            self._closing = True
-            self._wake.set()
-            # A publish in flight finishes first (or gives up, when Redis is down).
-            done, _ = await asyncio.wait([task], timeout=WITHDRAW_TIMEOUT_S)
-            if not done:
-                task.cancel()
-            try:
-                await asyncio.wait_for(self._registry.withdraw(self.replica_id), WITHDRAW_TIMEOUT_S)
-            except (TimeoutError, RedisError, OSError) as exc:
-                log.warning("could not withdraw %s from the registry: %s", self.replica_id, exc)
-        await self._client.aclose()
 
 
 class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
@@ -391,6 +322,7 @@ async def serve(settings: FrontendSettings) -> ServiceRuntime:
     engine = await asyncio.to_thread(build_engine, settings)
     runtime.on_close(engine.close)
     capacity = CapacityPublisher(
+        "frontend",
         settings.redis_url,
         settings.resolved_replica_id(),
         engine,

@@ -43,12 +43,17 @@ class GatewaySettings(ServiceSettings):
     )
     registry_secret: str = setting(
         "",
-        "HMAC key of the frontend capacity registry (non-empty = use only records signed with it)",
+        "HMAC key of the capacity registry (non-empty = use only records signed with it)",
+    )
+    capacity_admission: bool = setting(
+        True,
+        "refuse new calls (RESOURCE_EXHAUSTED, retry hint) while the stt or oracle replicas "
+        "in the registry report no free capacity (none publishing = admit)",
     )
     max_sessions: int = setting(
         64, "open Converse sessions before RESOURCE_EXHAUSTED (0 = no limit)"
     )
-    redis_url: str = setting(LOCAL_REDIS_URL, "session records and frontend registry")
+    redis_url: str = setting(LOCAL_REDIS_URL, "session records and the capacity registry")
     session_ttl_s: int = setting(3600, "Redis TTL of session records and conversations")
     stt_address: str = setting(loopback_address("stt"), "host:port of the stt service")
     oracle_address: str = setting(loopback_address("oracle"), "host:port of the oracle service")

@@ -22,10 +22,18 @@ class SessionError(Exception):
     """Ends the session with this gRPC status; the message says what went wrong
     in words a client may see (no internal addresses)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, message: str, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.retry_after_s = retry_after_s  # sent as `retry-after-s` trailing metadata
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        if self.retry_after_s is None:
+            return ()
+        return (("retry-after-s", f"{self.retry_after_s:g}"),)
 
 
 class Mode(enum.Enum):
@@ -67,6 +75,14 @@ class SessionPlan:
     hold_phrases: tuple[str, ...]
     hold_max_s: float
     call: gateway_pb2.CallInfo
+
+    @property
+    def side_services(self) -> tuple[str, ...]:
+        """The side services whose capacity the call takes (services/gateway/admission.py):
+        stt always; the oracle when it answers with its own LLM (no llm override)."""
+        if self.mode.uses_oracle and self.llm is None:
+            return ("stt", "oracle")
+        return ("stt",)
 
 
 def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) -> SessionPlan:

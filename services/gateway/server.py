@@ -27,6 +27,7 @@ from kame_common.auth import BearerAuth, parse_tokens
 from kame_common.server import ServiceRuntime, service_main
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.gateway import resume
+from services.gateway.admission import CapacityGate
 from services.gateway.config import GatewaySettings
 from services.gateway.connections import Connections
 from services.gateway.pacing import InputLimits, limit_input, max_message_bytes
@@ -61,11 +62,18 @@ def _for_client(response: gateway_pb2.ConverseResponse) -> gateway_pb2.ConverseR
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, runtime: ServiceRuntime, connections: Connections, auth: BearerAuth) -> None:
+    def __init__(
+        self,
+        runtime: ServiceRuntime,
+        connections: Connections,
+        auth: BearerAuth,
+        gate: CapacityGate | None = None,
+    ) -> None:
         self.runtime = runtime
         self.connections = connections
         self.settings = connections.settings
         self.auth = auth
+        self.gate = gate  # None: admission does not look at stt and oracle capacity
         self.sessions: set[GatewaySession] = set()  # open calls, told to reconnect on drain
 
     async def Converse(  # noqa: N802 (gRPC method name)
@@ -79,8 +87,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             config = await self._read_config(requests)
             plan = plan_session(config, self.settings)
             resumed_id = await self._resumed_session(config.resume_token, plan.mode.value)
+            if not resumed_id and self.gate is not None:
+                await self.gate.admit(plan.side_services)
         except SessionError as exc:
-            await context.abort(exc.code, redact_addresses(exc.message))
+            await context.abort(exc.code, redact_addresses(exc.message), exc.trailing_metadata())
         async with self.runtime.session(context):
             session = GatewaySession(self.connections, plan, resumed_id, resumed=bool(resumed_id))
             how = "resumed" if resumed_id else "started"
@@ -156,7 +166,12 @@ async def serve(settings: GatewaySettings) -> ServiceRuntime:
     auth = BearerAuth(parse_tokens(settings.auth_tokens))
     if not auth.enabled:
         log.warning("gateway: no auth_tokens, every caller is admitted")
-    servicer = GatewayServicer(runtime, connections, auth)
+    gate = (
+        CapacityGate(redis_client, connections.registry_reads, settings.registry_secret)
+        if settings.capacity_admission
+        else None
+    )
+    servicer = GatewayServicer(runtime, connections, auth, gate)
     runtime.on_drain(servicer.ask_to_reconnect)
     await runtime.start(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)

@@ -25,9 +25,7 @@ from typing import ClassVar
 
 from kame_common.config import (
     ConfigError,
-    ServiceSettings,
-    check_not_negative,
-    redis_timeout_setting,
+    MeasuredCapacitySettings,
     setting,
 )
 from kame_common.ports import LOCAL_LLM_URL, LOCAL_REDIS_URL
@@ -49,12 +47,13 @@ API_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
 
 @dataclass
-class OracleSettings(ServiceSettings):
+class OracleSettings(MeasuredCapacitySettings):
     SERVICE: ClassVar[str] = "oracle"
 
     max_sessions: int = setting(100, "concurrent sessions before RESOURCE_EXHAUSTED (0 = no limit)")
-    redis_url: str = setting(LOCAL_REDIS_URL, "Redis for conversation history")
-    redis_timeout_s: float = redis_timeout_setting()
+    redis_url: str = setting(
+        LOCAL_REDIS_URL, "Redis for conversation history (and the capacity registry)"
+    )
     history_ttl_s: int = setting(3600, "seconds a conversation log lives after its last turn")
     history_turns: int = setting(20, "most recent turns of history put in the prompt")
     backend: str = setting("openai", "default LLM back-end", choices=BACKEND_NAMES)
@@ -73,6 +72,14 @@ class OracleSettings(ServiceSettings):
         "comma-separated URLs or URL prefixes a session may choose as base_url, always with "
         "its own api_key (empty = sessions cannot choose one)",
     )
+    llm_parallel: int = setting(
+        1, "requests the default back-end's server runs at once (1: llama-cpp-python's server)"
+    )
+    session_load_prior: float = setting(
+        0.3,
+        "share of the default LLM one tandem session keeps busy, until measured "
+        "(capacity estimate; see kame_common.capacity)",
+    )
     allowed_models: str = setting(
         "",
         "comma-separated models a session may choose (empty = only the configured model; * = any)",
@@ -80,7 +87,13 @@ class OracleSettings(ServiceSettings):
 
     def validate(self) -> None:
         super().validate()
-        check_not_negative(self, "redis_timeout_s")
+        if self.llm_parallel < 1:
+            raise ConfigError(f"llm_parallel: must be at least 1, got {self.llm_parallel}")
+        if not 0 < self.session_load_prior <= 1:
+            raise ConfigError(
+                "session_load_prior: must be above 0 and at most 1, "
+                f"got {self.session_load_prior:g}"
+            )
         for entry in _entries(self.allowed_base_urls):
             problem = _url_problem(entry)
             if problem:

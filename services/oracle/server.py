@@ -12,6 +12,7 @@ import grpc
 
 from kame_common import store
 from kame_common.aio import cancel_and_wait
+from kame_common.capacity import publish_measured_capacity
 from kame_common.server import ServiceRuntime, service_main
 from kamepb import oracle_pb2, oracle_pb2_grpc
 from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleSettings
@@ -101,9 +102,13 @@ async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> Se
     factory = SessionFactory(settings, keys, session_store)
     await factory.warm_up()
     servicer = OracleServicer(runtime, factory)
+    start_publishing = publish_measured_capacity(
+        runtime, settings, factory.llm_load, settings.session_load_prior
+    )
     await runtime.start(
         lambda server: oracle_pb2_grpc.add_OracleServicer_to_server(servicer, server)
     )
+    start_publishing()
     log.info(
         "oracle: default backend %s model %s at %s",
         settings.backend,

@@ -56,6 +56,7 @@ from prometheus_client import Counter, Histogram
 from redis.exceptions import RedisError
 
 from kame_common.aio import cancel_and_wait
+from kame_common.capacity import LoadMeter
 from kame_common.metrics import TURN_BUCKETS
 from kame_common.store import SessionStore
 from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
@@ -187,9 +188,13 @@ class OracleSession:
         backend: LLMBackend,
         history: list[Turn],
         store: SessionStore | None,
+        llm_load: LoadMeter | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
+        # The service's own LLM, busy while this session streams from it (its capacity);
+        # None when the session uses another back-end.
+        self._llm_load = llm_load
         self.policy = RestartPolicy(settings.policy)
         self.generation = 0
         self._store = store
@@ -389,7 +394,8 @@ class OracleSession:
             attributes["kame.user_text"] = turns[-1].text
         with _tracer.start_as_current_span("oracle.llm_stream", attributes=attributes) as span:
             try:
-                await self._stream_updates(generation, turns, trigger_at)
+                with self._llm_load.busy() if self._llm_load else contextlib.nullcontext():
+                    await self._stream_updates(generation, turns, trigger_at)
             except asyncio.CancelledError:
                 CANCELLATIONS.inc()
                 span.set_attribute("kame.cancelled", True)
@@ -485,6 +491,8 @@ class SessionFactory:
         self.service = service
         self.keys = keys
         self.store = store
+        # How busy the default back-end is: the service's capacity (kame_common.capacity).
+        self.llm_load = LoadMeter(parallelism=service.llm_parallel)
 
     async def warm_up(self) -> None:
         """Warm the service's default back-end: one request of its fixed prompt prefix
@@ -540,7 +548,13 @@ class SessionFactory:
             if isinstance(exc, BackendConfigError):
                 raise InvalidSessionConfig(str(exc)) from None
             raise
-        session = OracleSession(settings, backend, history, self.store)
+        on_service_llm = (settings.backend.backend, settings.backend.base_url) == (
+            self.service.backend,
+            self.service.base_url,
+        )
+        session = OracleSession(
+            settings, backend, history, self.store, self.llm_load if on_service_llm else None
+        )
         session.start()
         return session
 

@@ -1,0 +1,93 @@
+"""Admission by capacity: refuse a new call that stt or the oracle cannot serve in time.
+
+stt and oracle replicas publish the sessions they can still take in the Redis
+capacity registry (kame_common.capacity, with `publish_capacity` on). Before
+a new call opens any upstream stream, `CapacityGate.admit` adds up the free
+sessions of each side service the call's mode uses, less the calls this
+gateway admitted since the newest of those records was written (a replica
+republishes as soon as a session opens, so that gap is a moment long), and
+refuses the call with RESOURCE_EXHAUSTED and a retry hint when nothing is
+left. A caller waiting 10 s for every answer is worse off than one told to
+retry.
+
+The gate fails open: a service none of whose replicas publishes (a hosted
+or older deployment) or a registry that cannot be read (Redis down or hung:
+then every registry read skips it for a while, see
+connections.RegistryReads) never refuses a call. A resumed
+call is never refused: it is a caller already in a conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Iterable
+
+import grpc
+import redis.asyncio as redis
+from prometheus_client import Counter
+
+from kame_common.store import CapacityRegistry
+from services.gateway.connections import RegistryReads
+from services.gateway.plan import SessionError
+
+SIDE_SERVICES = ("stt", "oracle")
+# What a refused caller is told to wait: about one heartbeat of the registry
+# (kame_common.store.CapacityRegistry: a third of its 10 s TTL).
+RETRY_AFTER_S = 3.0
+
+REFUSALS = Counter(
+    "kame_gateway_capacity_refusals",
+    "New calls refused because a side service had no free capacity (service: stt, oracle)",
+    ["service"],
+)
+
+
+class CapacityGate:
+    def __init__(
+        self,
+        redis_client: redis.Redis,
+        reads: RegistryReads,
+        secret: str = "",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._reads = reads
+        self._registries = {
+            service: CapacityRegistry(redis_client, service, secret=secret)
+            for service in SIDE_SERVICES
+        }
+        self._clock = clock
+        # Wall times of this gateway's admissions the registry may not have counted yet.
+        self._admitted: dict[str, collections.deque[float]] = {
+            service: collections.deque() for service in SIDE_SERVICES
+        }
+
+    async def admit(self, services: Iterable[str]) -> None:
+        """Count a new call on `services`, or raise SessionError(RESOURCE_EXHAUSTED)."""
+        services = list(services)
+        free = await asyncio.gather(*(self.free_sessions(service) for service in services))
+        for service, free_sessions in zip(services, free, strict=True):
+            if free_sessions is not None and free_sessions <= 0:
+                REFUSALS.labels(service=service).inc()
+                raise SessionError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{service} is at capacity: it cannot serve another call in time; "
+                    f"retry in {RETRY_AFTER_S:g} s",
+                    retry_after_s=RETRY_AFTER_S,
+                )
+        now = self._clock()
+        for service in services:
+            self._admitted[service].append(now)
+
+    async def free_sessions(self, service: str) -> int | None:
+        """Free sessions across `service`'s replicas, less this gateway's admissions
+        they have not counted yet; None when nobody publishes or the registry failed."""
+        replicas = await self._reads.read(service, self._registries[service].replicas())
+        if not replicas:
+            return None
+        newest = max(replica.published_at for replica in replicas)
+        admitted = self._admitted[service]
+        while admitted and admitted[0] < newest:
+            admitted.popleft()  # the records written since counted these calls
+        return sum(replica.free_slots for replica in replicas) - len(admitted)

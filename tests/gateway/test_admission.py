@@ -1,0 +1,128 @@
+"""Admission by capacity (services/gateway/admission.py): a real gateway, the fake
+upstreams and the real Redis registry, where the test writes stt and oracle
+records as their replicas would (signed with the fakes' registry secret)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from kame_common import store
+from kamepb import gateway_pb2, gateway_pb2_grpc
+from tests.gateway.test_session import converse, frame_bytes
+
+Config = gateway_pb2.ConverseConfig
+SECRET = "registry-secret-of-the-fake-upstreams"  # the fakes' gateways' registry_secret
+
+
+@pytest.fixture
+async def registries(fakes):
+    """stt and oracle registries in the fakes' Redis db; every record withdrawn after."""
+    client = store.connect(fakes.redis_url)
+    made = {name: store.CapacityRegistry(client, name, secret=SECRET) for name in ("stt", "oracle")}
+    yield made
+    for registry in made.values():
+        for replica in await registry.replicas():
+            await registry.withdraw(replica.replica_id)
+    await client.aclose()
+
+
+def refusals(service: str) -> float:
+    labels = {"service": service}
+    return REGISTRY.get_sample_value("kame_gateway_capacity_refusals_total", labels) or 0.0
+
+
+def refused_call(address: str, config: Config) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+    """A call refused at admission: its status, details and trailing metadata (sync
+    API: see tests.gateway.fakes.sync_converse)."""
+
+    def requests() -> Iterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=config)
+        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+
+    with grpc.insecure_channel(address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        try:
+            list(call)
+        except grpc.RpcError:
+            pass
+        return call.code(), call.details() or "", dict(call.trailing_metadata() or ())
+
+
+async def test_a_call_stt_cannot_serve_is_refused_with_a_retry_hint(fakes, registries):
+    gateway = await fakes.gateway()
+    await registries["stt"].publish("stt-a", "10.0.0.1:50053", free_slots=0, total_slots=3)
+    opened, before = fakes.frontend.log.opened, refusals("stt")
+    code, details, trailing = await asyncio.to_thread(refused_call, gateway.address, Config())
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "stt is at capacity" in details and "retry in 3 s" in details
+    assert trailing.get("retry-after-s") == "3"
+    assert refusals("stt") == before + 1
+    assert fakes.frontend.log.opened == opened  # refused before any upstream stream
+
+
+async def test_free_sessions_are_counted_down_by_the_gateways_own_admissions(fakes, registries):
+    """Two replicas with one free session each: two calls go in before either
+    republishes, the third is refused; a fresh record makes room again."""
+    gateway = await fakes.gateway()
+    for replica in ("stt-a", "stt-b"):
+        await registries["stt"].publish(replica, "10.0.0.1:50053", free_slots=1, total_slots=2)
+    for _ in range(2):
+        assert (await converse(gateway.address, frames=2)).code == grpc.StatusCode.OK
+    code, _details, _trailing = await asyncio.to_thread(refused_call, gateway.address, Config())
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    await asyncio.sleep(0.002)  # the new record is written after the calls it counts
+    await registries["stt"].publish("stt-a", "10.0.0.1:50053", free_slots=1, total_slots=2)
+    assert (await converse(gateway.address, frames=2)).code == grpc.StatusCode.OK
+
+
+async def test_without_records_or_with_admission_off_calls_go_in(fakes, registries):
+    gateway = await fakes.gateway()
+    assert (await converse(gateway.address, frames=2)).code == grpc.StatusCode.OK
+    await registries["stt"].publish("stt-a", "10.0.0.1:50053", free_slots=0, total_slots=1)
+    open_gateway = await fakes.gateway(capacity_admission=False)
+    assert (await converse(open_gateway.address, frames=2)).code == grpc.StatusCode.OK
+
+
+async def test_records_signed_with_another_secret_do_not_refuse(fakes, redis_url):
+    """Whoever can write to Redis without the secret cannot shut the door."""
+    client = store.connect(fakes.redis_url)
+    forged = store.CapacityRegistry(client, "stt", secret="another-secret-of-thirty-two-chars")
+    try:
+        await forged.publish("stt-forged", "10.0.0.9:50053", free_slots=0, total_slots=1)
+        gateway = await fakes.gateway()
+        assert (await converse(gateway.address, frames=2)).code == grpc.StatusCode.OK
+    finally:
+        await forged.withdraw("stt-forged")
+        await client.aclose()
+
+
+async def test_the_oracle_counts_only_calls_on_its_own_llm(fakes, registries):
+    gateway = await fakes.gateway()
+    await registries["oracle"].publish("oracle-a", "10.0.0.2:50054", free_slots=0, total_slots=2)
+    code, details, _trailing = await asyncio.to_thread(
+        refused_call, gateway.address, Config(mode=Config.TANDEM)
+    )
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "oracle is at capacity" in details
+    s2s = await converse(gateway.address, frames=2, config=Config(mode=Config.S2S))
+    assert s2s.code == grpc.StatusCode.OK
+    hosted = Config(mode=Config.TANDEM, llm=gateway_pb2.LlmOverride(backend="openai"))
+    assert (await converse(gateway.address, frames=2, config=hosted)).code == grpc.StatusCode.OK
+
+
+async def test_a_resumed_call_is_admitted_at_capacity(fakes, registries):
+    gateway = await fakes.gateway(resume_secret="resume-secret-of-at-least-32-chars!")
+    first = await converse(gateway.address, frames=2)
+    (started,) = first.of("started")
+    await registries["stt"].publish("stt-a", "10.0.0.1:50053", free_slots=0, total_slots=1)
+    resumed = await converse(
+        gateway.address, frames=2, config=Config(resume_token=started.resume_token)
+    )
+    assert resumed.code == grpc.StatusCode.OK
+    assert resumed.of("started")[0].resumed
+    code, _details, _trailing = await asyncio.to_thread(refused_call, gateway.address, Config())
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
