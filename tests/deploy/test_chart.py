@@ -73,9 +73,11 @@ CHART_OWNED = {
         "upstream_key_file",
         "upstream_server_name",
     },
+    # Capacity registry records: the pod's name and IP; stt and oracle always publish (the
+    # gateway's capacity_admission decides whether anyone is refused).
     "frontend": {"replica_id", "advertise_address"},
-    "stt": set(),
-    "oracle": set(),
+    "stt": {"publish_capacity", "replica_id", "advertise_address"},
+    "oracle": {"publish_capacity", "replica_id", "advertise_address"},
     "web": {"gateway_address", "gateway_ca_file", "gateway_tls"},
     # Ports the Services, NetworkPolicy and probes name, and the RTP range they must agree on.
     "telephony": {
@@ -93,6 +95,8 @@ BALANCED = ("stt", "oracle")
 SECRET_FIELDS = {
     "gateway": {"auth_tokens", "registry_secret", "resume_secret"},
     "frontend": {"registry_secret"},
+    "stt": {"registry_secret"},
+    "oracle": {"registry_secret"},
     "web": {"gateway_auth_token"},
     "telephony": {"gateway_auth_token", "twilio_auth_token"},
 }
@@ -341,11 +345,18 @@ def test_addresses_between_services_agree(rendered):
             address = address.removeprefix("dns:///")
         host, port = address.split(":")
         assert services[host]["grpc"] == int(port) == PORTS[target]
-    frontend = env_of(containers(rendered.one("Deployment", "frontend"))[0])
-    assert frontend["KAME_FRONTEND_ADVERTISE_ADDRESS"]["value"] == f"$(POD_IP):{PORTS['frontend']}"
-    assert frontend["KAME_FRONTEND_REPLICA_ID"]["value"] == "$(POD_NAME)"
-    names = list(frontend)
-    assert names.index("POD_IP") < names.index("KAME_FRONTEND_ADVERTISE_ADDRESS")
+    # Every replica that publishes in the capacity registry does so under its pod's name and IP.
+    for service in ("frontend", "stt", "oracle"):
+        env = env_of(containers(rendered.one("Deployment", service))[0])
+        prefix = f"KAME_{service.upper()}_"
+        assert env[f"{prefix}ADVERTISE_ADDRESS"]["value"] == f"$(POD_IP):{PORTS[service]}"
+        assert env[f"{prefix}REPLICA_ID"]["value"] == "$(POD_NAME)"
+        names = list(env)
+        # The kubelet expands only variables defined earlier in the list.
+        assert names.index("POD_IP") < names.index(f"{prefix}ADVERTISE_ADDRESS")
+        assert names.index("POD_NAME") < names.index(f"{prefix}REPLICA_ID")
+        if service != "frontend":  # it always publishes; stt and oracle do when told to
+            assert env[f"{prefix}PUBLISH_CAPACITY"]["value"] == "true"
 
 
 def test_oracle_uses_the_embedded_llm_or_the_configured_url(rendered_sets):
@@ -448,7 +459,7 @@ def test_external_redis_and_missing_url():
         for d in rendered.of_kind("Deployment")
         if d["metadata"]["labels"]["app.kubernetes.io/component"] == "redis"
     ]
-    for service in ("gateway", "frontend", "oracle"):
+    for service in SERVICES:
         env = env_of(containers(rendered.one("Deployment", service))[0])
         assert env[f"KAME_{service.upper()}_REDIS_URL"]["value"] == "redis://cache:6379/2"
         assert "REDIS_PASSWORD" not in env  # no password key: an external Redis without one

@@ -33,6 +33,9 @@ from tests.deploy.conftest import (
 
 NAMESPACE = "voice"  # helm_render's
 SECRETISH = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|REDISCLI_AUTH", re.IGNORECASE)
+# Every gRPC service uses Redis: session records and conversations, and the capacity registry
+# the frontend, stt and oracle publish in (the gateway reads it).
+REDIS_USERS = ("gateway", "frontend", "stt", "oracle")
 
 
 # ---- a NetworkPolicy evaluator -----------------------------------------------------------------
@@ -221,7 +224,7 @@ def admitted(rendered: Rendered, target: str, port: str) -> set[str]:
 # which NetworkPolicy always admits (Kubernetes documents it); besides, only `helm test` asks.
 WHO_CONNECTS = [
     *((upstream, "grpc", {"gateway"}) for upstream in ("frontend", "stt", "oracle")),
-    ("redis", "redis", {"gateway", "frontend", "oracle"}),
+    ("redis", "redis", set(REDIS_USERS)),
     *((service, "metrics", {"prometheus"}) for service in SERVICES),
     *((service, "health", {"test"}) for service in SERVICES),
 ]
@@ -341,15 +344,17 @@ def test_secrets_are_referenced_never_inlined():
         ("gateway", "KAME_GATEWAY_REGISTRY_SECRET", "REGISTRY_SECRET"),
         ("gateway", "KAME_GATEWAY_RESUME_SECRET", "RESUME_SECRET"),
         ("frontend", "KAME_FRONTEND_REGISTRY_SECRET", "REGISTRY_SECRET"),
+        ("stt", "KAME_STT_REGISTRY_SECRET", "REGISTRY_SECRET"),
+        ("oracle", "KAME_ORACLE_REGISTRY_SECRET", "REGISTRY_SECRET"),
         ("web", "KAME_WEB_GATEWAY_AUTH_TOKEN", "WEB_GATEWAY_TOKEN"),
         ("telephony", "KAME_TELEPHONY_GATEWAY_AUTH_TOKEN", "TELEPHONY_GATEWAY_TOKEN"),
         ("telephony", "KAME_TELEPHONY_TWILIO_AUTH_TOKEN", "TWILIO_AUTH_TOKEN"),
         ("redis", "REDISCLI_AUTH", "REDIS_PASSWORD"),
-        *((s, "REDIS_PASSWORD", "REDIS_PASSWORD") for s in ("gateway", "frontend", "oracle")),
+        *((s, "REDIS_PASSWORD", "REDIS_PASSWORD") for s in REDIS_USERS),
     ):
         assert references[(container, variable)] == {"name": "kame-keys", "key": key}
     # The one secret in a plain value: a REDIS_URL's password, as a reference the kubelet fills.
-    for service in ("gateway", "frontend", "oracle"):
+    for service in REDIS_USERS:
         url = env_of(containers(rendered.one("Deployment", service))[0])[
             f"KAME_{service.upper()}_REDIS_URL"
         ]["value"]
@@ -361,7 +366,7 @@ def test_secrets_are_referenced_never_inlined():
         }
     )
     secret_references(external)
-    for service in ("gateway", "frontend", "oracle"):
+    for service in REDIS_USERS:
         entry = env_of(containers(external.one("Deployment", service))[0])[
             f"KAME_{service.upper()}_REDIS_URL"
         ]
@@ -378,6 +383,8 @@ def test_secrets_are_referenced_never_inlined():
         {"gateway": {"config": {"auth_token": "s3cret"}}},
         {"gateway": {"config": {"registry_secret": "s3cret"}}},
         {"frontend": {"config": {"registry_secret": "s3cret"}}},
+        {"stt": {"config": {"registry_secret": "s3cret"}}},
+        {"oracle": {"config": {"registry_secret": "s3cret"}}},
         {"web": {"config": {"gateway_auth_token": "s3cret"}}},
         {"telephony": {"config": {"twilio_auth_token": "0123456789abcdef"}}},
         {"telephony": {"config": {"gateway_auth_token": "s3cret"}}},
@@ -454,14 +461,14 @@ def redis_password_refs(rendered: Rendered) -> dict[str, dict]:
 
 def test_redis_requires_the_password_every_url_carries(rendered):
     """Both values files: the in-release Redis runs with requirepass from a Secret, and the
-    gateway, frontend and oracle read the same Secret key into the URL they connect with."""
+    gateway, frontend, stt and oracle read the same Secret key into the URL they connect with."""
     refs = redis_password_refs(rendered)
-    assert set(refs) == {"redis", "gateway", "frontend", "oracle"}
+    assert set(refs) == {"redis", *REDIS_USERS}
     assert len({(r["name"], r["key"]) for r in refs.values()}) == 1
     redis_container = containers(rendered.one("Deployment", "redis"))[0]
     args = redis_container["args"]
     assert args[args.index("--requirepass") + 1] == "$(REDISCLI_AUTH)"
-    for service in ("gateway", "frontend", "oracle"):
+    for service in REDIS_USERS:
         container = containers(rendered.one("Deployment", service))[0]
         names = [e["name"] for e in container["env"]]
         url_name = f"KAME_{service.upper()}_REDIS_URL"
@@ -469,7 +476,6 @@ def test_redis_requires_the_password_every_url_carries(rendered):
         assert url.password == "$(REDIS_PASSWORD)" and url.hostname == "kame-redis"
         # The kubelet expands only variables defined earlier in the list.
         assert names.index("REDIS_PASSWORD") < names.index(url_name)
-    assert "REDIS_PASSWORD" not in env_of(containers(rendered.one("Deployment", "stt"))[0])
 
 
 def test_default_values_generate_the_password_gpu_values_name_it(rendered_sets):
@@ -531,7 +537,7 @@ def test_services_reach_the_release_redis_with_the_rendered_wiring(rendered_sets
     (shell, flag, probe) = redis_container["readinessProbe"]["exec"]["command"]
     assert (shell, flag) == ("sh", "-c")
     with redis_server(args, tmp_path) as server:
-        for service in ("gateway", "frontend", "oracle"):
+        for service in REDIS_USERS:
             env = env_of(containers(rendered.one("Deployment", service))[0])
             url = env[f"KAME_{service.upper()}_REDIS_URL"]["value"]
             assert server.pings(kubelet_expand(url, {"REDIS_PASSWORD": password})), service

@@ -248,6 +248,30 @@ def test_addresses_point_at_compose_services_and_their_ports(project, configs):
     assert advertised.advertise_address == f"{frontend}:{ports[frontend]}"
 
 
+def test_replicas_publish_their_capacity_signed_with_the_gateways_secret(project, configs):
+    """The frontend, stt and oracle each publish in the Redis capacity registry (stt and the
+    oracle only with publish_capacity on) under a replica id of their own, advertising their
+    compose name and port, signed with the secret the gateway verifies records with."""
+    gateway = loaded_config(project["gateway"], configs)[1]
+    assert gateway.capacity_admission is True
+    assert bool(gateway.registry_secret) == secured(project)
+    publishers = {}
+    for name, spec in project.items():
+        service, config = loaded_config(spec, configs) if kame_service(spec) else (None, None)
+        if service not in ("frontend", "stt", "oracle"):
+            continue
+        if service != "frontend":
+            assert config.publish_capacity is True, name
+        assert config.advertise_address == f"{name}:{config.port}", name
+        assert config.registry_secret == gateway.registry_secret, name
+        publishers.setdefault(service, set()).add(config.replica_id)
+    assert set(publishers) == {"frontend", "stt", "oracle"}
+    ids = [replica for replicas in publishers.values() for replica in replicas]
+    assert all(ids) and len(ids) == len(set(ids))
+    for service in ("stt", "oracle"):
+        assert project[service]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
 def test_every_redis_url_reaches_the_redis_service_with_its_password(project, configs):
     password = project["redis"]["environment"]["REDISCLI_AUTH"]
     assert bool(password) == secured(project)
@@ -258,7 +282,7 @@ def test_every_redis_url_reaches_the_redis_service_with_its_password(project, co
             assert (url.hostname, url.port or REDIS_PORT) == ("redis", REDIS_PORT), name
             assert (url.password or "") == password, name
             users += 1
-    assert users == 3  # gateway, frontend, oracle
+    assert users == 4  # gateway, frontend, stt, oracle
 
 
 def test_oracle_reaches_the_llm_server_in_the_project(project, configs):
@@ -301,7 +325,18 @@ def test_same_settings_as_kame_up(project, configs, tmp_path):
         "sip_advertised_ip",
         "allowed_networks",
     }
-    gpu_only = {"engine", "checkpoint", "device", "dtype", "batch_slots", "model"}
+    # The GPU stack's frontend engine, and vLLM: its model, and the parallelism the oracle's
+    # capacity estimate starts from.
+    gpu_only = {
+        "engine",
+        "checkpoint",
+        "device",
+        "dtype",
+        "batch_slots",
+        "model",
+        "llm_parallel",
+        "session_load_prior",
+    }
     for name, spec in project.items():
         service = kame_service(spec)
         if service is None:
