@@ -91,7 +91,9 @@ class WindowedWhisper:
             raise ValueError("a decode batch shares one language and one beam size")
         tokenizer = self._tokenizer(language)
         features = [self.model.feature_extractor(r.audio) for r in requests]
-        content_frames = [f.shape[-1] - 1 for f in features]  # the extractor adds one
+        # The extractor adds a frame; an utterance cut at max length plus its pre-roll
+        # can pass 30 s by a little, and the encoder takes no more.
+        content_frames = [min(f.shape[-1] - 1, FULL_WINDOW_FRAMES) for f in features]
         window = self._window(features, max(content_frames))
         encoded = self.model.model.encode(window, to_cpu=False)
         prompt = self.model.get_prompt(tokenizer, [])

@@ -141,3 +141,14 @@ def test_silence_by_whisper_own_rule_has_no_segments(tokenizer):
     quiet = _Result(tokens, no_speech_prob=0.9)
     quiet.scores = [-3.0]
     assert _spoken_segments(quiet, tokenizer, content_s=2.0) == []
+
+
+def test_an_utterance_past_30_s_is_decoded_in_the_full_window(stt_engine: SttEngine, speak):
+    """A max-length cut plus its pre-roll can pass Whisper's 30 s by a little."""
+    speech = _at_16k(speak("Turn off the lights."))
+    long = np.concatenate([speech, np.zeros(int(30.5 * VAD_RATE) - len(speech), np.float32)])
+    decoded, short = stt_engine.decode_batch(
+        [stt_engine.request(long, 0.0, "en", 1), stt_engine.request(speech, 0.0, "en", 1)]
+    )
+    assert "lights" in _text(decoded).lower() and "lights" in _text(short).lower()
+    assert decoded.words[-1].end_s <= 30.5
