@@ -120,11 +120,16 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 for word in session.flush_words():
                     yield agent_text(word)
             finally:
-                queued = [steps.get_nowait() for _ in range(steps.qsize())]
-                await cancel_and_wait([reader, *(task for task in queued if task is not None)])
-                span.end()
-                await session.close()
-                self._capacity.changed()
+                # The slot is given back however the teardown ends: a cancellation
+                # that lands while the reader and steps are cancelled (the caller
+                # hung up) must not skip it, or the replica loses a slot for good.
+                try:
+                    queued = [steps.get_nowait() for _ in range(steps.qsize())]
+                    await cancel_and_wait([reader, *(task for task in queued if task is not None)])
+                finally:
+                    span.end()
+                    await asyncio.shield(session.close())
+                    self._capacity.changed()
 
     async def _read_requests(
         self,

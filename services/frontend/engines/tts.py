@@ -329,10 +329,12 @@ class TtsSession(EngineSession):
         if self._closed:
             return
         self._closed = True
-        self._drop_job()
-        self._player.clear()
-        self._prepared = None
-        self._engine.release_slot()
+        try:
+            self._drop_job()
+            self._player.clear()
+            self._prepared = None
+        finally:
+            self._engine.release_slot()  # even when dropping the job fails
 
     # --- glue: the policy's decisions to audio ---
 
