@@ -8,6 +8,7 @@ reference policy (tandem) or finals only (cascade), and we measure:
 - final_to_reset_s: final transcript -> RESET of the stream that answers it
   (0 when the final was kept: the stream in flight or just finished was
   started from the same words, and its RESET came before the final);
+  final_to_done_s likewise to that stream's DONE;
 - kept: finals that started no new stream, for that reason;
 - words_at_final: words of oracle text the front-end already holds when the
   final arrives (what tandem gains: the answer is under way before the caller
@@ -132,12 +133,16 @@ def summarize(question: str, timeline, final_at: float, generation: int | None, 
     reset_at = next(
         (t for t, u in updates if u.op == Update.RESET and u.generation == generation), None
     )
+    done_at = next(
+        (t for t, e in events if e.kind == Event.DONE and e.generation == generation), None
+    )
     return {
         "question": question,
         "answer": answer,
         "correct": any(k in answer.lower() for k in QUESTIONS[question]),
         "ttft_s": [firsts[g] - starts[g] for g in firsts if g in starts],
         "final_to_reset_s": None if reset_at is None else max(0.0, reset_at - final_at),
+        "final_to_done_s": None if done_at is None else max(0.0, done_at - final_at),
         "kept": kept,
         "words_at_final": sum(len(u.text.split()) for u in held if u.generation == current),
         "starts": len(starts),
