@@ -28,6 +28,7 @@ from kame_common.config import (
     MeasuredCapacitySettings,
     setting,
 )
+from kame_common.models import EMBEDDED_LLM_SLOTS
 from kame_common.ports import LOCAL_LLM_URL, LOCAL_REDIS_URL
 from kamepb import oracle_pb2
 from services.oracle.backends import (
@@ -73,7 +74,8 @@ class OracleSettings(MeasuredCapacitySettings):
         "its own api_key (empty = sessions cannot choose one)",
     )
     llm_parallel: int = setting(
-        1, "requests the default back-end's server runs at once (1: llama-cpp-python's server)"
+        EMBEDDED_LLM_SLOTS,
+        "requests the default back-end's server runs at once (the embedded llm server's slots)",
     )
     session_load_prior: float = setting(
         0.3,

@@ -43,6 +43,7 @@ async def test_a_streaming_session_keeps_the_llm_busy_and_is_published(
         registry_secret=SECRET,
         replica_id="oracle-capacity-test",
         session_load_prior=0.25,  # 0.8 / 0.25: 3 sessions before any is measured
+        llm_parallel=1,  # the stub serves one stream: one stalled stream fills it
     )
     client = store.connect(registry_url)
     registry = store.CapacityRegistry(client, "oracle", secret=SECRET)
