@@ -39,7 +39,7 @@ from pathlib import Path
 from kame_cli import llama_build
 from kame_cli.errors import CliError, one_line
 from kame_cli.listeners import describe_holder, port_is_free
-from kame_common.models import EMBEDDED_LLM_SLOTS, gemma_270m_gguf_path
+from kame_common.models import gemma_270m_gguf_path
 from kame_common.ports import LLM_PORT
 from services.oracle.prompts import gemma_prefix, is_gemma_270m_base, warm_up_chat_messages
 
@@ -50,7 +50,11 @@ LLAMA_SERVER = "llama-server"
 LLAMA_CPP_PYTHON = "llama-cpp-python"
 ENGINES = (LLAMA_SERVER, LLAMA_CPP_PYTHON)
 DEFAULT_ENGINE = LLAMA_SERVER
-DEFAULT_PARALLEL = EMBEDDED_LLM_SLOTS
+# Requests llama-server decodes at once. On two cores four slots keep every
+# caller's stream moving (bench/llm_bench.py) though they share the same cores,
+# which is why the oracle still counts the server's capacity as one request at a
+# time (its llm_parallel, 1).
+DEFAULT_PARALLEL = 4
 BATCH_TOKENS = 128
 
 

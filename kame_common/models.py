@@ -4,12 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Requests the embedded LLM server (`kame llm-server`: llama.cpp's llama-server)
-# decodes at once, and so the oracle's default llm_parallel. On two cores four
-# slots keep every caller's stream moving (bench/llm_bench.py); more would only
-# split the same CPU thinner.
-EMBEDDED_LLM_SLOTS = 4
-
 
 class ModelNotInstalled(RuntimeError):
     pass

@@ -28,7 +28,6 @@ from kame_common.config import (
     MeasuredCapacitySettings,
     setting,
 )
-from kame_common.models import EMBEDDED_LLM_SLOTS
 from kame_common.ports import LOCAL_LLM_URL, LOCAL_REDIS_URL
 from kamepb import oracle_pb2
 from services.oracle.backends import (
@@ -74,8 +73,9 @@ class OracleSettings(MeasuredCapacitySettings):
         "its own api_key (empty = sessions cannot choose one)",
     )
     llm_parallel: int = setting(
-        EMBEDDED_LLM_SLOTS,
-        "requests the default back-end's server runs at once (the embedded llm server's slots)",
+        1,
+        "requests the default back-end's server runs at once without slowing each other "
+        "(1 for the embedded llm server on CPU: its slots share the same cores)",
     )
     session_load_prior: float = setting(
         0.3,
