@@ -1,6 +1,6 @@
 """The embedded LLM server as `kame llm-server` runs it (llama.cpp's llama-server,
-built by kame_cli.llama_build): requests are decoded side by side, and a stream
-whose client leaves stops costing the server work at once."""
+built by kame_cli.llama_build; the suite's `llm_url` server): requests are decoded
+side by side, and a stream whose client leaves stops costing the server work at once."""
 
 from __future__ import annotations
 
@@ -16,21 +16,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from kame_cli import llama_build, llm_server
-from kame_cli.stack import free_ports
 from services.oracle.prompts import gemma_prefix
 from tests.support import wait_until
-
-
-@pytest.fixture(scope="module")
-def server_url():
-    port = free_ports(1)[0]
-    process = llm_server.launch(port=port, threads=1, quiet=True, parallel=2)
-    url = llm_server.base_url("127.0.0.1", port)
-    try:
-        llm_server.wait_ready(url, process, timeout_s=120)
-        yield url
-    finally:
-        llm_server.stop(process)
 
 
 def prompt(question: str) -> str:
@@ -60,8 +47,8 @@ def busy_slots(url: str) -> list[dict]:
         return [slot for slot in json.load(response) if slot["is_processing"]]
 
 
-async def test_two_requests_are_decoded_side_by_side(server_url):
-    async with AsyncOpenAI(base_url=server_url, api_key="unused", max_retries=0) as client:
+async def test_two_requests_are_decoded_side_by_side(llm_url):
+    async with AsyncOpenAI(base_url=llm_url, api_key="unused", max_retries=0) as client:
         first, second = await asyncio.gather(
             stream_times(client, prompt("Tell me a long story about a dragon."), 48),
             stream_times(client, prompt("Tell me a long story about a knight."), 48),
@@ -71,8 +58,8 @@ async def test_two_requests_are_decoded_side_by_side(server_url):
     assert second[0] < first[-1] and first[0] < second[-1]
 
 
-async def test_a_stream_whose_client_leaves_stops_at_once(server_url):
-    async with AsyncOpenAI(base_url=server_url, api_key="unused", max_retries=0) as client:
+async def test_a_stream_whose_client_leaves_stops_at_once(llm_url):
+    async with AsyncOpenAI(base_url=llm_url, api_key="unused", max_retries=0) as client:
         stream = await client.completions.create(
             model=llm_server.EMBEDDED_ALIAS,
             prompt=prompt("Count from one to five hundred, one number per line."),
@@ -84,7 +71,7 @@ async def test_a_stream_whose_client_leaves_stops_at_once(server_url):
             async for _chunk in stream:
                 break  # leaving the block closes the connection
         left_at = time.monotonic()
-        await wait_until(lambda: not busy_slots(server_url), "every slot idle", 5, 0.05)
+        await wait_until(lambda: not busy_slots(llm_url), "every slot idle", 5, 0.05)
         stopped_after = time.monotonic() - left_at
     # 400 tokens take about 10 s here on one thread; a server that noticed stops within a
     # token or two (2 s leaves room for a loaded machine).
