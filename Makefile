@@ -23,7 +23,8 @@ $(STAMP): constraints.txt requirements/*.txt pyproject.toml kame_cli/llama_build
 	# moshi pins torch<2.10 (a CUDA download); its runtime deps are listed in requirements/frontend.txt.
 	$(PIP) install --no-deps -c constraints.txt moshi
 	$(PIP) install --no-deps --no-build-isolation -e .
-	# The embedded LLM server (kame llm-server), compiled once per machine and version.
+	# llama.cpp's llama-server (kame llm-server --engine llama-server), compiled once per
+	# machine and version.
 	$(PY) -m kame_cli.llama_build
 	touch $(STAMP)
 

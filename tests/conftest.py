@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from kame_common import store
 from kame_common.voice import Voice, load_voice
 from tests.gateway.fakes import start_fakes
+from tests.support import served_llm
 
 REDIS_URL = os.environ.get("KAME_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FAKES_DB = 10
@@ -60,21 +62,12 @@ def voice() -> Voice:
 
 
 @pytest.fixture(scope="session")
-def llm_url() -> str:
+def llm_url() -> Iterator[str]:
     """Base URL of a real llama.cpp server serving the embedded Gemma 3 270M."""
-    from kame_cli import llm_server
-    from kame_cli.stack import free_ports
-
-    port = free_ports(1)[0]
     # One thread: the two cores are shared with whisper, piper and the test
     # itself, and one llama.cpp thread degrades far less under contention.
-    process = llm_server.launch(port=port, threads=1, quiet=True)
-    url = llm_server.base_url("127.0.0.1", port)
-    try:
-        llm_server.wait_ready(url, process, timeout_s=120)
+    with served_llm(threads=1) as url:
         yield url
-    finally:
-        llm_server.stop(process)
 
 
 @pytest.fixture(scope="session")

@@ -9,13 +9,30 @@ import re
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
 
 from kame_common import store
 from kame_common.server import ServiceRuntime
+
+
+@contextlib.contextmanager
+def served_llm(**launch_options: Any) -> Iterator[str]:
+    """Base URL of a real embedded LLM server (kame_cli.llm_server.launch on a free
+    port, Gemma 3 270M), stopped when the block ends."""
+    from kame_cli import llm_server
+    from kame_cli.stack import free_ports
+
+    port = free_ports(1)[0]
+    process = llm_server.launch(port=port, quiet=True, **launch_options)
+    url = llm_server.base_url("127.0.0.1", port)
+    try:
+        llm_server.wait_ready(url, process, timeout_s=120)
+        yield url
+    finally:
+        llm_server.stop(process)
 
 
 async def wait_until(

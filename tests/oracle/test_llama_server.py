@@ -1,6 +1,6 @@
-"""The embedded LLM server as `kame llm-server` runs it (llama.cpp's llama-server,
-built by kame_cli.llama_build; the suite's `llm_url` server): requests are decoded
-side by side, and a stream whose client leaves stops costing the server work at once."""
+"""`kame llm-server --engine llama-server` (llama.cpp's own server, built by
+kame_cli.llama_build): requests are decoded side by side, and a stream whose
+client leaves stops costing the server work at once."""
 
 from __future__ import annotations
 
@@ -17,7 +17,14 @@ from openai import AsyncOpenAI
 
 from kame_cli import llama_build, llm_server
 from services.oracle.prompts import gemma_prefix
-from tests.support import wait_until
+from tests.support import served_llm, wait_until
+
+
+@pytest.fixture(scope="module")
+def llm_url():
+    """This module's own server: llama-server with two slots (the suite's is the default engine)."""
+    with served_llm(threads=1, engine=llm_server.LLAMA_SERVER, parallel=2) as url:
+        yield url
 
 
 def prompt(question: str) -> str:
@@ -84,7 +91,7 @@ def test_a_missing_build_says_how_to_make_it(monkeypatch, tmp_path):
     with pytest.raises(llama_build.BuildError, match=r"llama-server is not built .* make setup"):
         llama_build.binary_path()
     with pytest.raises(llm_server.LlmServerError, match="make setup"):
-        llm_server.launch(quiet=True)
+        llm_server.launch(quiet=True, engine=llm_server.LLAMA_SERVER)
 
 
 def test_a_named_binary_must_be_executable(monkeypatch, tmp_path):
