@@ -63,7 +63,12 @@ async def test_a_caller_that_stalls_is_cut_after_the_idle_timeout_and_frees_its_
     assert 0.4 < waited < 3.0
     await fakes.frontend.log.cancelled(5)  # the frontend slot is free
     await wait_until(lambda: gateway.active_sessions == 0, "the gateway session to close", 2)
-    assert (await converse(gateway.address, frames=3)).code == grpc.StatusCode.OK
+    # The next caller is admitted (max_sessions=1). Its own status is not what is tested:
+    # on a loaded machine its client thread may take more than the 0.5 s idle timeout
+    # between two frames (seen once in a full run), and then it is cut the same way.
+    again = await converse(gateway.address, frames=3)
+    assert again.code != grpc.StatusCode.RESOURCE_EXHAUSTED, again.details
+    assert again.of("started")
 
 
 async def test_a_flooding_caller_is_refused_and_a_paced_caller_beside_it_is_on_time(fakes):
