@@ -3,10 +3,11 @@
 `kame llm-server --engine llama-server` serves the embedded model with
 llama.cpp's `llama-server`: it decodes several requests at once (parallel
 slots, continuous batching) and drops a request the moment its client goes
-away, where llama-cpp-python's Python server runs one request at a time. No PyPI package ships the binary, but
-the llama-cpp-python sdist vendors the llama.cpp source it binds, so the server
-is compiled from the sdist of the llama-cpp-python version that is installed
-(pinned in constraints.txt): one llama.cpp, one source, no other download.
+away, where llama-cpp-python's Python server runs one request at a time. No
+PyPI package ships the binary, but the llama-cpp-python sdist vendors the
+llama.cpp source it binds, so the server is compiled from the sdist of the
+llama-cpp-python version that is installed (pinned in constraints.txt): one
+llama.cpp, one source, no other download.
 
 The binary is kept in a per-version cache folder (like pip's wheel cache), so
 only the first `make setup` on a machine compiles it (about 10 minutes on two
