@@ -5,8 +5,8 @@ whose Redis sits behind a TCP proxy that can turn into a black hole.
 - a caller that sends its config and stalls is cut after the idle timeout, and the
   frontend gets its slot back;
 - callers that send speech faster than real time are refused while a normal call
-  beside them stays on time (frames not late, as kame bench counts them) and is
-  answered;
+  beside them stays on time (at most 5 % of its frames late, as kame bench counts
+  them) and is answered;
 - Redis starts accepting connections and never answering: calls go on and are
   answered, their set-up waits for Redis once (at most the registry's 1 s), and
   their frames do not wait on it.
@@ -33,7 +33,7 @@ from kame_cli.stack import Ports, Stack, StackOptions
 from kame_cli.talk import TalkOptions, TalkResult, talk
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, float_to_pcm16
 from kamepb import gateway_pb2
-from tests.gateway.test_edge import sync_converse
+from tests.gateway.fakes import sync_converse
 from tests.support import Blackhole, wait_until
 
 pytestmark = pytest.mark.slow
@@ -102,10 +102,12 @@ def question_call(stack: Stack, speak) -> tuple[np.ndarray, TalkOptions]:
     return audio, options
 
 
-def on_time(late: int, counted: int) -> bool:
-    """Late frames under 1 % (one stray late frame allowed on a short call, on a
-    machine shared with the models and other tests)."""
-    return late <= max(1, 0.01 * counted)
+def mostly_on_time(late: int, counted: int) -> bool:
+    """At most 5 % of the frames late. A call held up by what is tested (a flood that
+    is not cut, a Redis call on the frame path) has most of its frames late for
+    seconds; a few late ones are the machine's: the models, this test's floods and
+    other tests share two cores. `kame bench` measures the 1 % goal, not this."""
+    return late <= 0.05 * counted
 
 
 def late_frames(result: TalkResult, skip_s: float = 0.0) -> tuple[int, int, float]:
@@ -187,7 +189,7 @@ def test_flooding_callers_are_refused_while_a_call_beside_them_stays_on_time(sta
     )
     assert result.status == "OK", result.status_details
     assert answered(result), [e for e in result.events if "oracle" in e["type"]]
-    assert on_time(late, counted), f"{late} of {counted} frames late, p99 {p99:.3f} s"
+    assert mostly_on_time(late, counted), f"{late} of {counted} frames late, p99 {p99:.3f} s"
     for code, details, frames_back in floods:
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
         assert "real time plus 2 s (input_burst_s)" in details
@@ -208,9 +210,7 @@ def test_calls_go_on_when_redis_accepts_connections_and_never_answers(stack, spe
             f"hung Redis: started after {started:.2f} s, {late}/{counted} later frames late, "
             f"p99 {p99 * 1000:.0f} ms"
         )
-        # A call waiting on Redis would have nearly every frame late; a few late ones
-        # are the machine's (the models share two cores with this test).
-        assert late <= 0.05 * counted, f"{late} of {counted} frames late, p99 {p99:.3f} s"
+        assert mostly_on_time(late, counted), f"{late} of {counted} frames late, p99 {p99:.3f} s"
     # The first set-up waited for the registry once (at most its 1 s timeout); the
     # next skipped it.
     assert next(e["t"] for e in first.events if e["type"] == "started") < 3.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -359,7 +359,9 @@ async def start_fakes(redis_url: str) -> Fakes:
 
 
 def sync_converse(
-    address: str, requests: Iterable[gateway_pb2.ConverseRequest]
+    address: str,
+    requests: Iterable[gateway_pb2.ConverseRequest],
+    metadata: Sequence[tuple[str, str]] = (),
 ) -> tuple[grpc.StatusCode, str, list[gateway_pb2.ConverseResponse]]:
     """A whole call with the sync API: status, details and responses. Sync on
     purpose: a grpc.aio client that is still writing when the gateway ends the call
@@ -367,7 +369,7 @@ def sync_converse(
     (grpc/grpc#36066); the sync API reports what the gateway sent."""
     responses: list[gateway_pb2.ConverseResponse] = []
     with grpc.insecure_channel(address) as channel:
-        call = gateway_pb2_grpc.GatewayStub(channel).Converse(iter(requests))
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(iter(requests), metadata=metadata)
         with contextlib.suppress(grpc.RpcError):
             responses.extend(call)
         return call.code(), call.details() or "", responses

@@ -37,8 +37,7 @@ from services.gateway.config import GatewaySettings
 from services.gateway.pacing import InputGuard, InputLimits, audio_seconds
 from services.gateway.plan import SessionError, plan_session
 from services.gateway.server import serve
-from tests.gateway.fakes import FakeFrontend, FakeOracle, FakeStt, serve_fake
-from tests.gateway.test_edge import sync_converse
+from tests.gateway.fakes import FakeFrontend, FakeOracle, FakeStt, serve_fake, sync_converse
 from tests.support import wait_until
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -17,9 +17,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import REGISTRY
 
 from kame_common.auth import PeerThrottle, peer_host
-from kamepb import gateway_pb2, gateway_pb2_grpc
+from kamepb import gateway_pb2
 from services.gateway.config import GatewaySettings
 from services.gateway.server import REDACTED, redact_addresses, serve
+from tests.gateway.fakes import sync_converse
 
 TOKEN_A = "alpha-token-0123456789abcdef"
 TOKEN_B = "bravo-token-0123456789abcdef"
@@ -66,19 +67,13 @@ def e2e_redis_url(redis_url) -> str:
 async def converse(
     address: str, first: gateway_pb2.ConverseRequest, token: str | None = None, header: str = ""
 ) -> tuple[str, str]:
-    """One call that sends `first` and half-closes; (status name, details)."""
+    """One call that sends `first` and half-closes; (status name, details). The sync
+    client, in a thread: the gateway refuses a bad token before it reads the request,
+    and a grpc.aio client still writing then may report INTERNAL instead."""
     value = header or (f"Bearer {token}" if token is not None else "")
     metadata = (("authorization", value),) if value else ()
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = gateway_pb2_grpc.GatewayStub(channel).Converse(metadata=metadata)
-        try:
-            await call.write(first)
-            await call.done_writing()
-            while await call.read() is not grpc.aio.EOF:
-                pass
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
-            pass  # the gateway ended the call first: its status is what counts
-        return (await call.code()).name, await call.details()
+    code, details, _ = await asyncio.to_thread(sync_converse, address, [first], metadata)
+    return code.name, details
 
 
 def failures(reason: str) -> float:
