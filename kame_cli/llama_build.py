@@ -13,7 +13,7 @@ The binary is kept in a per-version cache folder (like pip's wheel cache), so
 only the first `make setup` on a machine compiles it (about 10 minutes on two
 cores); later runs find it and return at once.
 
-Usage: python -m kame_cli.llama_build [--jobs N] [--portable]
+Usage: python -m kame_cli.llama_build [--jobs N] [--portable] [--force] [--check]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 import time
 import urllib.request
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 SDIST_PACKAGE = "llama-cpp-python"
 SIMPLE_INDEX = "https://pypi.org/simple/llama-cpp-python/"
@@ -48,6 +48,19 @@ CMAKE_FLAGS = [
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_OPENSSL=OFF",
 ]
+# -march=native of the build machine, without AMX: llama.cpp's AMX matmul (compiled in when
+# the compiler targets an AMX CPU) segfaults on Gemma 3 270M (seen on a Sapphire Rapids VM
+# that grants the tile state), in llama-server and llama-cpp-python alike. The Makefile passes
+# the same flags to the llama-cpp-python build (a test checks that they agree).
+NATIVE_FLAGS = [
+    "-DGGML_NATIVE=ON",
+    "-DCMAKE_C_FLAGS=-mno-amx-int8",
+    "-DCMAKE_CXX_FLAGS=-mno-amx-int8",
+]
+# Portable (an image that runs elsewhere): the baseline ggml picks without native (AVX2).
+PORTABLE_FLAGS = ["-DGGML_NATIVE=OFF"]
+# In the cache path, so that a build made with other flags is never picked up.
+BUILD_TAG = "no-amx"
 
 
 class BuildError(RuntimeError):
@@ -68,7 +81,7 @@ def cache_dir() -> Path:
 
 
 def cached_binary(version: str) -> Path:
-    return cache_dir() / version / "llama-server"
+    return cache_dir() / f"{version}-{BUILD_TAG}" / "llama-server"
 
 
 def binary_path() -> Path:
@@ -120,8 +133,37 @@ def extract_llama_cpp(sdist: Path, into: Path, version: str) -> Path:
         members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
         if not members:
             raise BuildError(f"{sdist.name} vendors no llama.cpp")
-        archive.extractall(into, members=members, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            archive.extractall(into, members=members, filter="data")
+        else:  # Python < 3.11.4 (Debian bookworm's 3.11.2): the same refusals, by hand
+            check_members(members)
+            archive.extractall(into, members=members)
     return into / prefix
+
+
+def check_members(members: list[tarfile.TarInfo]) -> None:
+    """BuildError unless every member is a file, folder or link that stays inside the
+    tree it unpacks into (what tarfile's "data" filter refuses, it refuses too)."""
+    for member in members:
+        path = PurePosixPath(member.name)
+        inside = not path.is_absolute() and ".." not in path.parts
+        if member.issym() or member.islnk():
+            target = PurePosixPath(member.linkname)
+            base = path.parent if member.issym() else PurePosixPath()
+            inside = inside and not target.is_absolute() and _stays_inside(base / target)
+        elif not (member.isfile() or member.isdir()):
+            inside = False
+        if not inside:
+            raise BuildError(f"the sdist holds {member.name!r}, which would unpack outside it")
+
+
+def _stays_inside(path: PurePosixPath) -> bool:
+    depth = 0
+    for part in path.parts:
+        depth += -1 if part == ".." else 0 if part == "." else 1
+        if depth < 0:
+            return False
+    return True
 
 
 def run_step(title: str, command: list[str], log: Path) -> None:
@@ -147,11 +189,10 @@ def build(version: str, jobs: int, portable: bool) -> Path:
         source = extract_llama_cpp(sdist, Path(work), version)
         sdist.unlink()
         build_dir = Path(work) / "build"
-        # -march=native of the build machine, unless the binary goes elsewhere (an image).
-        native = "-DGGML_NATIVE=OFF" if portable else "-DGGML_NATIVE=ON"
+        target_flags = PORTABLE_FLAGS if portable else NATIVE_FLAGS
         run_step(
             "configuring",
-            ["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_FLAGS, native],
+            ["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_FLAGS, *target_flags],
             log,
         )
         run_step(
@@ -167,6 +208,30 @@ def build(version: str, jobs: int, portable: bool) -> Path:
     return target
 
 
+BINDING_CHECK = """
+from llama_cpp import Llama
+from kame_common.models import gemma_270m_gguf_path
+llm = Llama(str(gemma_270m_gguf_path()), n_ctx=256, n_threads=1, verbose=False)
+print(llm("The capital of France is", max_tokens=2)["choices"][0]["text"])
+"""
+
+
+def check_binding() -> None:
+    """BuildError unless llama-cpp-python generates with the embedded model here. A wheel
+    compiled with other flags (pip's cache keeps the first build of a version, whatever
+    CMAKE_ARGS said) may crash on this CPU; this says so at setup, not in a test."""
+    result = subprocess.run(
+        [sys.executable, "-c", BINDING_CHECK], capture_output=True, text=True, timeout=300
+    )
+    if result.returncode != 0:
+        raise BuildError(
+            f"llama-cpp-python failed to generate here (status {result.returncode}); if pip "
+            "reused a wheel built with other flags: pip cache remove llama_cpp_python, "
+            "rm -r .venv, make setup"
+        )
+    print("llama-cpp-python: generates with the embedded model", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="compile jobs")
@@ -174,16 +239,21 @@ def main(argv: list[str] | None = None) -> int:
         "--portable", action="store_true", help="no -march=native (for an image run elsewhere)"
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if one is cached")
+    parser.add_argument(
+        "--check", action="store_true", help="then generate a token with llama-cpp-python"
+    )
     args = parser.parse_args(argv)
     try:
         version = installed_version()
         target = cached_binary(version)
         if target.is_file() and not args.force:
             print(f"llama-server build: {target} is already built", flush=True)
-            return 0
-        if shutil.which("cmake") is None:
-            raise BuildError("cmake is not installed (apt-get install cmake)")
-        build(version, args.jobs, args.portable)
+        else:
+            if shutil.which("cmake") is None:
+                raise BuildError("cmake is not installed (apt-get install cmake)")
+            build(version, args.jobs, args.portable)
+        if args.check:
+            check_binding()
     except BuildError as exc:
         print(f"llama-server build: {exc}", file=sys.stderr)
         return 1

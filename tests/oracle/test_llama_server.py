@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import stat
+import tarfile
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from openai import AsyncOpenAI
@@ -109,3 +112,40 @@ def test_the_cached_build_belongs_to_the_installed_llama_cpp_python():
     path = llama_build.binary_path()
     assert path == llama_build.cached_binary(llama_build.installed_version())
     assert os.access(path, os.X_OK)
+
+
+def tar_member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    member = tarfile.TarInfo(name)
+    member.type, member.linkname = kind, link
+    return member
+
+
+def test_an_sdist_member_that_would_unpack_outside_is_refused_without_the_data_filter():
+    """The check used where tarfile has no "data" filter (Python < 3.11.4, as in Debian
+    bookworm's images) refuses what that filter refuses and keeps a normal tree."""
+    tree = "llama_cpp_python-1/vendor/llama.cpp"
+    llama_build.check_members(
+        [
+            tar_member(f"{tree}/CMakeLists.txt"),
+            tar_member(f"{tree}/tools", tarfile.DIRTYPE),
+            tar_member(f"{tree}/tools/link", tarfile.SYMTYPE, "../CMakeLists.txt"),
+        ]
+    )
+    for bad in (
+        tar_member(f"{tree}/../../../etc/passwd"),
+        tar_member("/etc/passwd"),
+        tar_member(f"{tree}/up", tarfile.SYMTYPE, "../../../../../etc"),
+        tar_member(f"{tree}/abs", tarfile.SYMTYPE, "/etc/passwd"),
+        tar_member(f"{tree}/device", tarfile.CHRTYPE),
+    ):
+        with pytest.raises(llama_build.BuildError, match="would unpack outside"):
+            llama_build.check_members([bad])
+
+
+def test_make_setup_compiles_llama_cpp_python_with_the_flags_of_llama_server():
+    """One llama.cpp, compiled twice (the binding by pip, the server here): both for this CPU
+    without AMX, whose kernels crash on the embedded model."""
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    (flags,) = re.findall(r"^LLAMA_CMAKE_ARGS := (.+)$", makefile, re.M)
+    assert flags.split() == llama_build.NATIVE_FLAGS
+    assert 'CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install' in makefile
