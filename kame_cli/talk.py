@@ -21,12 +21,12 @@ The caller's end of speech is measured on the WAV itself (the end of the last
 stt service being right.
 
 Reconnecting: when the gateway sent a resume token, a call that breaks off
-(UNAVAILABLE: the gateway went away) or that the gateway asks to move (Notice
-RECONNECT: it is shutting down) is continued in a new call with the token,
-on the next address of `--gateway a,b,...` (round the list), up to
-RECONNECT_ATTEMPTS times. Audio that was due while no call was open is
-skipped, as a phone line would lose it; the timeline shows a `reconnect`
-event.
+(the gateway went away: UNAVAILABLE, or the INTERNAL that grpc.aio reports for
+a write under way) or that the gateway asks to move (Notice RECONNECT: it is
+shutting down) is continued in a new call with the token, on the next address
+of `--gateway a,b,...` (round the list), up to RECONNECT_ATTEMPTS times. Audio
+that was due while no call was open is skipped, as a phone line would lose it;
+the timeline shows a `reconnect` event.
 """
 
 from __future__ import annotations
@@ -246,6 +246,17 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
         raise CliError(f"{path} is not a PCM WAV file ({exc or 'truncated'})", USAGE) from None
 
 
+def broke_off(status: str, details: str) -> bool:
+    """Whether a call ended because its connection did (the gateway went away), so that it
+    is worth continuing with the resume token. A write under way when the connection breaks
+    makes grpc.aio report INTERNAL "Internal error from Core" instead of UNAVAILABLE
+    (grpc/grpc#36066; seen when the gateway was killed mid-call). If the gateway had ended the
+    call itself, the resumed call says so with its own status."""
+    if status == grpc.StatusCode.UNAVAILABLE.name:
+        return True
+    return status == grpc.StatusCode.INTERNAL.name and details == "Internal error from Core"
+
+
 def session_error(result: TalkResult, gateway: str) -> CliError:
     """The one line for a session that ended with a gRPC error."""
     return from_rpc_error(grpc.StatusCode[result.status], result.status_details, gateway)
@@ -326,8 +337,7 @@ class _Conversation:
         if self.move_asked:
             self._new_codecs()
             return False
-        broke_off = self.result.status == grpc.StatusCode.UNAVAILABLE.name
-        if broke_off and self.resume_token:
+        if broke_off(self.result.status, self.result.status_details) and self.resume_token:
             self._new_codecs()
             return False
         return True

@@ -13,7 +13,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from kame_cli.talk import TalkOptions, talk
+from kame_cli.talk import TalkOptions, broke_off, talk
 from kame_common.audio import SAMPLE_RATE
 
 
@@ -25,3 +25,14 @@ async def test_a_refused_call_is_reported_with_the_gateways_status(fakes):
     for _ in range(5):
         result = await talk(caller, options)
         assert (result.status, result.started) == ("RESOURCE_EXHAUSTED", {}), result.status_details
+
+
+def test_a_call_broken_off_under_a_write_is_continued_and_a_refusal_is_not():
+    """The statuses `kame talk` continues with its resume token: the gateway went away
+    (UNAVAILABLE, or grpc.aio's INTERNAL for a write under way when the connection broke,
+    as seen when the gateway was killed); not a refusal or an error of the gateway's own."""
+    assert broke_off("UNAVAILABLE", "Socket closed")
+    assert broke_off("INTERNAL", "Internal error from Core")
+    assert not broke_off("INTERNAL", "the frontend failed: engine error")
+    assert not broke_off("RESOURCE_EXHAUSTED", "no capacity")
+    assert not broke_off("OK", "")
