@@ -14,14 +14,22 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential cmake \
  && rm -rf /var/lib/apt/lists/*
 # A portable build: no -march=native of the build machine in an image that runs elsewhere.
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 CMAKE_ARGS="-DGGML_NATIVE=OFF" \
-    XDG_CACHE_HOME=/build-cache
+# pip's cache (with the compiled llama-cpp-python wheel) and llama_build's cache (with the
+# compiled llama-server) are build cache mounts: a rebuild compiles neither again.
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 CMAKE_ARGS="-DGGML_NATIVE=OFF" \
+    PIP_CACHE_DIR=/build-cache/pip XDG_CACHE_HOME=/build-cache
+# Optional, behind a TLS-intercepting proxy (scripts/images.py passes them): its CA bundle, for
+# pip and for llama_build's download of the sdist.
+ARG PIP_CERT
+ARG SSL_CERT_FILE
 COPY constraints.txt /src/
 COPY requirements/ /src/requirements/
-RUN pip wheel --wheel-dir /wheels -c /src/constraints.txt -r /src/requirements/llm.txt
+RUN --mount=type=cache,target=/build-cache \
+    pip wheel --wheel-dir /wheels -c /src/constraints.txt -r /src/requirements/llm.txt
 # llama-server, from the sdist of the llama-cpp-python version just built (the same llama.cpp).
 COPY kame_cli/__init__.py kame_cli/llama_build.py /src/kame_cli/
-RUN pip install --no-index --find-links /wheels --no-deps -c /src/constraints.txt llama-cpp-python \
+RUN --mount=type=cache,target=/build-cache \
+    pip install --no-index --find-links /wheels --no-deps -c /src/constraints.txt llama-cpp-python \
  && cd /src && python -m kame_cli.llama_build --portable \
  && cp /build-cache/kame/llama-server/*/llama-server /wheels/llama-server
 

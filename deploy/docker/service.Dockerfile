@@ -13,6 +13,10 @@
 #   docker build -f deploy/docker/service.Dockerfile --build-arg SERVICE=frontend \
 #     --build-arg DEPS=frontend-cuda -t kame/frontend:0.1.0-cuda .
 #
+# With podman (buildah), pass --build-arg DEPS=python too for the plain services: it resolves a
+# FROM that names a stage through an argument only when the argument is passed (make images
+# does; see docker-compose.yml).
+#
 # SERVICE picks the code (services/<SERVICE>/), the requirements set (requirements/<SERVICE>.txt),
 # the command (python -m services.<SERVICE>) and the exposed ports (the service-* stages below,
 # the defaults of kame_common/ports.py; tests/deploy checks that they agree). DEPS picks how the
@@ -37,7 +41,6 @@ FROM ${TORCH_IMAGE} AS base-frontend-cuda
 FROM base-${DEPS} AS base
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONPATH=/app \
     HOME=/home/kame
@@ -48,9 +51,18 @@ WORKDIR /app
 COPY constraints.txt ./
 COPY requirements/ requirements/
 
+# pip's cache is a build cache mount (PIP_CACHE_DIR, a build argument, so not in the image):
+# a rebuild downloads nothing it already has, and no layer carries the cache. Optional, for
+# builds behind a TLS-intercepting proxy or without PyTorch's index (scripts/images.py passes
+# them, with the files mounted into the build): PIP_CERT, the proxy's CA bundle; PIP_FIND_LINKS,
+# a folder of wheels to prefer (the CPU torch).
 FROM base AS deps-python
 ARG SERVICE
-RUN case "${SERVICE}" in \
+ARG PIP_CACHE_DIR=/var/cache/pip
+ARG PIP_CERT
+ARG PIP_FIND_LINKS
+RUN --mount=type=cache,target=/var/cache/pip \
+    case "${SERVICE}" in \
       gateway|stt|oracle|web|telephony) ;; \
       frontend) echo "SERVICE=frontend: build with DEPS=frontend-cpu or DEPS=frontend-cuda" >&2; exit 1 ;; \
       *) echo "SERVICE=${SERVICE}: expected gateway, stt, oracle, frontend, web or telephony" >&2; exit 1 ;; \
@@ -60,9 +72,14 @@ RUN case "${SERVICE}" in \
 # The lock pins torch==2.13.0; PyPI's Linux wheel of it pulls the CUDA libraries, so the CPU
 # wheel of the same version comes from PyTorch's CPU index (TORCH_CPU_INDEX: a mirror of it).
 # moshi pins torch<2.10, so it installs without its deps; requirements/frontend.txt lists them.
+# TORCH_CPU_INDEX= (empty): no extra index, the CPU torch comes from PIP_FIND_LINKS.
 FROM base AS deps-frontend-cpu
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
-RUN pip install --extra-index-url "${TORCH_CPU_INDEX}" -c constraints.txt -r requirements/frontend.txt \
+ARG PIP_CACHE_DIR=/var/cache/pip
+ARG PIP_CERT
+ARG PIP_FIND_LINKS
+RUN --mount=type=cache,target=/var/cache/pip \
+    pip install ${TORCH_CPU_INDEX:+--extra-index-url "${TORCH_CPU_INDEX}"} -c constraints.txt -r requirements/frontend.txt \
  && pip install --no-deps -c constraints.txt moshi \
  && python -c "import torch; assert not torch.version.cuda, torch.__version__"
 
@@ -70,7 +87,10 @@ RUN pip install --extra-index-url "${TORCH_CPU_INDEX}" -c constraints.txt -r req
 # CUDA wheels) are dropped from it and torch is pinned to the base image's own build, so pip keeps
 # that torch and installs everything else at the locked versions.
 FROM base AS deps-frontend-cuda
-RUN python -c "import sys; assert sys.version_info >= (3, 11), 'KAME needs Python >= 3.11, base has ' + sys.version" \
+ARG PIP_CACHE_DIR=/var/cache/pip
+ARG PIP_CERT
+RUN --mount=type=cache,target=/var/cache/pip \
+    python -c "import sys; assert sys.version_info >= (3, 11), 'KAME needs Python >= 3.11, base has ' + sys.version" \
  && base_torch="$(python -c 'import torch; print(torch.__version__)')" \
  && python -c "import torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); assert v < (2, 10) and torch.version.cuda, 'moshi needs a CUDA torch<2.10, base has ' + torch.__version__" \
  && grep -v -E '^torch($|[^A-Za-z0-9_.-])' requirements/frontend.txt > requirements/frontend-cuda.txt \
