@@ -10,9 +10,12 @@ with a hint to rerun with `kame --debug`, which shows the traceback instead.
 
 from __future__ import annotations
 
-import grpc
+from typing import TYPE_CHECKING
 
 from kame_common.config import ConfigError
+
+if TYPE_CHECKING:  # not at run time: `kame llm-server` (the llm image) has no gRPC
+    import grpc
 
 # Exit statuses: 1 = the command ran and failed, 2 = it was used wrongly
 # (argparse uses 2 too), 130 = interrupted (Ctrl-C, as shells report it).
@@ -65,9 +68,10 @@ def from_rpc_error(
     code: grpc.StatusCode, details: str, address: str, service: str = "gateway"
 ) -> CliError:
     """The one line for a gRPC call to `service` at `address` that failed."""
+    name = code.name
     details = " ".join((details or "").split())
     lowered = details.lower()
-    if code == grpc.StatusCode.UNAVAILABLE and any(word in lowered for word in _TLS_WORDS):
+    if name == "UNAVAILABLE" and any(word in lowered for word in _TLS_WORDS):
         # The OpenSSL reason, without gRPC's wrapping around it.
         reason = details.rsplit("OPENSSL_internal:", 1)[-1].removesuffix(": OK")
         return CliError(
@@ -75,23 +79,23 @@ def from_rpc_error(
             "--ca-file names the CA that signed its certificate, and --tls-server-name the "
             "name on it"
         )
-    if code == grpc.StatusCode.UNAVAILABLE and any(word in lowered for word in _CLOSED_WORDS):
+    if name == "UNAVAILABLE" and any(word in lowered for word in _CLOSED_WORDS):
         return CliError(
             f"the {service} at {address} closed the connection before answering: if it serves "
             "TLS, pass --ca-file (or --tls); otherwise check --gateway"
         )
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and (
-        "connect" in lowered or "deadline" in lowered or code == grpc.StatusCode.DEADLINE_EXCEEDED
+    if name in ("UNAVAILABLE", "DEADLINE_EXCEEDED") and (
+        "connect" in lowered or "deadline" in lowered or name == "DEADLINE_EXCEEDED"
     ):
         return CliError(
             f"{service} unreachable at {address}: is `kame up` running? "
             "(or pass --gateway HOST:PORT)"
         )
-    if code == grpc.StatusCode.UNAUTHENTICATED:
+    if name == "UNAUTHENTICATED":
         return CliError(
             f"the {service} at {address} refused the credentials ({details}): set "
             "KAME_AUTH_TOKEN to one of its KAME_GATEWAY_AUTH_TOKENS"
         )
-    if code == grpc.StatusCode.PERMISSION_DENIED:
+    if name == "PERMISSION_DENIED":
         return CliError(f"the {service} at {address} denied the request: {details}")
     return CliError(f"the {service} at {address} failed the call: {code.name}: {details}")

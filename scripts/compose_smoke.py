@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 ["podman", "system", "service", "--time", "0", f"unix://{socket}"],
                 stdout=subprocess.DEVNULL,
                 stderr=log,
+                start_new_session=True,  # Ctrl-C stops the smoke, not the API it tears down with
             )
             try:
                 wait_for(socket)

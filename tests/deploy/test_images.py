@@ -18,11 +18,14 @@ import shutil
 import subprocess
 import sys
 import threading
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
 from grpc_health.v1 import health_pb2
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from kame_cli import llama_build
 from kame_common.ports import SERVICE_PORTS
@@ -232,12 +235,25 @@ def test_copied_sources_exist_and_are_in_the_build_context(image):
 # Imports a service the way its image runs it: only the copied tree on the path, and without the
 # editable install's finder, which would otherwise find the whole repository.
 _IMPORT_AS_IN_IMAGE = """
-import importlib, importlib.util, sys
+import importlib, importlib.abc, importlib.util, json, sys
 sys.meta_path[:] = [f for f in sys.meta_path
                     if not getattr(f, "__module__", "").startswith("__editable__")]
 sys.path[:] = [p for p in sys.path if p not in ("", ".")]
 sys.path.insert(0, sys.argv[1])
-for module in sys.argv[3:]:
+installed = set(json.loads(sys.argv[3]))  # what the image's pip installs provide
+
+class OnlyWhatTheImageInstalls(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if top in sys.stdlib_module_names or top.startswith("_") or top in installed:
+            return None
+        if top in ("services", "kame_common", "kamepb", "kame_cli"):
+            return None
+        # ModuleNotFoundError, as for a missing package: optional imports catch that
+        raise ModuleNotFoundError(f"{name}: no package the image installs provides it")
+
+sys.meta_path.insert(0, OnlyWhatTheImageInstalls())
+for module in sys.argv[4:]:
     importlib.import_module(module)
 assert importlib.util.find_spec(sys.argv[2]) is not None, sys.argv[2]
 ours = ("services", "kame_common", "kamepb", "kame_cli")
@@ -266,9 +282,68 @@ def copy_like_the_image(built: Image, app: Path) -> None:
                 shutil.copy2(path, target / path.name)
 
 
+def requirement_closure(files: list[Path], extra: list[str]) -> set[str]:
+    """The (canonical) names of the distributions pip installs for these requirement files and
+    `extra` requirements, with their dependencies, as this venv has them."""
+    wanted: list[Requirement] = [Requirement(line) for line in extra]
+    for path in files:
+        for line in path.read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if line.startswith("-r "):
+                wanted += [Requirement(r) for r in _requirement_lines(path.parent / line[3:])]
+            elif line:
+                wanted.append(Requirement(line))
+    seen: set[str] = set()
+    while wanted:
+        requirement = wanted.pop()
+        name = canonicalize_name(requirement.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.distribution(name).requires or []
+        except metadata.PackageNotFoundError:  # not installed here (moshi's own deps)
+            continue
+        extras = {"", *requirement.extras}
+        for text in requires:
+            dependency = Requirement(text)
+            marker = dependency.marker
+            if marker is None or any(marker.evaluate({"extra": e}) for e in extras):
+                wanted.append(dependency)
+    return seen
+
+
+def _requirement_lines(path: Path) -> list[str]:
+    lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("-")]
+
+
+def installed_modules(service: str | None, built: Image) -> set[str]:
+    """Top-level modules the image's pip installs provide: their requirement files (and a
+    package installed by name, moshi), with dependencies."""
+    installs = [i for a in built.arguments("RUN") for i in re.findall(r"pip install [^&]+", a)]
+    files = {
+        ROOT / r.strip('"').replace("${SERVICE}", service or "")
+        for i in installs
+        for r in re.findall(r"-r (\S+)", i)
+    }
+    # The CUDA image writes frontend-cuda.txt at build time: frontend.txt without torch, which
+    # its base image brings.
+    files = {p.with_name("frontend.txt") if p.name == "frontend-cuda.txt" else p for p in files}
+    named = ["moshi"] if any(re.search(r"\bmoshi\b", i) for i in installs) else []
+    distributions = requirement_closure(sorted(p for p in files if p.is_file()), named)
+    return {
+        module
+        for module, owners in metadata.packages_distributions().items()
+        if any(canonicalize_name(owner) in distributions for owner in owners)
+    }
+
+
 def test_the_copied_code_is_all_the_service_imports(image, tmp_path):
     """A service whose code imports project modules its image does not copy fails here, and so
-    does the health check, which imports kame_common.ports from the image's /app."""
+    does the health check, which imports kame_common.ports from the image's /app. So does a
+    third-party import no package the image installs provides (the llm image once crashed
+    at start: `kame llm-server` imported grpc through kame_cli.errors)."""
     service, built = image
     copy_like_the_image(built, tmp_path)
     if service is None:
@@ -278,8 +353,9 @@ def test_the_copied_code_is_all_the_service_imports(image, tmp_path):
             f"services.{service}.__main__",
             [f"services.{service}.config", f"services.{service}.server", "kame_common.ports"],
         )
+    provided = json.dumps(sorted(installed_modules(service, built)))
     result = subprocess.run(
-        [sys.executable, "-c", _IMPORT_AS_IN_IMAGE, str(tmp_path), main, *modules],
+        [sys.executable, "-c", _IMPORT_AS_IN_IMAGE, str(tmp_path), main, provided, *modules],
         cwd=tmp_path,
         capture_output=True,
         text=True,
