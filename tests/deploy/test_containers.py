@@ -146,3 +146,15 @@ def test_health_checks_survive_podmans_docker_api():
             test = (spec.get("healthcheck") or {}).get("test") or []
             if test and test[0] == "CMD":
                 assert not any(" " in arg for arg in test[1:]), (name, test)
+
+
+def test_every_service_build_names_its_dependency_set():
+    """podman's builder (buildah 1.28) resolves `FROM deps-${DEPS}` to the stage only when DEPS
+    is passed; left to its default it looked for an image called deps-python and failed."""
+    for name, spec in compose_config("--profile", "gpu")["services"].items():
+        build = spec.get("build") or {}
+        if Path(build.get("context", "")) / build.get("dockerfile", "") == SERVICE_DOCKERFILE:
+            assert (build.get("args") or {}).get("DEPS"), name
+    for image in images.IMAGES:
+        if ROOT / image.dockerfile == SERVICE_DOCKERFILE:
+            assert image.build_args.get("DEPS"), image.name
