@@ -20,12 +20,13 @@ the slow-down then throttles guessing as a whole.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,8 @@ import grpc
 from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
+# How long a refused call's first message is waited for (see BearerAuth.check).
+REFUSAL_READ_S = 1.0
 
 AUTH_FAILURES = Counter(
     "kame_gateway_auth_failures",
@@ -161,8 +164,18 @@ class BearerAuth:
             matched |= hmac.compare_digest(presented, digest)
         return None if matched else ("invalid", "the bearer token is not valid")
 
-    async def check(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        """Return if the call may go on; else abort it with UNAUTHENTICATED."""
+    async def check(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        first_message: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        """Return if the call may go on; else abort it with UNAUTHENTICATED.
+
+        `first_message`: on a refusal, read (and drop) the caller's first message, for at
+        most REFUSAL_READ_S, before aborting. A grpc.aio client whose first write is still
+        under way when the refusal arrives reports INTERNAL "Internal error from Core"
+        instead of UNAUTHENTICATED (grpc/grpc#36066; `kame talk` showed it): once the
+        message is read, that write is done."""
         if not self.enabled:
             return
         peer = peer_host(context.peer() or "unknown")
@@ -182,4 +195,7 @@ class BearerAuth:
         )
         if delay_s:
             await asyncio.sleep(delay_s)
+        if first_message is not None:
+            with contextlib.suppress(Exception):  # what it is, or whether it comes, is moot
+                await asyncio.wait_for(first_message(), REFUSAL_READ_S)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)

@@ -81,8 +81,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         request_iterator: AsyncIterator[gateway_pb2.ConverseRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[gateway_pb2.ConverseResponse]:
-        await self.auth.check(context)
         requests = aiter(request_iterator)
+        await self.auth.check(context, first_message=lambda: anext(requests))
         try:
             config = await self._read_config(requests)
             plan = plan_session(config, self.settings)
