@@ -211,6 +211,12 @@ class Child:
             for line in self.log_path.read_text(errors="replace").splitlines()
         )
 
+    def log_tail(self, lines: int = 20) -> str:
+        """The last `lines` lines of the child's output (why a start failed)."""
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
     def last_log_line(self) -> str:
         if self.log_path is None or not self.log_path.exists():
             return ""
