@@ -195,7 +195,12 @@ class Child:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches `kame up`, which stops us in order
+                # Its own process group, so that Ctrl-C reaches `kame up` alone, which
+                # stops us in order; but our session, not a new one: with the kernel's
+                # autogroups (sched_autogroup_enabled) each session is scheduled as one
+                # group with an equal share, so a niceness would rank threads only
+                # within the child's own group, never against gateway and frontend.
+                process_group=0,
                 preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
             )
 

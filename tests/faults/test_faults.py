@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,6 +169,23 @@ def test_side_processes_run_below_the_voice_path(process_stack):
         for name in ("llm", "stt", "oracle", "frontend", "gateway")
     }
     assert niceness == {"llm": 10, "stt": 10, "oracle": 10, "frontend": 0, "gateway": 0}
+
+
+def test_niceness_ranks_the_children_against_each_other(process_stack):
+    """Every child has a process group of its own (kame up stops it as one) but
+    stays in our session: with the kernel's autogroups a new session is a
+    scheduling group of its own with an equal share of the CPU, where a niceness
+    ranks the child's threads only against each other (on a 2-core machine 32
+    tandem sessions then had 20-30 % late agent frames instead of under 1 %)."""
+    ours = Path("/proc/self/autogroup")
+    for process in process_stack.children:
+        assert process.process is not None
+        pid = process.process.pid
+        assert os.getpgid(pid) == pid, process.name
+        assert os.getsid(pid) == os.getsid(0), process.name
+        if ours.exists():  # a kernel built with autogroups
+            theirs = Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+            assert theirs == ours.read_text().split()[0], process.name
 
 
 async def test_a_call_whose_gateway_is_killed_resumes_on_another(process_stack, speak):
