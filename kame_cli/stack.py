@@ -25,7 +25,8 @@ in a stack file (`stack_file(gateway_port)`) that `kame status` reads.
 The side services (stt, oracle and the embedded LLM server) run at a lower
 CPU priority (niceness --side-nice, 10 by default) than gateway and frontend:
 on a small machine Whisper and the LLM would otherwise take the cores the
-voice path needs to deliver every agent frame on time.
+voice path needs to deliver every agent frame on time. That holds only while
+the children share our session (see Child.start).
 
 `Stack` is also what `kame demo` uses, with free ports.
 """
