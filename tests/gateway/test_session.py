@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from kame_common import store
 from kame_common.audio import FRAME_SAMPLES, float_to_pcm16
 from kamepb import (
     common_pb2,
@@ -25,7 +24,7 @@ from kamepb import (
     gateway_pb2_grpc,
 )
 from tests.gateway.fakes import Activity, activity, sync_converse, transcript
-from tests.support import wait_until
+from tests.support import conversation, wait_until
 
 Config = gateway_pb2.ConverseConfig
 Notice = gateway_pb2.Notice
@@ -63,6 +62,23 @@ async def converse(
 
     code, details, responses = await asyncio.to_thread(sync_converse, address, requests())
     return Outcome(responses, code, details)
+
+
+async def held_open(
+    release: asyncio.Event, frames: int = 1, after: int = 0
+) -> AsyncIterator[gateway_pb2.ConverseRequest]:
+    """A call held open: the config and `frames` frames, nothing more until
+    `release` is set, then `after` frames and the half-close."""
+    yield gateway_pb2.ConverseRequest(config=Config())
+    for _ in range(frames):
+        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+    await release.wait()
+    for _ in range(after):
+        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+
+
+def roles_and_texts(turns: list[dict]) -> list[tuple[str, str]]:
+    return [(t["role"], t["text"]) for t in turns]
 
 
 def dropped_messages(queue: str) -> float:
@@ -212,12 +228,7 @@ async def test_the_gateway_keeps_the_conversation_while_the_oracle_is_down(fakes
     assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE, Notice.ORACLE_RESTORED]
     assert fakes.oracle.log.of("user_transcript")[-1].text == "hello"  # it never got the rest
     session_id = outcome.of("started")[0].session_id
-    client = store.connect(fakes.redis_url)
-    try:
-        turns = await store.SessionStore(client).conversation(session_id)
-    finally:
-        await client.aclose()
-    assert [(t["role"], t["text"]) for t in turns] == [
+    assert roles_and_texts(await conversation(fakes.redis_url, session_id)) == [
         ("user", "hello there"),
         ("agent", "Hi again"),
     ]
@@ -370,13 +381,8 @@ async def test_a_caller_who_hangs_up_frees_every_upstream(fakes):
     gateway = await fakes.gateway()
     release = asyncio.Event()
 
-    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
-        yield gateway_pb2.ConverseRequest(config=Config())
-        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
-        await release.wait()
-
     async with grpc.aio.insecure_channel(gateway.address) as channel:
-        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(held_open(release))
         assert (await call.read()).HasField("started")
         await wait_until(lambda: fakes.oracle.log.opened == 1, "the oracle stream", 2)
         call.cancel()
@@ -393,12 +399,8 @@ async def test_limits(fakes):
 
     release = asyncio.Event()
 
-    async def held() -> AsyncIterator[gateway_pb2.ConverseRequest]:
-        yield gateway_pb2.ConverseRequest(config=Config())
-        await release.wait()
-
     async with grpc.aio.insecure_channel(gateway.address) as channel:
-        first = gateway_pb2_grpc.GatewayStub(channel).Converse(held())
+        first = gateway_pb2_grpc.GatewayStub(channel).Converse(held_open(release, frames=0))
         assert (await first.read()).HasField("started")
         refused = await converse(gateway.address, frames=1)
         assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -435,14 +437,8 @@ async def test_drain_lets_an_open_call_finish_and_refuses_new_ones(fakes):
     gateway = await fakes.gateway(grace_s=5)
     release = asyncio.Event()
 
-    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
-        yield gateway_pb2.ConverseRequest(config=Config())
-        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
-        await release.wait()
-        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
-
     async with grpc.aio.insecure_channel(gateway.address) as channel:
-        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(held_open(release, after=1))
         assert (await call.read()).HasField("started")
         drain = asyncio.ensure_future(gateway.drain())
         await wait_until(lambda: gateway.draining, "the gateway to drain", 2)
@@ -471,12 +467,7 @@ async def test_s2s_opens_no_oracle_and_logs_the_conversation(fakes):
     (turn,) = outcome.of("turn")
     assert turn.answer_latency_s == pytest.approx(turn.response_latency_s, abs=0.05)
     session_id = outcome.of("started")[0].session_id
-    client = store.connect(fakes.redis_url)
-    try:
-        turns = await store.SessionStore(client).conversation(session_id)
-    finally:
-        await client.aclose()
-    assert [(t["role"], t["text"]) for t in turns] == [
+    assert roles_and_texts(await conversation(fakes.redis_url, session_id)) == [
         ("user", "hi there"),
         ("agent", "Hello friend"),
     ]
@@ -541,13 +532,8 @@ async def test_a_draining_gateway_asks_its_calls_to_reconnect(fakes):
     gateway = await fakes.gateway(grace_s=5, **RESUME)
     release = asyncio.Event()
 
-    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
-        yield gateway_pb2.ConverseRequest(config=Config())
-        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
-        await release.wait()
-
     async with grpc.aio.insecure_channel(gateway.address) as channel:
-        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(held_open(release))
         assert (await call.read()).HasField("started")
         drain = asyncio.ensure_future(gateway.drain())
         responses = []
@@ -609,12 +595,9 @@ async def test_keys_pressed_without_an_oracle_are_in_the_gateways_conversation(f
         call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
         responses = [response async for response in call]
     session_id = Outcome(responses, grpc.StatusCode.OK, "").of("started")[0].session_id
-    client = store.connect(fakes.redis_url)
-    try:
-        turns = await store.SessionStore(client).conversation(session_id)
-    finally:
-        await client.aclose()
-    assert [(t["role"], t["text"]) for t in turns] == [("user", "(pressed 1 on the keypad)")]
+    assert roles_and_texts(await conversation(fakes.redis_url, session_id)) == [
+        ("user", "(pressed 1 on the keypad)")
+    ]
 
 
 @pytest.mark.parametrize("field_name", ["provider", "caller", "callee", "provider_call_id"])
