@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -123,6 +124,40 @@ def phone_wav(raw: Path, directory: Path, name: str, lead_s: float, tail_s: floa
     return write_wav(directory / f"{name}.wav", padded)
 
 
+def baresip_ports() -> tuple[int, int, int]:
+    """Ports free for a baresip now: SIP (UDP and TCP on it, and TLS on the port after
+    it, which baresip 1.0 always opens), its control port, and an even RTP port with
+    RTCP's after it. All are held at once while they are picked, so none is another."""
+    with contextlib.ExitStack() as held:
+        sip = _free_run(held, 2, socket.SOCK_STREAM, also_udp=True)
+        rtp = _free_run(held, 2, socket.SOCK_DGRAM, even=True)
+        (ctrl,) = free_ports(1)
+        return sip, ctrl, rtp
+
+
+def _free_run(
+    held: contextlib.ExitStack, length: int, kind: int, also_udp: bool = False, even: bool = False
+) -> int:
+    """The first of `length` consecutive loopback ports bound (and held) as `kind`."""
+    for _ in range(200):
+        first = held.enter_context(socket.socket(socket.AF_INET, kind))
+        first.bind(("127.0.0.1", 0))
+        start = first.getsockname()[1]
+        if even and start % 2:
+            continue
+        try:
+            for port in range(start + 1, start + length):
+                held.enter_context(socket.socket(socket.AF_INET, kind)).bind(("127.0.0.1", port))
+            if also_udp:
+                held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)).bind(
+                    ("127.0.0.1", start)
+                )
+        except OSError:
+            continue
+        return start
+    raise AssertionError(f"no {length} free consecutive ports on loopback")
+
+
 @dataclass
 class Baresip:
     """One baresip softphone on loopback, its microphone `source` (a WAV)."""
@@ -142,8 +177,7 @@ class Baresip:
         return self.workdir / "recordings"
 
     async def start(self, timeout_s: float = 10.0) -> Baresip:
-        sip_port, ctrl_port, rtp_first = free_ports(3)
-        rtp_first -= rtp_first % 2
+        sip_port, ctrl_port, rtp_first = baresip_ports()
         self.recordings.mkdir(parents=True, exist_ok=True)
         config = BARESIP_CONFIG.format(
             sip_port=sip_port,
