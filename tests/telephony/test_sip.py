@@ -16,7 +16,7 @@ import itertools
 import socket
 import struct
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +41,7 @@ from services.telephony.sip import (
 )
 from tests.gateway.fakes import FakeFrontend, Fakes
 from tests.support import wait_until
-from tests.telephony.sip_support import SIPP_PCAPS, Baresip, sipp, write_wav
+from tests.telephony.sip_support import SIPP_PCAPS, Baresip, SippResult, sipp, write_wav
 
 # ---- the service behind the phone -----------------------------------------------
 
@@ -253,82 +253,49 @@ def sdp(formats: str = "0 101") -> str:
     return SDP_PCMU.format(formats=formats, rtpmaps=rtpmaps)
 
 
-def request(method: str, body: str = "", cseq: int = 1) -> str:
-    """A SIPp <send> of an out-of-dialog request (INVITE, OPTIONS)."""
-    content = "Content-Type: application/sdp\n" if body else ""
-    return f"""\
-  <send retrans="500">
-    <![CDATA[
-{method} sip:agent@[remote_ip]:[remote_port] SIP/2.0
-Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
-From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]
-To: <sip:agent@[remote_ip]:[remote_port]>
-Call-ID: [call_id]
-CSeq: {cseq} {method}
-Contact: <sip:sipp@[local_ip]:[local_port]>
-Max-Forwards: 70
-{content}Content-Length: [len]
+# Header lines of the requests SIPp sends (its [keywords] fill them in).
+AGENT_URI = "sip:agent@[remote_ip]:[remote_port]"
+VIA = "Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]"
+FROM = "From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]"
+TO_AGENT = f"To: <{AGENT_URI}>"
+CALL_ID = "Call-ID: [call_id]"
+CONTACT = "Contact: <sip:sipp@[local_ip]:[local_port]>"
 
-{body}
-    ]]>
-  </send>
-"""
+
+def send(start_line: str, headers: list[str], body: str = "", retrans: bool = True) -> str:
+    """A SIPp <send> of one request; `retrans` resends it until answered (UDP), which
+    an ACK or a CANCEL is not."""
+    content = ["Content-Type: application/sdp"] if body else []
+    message = "\n".join(
+        [start_line, *headers, "Max-Forwards: 70", *content, "Content-Length: [len]", "", body]
+    )
+    attributes = ' retrans="500"' if retrans else ""
+    return f"  <send{attributes}>\n    <![CDATA[\n{message}\n    ]]>\n  </send>\n"
+
+
+def request(method: str, body: str = "", cseq: int = 1) -> str:
+    """An out-of-dialog request (INVITE, OPTIONS)."""
+    headers = [VIA, FROM, TO_AGENT, CALL_ID, f"CSeq: {cseq} {method}", CONTACT]
+    return send(f"{method} {AGENT_URI} SIP/2.0", headers, body)
 
 
 def in_dialog(method: str, cseq: int, body: str = "") -> str:
-    """A SIPp <send> of a request within the dialog the last 200 made."""
-    content = "Content-Type: application/sdp\n" if body else ""
-    return f"""\
-  <send{' retrans="500"' if method != "ACK" else ""}>
-    <![CDATA[
-{method} [next_url] SIP/2.0
-Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
-From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]
-[last_To:]
-Call-ID: [call_id]
-CSeq: {cseq} {method}
-Contact: <sip:sipp@[local_ip]:[local_port]>
-Max-Forwards: 70
-{content}Content-Length: [len]
-
-{body}
-    ]]>
-  </send>
-"""
+    """A request within the dialog the last 200 made."""
+    headers = [VIA, FROM, "[last_To:]", CALL_ID, f"CSeq: {cseq} {method}", CONTACT]
+    return send(f"{method} [next_url] SIP/2.0", headers, body, retrans=method != "ACK")
 
 
-ACK_ERROR = """\
-  <send>
-    <![CDATA[
-ACK sip:agent@[remote_ip]:[remote_port] SIP/2.0
-[last_Via:]
-[last_From:]
-[last_To:]
-Call-ID: [call_id]
-CSeq: 1 ACK
-Max-Forwards: 70
-Content-Length: 0
-
-    ]]>
-  </send>
-"""
-
-
-CANCEL = """\
-  <send>
-    <![CDATA[
-CANCEL sip:agent@[remote_ip]:[remote_port] SIP/2.0
-[last_Via:]
-From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]
-To: <sip:agent@[remote_ip]:[remote_port]>
-Call-ID: [call_id]
-CSeq: 1 CANCEL
-Max-Forwards: 70
-Content-Length: 0
-
-    ]]>
-  </send>
-"""
+# The ACK of a final error response: the INVITE's own transaction (its Via, From, To).
+ACK_ERROR = send(
+    f"ACK {AGENT_URI} SIP/2.0",
+    ["[last_Via:]", "[last_From:]", "[last_To:]", CALL_ID, "CSeq: 1 ACK"],
+    retrans=False,
+)
+CANCEL = send(
+    f"CANCEL {AGENT_URI} SIP/2.0",
+    ["[last_Via:]", FROM, TO_AGENT, CALL_ID, "CSeq: 1 CANCEL"],
+    retrans=False,
+)
 
 
 def scenario(*steps: str) -> str:
@@ -336,6 +303,24 @@ def scenario(*steps: str) -> str:
     return (
         f'<?xml version="1.0" encoding="ISO-8859-1" ?>\n<scenario name="kame">\n{body}</scenario>\n'
     )
+
+
+async def sipp_sampling(
+    xml: str, sip: SipServer, tmp_path: Path, sample: Callable[[], None]
+) -> SippResult:
+    """Run a SIPp scenario against `sip`, calling `sample` every 50 ms while it runs
+    (to see what the service held during the call)."""
+
+    async def watch() -> None:
+        while True:
+            sample()
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await sipp(xml, f"127.0.0.1:{sip.port}", tmp_path)
+    finally:
+        watcher.cancel()
 
 
 def invite_scenario(expect: int, formats: str = "0 101") -> str:
@@ -384,17 +369,9 @@ async def test_a_call_cancelled_while_ringing_ends_its_session(rig, tmp_path):
         ACK_ERROR,
     )
     calls_seen: list[int] = []
-
-    async def watch() -> None:
-        while True:
-            calls_seen.append(len(sip.telephony.calls))
-            await asyncio.sleep(0.05)
-
-    watcher = asyncio.create_task(watch())
-    try:
-        result = await sipp(xml, f"127.0.0.1:{sip.port}", tmp_path)
-    finally:
-        watcher.cancel()
+    result = await sipp_sampling(
+        xml, sip, tmp_path, lambda: calls_seen.append(len(sip.telephony.calls))
+    )
     assert result.passed, result.output
     assert max(calls_seen) == 1  # the Converse call was under way while it rang
     await all_ended(rig, sip)
@@ -458,18 +435,12 @@ async def test_keys_from_sipp_reach_the_session_once_each(rig, tmp_path):
     )
     session_ids: list[str] = []
 
-    async def watch() -> None:
-        while True:
-            session_ids.extend(
-                c.call.session_id for c in sip.calls.values() if c.call and c.call.session_id
-            )
-            await asyncio.sleep(0.05)
+    def sample() -> None:
+        session_ids.extend(
+            c.call.session_id for c in sip.calls.values() if c.call and c.call.session_id
+        )
 
-    watcher = asyncio.create_task(watch())
-    try:
-        result = await sipp(xml, f"127.0.0.1:{sip.port}", tmp_path)
-    finally:
-        watcher.cancel()
+    result = await sipp_sampling(xml, sip, tmp_path, sample)
     assert result.passed, result.output
     assert session_ids
     record = await rig.record(session_ids[0])
