@@ -24,6 +24,13 @@ def talk(wav, tmp_path, *extra: str, env: dict[str, str] | None = None):
     return kame(*talk_args(wav, tmp_path, "--max-wait-s", "5", *extra), env=env)
 
 
+def talk_over_tls(wav, tmp_path, gateway, ca_file, token: str | None = None):
+    """`kame talk` to a TLS gateway, trusting `ca_file`, with the gateway's token
+    unless another is given."""
+    env = {"KAME_AUTH_TOKEN": token or gateway.token}
+    return talk(wav, tmp_path, "--gateway", gateway.address, "--ca-file", str(ca_file), env=env)
+
+
 @pytest.fixture
 def held_port():
     """A port some other process listens on (this test's plain socket)."""
@@ -74,14 +81,8 @@ def test_talk_with_a_file_that_is_not_a_wav(tmp_path):
 
 
 def test_talk_refused_by_the_gateway_auth(wav, tmp_path, tls_gateway):
-    result = talk(
-        wav,
-        tmp_path,
-        "--gateway",
-        tls_gateway.address,
-        "--ca-file",
-        str(tls_gateway.ca_file),
-        env={"KAME_AUTH_TOKEN": "not-the-token-but-long-enough"},
+    result = talk_over_tls(
+        wav, tmp_path, tls_gateway, tls_gateway.ca_file, token="not-the-token-but-long-enough"
     )
     assert_fails_in_one_line(
         result,
@@ -92,15 +93,7 @@ def test_talk_refused_by_the_gateway_auth(wav, tmp_path, tls_gateway):
 
 
 def test_talk_with_the_wrong_ca_is_a_tls_error(wav, tmp_path, tls_gateway):
-    result = talk(
-        wav,
-        tmp_path,
-        "--gateway",
-        tls_gateway.address,
-        "--ca-file",
-        str(tls_gateway.other_ca_file),
-        env={"KAME_AUTH_TOKEN": tls_gateway.token},
-    )
+    result = talk_over_tls(wav, tmp_path, tls_gateway, tls_gateway.other_ca_file)
     assert_fails_in_one_line(
         result, 1, rf"^kame talk: TLS to the gateway at {tls_gateway.address} failed .*--ca-file"
     )

@@ -207,6 +207,22 @@ def env_of(container: dict) -> dict[str, dict]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
+def plain_settings(deployment: dict, prefix: str) -> dict[str, str]:
+    """The settings a deployment's main container gets as plain values (not from a
+    Secret) whose names start with `prefix`, e.g. KAME_WEB_."""
+    env = env_of(containers(deployment)[0])
+    return {k: e["value"] for k, e in env.items() if k.startswith(prefix) and "value" in e}
+
+
+def prometheus_targets() -> dict[str, list[str]]:
+    """What the compose Prometheus scrapes: host:port targets by job name."""
+    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    return {
+        job["job_name"]: [t for c in job["static_configs"] for t in c["targets"]]
+        for job in prometheus["scrape_configs"]
+    }
+
+
 _KUBELET_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 

@@ -39,6 +39,7 @@ from tests.deploy.conftest import (
     ROOT,
     compose_config,
     compose_image,
+    prometheus_targets,
     redis_server,
 )
 
@@ -415,13 +416,7 @@ def test_gpu_frontend_reserves_a_gpu_and_mounts_the_checkpoint(projects, configs
 
 
 def test_prometheus_scrapes_every_service_metrics_port(projects, configs):
-    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
-    targets = [
-        t
-        for job in prometheus["scrape_configs"]
-        for c in job["static_configs"]
-        for t in c["targets"]
-    ]
+    targets = [t for job_targets in prometheus_targets().values() for t in job_targets]
     every_frontend = {**projects["default"], **projects["gpu"]}
     scraped = set()
     for target in targets:

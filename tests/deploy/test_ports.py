@@ -24,6 +24,7 @@ from tests.deploy.conftest import (
     compose_config,
     containers,
     env_of,
+    prometheus_targets,
 )
 
 TLS_OVERRIDE = ROOT / "deploy" / "compose" / "tls.yml"
@@ -147,11 +148,10 @@ def test_the_compose_tls_override_uses_the_health_ports():
 
 
 def test_prometheus_scrapes_the_metrics_ports():
-    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     checked = 0
-    for job in prometheus["scrape_configs"]:
-        service = job["job_name"].removeprefix("kame-")
-        for target in (t for c in job["static_configs"] for t in c["targets"]):
+    for job, targets in prometheus_targets().items():
+        service = job.removeprefix("kame-")
+        for target in targets:
             if service in SERVICE_PORTS:
                 assert int(target.split(":")[1]) == SERVICE_PORTS[service].metrics, target
                 checked += 1

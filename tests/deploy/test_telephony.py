@@ -6,36 +6,30 @@ kame_common/ports.py's TELEPHONY_PORTS, the one place they are written."""
 
 from __future__ import annotations
 
-import os
-
 import helm_python as helm
 import kubernetes_validate
 import pytest
-import yaml
 
 from kame_common.ports import SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
 from tests.deploy.conftest import (
-    ROOT,
     SERVICE_DOCKERFILE,
     build_image,
     compose_config,
     containers,
     env_of,
     helm_render,
+    plain_settings,
+    prometheus_targets,
 )
 from tests.deploy.test_chart import KUBE_VERSIONS
 from tests.deploy.test_chart_security import Pod, allowed, chart_pods, outside
 
-GATEWAY_TLS = {"tls": {"gateway": {"enabled": True, "existingSecret": "edge-tls"}}}
 RTP = range(TELEPHONY_PORTS.rtp_first, TELEPHONY_PORTS.rtp_last + 1)
 LOAD_BALANCER = {"telephony": {"service": {"type": "LoadBalancer"}}}
 
 
 def settings_of(deployment: dict) -> dict[str, str]:
-    env = env_of(containers(deployment)[0])
-    return {
-        k: e["value"] for k, e in env.items() if k.startswith("KAME_TELEPHONY_") and "value" in e
-    }
+    return plain_settings(deployment, "KAME_TELEPHONY_")
 
 
 def named_ports(service: dict) -> dict[str, tuple[int, str]]:
@@ -104,15 +98,7 @@ def test_compose_publishes_sip_twilio_audiosocket_and_a_small_rtp_range_on_loopb
     assert settings.caller_allowed("172.18.0.1") and settings.caller_allowed("127.0.0.1")
     assert not settings.caller_allowed("203.0.113.7")
     assert not settings.twilio_auth_token  # unless the shell gives one
-    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
-    targets = [
-        t
-        for job in prometheus["scrape_configs"]
-        if job["job_name"] == "kame-telephony"
-        for c in job["static_configs"]
-        for t in c["targets"]
-    ]
-    assert targets == [f"telephony:{TELEPHONY_PORTS.metrics}"]
+    assert prometheus_targets()["kame-telephony"] == [f"telephony:{TELEPHONY_PORTS.metrics}"]
 
 
 def test_compose_takes_the_twilio_token_and_the_callers_from_the_shell(configs):
@@ -268,34 +254,6 @@ def test_config_names_the_address_sdp_carries_and_the_callers(configs):
     assert settings.caller_allowed("198.51.100.7")
     assert settings.public_url == "https://phones.example.com"
     assert "allowed_networks" not in rendered.notes
-
-
-def test_telephony_reaches_a_tls_gateway_with_the_system_cas_or_a_named_ca():
-    settings = settings_of(helm_render(GATEWAY_TLS).one("Deployment", "telephony"))
-    assert settings["KAME_TELEPHONY_GATEWAY_TLS"] == "true"
-    rendered = helm_render({**GATEWAY_TLS, "telephony": {"gatewayCaSecret": "edge-ca"}})
-    deployment = rendered.one("Deployment", "telephony")
-    settings = settings_of(deployment)
-    mounts = {m["mountPath"]: m["name"] for m in containers(deployment)[0]["volumeMounts"]}
-    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
-    ca_dir = os.path.dirname(settings["KAME_TELEPHONY_GATEWAY_CA_FILE"])
-    assert volumes[mounts[ca_dir]]["secret"]["secretName"] == "edge-ca"
-    assert "KAME_TELEPHONY_GATEWAY_TLS" not in settings
-
-
-def test_no_telephony_when_the_gateway_requires_client_certificates_or_it_is_off():
-    rendered = helm_render(
-        {"tls": {"gateway": {**GATEWAY_TLS["tls"]["gateway"], "clientCaSecret": "callers-ca"}}}
-    )
-    components = {
-        d["metadata"]["labels"].get("app.kubernetes.io/component") for d in rendered.documents
-    }
-    assert "telephony" not in components
-    assert "telephony service is not installed" in rendered.notes
-    off = helm_render({"telephony": {"enabled": False}})
-    assert "telephony" not in {
-        d["metadata"]["labels"].get("app.kubernetes.io/component") for d in off.documents
-    }
 
 
 def test_the_twilio_token_and_the_gateway_token_come_from_the_secret():

@@ -5,27 +5,21 @@ env vars, ports, drain."""
 
 from __future__ import annotations
 
-import os
-
-import yaml
-
 from kame_common.ports import SERVICE_PORTS, WEB_PORTS
 from tests.deploy.conftest import (
-    ROOT,
     SERVICE_DOCKERFILE,
     build_image,
     compose_config,
     containers,
     env_of,
     helm_render,
+    plain_settings,
+    prometheus_targets,
 )
-
-GATEWAY_TLS = {"tls": {"gateway": {"enabled": True, "existingSecret": "edge-tls"}}}
 
 
 def settings_of(deployment: dict) -> dict[str, str]:
-    env = env_of(containers(deployment)[0])
-    return {k: e["value"] for k, e in env.items() if k.startswith("KAME_WEB_") and "value" in e}
+    return plain_settings(deployment, "KAME_WEB_")
 
 
 def test_the_image_exposes_the_web_ports_and_runs_the_service():
@@ -51,15 +45,7 @@ def test_compose_publishes_the_page_on_loopback_in_front_of_the_gateway():
     env = web["environment"]
     assert env["KAME_WEB_GATEWAY_ADDRESS"] == f"gateway:{SERVICE_PORTS['gateway'].grpc}"
     assert web["depends_on"]["gateway"]["condition"] == "service_healthy"
-    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
-    targets = [
-        t
-        for job in prometheus["scrape_configs"]
-        if job["job_name"] == "kame-web"
-        for c in job["static_configs"]
-        for t in c["targets"]
-    ]
-    assert targets == [f"web:{WEB_PORTS.metrics}"]
+    assert prometheus_targets()["kame-web"] == [f"web:{WEB_PORTS.metrics}"]
 
 
 def test_the_chart_runs_web_with_http_probes_and_the_gateways_address(rendered_sets):
@@ -83,33 +69,6 @@ def test_the_chart_runs_web_with_http_probes_and_the_gateways_address(rendered_s
     }
     assert service["spec"]["type"] == "ClusterIP"
     assert "port-forward svc/kame-web" in rendered.notes
-
-
-def test_web_reaches_a_tls_gateway_with_the_system_cas_or_a_named_ca():
-    settings = settings_of(helm_render(GATEWAY_TLS).one("Deployment", "web"))
-    assert settings["KAME_WEB_GATEWAY_TLS"] == "true"
-    rendered = helm_render({**GATEWAY_TLS, "web": {"gatewayCaSecret": "edge-ca"}})
-    deployment = rendered.one("Deployment", "web")
-    settings = settings_of(deployment)
-    mounts = {m["mountPath"]: m["name"] for m in containers(deployment)[0]["volumeMounts"]}
-    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
-    ca_dir = os.path.dirname(settings["KAME_WEB_GATEWAY_CA_FILE"])
-    assert volumes[mounts[ca_dir]]["secret"]["secretName"] == "edge-ca"
-
-
-def test_no_web_when_the_gateway_requires_client_certificates():
-    rendered = helm_render(
-        {"tls": {"gateway": {**GATEWAY_TLS["tls"]["gateway"], "clientCaSecret": "callers-ca"}}}
-    )
-    components = {
-        d["metadata"]["labels"].get("app.kubernetes.io/component") for d in rendered.documents
-    }
-    assert "web" not in components
-    assert "web page is not installed" in rendered.notes
-    assert "web" not in {
-        d["metadata"]["labels"]["app.kubernetes.io/component"]
-        for d in helm_render({"web": {"enabled": False}}).of_kind("Deployment")
-    }
 
 
 def test_the_bridge_token_comes_from_the_secret():
