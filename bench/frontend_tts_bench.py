@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -37,6 +36,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from kame_cli.bench.report import write_json
 from kame_common.audio import (
     FRAME_SAMPLES,
     FRAME_SECONDS,
@@ -250,18 +250,14 @@ def main() -> int:
     rtf_rows = synthesis_rtf(args.repeats)
     latency_rows = asyncio.run(first_audio(args.repeats, args.sessions))
     print_tables(rtf_rows, latency_rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                "synthesis": rtf_rows,
-                "first_audio": latency_rows,
-            },
-            indent=2,
-        )
+    write_json(
+        args.out,
+        {
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "synthesis": rtf_rows,
+            "first_audio": latency_rows,
+        },
     )
-    print(f"\nwrote {args.out}")
     return 0
 
 

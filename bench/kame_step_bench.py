@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import statistics
 import sys
@@ -33,6 +32,7 @@ import torch
 from moshi.models import loaders
 from moshi.models.compression import MimiModel
 
+from kame_cli.bench.report import write_json
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
 from services.frontend.config import DTYPES
 from services.frontend.engines.kame.batch import SlotBatch
@@ -172,27 +172,22 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or REPO_ROOT / "bench" / "results" / (
         f"kame_step_bench_{config}_{args.device.split(':')[0]}.json"
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "config": config,
-                "device": args.device,
-                "dtype": dtype_name,
-                "threads": args.threads,
-                "steps": args.steps,
-                "warmup": args.warmup,
-                "machine": platform.machine(),
-                "processor": platform.processor(),
-                "torch": torch.__version__,
-                "rows": rows,
-                "note": "real-time x = 80 ms / median tick; >1 means the batch keeps up",
-            },
-            indent=1,
-        )
-        + "\n"
+    write_json(
+        out,
+        {
+            "config": config,
+            "device": args.device,
+            "dtype": dtype_name,
+            "threads": args.threads,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "machine": platform.machine(),
+            "processor": platform.processor(),
+            "torch": torch.__version__,
+            "rows": rows,
+            "note": "real-time x = 80 ms / median tick; >1 means the batch keeps up",
+        },
     )
-    print(f"wrote {out}")
     return 0
 
 

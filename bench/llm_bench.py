@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ from openai import AsyncOpenAI
 from oracle_bench import QUESTIONS, ask  # bench/ is the script's own folder
 
 from kame_cli import llm_server
+from kame_cli.bench.report import write_json
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.prompts import gemma_prefix
 from services.oracle.session import SessionFactory
@@ -219,19 +219,15 @@ def main() -> int:
         print(f"llm_bench: {engine} ...", file=sys.stderr, flush=True)
         report[engine] = run_engine(engine, args)
     print_tables(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "machine_note": f"shared 2-core CPU; one run; llama.cpp threads={args.threads}",
-                "parallel": args.parallel,
-                "words_per_s": args.words_per_s,
-                "results": report,
-            },
-            indent=2,
-        )
+    write_json(
+        args.out,
+        {
+            "machine_note": f"shared 2-core CPU; one run; llama.cpp threads={args.threads}",
+            "parallel": args.parallel,
+            "words_per_s": args.words_per_s,
+            "results": report,
+        },
     )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from kame_cli import llm_server
+from kame_cli.bench.report import write_json
 from kame_cli.stack import free_ports
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.config import ApiKeys, OracleSettings
@@ -127,19 +125,15 @@ def main() -> int:
             f"{median(mode_runs, 'first', 'final_to_reset_s'):>19.3f} "
             f"{median(mode_runs, 'second', 'ttft_s'):>11.3f}"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "machine_note": "shared 2-core CPU; medians over trials; "
-                f"llama.cpp threads={args.threads or 'default'}",
-                "trials": args.trials,
-                "runs": runs,
-            },
-            indent=2,
-        )
+    write_json(
+        RESULTS,
+        {
+            "machine_note": "shared 2-core CPU; medians over trials; "
+            f"llama.cpp threads={args.threads or 'default'}",
+            "trials": args.trials,
+            "runs": runs,
+        },
     )
-    print(f"wrote {RESULTS}")
     return 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 from kame_cli import llm_server
+from kame_cli.bench.report import write_json
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.session import SessionFactory
@@ -228,19 +228,15 @@ def main() -> int:
             f"{row['mean_starts']:>7.1f} {row['mean_cancellations']:>8.1f} {row['kept']:>5} "
             f"{fmt(row['tokens_per_s'], '{:.1f}'):>7} {row['correct']:>4}/{row['total']:<3}"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "machine_note": f"shared 2-core CPU; medians; llama.cpp threads={args.threads}",
-                "words_per_s": args.words_per_s,
-                "rounds": args.rounds,
-                "results": report,
-            },
-            indent=2,
-        )
+    write_json(
+        RESULTS,
+        {
+            "machine_note": f"shared 2-core CPU; medians; llama.cpp threads={args.threads}",
+            "words_per_s": args.words_per_s,
+            "rounds": args.rounds,
+            "results": report,
+        },
     )
-    print(f"wrote {RESULTS}")
     return 0
 
 

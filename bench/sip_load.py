@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import platform
 import sys
 import tempfile
@@ -46,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.telephony.sip_support: the baresip driver
 
 from kame_cli.bench.questions import Question, load_questions  # noqa: E402
+from kame_cli.bench.report import write_json  # noqa: E402
 from kame_cli.bench.stacks import BenchStack  # noqa: E402
 from kame_cli.stack import Ports, add_arguments, free_ports, options_from_args  # noqa: E402
 from kame_common.audio import SAMPLE_RATE  # noqa: E402
@@ -313,10 +313,8 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {platform.platform()}",
         "command": "bench/sip_load.py --calls " + ",".join(str(n) for n in args.calls),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
     print_report(levels)
-    print(f"\nwrote {args.out}")
+    write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import platform
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ import numpy as np
 from kame_cli import talk
 from kame_cli.bench.conversation import frame_lag_stats, frame_lags
 from kame_cli.bench.questions import Question, load_questions
+from kame_cli.bench.report import write_json
 from kame_cli.bench.stacks import BenchStack
 from kame_cli.stack import Ports, Stack, add_arguments, free_ports, options_from_args
 from kame_common.audio import SAMPLE_RATE
@@ -207,10 +207,8 @@ def main() -> None:
     report["command"] = "bench/soak.py " + " ".join(
         f"--{k} {v}" for k, v in (("sessions", args.sessions), ("minutes", args.minutes))
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
     print_report(report)
-    print(f"\nwrote {args.out}")
+    write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
@@ -37,6 +36,7 @@ import grpc
 import numpy as np
 from prometheus_client import REGISTRY
 
+from kame_cli.bench.report import write_json
 from kame_common.audio import FRAME_BYTES, FRAME_SECONDS, SAMPLE_RATE, float_to_pcm16
 from kame_common.voice import load_voice
 from kamepb import common_pb2, stt_pb2, stt_pb2_grpc
@@ -349,10 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         f"median {report['max_sessions_median_final_lag_under_limit']}, "
         f"p90 {report['max_sessions_p90_final_lag_under_limit']}"
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(Path(args.out), report)
     return 0
 
 

@@ -1,10 +1,20 @@
-"""The markdown report: the tables a reader compares runs with, plus how it was run."""
+"""The reports a bench writes: its results as JSON, and the markdown tables a reader
+compares runs with, plus how it was run."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 REFERENCE_RUN = "tandem"
+
+
+def write_json(path: Path, results: dict[str, Any]) -> None:
+    """Write a bench's results (making the folder) and say where they went."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"wrote {path}")
 
 
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
