@@ -188,10 +188,15 @@ class Child:
 
     def start(self, log_dir: Path) -> None:
         self.log_path = log_dir / f"{self.name}.log"
-        niceness = self.niceness
+        # nice(1) execs the command at the niceness. Not preexec_fn: it makes Python
+        # fork (not vfork) and run Python code in the child of our threaded process
+        # (gRPC's), where a restarted oracle segfaulted before it could exec.
+        command = (
+            ["nice", "-n", str(self.niceness), *self.command] if self.niceness else self.command
+        )
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                self.command,
+                command,
                 env={**os.environ, **self.env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -202,7 +207,6 @@ class Child:
                 # group with an equal share, so a niceness would rank threads only
                 # within the child's own group, never against gateway and frontend.
                 process_group=0,
-                preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
             )
 
     def running(self) -> bool:
