@@ -57,5 +57,5 @@ def restart(stack: Stack, name: str, timeout_s: float = 120.0) -> float:
         if process.running():
             return time.monotonic() - started
         print(f"{name} exited at start (attempt {attempt + 1}):\n{process.log_tail()}")
-        time.sleep(1.0 + attempt)  # whatever held it (a port?) may let go meanwhile
+        time.sleep(1.0 + attempt)  # what made it exit (its log says) may pass meanwhile
     raise AssertionError(f"{name} did not start again: {process.log_tail()}")

@@ -263,8 +263,8 @@ CONTACT = "Contact: <sip:sipp@[local_ip]:[local_port]>"
 
 
 def send(start_line: str, headers: list[str], body: str = "", retrans: bool = True) -> str:
-    """A SIPp <send> of one request; `retrans` resends it until answered (UDP), which
-    an ACK or a CANCEL is not."""
+    """A SIPp <send> of one request; `retrans` makes SIPp resend it until answered,
+    as UDP needs. An ACK is never answered; these tests send a CANCEL once too."""
     content = ["Content-Type: application/sdp"] if body else []
     message = "\n".join(
         [start_line, *headers, "Max-Forwards: 70", *content, "Content-Length: [len]", "", body]
