@@ -55,8 +55,9 @@ class GatewayClientSettings:
             tls.credentials()
 
     def gateway_channel(self, policy: ConnectionPolicy) -> grpc.aio.Channel:
-        """A channel to the gateway with traces, keepalive and the TLS settings."""
-        return self.gateway_tls_settings().channel(
+        """A channel to the gateway with traces, keepalive and the TLS settings; a
+        TLS one follows its CA file when it is replaced (kame_common.tls.ReloadingChannel)."""
+        return self.gateway_tls_settings().reloading_channel(
             self.gateway_address,
             interceptors=tracing.client_interceptors(),
             options=policy.channel_options(),

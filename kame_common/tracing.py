@@ -8,16 +8,17 @@ context propagates) but nothing is exported.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import grpc
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.instrumentation.grpc.filters import service_prefix
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from kame_common.tls import ClientTls
+from kame_common.tls import ClientFiles, ClientTls
 
 _configured = False
 
@@ -39,13 +40,45 @@ def setup_tracing(service_name: str, otlp_endpoint: str = "", ca_file: str = "")
 
 def otlp_exporter(endpoint: str, ca_file: str = "") -> SpanExporter:
     """OTLP/gRPC to `endpoint`: TLS when it is https:// or a CA file is given
-    (that CA, else the system's roots), plaintext otherwise (a collector beside the pod)."""
+    (that CA, else the system's roots; a replaced CA file is followed), plaintext
+    otherwise (a collector beside the pod)."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
     client = ClientTls(ca_file=ca_file, tls=endpoint.startswith("https://"), setting_prefix="otlp_")
     if not client.enabled:
         return OTLPSpanExporter(endpoint=endpoint, insecure=True)
-    return OTLPSpanExporter(endpoint=endpoint, insecure=False, credentials=client.credentials())
+    return ReloadingOtlpExporter(endpoint, ClientFiles(client))
+
+
+class ReloadingOtlpExporter(SpanExporter):
+    """An OTLP/gRPC exporter over TLS that follows its CA file: before each export
+    it looks at the file (ClientFiles.renewed) and, when it was replaced, exports
+    through a new exporter with the new CA and shuts the old one down. (The SDK's
+    exporter keeps the credentials it was made with.) The batch processor exports
+    from one thread at a time."""
+
+    def __init__(self, endpoint: str, files: ClientFiles) -> None:
+        self._endpoint = endpoint
+        self._files = files
+        self._exporter = self._make(files.credentials)
+
+    def _make(self, credentials: grpc.ChannelCredentials) -> SpanExporter:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=self._endpoint, insecure=False, credentials=credentials)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        credentials = self._files.renewed()
+        if credentials is not None:
+            old, self._exporter = self._exporter, self._make(credentials)
+            old.shutdown()
+        return self._exporter.export(spans)
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._exporter.force_flush(timeout_millis)
 
 
 def tracer(name: str) -> trace.Tracer:

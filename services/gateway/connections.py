@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
@@ -15,12 +15,18 @@ from redis.exceptions import RedisError
 
 from kame_common import store, tracing
 from kame_common.store import CapacityRegistry, Replica, SessionStore
+from kame_common.tls import RetiredChannels
 from services.gateway.config import GatewaySettings
 
 log = logging.getLogger(__name__)
 
 REGISTRY_TIMEOUT_S = 1.0
 REGISTRY_BACKOFF_S = 30.0
+# A channel not asked for this long is retired: a frontend replica that left the
+# registry (scaled down, rescheduled to another IP) is not dialled forever.
+CHANNEL_IDLE_S = 600.0
+# At most this many channels: the least recently asked is retired first.
+MAX_CHANNELS = 256
 T = TypeVar("T")
 
 
@@ -52,6 +58,51 @@ class RegistryReads:
             return None
 
 
+class ChannelCache:
+    """One channel per address, made when first asked for. A channel not asked
+    for in `idle_s`, or the least recently asked beyond `max_channels`, is
+    retired: no new calls, closed when its calls end (RetiredChannels)."""
+
+    def __init__(
+        self,
+        make: Callable[[str], grpc.aio.Channel],
+        idle_s: float = CHANNEL_IDLE_S,
+        max_channels: int = MAX_CHANNELS,
+    ) -> None:
+        self._make = make
+        self._idle_s = idle_s
+        self._max_channels = max_channels
+        # address -> (channel, when last asked for, monotonic); least recently asked first
+        self._channels: dict[str, tuple[grpc.aio.Channel, float]] = {}
+        self.retired = RetiredChannels()
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        now = time.monotonic()
+        entry = self._channels.pop(address, None)
+        self._retire_unused(now)
+        channel = entry[0] if entry is not None else self._make(address)
+        self._channels[address] = (channel, now)
+        return channel
+
+    def _retire_unused(self, now: float) -> None:
+        for address, (channel, asked_s) in list(self._channels.items()):
+            if now - asked_s <= self._idle_s and len(self._channels) < self._max_channels:
+                break  # the rest were asked for more recently
+            del self._channels[address]
+            log.info("channel to %s unused for %.0f s: retired", address, now - asked_s)
+            self.retired.retire(channel)
+
+    async def close(self) -> None:
+        channels = [channel for channel, _ in self._channels.values()]
+        self._channels.clear()
+        await self.retired.close()
+        for channel in channels:
+            await channel.close()
+
+
 class Connections:
     def __init__(self, settings: GatewaySettings, redis_client: redis.Redis) -> None:
         self.settings = settings
@@ -63,7 +114,7 @@ class Connections:
         if self._tls.enabled:
             self._tls.credentials()  # a missing or unreadable file fails the start, not a call
         self._channel_options = settings.connection_policy().channel_options()
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.channels = ChannelCache(self._new_channel, CHANNEL_IDLE_S, MAX_CHANNELS)
         self.registry_reads = RegistryReads()
         self._last_choice: Replica | None = None  # the registry's latest answer
 
@@ -71,14 +122,17 @@ class Connections:
         """One shared channel per upstream address (gRPC multiplexes the sessions),
         plaintext, TLS or mTLS as the upstream_* settings say, with keepalive and
         round-robin over every address the name resolves to (kame_common.grpc_options):
-        `dns:///stt:50053` on a headless Service reaches every stt pod."""
-        if address not in self._channels:
-            self._channels[address] = self._tls.channel(
-                address,
-                interceptors=tracing.client_interceptors(),
-                options=self._channel_options,
-            )
-        return self._channels[address]
+        `dns:///stt:50053` on a headless Service reaches every stt pod. A TLS
+        channel follows its certificate files (kame_common.tls.ReloadingChannel);
+        channels unused for a while are retired (ChannelCache)."""
+        return self.channels.get(address)
+
+    def _new_channel(self, address: str) -> grpc.aio.Channel:
+        return self._tls.reloading_channel(
+            address,
+            interceptors=tracing.client_interceptors(),
+            options=self._channel_options,
+        )
 
     async def frontend_candidates(self) -> list[Replica]:
         """The registry's replica with most free slots, then the configured address.
@@ -95,6 +149,4 @@ class Connections:
         return candidates
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self.channels.close()

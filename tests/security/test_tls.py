@@ -2,7 +2,10 @@
 test (tests/security/certs.py): a client without the CA fails and with it
 succeeds; a renewed certificate is served without a restart; the gateway's
 client certificate is accepted by an upstream and a stranger's refused; the
-plaintext health port serves probes; OTLP goes over TLS to a collector."""
+plaintext health port serves probes; OTLP goes over TLS to a collector; the
+clients' channels (gateway to upstreams, telephony to the gateway, OTLP) follow
+a rotated CA and client certificate without a restart, and the gateway retires
+channels nobody asks for."""
 
 from __future__ import annotations
 
@@ -28,14 +31,17 @@ from kame_cli.stack import free_ports
 from kame_common import store
 from kame_common.config import ConfigError, ServiceSettings
 from kame_common.server import ServiceRuntime
-from kame_common.tls import ClientTls
+from kame_common.tls import ClientTls, server_credentials
 from kame_common.tracing import otlp_exporter
 from kamepb import oracle_pb2, oracle_pb2_grpc
+from services.gateway import connections
 from services.gateway.config import GatewaySettings
 from services.gateway.connections import Connections
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.server import serve as serve_oracle
-from tests.support import ECHO_SERVICE, echo_handler
+from services.telephony.config import TelephonySettings
+from tests.security.certs import CertificateAuthority
+from tests.support import ECHO_SERVICE, echo_handler, wait_until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -95,6 +101,26 @@ def replace_file(path: Path, data: bytes) -> None:
     os.replace(staged, path)
 
 
+# Servers in the rotation tests send GOAWAY this soon, so clients reconnect (a new
+# TLS handshake) within the test, as they do every 5 min with the default.
+SHORT_CONNECTION_AGE_S = 0.3
+
+
+def rotate_server(files: dict[str, str], ca: CertificateAuthority) -> None:
+    """cert-manager renews the server's certificate with `ca`; the client CA file
+    (mTLS), if any, becomes `ca` too."""
+    renewed = ca.server()
+    replace_file(Path(files["tls_cert_file"]), renewed.cert)
+    replace_file(Path(files["tls_key_file"]), renewed.key)
+    if "tls_client_ca_file" in files:
+        replace_file(Path(files["tls_client_ca_file"]), ca.pem)
+
+
+async def after_the_connections_age() -> None:
+    """Long enough that the server has sent GOAWAY and the next call reconnects."""
+    await asyncio.sleep(SHORT_CONNECTION_AGE_S * 3)
+
+
 # -- TLS -----------------------------------------------------------------------------------------
 
 
@@ -152,10 +178,12 @@ async def mtls_oracle(pki, tmp_path):
     await runtime.stop()
 
 
-def gateway_dialer(pki, cert: Path | None, key: Path | None) -> Connections:
+def gateway_dialer(
+    pki, cert: Path | None, key: Path | None, ca_file: Path | None = None
+) -> Connections:
     """The gateway's own upstream channels, with its settings for `cert`/`key`."""
     settings = GatewaySettings(
-        upstream_ca_file=str(pki.ca_file),
+        upstream_ca_file=str(ca_file or pki.ca_file),
         upstream_cert_file=str(cert or ""),
         upstream_key_file=str(key or ""),
         upstream_server_name="localhost",  # the certificate names it; the address is an IP
@@ -197,6 +225,150 @@ async def test_mtls_admits_the_gateways_certificate_and_refuses_others(
     try:
         channel = upstreams.channel(f"127.0.0.1:{mtls_oracle.port}")
         assert await guide_reaches_the_servicer(channel) == outcome
+    finally:
+        await upstreams.close()
+        await upstreams.store.client.aclose()
+
+
+async def test_the_gateways_upstream_channels_follow_a_rotated_ca_and_client_certificate(
+    pki, tmp_path
+):
+    """The CA is rotated: the oracle now serves a certificate of the new CA and
+    requires client certificates of it, and the gateway's Secret holds the new CA
+    and a new client certificate. The gateway's next call, once the oracle's
+    connection age has made it reconnect, gets in without a restart (it used to
+    keep the files read at start: UNAVAILABLE from then on)."""
+    (tmp_path / "oracle").mkdir()
+    (tmp_path / "gateway").mkdir()
+    server_files = tls_files(pki, tmp_path / "oracle")
+    server_files["tls_client_ca_file"] = str(pki.ca.write(tmp_path / "oracle", "client-ca"))
+    oracle = await serve_oracle(
+        OracleSettings(
+            host="127.0.0.1",
+            port=0,
+            metrics_port=0,
+            redis_url="",
+            warmup_timeout_s=0.0,
+            max_connection_age_s=SHORT_CONNECTION_AGE_S,
+            **server_files,
+        ),
+        api_keys=ApiKeys(),
+    )
+    ca_file = pki.ca.write(tmp_path / "gateway", "ca")
+    cert, key = pki.ca.client().write(tmp_path / "gateway", "client")
+    upstreams = gateway_dialer(pki, cert, key, ca_file=ca_file)
+    address = f"127.0.0.1:{oracle.port}"
+    try:
+        assert await guide_reaches_the_servicer(upstreams.channel(address)) == "INVALID_ARGUMENT"
+
+        new_ca = CertificateAuthority("rotated CA")
+        rotate_server(server_files, new_ca)
+        replace_file(ca_file, new_ca.pem)
+        renewed = new_ca.client()
+        replace_file(cert, renewed.cert)
+        replace_file(key, renewed.key)
+        await after_the_connections_age()
+
+        assert await guide_reaches_the_servicer(upstreams.channel(address)) == "INVALID_ARGUMENT"
+    finally:
+        await upstreams.close()
+        await upstreams.store.client.aclose()
+        await oracle.stop()
+
+
+async def test_a_half_rotated_client_pair_keeps_the_current_channel(probe, pki, tmp_path):
+    """A new client certificate whose key has not arrived yet is not used: calls
+    go on over the current channel until the pair matches."""
+    (tmp_path / "server").mkdir()
+    runtime = await probe(**tls_files(pki, tmp_path / "server"))
+    cert, key = pki.ca.client().write(tmp_path, "client")
+    client = ClientTls(
+        ca_file=str(pki.ca_file), cert_file=str(cert), key_file=str(key), server_name="localhost"
+    )
+    async with client.reloading_channel(runtime.address) as channel:
+        replace_file(cert, pki.ca.client().cert)  # its key is still the old one's
+        assert await health(channel) == SERVING
+        assert channel.retired == 0
+
+
+async def test_the_telephony_channel_to_the_gateway_follows_a_rotated_ca(probe, pki, tmp_path):
+    """Telephony keeps one channel to the gateway for its lifetime. After a CA
+    rotation its next call gets through; a call open across the rotation runs to
+    its end on the old channel, which then closes."""
+    (tmp_path / "gateway").mkdir()
+    server_files = tls_files(pki, tmp_path / "gateway")
+    gateway = await probe(max_connection_age_s=SHORT_CONNECTION_AGE_S, **server_files)
+    ca_file = pki.ca.write(tmp_path, "gateway-ca")
+    settings = TelephonySettings(
+        gateway_address=gateway.address,
+        gateway_ca_file=str(ca_file),
+        gateway_server_name="localhost",
+    )
+    settings.validate()
+    channel = settings.gateway_channel(settings.connection_policy())
+    try:
+        assert await health(channel) == SERVING
+        held = channel.stream_stream(f"/{ECHO_SERVICE}/Chat")()
+        await held.write(b"before")
+        assert await held.read() == b"before"
+
+        new_ca = CertificateAuthority("rotated CA")
+        rotate_server(server_files, new_ca)
+        replace_file(ca_file, new_ca.pem)
+        await after_the_connections_age()
+
+        assert await health(channel) == SERVING
+        await held.write(b"across the rotation")
+        assert await held.read() == b"across the rotation"
+        assert channel.retired == 1  # the old channel waits for `held`
+        await held.done_writing()
+        assert await held.code() == grpc.StatusCode.OK
+        await wait_until(lambda: channel.retired == 0, "the old channel to close")
+    finally:
+        await channel.close()
+
+
+async def test_the_gateway_retires_channels_nobody_asks_for(probe, monkeypatch):
+    """A frontend replica that left the registry: its channel is retired once
+    unused for CHANNEL_IDLE_S. A call still open on it runs to its end; the next
+    session that picks that address gets a new channel. (Channels used to be kept
+    for the gateway's lifetime, one more per address ever dialled.)"""
+    monkeypatch.setattr(connections, "CHANNEL_IDLE_S", 0.2)
+    departed, staying = await probe(), await probe()
+    upstreams = Connections(GatewaySettings(), store.connect("redis://127.0.0.1:6379/14"))
+    try:
+        old = upstreams.channel(departed.address)
+        held = old.stream_stream(f"/{ECHO_SERVICE}/Chat")()
+        await held.write(b"a long session")
+        assert await held.read() == b"a long session"
+        await asyncio.sleep(0.3)
+
+        upstreams.channel(staying.address)  # any session set-up looks for unused channels
+        assert len(upstreams.channels) == 1
+        assert len(upstreams.channels.retired) == 1
+        await held.write(b"still here")
+        assert await held.read() == b"still here"  # the session is not cut
+        await held.done_writing()
+        assert await held.code() == grpc.StatusCode.OK
+        await wait_until(lambda: len(upstreams.channels.retired) == 0, "the channel to close")
+
+        again = upstreams.channel(departed.address)
+        assert again is not old
+        assert await health(again) == SERVING
+    finally:
+        await upstreams.close()
+        await upstreams.store.client.aclose()
+
+
+async def test_the_gateway_keeps_at_most_max_channels(monkeypatch):
+    monkeypatch.setattr(connections, "MAX_CHANNELS", 2)
+    upstreams = Connections(GatewaySettings(), store.connect("redis://127.0.0.1:6379/14"))
+    try:
+        first = upstreams.channel("127.0.0.1:1")
+        for port in range(2, 5):
+            upstreams.channel(f"127.0.0.1:{port}")
+        assert len(upstreams.channels) == 2
+        assert upstreams.channel("127.0.0.1:1") is not first  # the least recently asked went
     finally:
         await upstreams.close()
         await upstreams.store.client.aclose()
@@ -262,15 +434,18 @@ def tls_collector(pki):
     server.stop(0)
 
 
-def export_one_span(exporter) -> SpanExportResult:
+def finished_span(name: str = "over-tls") -> Sequence:
     recorder = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "tls-test"}))
     provider.add_span_processor(SimpleSpanProcessor(recorder))
-    with provider.get_tracer("test").start_as_current_span("over-tls"):
+    with provider.get_tracer("test").start_as_current_span(name):
         pass
-    spans: Sequence = recorder.get_finished_spans()
+    return recorder.get_finished_spans()
+
+
+def export_one_span(exporter) -> SpanExportResult:
     try:
-        return exporter.export(spans)
+        return exporter.export(finished_span())
     finally:
         exporter.shutdown()
 
@@ -285,3 +460,42 @@ def test_otlp_export_uses_tls_with_the_ca(tls_collector, pki, monkeypatch):
     plaintext = otlp_exporter(f"http://127.0.0.1:{port}")
     assert export_one_span(plaintext) == SpanExportResult.FAILURE
     assert collector.spans == ["over-tls"]
+
+
+@pytest.fixture
+def rotating_collector(pki, tmp_path):
+    """An OTLP collector whose certificate files can be rotated (it re-reads them),
+    with a short connection age so exporters reconnect within the test."""
+    collector = _Collector()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=2),
+        options=[("grpc.max_connection_age_ms", int(SHORT_CONNECTION_AGE_S * 1000))],
+    )
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
+    files = tls_files(pki, tmp_path)
+    port = server.add_secure_port(
+        "127.0.0.1:0", server_credentials(files["tls_cert_file"], files["tls_key_file"])
+    )
+    server.start()
+    yield collector, port, files
+    server.stop(0)
+
+
+async def test_otlp_export_follows_a_rotated_ca(rotating_collector, pki, tmp_path, monkeypatch):
+    """The collector's certificate is renewed by a new CA and the CA file replaced:
+    spans still arrive, without a restart (the exporter used to keep the CA it
+    read at start and fail every export from then on)."""
+    collector, port, server_files = rotating_collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "2")
+    ca_file = pki.ca.write(tmp_path, "otlp-ca")
+    exporter = otlp_exporter(f"https://127.0.0.1:{port}", ca_file=str(ca_file))
+    try:
+        assert exporter.export(finished_span("before")) == SpanExportResult.SUCCESS
+        new_ca = CertificateAuthority("rotated CA")
+        rotate_server(server_files, new_ca)
+        replace_file(ca_file, new_ca.pem)
+        await after_the_connections_age()
+        assert exporter.export(finished_span("after")) == SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+    assert collector.spans == ["before", "after"]
