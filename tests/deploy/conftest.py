@@ -162,8 +162,10 @@ def helm_render(
     values_files: tuple[str, ...] = (),
     release: str = "kame",
     namespace: str = "voice",
+    is_upgrade: bool = False,
 ) -> Rendered:
-    """`helm template` with values files (merged like -f) and then `values` (like --set)."""
+    """`helm template` with values files (merged like -f) and then `values` (like --set);
+    `is_upgrade`: as `helm upgrade` renders (offline here: `lookup` finds nothing)."""
     import helm_python as helm
 
     merged: dict = {}
@@ -172,7 +174,14 @@ def helm_render(
     merged = deep_merge(merged, values or {})
     with helm.Chart.load(CHART) as chart:
         chart.validate_schema(merged)
-        return Rendered(chart.render(merged, name=release, namespace=namespace, is_install=True))
+        rendered = chart.render(
+            merged,
+            name=release,
+            namespace=namespace,
+            is_install=not is_upgrade,
+            is_upgrade=is_upgrade,
+        )
+        return Rendered(rendered)
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -427,13 +436,19 @@ def _listening(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def redis_server(args: list[str], directory: Path) -> Iterator[RedisServer]:
+def redis_server(
+    args: list[str],
+    directory: Path,
+    launcher: tuple[str, ...] = ("redis-server",),
+    env: dict[str, str] | None = None,
+) -> Iterator[RedisServer]:
     """redis-server with a container's arguments (those after the binary) on a free loopback
-    port, its files in `directory`; stopped on exit."""
+    port, its files in `directory`; stopped on exit. `launcher`: a container's whole command
+    that starts redis-server with its own arguments and then these, with `env` added."""
     port = free_port()
     process = subprocess.Popen(
         [
-            "redis-server",
+            *launcher,
             *args,
             "--port",
             str(port),
@@ -444,6 +459,7 @@ def redis_server(args: list[str], directory: Path) -> Iterator[RedisServer]:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
     try:
         deadline = time.monotonic() + 10

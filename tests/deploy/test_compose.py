@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import grpc
 import pytest
+import redis
 import yaml
 from cryptography import x509
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -30,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kame_cli import llm_server
 from kame_cli.stack import Stack, StackOptions
 from kame_common.ports import LLM_PORT, REDIS_PORT
+from services.telephony.config import TelephonySettings
 from tests.deploy.conftest import (
     COMPOSE,
     DOCKER_COMPOSE,
@@ -458,12 +460,48 @@ def test_no_literal_secrets_in_compose():
                     assert interpolation.fullmatch(str(value)), (name, variable, value)
                     checked += 1
     assert checked >= 7
-    redis_command = yaml.safe_load(COMPOSE.read_text())["services"]["redis"]["command"]
-    password = redis_command[redis_command.index("--requirepass") + 1]
-    assert interpolation.fullmatch(password)
+
+
+def test_the_redis_password_is_not_on_the_command_line(projects):
+    """Arguments are visible to every user of the host (`ps`) and in `docker inspect`'s Args:
+    the secured stack's Redis gets its password from its environment, as configuration on
+    standard input (it used to be `--requirepass <password>`)."""
+    password = SECRETS_ENV["KAME_REDIS_PASSWORD"]
+    redis_service = projects["secured"]["redis"]
+    assert password not in json.dumps(redis_service["command"])
+    assert redis_service["environment"]["REDISCLI_AUTH"] == password
 
 
 # ---- the Redis password, on a real redis-server ------------------------------------------------
+
+
+def redis_compose_server(project: dict[str, dict], directory: Path):
+    """A real redis-server started by the compose redis service's own command and environment."""
+    spec = project["redis"]
+    environment = {k: str(v) for k, v in spec["environment"].items()}
+    # `config` prints $$ (a literal $) escaped, as in the file; the container gets one $.
+    command = tuple(argument.replace("$$", "$") for argument in spec["command"])
+    return redis_server([], directory, launcher=command, env=environment)
+
+
+def test_compose_redis_bounds_its_memory_and_evicts_only_expiring_keys(tmp_path):
+    """A caller who floods the conversation (DTMF, long calls) fills Redis only up to maxmemory
+    (256mb by default, KAME_REDIS_MAXMEMORY here 4mb); then keys with a TTL (session records,
+    conversations) are evicted, least recently used first, and keys without one are kept. (It
+    used to grow until the host ran out of memory.)"""
+    project = compose_project(env={**SECRETS_ENV, "KAME_REDIS_MAXMEMORY": "4mb"})
+    with redis_compose_server(project, tmp_path) as server:
+        client = redis.Redis(port=server.port, password=SECRETS_ENV["KAME_REDIS_PASSWORD"])
+        try:
+            assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "volatile-lru"}
+            client.set("kept", "no TTL")
+            for n in range(200):  # 10 MB of session-like records
+                client.set(f"kame:session:{n}", b"x" * 50_000, ex=3600)
+            assert client.get("kept") == b"no TTL"
+            assert client.dbsize() < 100
+            assert client.info("memory")["used_memory"] <= 4 * 1024 * 1024
+        finally:
+            client.close()
 
 
 @pytest.mark.parametrize("name", ["default", "secured"])
@@ -474,12 +512,10 @@ def test_services_reach_the_compose_redis_and_its_health_check_agrees(
     REDIS_URL reaches it, and its health check passes, fails with a wrong password and (with a
     password set) fails without one."""
     project = projects[name]
-    command = project["redis"]["command"]
-    assert command[0] == "redis-server"
     password = project["redis"]["environment"]["REDISCLI_AUTH"]
     (shell, check) = project["redis"]["healthcheck"]["test"]
     assert shell == "CMD-SHELL"
-    with redis_server(command[1:], tmp_path) as server:
+    with redis_compose_server(project, tmp_path) as server:
         for compose_name, spec in project.items():
             config = loaded_config(spec, configs)[1] if kame_service(spec) else None
             if config is not None and hasattr(config, "redis_url"):
@@ -609,3 +645,61 @@ async def test_the_certificates_serve_grpc_tls_and_mtls_as_compose_uses_them(pro
             await _health_status(client_port_number, stranger, "localhost")
     finally:
         await asyncio.gather(upstream.stop(None), client_port.stop(None))
+
+
+# ---- what is published, and to whom -------------------------------------------------------------
+
+CALLER_FACING = {"gateway", "web", "telephony"}
+ADMIN = {"prometheus", "grafana"}
+
+
+def published_hosts(env: dict[str, str]) -> dict[str, set[str]]:
+    """{service: host addresses its published ports bind} with every profile on."""
+    services = compose_config("--profile", "observability", env=env)["services"]
+    return {
+        name: {port.get("host_ip", "0.0.0.0") for port in spec["ports"]}
+        for name, spec in services.items()
+        if spec.get("ports")
+    }
+
+
+def test_ports_bind_to_loopback_and_kame_bind_opens_only_the_callers_ports():
+    """KAME_BIND=0.0.0.0 (phones on the LAN) used to publish Prometheus and an anonymous
+    Grafana too. Now they follow KAME_ADMIN_BIND (loopback unless set), and
+    KAME_TELEPHONY_BIND opens the phones' ports alone."""
+    assert set(published_hosts({})) == CALLER_FACING | ADMIN
+    assert all(hosts == {"127.0.0.1"} for hosts in published_hosts({}).values())
+
+    everyone = published_hosts({"KAME_BIND": "0.0.0.0"})
+    assert {name for name, hosts in everyone.items() if hosts == {"0.0.0.0"}} == CALLER_FACING
+    assert all(everyone[name] == {"127.0.0.1"} for name in ADMIN)
+
+    phones = published_hosts({"KAME_TELEPHONY_BIND": "0.0.0.0"})
+    assert {name for name, hosts in phones.items() if hosts == {"0.0.0.0"}} == {"telephony"}
+
+    admin = published_hosts({"KAME_ADMIN_BIND": "10.0.0.2"})
+    assert {name for name, hosts in admin.items() if hosts == {"10.0.0.2"}} == ADMIN
+
+
+@pytest.mark.parametrize("caller", ["172.17.0.1", "172.18.0.1", "172.31.255.1"])
+def test_callers_through_dockers_port_forwarding_are_not_allowed_by_default(
+    projects, configs, caller
+):
+    """On Docker Desktop and rootless podman every outside caller reaches the container from an
+    address of the bridge range (172.16.0.0/12). The default used to allow all of it: an INVITE
+    from anyone on the internet was a caller from an allowed network."""
+    for name in ("default", "secured"):
+        settings = loaded_config(projects[name]["telephony"], configs)[1]
+        assert isinstance(settings, TelephonySettings)
+        assert not settings.caller_allowed(caller), (name, caller)
+        assert settings.caller_allowed("127.0.0.1")
+
+
+def test_grafana_has_no_admin_to_log_in_as():
+    """Anonymous visitors only view; Grafana's first-start admin/admin account is not created
+    and the login form is off, so a visitor cannot become an administrator."""
+    grafana = compose_config("--profile", "observability")["services"]["grafana"]
+    environment = grafana["environment"]
+    assert environment["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    assert environment["GF_SECURITY_DISABLE_INITIAL_ADMIN_CREATION"] == "true"
+    assert environment["GF_AUTH_DISABLE_LOGIN_FORM"] == "true"
