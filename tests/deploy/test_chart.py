@@ -278,7 +278,10 @@ def test_a_published_gateway_exposes_only_the_converse_port(rendered_sets):
                     "loadBalancerSourceRanges": ["203.0.113.0/24"],
                     "externalTrafficPolicy": "Local",
                 }
-            }
+            },
+            # Published only with TLS and client authentication (test_chart_security.py).
+            "tls": {"gateway": {"enabled": True, "existingSecret": "kame-gateway-tls"}},
+            "secrets": {"existingSecret": "kame-keys", "gatewayAuthTokensKey": "TOKENS"},
         }
     )
     public = rendered.one("Service", "gateway-public")["spec"]

@@ -25,6 +25,7 @@ from tests.deploy.conftest import (
     SERVICES,
     Rendered,
     containers,
+    deep_merge,
     env_of,
     helm_render,
     kubelet_expand,
@@ -479,7 +480,7 @@ def test_redis_requires_the_password_every_url_carries(rendered):
 
 
 def test_default_values_generate_the_password_gpu_values_name_it(rendered_sets):
-    (generated,) = rendered_sets["default"].of_kind("Secret")
+    generated = rendered_sets["default"].one("Secret", "redis-auth")
     assert redis_password_refs(rendered_sets["default"])["redis"] == {
         "name": generated["metadata"]["name"],
         "key": "redis-password",
@@ -510,7 +511,7 @@ def test_redis_password_sources_and_their_errors():
         env["KAME_ORACLE_REDIS_URL"]["value"]
         == "rediss://:$(REDIS_PASSWORD)@cache.example.com:6380/2"
     )
-    assert not rendered.of_kind("Secret")
+    assert not generated_secrets(rendered) & {"redis-auth"}
     # ... or the whole URL comes from one key, never both.
     with pytest.raises(helm.HelmError, match=r"leave secrets\.redisPasswordKey empty"):
         helm_render(
@@ -528,7 +529,7 @@ def test_services_reach_the_release_redis_with_the_rendered_wiring(rendered_sets
     The readiness probe passes with the password and fails with another."""
     rendered = rendered_sets[values]
     if values == "default":
-        (secret,) = rendered.of_kind("Secret")
+        secret = rendered.one("Secret", "redis-auth")
         password = base64.b64decode(secret["data"]["redis-password"]).decode()
     else:
         password = "a-password-in-kame-keys"
@@ -733,3 +734,114 @@ def test_notes_say_what_the_oracle_cannot_reach(rendered_sets):
     assert "add your Redis, its LLM, the OTLP collector (http://otel:4317) there" in notes
     for rendered in rendered_sets.values():  # the embedded llm, or oracleEgress for the API
         assert "oracle's egress is limited" not in rendered.notes
+
+
+def generated_secrets(rendered: Rendered) -> set[str]:
+    """The components of the Secrets the chart generates."""
+    return {
+        s["metadata"]["labels"]["app.kubernetes.io/component"] for s in rendered.of_kind("Secret")
+    }
+
+
+def test_redis_evicts_expiring_keys_beyond_its_maxmemory(rendered):
+    """A flood of records (long conversations, DTMF) fills Redis up to maxmemory, below the
+    pod's memory limit; then keys with a TTL are evicted instead of the pod being OOM-killed."""
+    args = containers(rendered.one("Deployment", "redis"))[0]["args"]
+    assert args[args.index("--maxmemory") + 1] == "384mb"
+    assert args[args.index("--maxmemory-policy") + 1] == "volatile-lru"
+
+
+# ---- generated secrets, published gateways, credentials in URLs --------------------------------
+
+
+def test_an_offline_upgrade_fails_rather_than_re_randomise_generated_secrets():
+    """An upgrade rendered without the cluster (helm template, --dry-run, Argo CD) cannot read
+    the generated Redis password or registry key: it used to render new random ones, which
+    replaced the Secret under running pods (Redis and the services then disagree). Now it fails
+    and names the setting to use instead; with the keys named it renders."""
+    with pytest.raises(helm.HelmError, match=r"secrets\.redisPasswordKey"):
+        helm_render({"secrets": {"existingSecret": "k", "registrySecretKey": "R"}}, is_upgrade=True)
+    with pytest.raises(helm.HelmError, match=r"secrets\.registrySecretKey"):
+        helm_render({"secrets": {"existingSecret": "k", "redisPasswordKey": "P"}}, is_upgrade=True)
+    named = {"existingSecret": "k", "redisPasswordKey": "P", "registrySecretKey": "R"}
+    assert not helm_render({"secrets": named}, is_upgrade=True).of_kind("Secret")
+
+
+def test_the_capacity_registry_is_signed_by_default(rendered_sets):
+    """Without secrets.registrySecretKey the chart generates the key (it used to leave the
+    registry unsigned: any pod that can write to Redis could steer calls to its address)."""
+    default = rendered_sets["default"]
+    assert generated_secrets(default) == {"redis-auth", "registry-secret"}
+    generated = default.one("Secret", "registry-secret")
+    key = base64.b64decode(generated["data"]["registry-secret"]).decode()
+    assert re.fullmatch(r"[A-Za-z0-9]{40}", key)
+    for values, expected in (
+        (default, {"name": "kame-registry-secret", "key": "registry-secret"}),
+        (rendered_sets["gpu"], {"name": "kame-keys", "key": "REGISTRY_SECRET"}),
+    ):
+        for service in ("gateway", "frontend", "stt", "oracle"):
+            env = env_of(containers(values.one("Deployment", service))[0])
+            reference = env[f"KAME_{service.upper()}_REGISTRY_SECRET"]["valueFrom"]
+            assert reference["secretKeyRef"] == expected, service
+    unsigned = helm_render({"registry": {"generateSecret": False}})
+    assert generated_secrets(unsigned) == {"redis-auth"}
+    gateway_env = env_of(containers(unsigned.one("Deployment", "gateway"))[0])
+    assert "KAME_GATEWAY_REGISTRY_SECRET" not in gateway_env
+
+
+PUBLISHED = {"service": {"type": "LoadBalancer"}}
+
+
+@pytest.mark.parametrize(
+    "values, missing",
+    [
+        ({"gateway": PUBLISHED}, r"tls\.gateway\.enabled"),
+        ({"gateway": {"service": {"type": "NodePort"}}}, r"tls\.gateway\.enabled"),
+        (
+            {"gateway": PUBLISHED, "tls": {"gateway": {"enabled": True, "existingSecret": "t"}}},
+            r"secrets\.gatewayAuthTokensKey",
+        ),
+        (
+            {
+                "gateway": PUBLISHED,
+                "secrets": {"existingSecret": "k", "gatewayAuthTokensKey": "TOKENS"},
+            },
+            r"tls\.gateway\.enabled",
+        ),
+    ],
+)
+def test_a_published_gateway_without_tls_or_client_authentication_does_not_render(values, missing):
+    """A LoadBalancer (or NodePort) gateway used to render without TLS and without tokens:
+    whoever reached the address talked to the LLM and the GPUs, in plaintext."""
+    with pytest.raises(helm.HelmError, match=missing):
+        helm_render(values)
+
+
+@pytest.mark.parametrize(
+    "authentication",
+    [
+        {"secrets": {"existingSecret": "k", "gatewayAuthTokensKey": "TOKENS"}},
+        {"tls": {"gateway": {"clientCaSecret": "clients-ca"}}},
+    ],
+)
+def test_a_published_gateway_renders_with_tls_and_tokens_or_client_certificates(authentication):
+    tls = {"tls": {"gateway": {"enabled": True, "existingSecret": "t"}}}
+    values = deep_merge(deep_merge({"gateway": PUBLISHED}, tls), authentication)
+    assert helm_render(values).one("Service", "gateway-public")["spec"]["type"] == "LoadBalancer"
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://user:sk-secret@api.example.com/v1", "http://sk-secret@llm.internal:8000/v1"],
+)
+def test_schema_refuses_credentials_in_the_oracle_base_url(url):
+    """The base URL is logged and shown in errors: a key in it would leak. The API key comes
+    from the Secret (secrets.openaiApiKeyKey, secrets.anthropicApiKeyKey)."""
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"oracle": {"config": {"base_url": url}}})
+
+
+def test_schema_accepts_base_urls_without_credentials():
+    with helm.Chart.load(CHART) as chart:
+        for url in ("", "https://api.openai.com/v1", "http://vllm:8000/v1?tag=a@b"):
+            chart.validate_schema({"oracle": {"config": {"base_url": url}}})

@@ -83,6 +83,41 @@ Name of secrets.existingSecret for a reference to one of its keys: (dict "root" 
 {{- include "kame.componentName" (dict "root" . "component" "redis-auth") }}
 {{- end }}
 
+{{/* The Secret generated for the capacity registry's key (registry.generateSecret). */}}
+{{- define "kame.generatedRegistrySecret" -}}
+{{- include "kame.componentName" (dict "root" . "component" "registry-secret") }}
+{{- end }}
+
+{{/*
+A random value the chart generates once, base64: the installed Secret's (`lookup`) on upgrades.
+An upgrade that cannot read it (an offline render: `helm template`, `--dry-run`, Argo CD) fails
+rather than render a new value, which would change the password or key under running pods.
+(dict "root" $ "secret" NAME "key" KEY "setting" "secrets.redisPasswordKey")
+*/}}
+{{- define "kame.generatedValue" -}}
+{{- $installed := lookup "v1" "Secret" .root.Release.Namespace .secret }}
+{{- $value := "" }}
+{{- if $installed }}
+{{- $value = index ($installed.data | default dict) .key | default "" }}
+{{- end }}
+{{- if $value }}
+{{- $value }}
+{{- else if .root.Release.IsUpgrade }}
+{{- fail (printf "the generated Secret %s (key %s) cannot be read: an offline render (helm template, --dry-run, Argo CD) would replace it with a new random value. Name a key of secrets.existingSecret in %s instead" .secret .key .setting) }}
+{{- else }}
+{{- randAlphaNum 40 | b64enc }}
+{{- end }}
+{{- end }}
+
+{{/* Where the capacity registry's HMAC key lives, as YAML {name, key}; empty = unsigned. */}}
+{{- define "kame.registrySecretRef" -}}
+{{- if .Values.secrets.registrySecretKey }}
+{{- toYaml (dict "name" (include "kame.existingSecret" (dict "root" . "key" "registrySecretKey")) "key" .Values.secrets.registrySecretKey) }}
+{{- else if .Values.registry.generateSecret }}
+{{- toYaml (dict "name" (include "kame.generatedRegistrySecret" .) "key" "registry-secret") }}
+{{- end }}
+{{- end }}
+
 {{/*
 Where the Redis password lives, as YAML {name, key}; empty when Redis has none (an external Redis
 without secrets.redisPasswordKey). The in-release Redis always has one.
@@ -172,7 +207,12 @@ win so that ports, addresses and TLS files always agree with the Services, probe
 {{- end }}
 {{- range .secretEnv }}
 {{- $key := index $root.Values.secrets .key }}
-{{- if $key }}
+{{- if eq .key "registrySecretKey" }}
+{{- $name := .name }}
+{{- with include "kame.registrySecretRef" $root | fromYaml }}
+{{ include "kame.secretEnv" (dict "name" $name "secret" .name "key" .key) }}
+{{- end }}
+{{- else if $key }}
 {{ include "kame.secretEnv" (dict "name" .name "secret" (include "kame.existingSecret" (dict "root" $root "key" .key)) "key" $key "optional" .optional) }}
 {{- end }}
 {{- end }}
