@@ -569,11 +569,22 @@ class Stack:
         return f"http://{LOOPBACK}:{getattr(self.ports, f'{service}_metrics')}/metrics"
 
     def write_stack_file(self) -> None:
+        """Write the stack file, 0600 (the Redis URL may carry a password). It lives in the
+        shared temporary directory, where another user may have made our folder first or
+        planted a symlink at the file's path (to make us truncate a file of ours): the
+        folder must be ours and private, and the file is opened without following links."""
         path = stack_file(self.ports.gateway)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # 0600: the Redis URL may carry a password.
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        folder = path.parent.lstat()
+        if path.parent.is_symlink() or folder.st_uid != os.getuid() or folder.st_mode & 0o077:
+            raise StackError(f"{path.parent} is not a private folder of this user: remove it")
+        if path.is_symlink():
+            raise StackError(f"{path} is a symbolic link, not the stack file: remove it")
+        # O_NOFOLLOW: a link planted after that check makes the open fail (ELOOP).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        descriptor = os.open(path, flags, 0o600)
         with os.fdopen(descriptor, "w") as out:
+            os.fchmod(out.fileno(), 0o600)  # a file left from before keeps its own mode
             json.dump(self.describe(), out, indent=2)
 
     def remove_stack_file(self) -> None:

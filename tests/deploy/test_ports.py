@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tempfile
 from urllib.parse import urlsplit
 
+import pytest
 import yaml
 
-from kame_cli.stack import Ports
+from kame_cli.stack import Ports, Stack, StackError, StackOptions, stack_file
 from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
 from tests.deploy.conftest import (
     CHART,
@@ -156,3 +158,40 @@ def test_prometheus_scrapes_the_metrics_ports():
                 assert int(target.split(":")[1]) == SERVICE_PORTS[service].metrics, target
                 checked += 1
     assert checked >= len(SERVICE_PORTS)
+
+
+# ---- `kame up`'s stack file ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """The temporary directory `kame up` writes its stack file under, the test's own."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def test_kame_up_does_not_follow_a_symlink_planted_at_its_stack_file(private_tmp):
+    """The stack file lives under the shared temporary directory: a link planted at its path
+    (pointing at a file of the user's) used to be followed, and that file truncated and
+    overwritten. Now `kame up` refuses it and the file is untouched."""
+    stack = Stack(StackOptions(log_dir=private_tmp / "logs"))
+    victim = private_tmp / "dotfile"
+    victim.write_text("precious")
+    path = stack_file(stack.ports.gateway)
+    path.parent.mkdir(mode=0o700)
+    path.symlink_to(victim)
+    with pytest.raises(StackError, match="symbolic link"):
+        stack.write_stack_file()
+    assert victim.read_text() == "precious"
+
+
+def test_kame_up_refuses_a_stack_folder_others_can_write(private_tmp):
+    stack = Stack(StackOptions(log_dir=private_tmp / "logs"))
+    folder = stack_file(stack.ports.gateway).parent
+    folder.mkdir()
+    folder.chmod(0o777)  # as if another user had made it first, for everyone
+    with pytest.raises(StackError, match="not a private folder"):
+        stack.write_stack_file()
+    folder.chmod(0o700)
+    stack.write_stack_file()
+    assert stack_file(stack.ports.gateway).stat().st_mode & 0o777 == 0o600
