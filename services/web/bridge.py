@@ -13,6 +13,11 @@ small protocol (services/web/README.md has it in full):
 
 `Bridge.run` works on any `PageSocket`, which is how the tests drive it
 without a browser or an HTTP server.
+
+What the page hears of an error never names an internal address: a gateway the
+bridge could not reach is said in words only, and every other status's details
+pass through `redact_addresses` (the gateway redacts its own already; this also
+covers what gRPC itself writes, "ipv4:10.0.0.5:50051: Connection refused").
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,6 +53,27 @@ ERROR_HINTS = {
     "OUT_OF_RANGE": "the conversation reached its length limit",
     "DEADLINE_EXCEEDED": "the gateway timed out",
 }
+# A refusal the gateway says to retry (`retry-after-s` trailing metadata): the
+# stack is still starting (its services do not serve yet), or it is full. The
+# gateway's details say which.
+RETRY_HINTS = {
+    "UNAVAILABLE": "the agent is not ready yet",
+    "RESOURCE_EXHAUSTED": "the agent is busy",
+}
+RETRY_AFTER_KEY = "retry-after-s"
+MAX_RETRY_AFTER_S = 3600.0  # a longer hint is not one a person waits for
+
+# What an address looks like in an error text: a URL, a gRPC peer, an IPv6 or
+# IPv4 address (port optional), or host:port. The same as the gateway's
+# (services/gateway/server.py), whose code the web image does not carry.
+_ADDRESS = re.compile(
+    r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"),]+"
+    r"|\bipv[46]:\S+"
+    r"|\[[0-9a-fA-F:.]+\](?::\d{1,5})?"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"
+    r"|\b[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?:\d{1,5}\b"
+)
+REDACTED = "<internal address>"
 
 
 ConverseCall = grpc.aio.StreamStreamCall[gateway_pb2.ConverseRequest, gateway_pb2.ConverseResponse]
@@ -101,7 +129,9 @@ def parse_start(raw: str | bytes | None, settings: WebSettings) -> Start:
         if llm not in settings.llm_choices:
             raise StartError(f"llm: {llm!r} is not offered; choose {settings.llm_choices}")
         config.llm.CopyFrom(gateway_pb2.LlmOverride(model=llm))
-    token = message.get("token") or settings.gateway_auth_token
+    # The operator's own token stands in only where they said their login guards the page.
+    relayed = settings.gateway_auth_token if settings.relay_token_behind_login else ""
+    token = message.get("token") or relayed
     return Start(config, token if isinstance(token, str) else "")
 
 
@@ -166,13 +196,43 @@ def page_event(response: gateway_pb2.ConverseResponse) -> dict[str, Any] | bytes
     return {"type": "unknown", "kind": kind or ""}
 
 
-def error_event(code: str, details: str, unreachable: str = "") -> dict[str, Any]:
-    """An error the page shows as is: what happened in words, then the details.
-    `unreachable`: the gateway's address, when the call failed before it began."""
-    hint = ERROR_HINTS.get(code, code)
-    if code == "UNAVAILABLE" and unreachable:
-        hint = f"gateway down: no answer from {unreachable}"
-    return {"type": "error", "code": code, "message": f"{hint}: {details}"}
+def redact_addresses(text: str) -> str:
+    """`text` with every address replaced, for a person outside the cluster."""
+    return _ADDRESS.sub(REDACTED, text)
+
+
+def error_event(code: str, details: str, retry_after_s: float | None = None) -> dict[str, Any]:
+    """An error the page shows as is: what happened in words, then the details
+    (addresses redacted). With `retry_after_s` (the gateway's hint), when to try
+    again, also as `retry_after_s` for the page's countdown."""
+    details = redact_addresses(details)
+    if retry_after_s is not None and code in RETRY_HINTS:
+        message = f"{RETRY_HINTS[code]}: try again in {retry_after_s:g} s ({details})"
+        return {"type": "error", "code": code, "message": message, "retry_after_s": retry_after_s}
+    return {"type": "error", "code": code, "message": f"{ERROR_HINTS.get(code, code)}: {details}"}
+
+
+def unreachable_event() -> dict[str, Any]:
+    """The gateway was never reached: gRPC's own details name the addresses it
+    tried, which the page must not see (the log has them)."""
+    return {
+        "type": "error",
+        "code": "UNAVAILABLE",
+        "message": "gateway down: the web service gets no answer from the gateway",
+    }
+
+
+def retry_after(exc: grpc.aio.AioRpcError) -> float | None:
+    """The gateway's `retry-after-s` hint, if it sent a usable one."""
+    for key, value in exc.trailing_metadata() or ():
+        if key != RETRY_AFTER_KEY or not isinstance(value, str):
+            continue
+        try:
+            seconds = float(value)
+        except ValueError:
+            return None
+        return seconds if math.isfinite(seconds) and 0 <= seconds <= MAX_RETRY_AFTER_S else None
+    return None
 
 
 class Bridge:
@@ -181,14 +241,8 @@ class Bridge:
     def __init__(self, settings: WebSettings) -> None:
         self.settings = settings
 
-    async def run(self, page: PageSocket) -> None:
-        """One conversation: the start message, then audio both ways until either
-        side ends it."""
-        try:
-            start = parse_start(await page.receive(), self.settings)
-        except StartError as exc:
-            await send_json(page, error_event("INVALID_ARGUMENT", str(exc)))
-            return
+    async def run(self, page: PageSocket, start: Start) -> None:
+        """One conversation the page started: audio both ways until either side ends it."""
         channel = self.settings.gateway_channel(self.settings.connection_policy())
         async with channel:
             call = gateway_pb2_grpc.GatewayStub(channel).Converse(
@@ -264,10 +318,14 @@ class Bridge:
         if exc.code() == grpc.StatusCode.CANCELLED:
             return  # the page went away: nobody to tell
         log.info("converse ended: %s: %s", exc.code().name, exc.details())
-        # Not connected: the gateway was never reached. Connected: the gateway ended the call.
+        # Not connected: the gateway was never reached. Connected (or a hint, which only
+        # the gateway sends): the gateway ended the call.
+        retry_after_s = retry_after(exc)
         connected = channel.get_state() == grpc.ChannelConnectivity.READY
-        unreachable = "" if connected else self.settings.gateway_address
-        await send_json(page, error_event(exc.code().name, exc.details() or "", unreachable))
+        if exc.code() == grpc.StatusCode.UNAVAILABLE and not connected and retry_after_s is None:
+            await send_json(page, unreachable_event())
+            return
+        await send_json(page, error_event(exc.code().name, exc.details() or "", retry_after_s))
 
 
 # What a write raises once the gateway has ended the call; the downlink reports its status.

@@ -2,8 +2,10 @@
 
 The web service is a client of the gateway like any app: it reaches it with
 the same TLS settings a `kame talk` would (a CA file, or the system's roots),
-and forwards the bearer token the page sends (or its own, when the operator
-puts the page behind a login of their own and gives the bridge a token).
+and forwards the bearer token the page sends. It relays a token of its own
+(`gateway_auth_token`) only when the operator says that their own login sits
+in front of the page (`relay_token_behind_login`): otherwise whoever reaches
+the page would talk on the operator's token.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from kame_common.gateway_client import GatewayClientSettings
 from kame_common.ports import WEB_PORTS
 
 MODES = ("tandem", "cascade", "s2s")
+# Host names a browser on this machine uses for the page; always allowed.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+WILDCARD_BINDS = ("", "0.0.0.0", "::")
 
 
 def entries(value: str) -> list[str]:
@@ -43,6 +48,19 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
         "comma-separated origins (https://host:port) whose pages may open the WebSocket, "
         "besides the page's own origin",
     )
+    allowed_hosts: str = setting(
+        "",
+        "comma-separated host names the page may be reached by (the Host header, e.g. your "
+        "Ingress's name), besides localhost, 127.0.0.1, ::1 and the bind address",
+    )
+    start_timeout_s: float = setting(
+        10.0, "seconds a new WebSocket gets to send its start message before it is closed"
+    )
+    relay_token_behind_login: bool = setting(
+        False,
+        "relay gateway_auth_token for pages that bring no token: set it only when a login of "
+        "your own sits in front of the page (else whoever reaches the page uses your token)",
+    )
 
     @property
     def mode_choices(self) -> list[str]:
@@ -55,6 +73,13 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
     @property
     def origins(self) -> list[str]:
         return entries(self.allowed_origins)
+
+    @property
+    def hosts(self) -> set[str]:
+        """Every host name the Host header may carry (lower case, no port)."""
+        named = {host.lower().strip("[]") for host in entries(self.allowed_hosts)}
+        bind = {self.host.strip("[]")} - set(WILDCARD_BINDS)
+        return set(LOOPBACK_HOSTS) | bind | named
 
     def validate(self) -> None:
         super().validate()
@@ -69,3 +94,11 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
             raise ConfigError("tls_client_ca_file: the web service does not ask browsers for certs")
         if self.health_port:
             raise ConfigError("health_port: the web service answers probes on GET /healthz")
+        if not self.start_timeout_s > 0:
+            raise ConfigError(f"start_timeout_s: must be above 0, got {self.start_timeout_s}")
+        if self.gateway_auth_token and not self.relay_token_behind_login:
+            raise ConfigError(
+                "gateway_auth_token: the bridge would hand it to anyone who reaches the page; "
+                "set relay_token_behind_login=true if a login of your own sits in front of the "
+                "page, or leave the token empty and let each person type theirs in the page"
+            )

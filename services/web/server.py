@@ -5,10 +5,18 @@
 - GET /healthz     200 while serving, 503 once draining (the probes' check)
 - WS  /converse    one conversation, bridged to Gateway.Converse (bridge.py)
 
-A WebSocket from another origin than the page's own (or one of
-`allowed_origins`) is refused, so a third-party site cannot talk through a
-visitor's browser. Every response carries a Content-Security-Policy that lets
-the page load only its own files.
+Who may talk through the bridge:
+- a request whose Host is not one of `allowed_hosts` (the loopback names and
+  the bind address by default) is refused with 403, GET /healthz excepted (the
+  kubelet's probes name the pod's IP): a DNS-rebinding page on evil.example that
+  resolves to 127.0.0.1 still says Host: evil.example;
+- a WebSocket without an Origin, or from another origin than the page's own
+  (or one of `allowed_origins`), is refused with 403, so a third-party site
+  cannot talk through a visitor's browser;
+- a conversation counts against `max_sessions` only once its start message
+  came; a socket that sends none within `start_timeout_s` is closed (1008).
+Every response carries a Content-Security-Policy that lets the page load only
+its own files.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from kame_common import tracing
 from kame_common.http_server import HttpServer
 from kame_common.server import ACTIVE_SESSIONS, service_main, until_signal
-from services.web.bridge import Bridge, error_event, send_json
+from services.web.bridge import Bridge, Start, StartError, error_event, parse_start, send_json
 from services.web.config import WebSettings
 
 log = logging.getLogger(__name__)
@@ -43,6 +51,8 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+# WebSocket close codes (RFC 6455, 7.4.1).
+NORMAL_CLOSURE, POLICY_VIOLATION = 1000, 1008
 
 
 class StarletteSocket:
@@ -65,13 +75,25 @@ class StarletteSocket:
         await self.websocket.send_bytes(data)
 
 
-def same_origin(websocket: WebSocket, allowed: Sequence[str]) -> bool:
-    """Whether the page that opened `websocket` may use it: no Origin (not a
-    browser), the page's own host, or an origin the operator listed."""
+def host_name(netloc: str | None) -> str:
+    """The host of a Host header (`name:port`, `[::1]:port`): lower case, no port."""
+    if not netloc:
+        return ""
+    try:
+        return urlsplit(f"//{netloc}").hostname or ""
+    except ValueError:  # an unbalanced "[" in a header anyone can write
+        return ""
+
+
+def origin_refusal(websocket: WebSocket, allowed: Sequence[str]) -> str:
+    """Why the page that opened `websocket` may not use it ("" if it may): it must
+    be a browser page (Origin set) of the page's own origin or one the operator listed."""
     origin = websocket.headers.get("origin")
     if origin is None:
-        return True
-    return urlsplit(origin).netloc == websocket.headers.get("host") or origin in allowed
+        return "no Origin: only the page may open this socket"
+    if origin in allowed or urlsplit(origin).netloc == websocket.headers.get("host"):
+        return ""
+    return "origin not allowed"
 
 
 class WebApp:
@@ -84,6 +106,7 @@ class WebApp:
         self.idle = asyncio.Event()  # set while no conversation is open
         self.idle.set()
         self.draining = False
+        self.hosts = settings.hosts
         self._gauge = ACTIVE_SESSIONS.labels(service="web")
         self.app = Starlette(
             routes=[
@@ -94,8 +117,22 @@ class WebApp:
                 WebSocketRoute("/converse", self.converse),
                 Mount("/static", StaticFiles(directory=STATIC), name="static"),
             ],
-            middleware=[Middleware(BaseHTTPMiddleware, dispatch=add_security_headers)],
+            middleware=[Middleware(BaseHTTPMiddleware, dispatch=self.guard_http)],
         )
+
+    def host_allowed(self, host_header: str | None) -> bool:
+        return host_name(host_header) in self.hosts
+
+    async def guard_http(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        """Requests by an allowed host name only (probes excepted), with the security headers."""
+        if request.url.path == "/healthz" or self.host_allowed(request.headers.get("host")):
+            response = await call_next(request)
+        else:
+            response = PlainTextResponse("host not allowed", status_code=403)
+        response.headers.update(SECURITY_HEADERS)
+        return response
 
     async def index(self, _request: Request) -> Response:
         return FileResponse(STATIC / "index.html")
@@ -111,28 +148,56 @@ class WebApp:
         return PlainTextResponse("ok")
 
     async def converse(self, websocket: WebSocket) -> None:
-        if not same_origin(websocket, self.settings.origins):
-            await websocket.close(code=1008, reason="origin not allowed")
+        refusal = self.socket_refusal(websocket)
+        if refusal:  # closed before it is accepted: the browser gets 403
+            log.info("websocket refused: %s", refusal)
+            await websocket.close(code=POLICY_VIOLATION, reason=refusal)
             return
         await websocket.accept()
-        page = StarletteSocket(websocket)
-        limit = self.settings.max_sessions
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the page went away
-            if self.draining or (limit and self.active_sessions >= limit):
-                why = "draining" if self.draining else f"at its limit of {limit} conversations"
-                await send_json(
-                    page, error_event("RESOURCE_EXHAUSTED", f"the web service is {why}")
-                )
-            else:
-                await self._bridged(page)
-            await websocket.close()
+            code, reason = await self._conversation(StarletteSocket(websocket))
+            await websocket.close(code=code, reason=reason)
 
-    async def _bridged(self, page: StarletteSocket) -> None:
+    def socket_refusal(self, websocket: WebSocket) -> str:
+        """Why `websocket` may not be opened ("" if it may)."""
+        if not self.host_allowed(websocket.headers.get("host")):
+            return "host not allowed"
+        return origin_refusal(websocket, self.settings.origins)
+
+    async def _conversation(self, page: StarletteSocket) -> tuple[int, str]:
+        """The page's start message, then its conversation; the code and reason to
+        close its socket with. A socket that never starts holds no session."""
+        timeout = self.settings.start_timeout_s
+        try:
+            raw = await asyncio.wait_for(page.receive(), timeout)
+        except TimeoutError:
+            return POLICY_VIOLATION, f"no start message within {timeout:g} s"
+        try:
+            start = parse_start(raw, self.settings)
+        except StartError as exc:
+            await send_json(page, error_event("INVALID_ARGUMENT", str(exc)))
+            return NORMAL_CLOSURE, ""
+        if refusal := self.session_refusal():
+            await send_json(page, error_event("RESOURCE_EXHAUSTED", refusal))
+        else:
+            await self._bridged(page, start)
+        return NORMAL_CLOSURE, ""
+
+    def session_refusal(self) -> str:
+        """Why a new conversation may not begin now ("" if it may)."""
+        limit = self.settings.max_sessions
+        if self.draining:
+            return "the web service is draining"
+        if limit and self.active_sessions >= limit:
+            return f"the web service is at its limit of {limit} conversations"
+        return ""
+
+    async def _bridged(self, page: StarletteSocket, start: Start) -> None:
         self.active_sessions += 1
         self._gauge.set(self.active_sessions)
         self.idle.clear()
         try:
-            await self.bridge.run(page)
+            await self.bridge.run(page, start)
         finally:
             self.active_sessions -= 1
             self._gauge.set(self.active_sessions)
@@ -143,14 +208,6 @@ class WebApp:
 async def no_icon(_request: Request) -> Response:
     """The page has no icon: an empty answer instead of a 404 in the browser's console."""
     return Response(status_code=204)
-
-
-async def add_security_headers(
-    request: Request, call_next: Callable[[Request], Awaitable[Response]]
-) -> Response:
-    response = await call_next(request)
-    response.headers.update(SECURITY_HEADERS)
-    return response
 
 
 class WebServer(HttpServer):

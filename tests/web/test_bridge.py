@@ -54,10 +54,14 @@ def test_a_bad_start_message_is_refused_naming_what_is_wrong(raw, message):
         parse_start(raw, WebSettings())
 
 
-def test_the_bridges_own_token_stands_in_for_a_page_without_one():
-    settings = WebSettings(gateway_auth_token="bridge-token-0123456789")
-    assert parse_start(start(), settings).token == "bridge-token-0123456789"
-    assert parse_start(start(token="page-token"), settings).token == "page-token"
+def test_the_bridges_own_token_stands_in_for_a_page_without_one_only_behind_a_login():
+    behind_login = WebSettings(
+        gateway_auth_token="bridge-token-0123456789", relay_token_behind_login=True
+    )
+    assert parse_start(start(), behind_login).token == "bridge-token-0123456789"
+    assert parse_start(start(token="page-token"), behind_login).token == "page-token"
+    open_to_all = WebSettings(gateway_auth_token="bridge-token-0123456789")
+    assert parse_start(start(), open_to_all).token == ""
 
 
 def test_agent_audio_goes_to_the_page_as_bytes_behind_a_speaking_flag():
@@ -119,10 +123,25 @@ def test_errors_say_what_happened_in_words():
     refused = error_event("UNAUTHENTICATED", "invalid bearer token")
     assert refused["message"].startswith("auth refused")
     assert "invalid bearer token" in refused["message"]
-    down = error_event("UNAVAILABLE", "failed to connect", "gateway.example:50051")
-    assert down["message"].startswith("gateway down") and "gateway.example:50051" in down["message"]
     broken = error_event("UNAVAILABLE", "the frontend failed")
     assert broken["message"].startswith("the call broke off"), broken
+    starting = error_event("UNAVAILABLE", "no frontend registered yet", retry_after_s=5)
+    assert starting["message"].startswith("the agent is not ready yet"), starting
+    assert "try again in 5 s" in starting["message"] and starting["retry_after_s"] == 5
+    busy = error_event("RESOURCE_EXHAUSTED", "stt is at capacity", retry_after_s=2.5)
+    assert busy["message"].startswith("the agent is busy: try again in 2.5 s"), busy
+
+
+def test_errors_name_no_internal_address():
+    grpc_words = (
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.5:50051: "
+        "Failed to connect to remote host: Connection refused (stt-0.kame-stt:50053, "
+        "[fd00::5]:50051, http://oracle.internal/v1)"
+    )
+    message = error_event("UNAVAILABLE", grpc_words)["message"]
+    for address in ("10.0.0.5", "kame-stt", "fd00::5", "oracle.internal"):
+        assert address not in message, message
+    assert "Connection refused" in message
 
 
 def test_stop_is_recognized_and_nothing_else():

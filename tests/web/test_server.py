@@ -2,13 +2,16 @@
 modules with their security headers, the operator's choices, the health check,
 and each way a conversation can fail to start, against a real gateway (with
 bearer-token auth; its upstreams are addresses where nothing listens, since
-every check here happens before a session needs them)."""
+every check here happens before a session needs them). The attacks on the
+bridge itself (silent sockets, DNS rebinding, missing or foreign origins, the
+operator's token, internal addresses in errors) are each performed here."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import socket
 import urllib.error
 import urllib.request
 
@@ -16,6 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from kame_common.config import ConfigError
 from services.gateway.config import GatewaySettings
 from services.gateway.server import serve as serve_gateway
 from services.web.config import WebSettings
@@ -24,6 +28,8 @@ from services.web.server import serve
 TOKEN = "web-test-token-0123456789"
 NOWHERE = "127.0.0.1:1"  # nothing listens on port 1
 START = json.dumps({"type": "start", "mode": "tandem", "rate": 48000})
+WITH_TOKEN = json.dumps({"type": "start", "rate": 48000, "token": TOKEN})
+PAGE = "the page's own"  # converse's default origin: the one a browser on the page sends
 
 
 @pytest.fixture
@@ -37,6 +43,7 @@ async def gateway(redis_url):
         stt_address=NOWHERE,
         oracle_address=NOWHERE,
         frontend_address=NOWHERE,
+        readiness_interval_s=0,  # admit calls to upstreams that are not there
         connect_timeout_s=2.0,
         registry_secret="registry-secret-for-web-tests",  # no stray registry record is chosen
     )
@@ -65,32 +72,49 @@ async def web(gateway):
         await server.stop()
 
 
-async def get(url: str) -> tuple[int, dict[str, str], bytes]:
-    """GET `url` off the event loop, which serves it."""
-    return await asyncio.to_thread(blocking_get, url)
+async def get(url: str, host: str = "") -> tuple[int, dict[str, str], bytes]:
+    """GET `url` off the event loop, which serves it; `host`: another Host header."""
+    return await asyncio.to_thread(blocking_get, url, host)
 
 
-def blocking_get(url: str) -> tuple[int, dict[str, str], bytes]:
+def blocking_get(url: str, host: str = "") -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers={"Host": host} if host else {})
     try:
-        with urllib.request.urlopen(url, timeout=5) as reply:
+        with urllib.request.urlopen(request, timeout=5) as reply:
             return reply.status, dict(reply.headers), reply.read()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read()
 
 
+def opened(server, origin: str | None = PAGE, host: str = "127.0.0.1"):
+    """A WebSocket to /converse on loopback, as a page at http://`host`:port opens it:
+    `host` is what the browser resolved to 127.0.0.1 (a DNS rebinding, unless it
+    is a loopback name); `origin` None sends no Origin."""
+    netloc = f"{host}:{server.port}"
+    headers = {"Origin": f"http://{netloc}" if origin == PAGE else origin} if origin else {}
+    return connect(
+        f"ws://{netloc}/converse",
+        sock=socket.create_connection(("127.0.0.1", server.port)),
+        additional_headers=headers,
+        open_timeout=10,
+    )
+
+
 async def converse(
-    server, first: str | bytes, origin: str | None = None, audio: list[bytes] = ()
+    server,
+    first: str | bytes,
+    origin: str | None = PAGE,
+    audio: list[bytes] = (),
+    host: str = "127.0.0.1",
 ) -> list[dict]:
     """Open /converse, send `first` (then `audio` at once, as a page with its
     microphone open does), and collect the JSON events until the bridge closes."""
-    url = f"ws://127.0.0.1:{server.port}/converse"
-    headers = {"Origin": origin} if origin else {}
-    async with connect(url, additional_headers=headers, open_timeout=10) as socket:
+    async with opened(server, origin, host) as page:
         with contextlib.suppress(ConnectionClosed):  # refused before it read anything
-            await socket.send(first)
+            await page.send(first)
             for chunk in audio:
-                await socket.send(chunk)
-        return [json.loads(m) async for m in socket if isinstance(m, str)]
+                await page.send(chunk)
+        return [json.loads(m) async for m in page if isinstance(m, str)]
 
 
 async def test_the_page_and_its_modules_are_served_with_a_strict_policy(web):
@@ -137,7 +161,7 @@ async def test_a_refusal_is_reported_as_sent_while_the_page_streams_audio(web):
     would turn it into INTERNAL (grpc/grpc#36066). A refusal by the auth
     interceptor, before the config is read, can still race the config's own
     write: not covered here."""
-    server = await web(gateway_auth_token=TOKEN)
+    server = await web(gateway_auth_token=TOKEN, relay_token_behind_login=True)
     twenty_ms = bytes(2 * 960)
     for _ in range(5):
         events = await converse(server, START, audio=[twenty_ms] * 25)
@@ -145,22 +169,25 @@ async def test_a_refusal_is_reported_as_sent_while_the_page_streams_audio(web):
 
 
 async def test_the_right_token_gets_past_the_gateways_auth(web):
-    """With the page's token, and with the bridge's own when the page has none, the
-    gateway lets the call in (and then finds no upstream: UNAVAILABLE, not auth)."""
+    """With the page's token, and with the bridge's own when the page has none (and
+    the operator said their login guards the page), the gateway lets the call in
+    (and then finds no upstream: UNAVAILABLE, not auth)."""
     for server, start in (
-        (await web(), json.dumps({"type": "start", "rate": 48000, "token": TOKEN})),
-        (await web(gateway_auth_token=TOKEN), START),
+        (await web(), WITH_TOKEN),
+        (await web(gateway_auth_token=TOKEN, relay_token_behind_login=True), START),
     ):
         events = await converse(server, start)
         assert events[-1]["type"] == "error", events
         assert events[-1]["code"] == "UNAVAILABLE", events
 
 
-async def test_a_gateway_that_does_not_answer_is_reported_as_down(web):
+async def test_a_gateway_that_does_not_answer_is_reported_as_down_without_its_address(web):
+    """gRPC's own words for it ("failed to connect to all addresses; last error: ...
+    ipv4:127.0.0.1:1: Connection refused") name the internal address: not on the page."""
     server = await web(gateway_address=NOWHERE)
     (event,) = await converse(server, START)
     assert event["code"] == "UNAVAILABLE" and event["message"].startswith("gateway down"), event
-    assert NOWHERE in event["message"]
+    assert "127.0.0.1" not in event["message"] and "ipv4" not in event["message"], event
 
 
 async def test_a_bad_start_message_is_refused(web):
@@ -169,15 +196,65 @@ async def test_a_bad_start_message_is_refused(web):
     assert event["code"] == "INVALID_ARGUMENT" and "rate" in event["message"], event
 
 
+async def refused_status(server, **how) -> int:
+    """The HTTP status a WebSocket upgrade opened `how` gets; fails if it is let in."""
+    with pytest.raises(InvalidStatus) as refused:
+        await converse(server, START, **how)
+    return refused.value.response.status_code
+
+
 async def test_a_page_from_another_origin_may_not_open_the_socket(web):
     server = await web(allowed_origins="https://kame.example")
-    with pytest.raises(InvalidStatus) as refused:
-        await converse(server, START, origin="https://evil.example")
-    assert refused.value.response.status_code == 403
+    assert await refused_status(server, origin="https://evil.example") == 403
+    assert await refused_status(server, origin="null") == 403  # a sandboxed frame
     (event,) = await converse(server, START, origin="https://kame.example")
     assert event["code"] == "UNAUTHENTICATED"  # let in: the gateway decides
-    (event,) = await converse(server, START, origin=f"http://127.0.0.1:{server.port}")
+    (event,) = await converse(server, START)  # the page's own origin
     assert event["code"] == "UNAUTHENTICATED"
+
+
+async def test_a_socket_without_an_origin_is_refused(web):
+    """No Origin is no browser page: a script that wants the bridge's relay, or its slots."""
+    server = await web()
+    assert await refused_status(server, origin=None) == 403
+
+
+async def test_a_dns_rebinding_page_is_refused_by_its_host_name(web):
+    """evil.example's page, its name rebound to 127.0.0.1, is same-origin with itself
+    (Origin and Host both evil.example): only the Host tells it from the real page."""
+    server = await web()
+    assert await refused_status(server, host="evil.example") == 403
+    page_url = f"http://127.0.0.1:{server.port}/"
+    status, _headers, _body = await get(page_url, host=f"evil.example:{server.port}")
+    assert status == 403
+    assert (await get(f"{page_url}healthz", host=f"10.1.2.3:{server.port}"))[0] == 200  # probes
+    for host in ("localhost", "127.0.0.1"):
+        (event,) = await converse(server, START, host=host)
+        assert event["code"] == "UNAUTHENTICATED", (host, event)
+    named = await web(allowed_hosts="kame.example")
+    (event,) = await converse(named, START, host="kame.example")
+    assert event["code"] == "UNAUTHENTICATED", event
+
+
+async def test_the_operators_token_is_relayed_only_behind_their_login(web, gateway):
+    """A page without a token must not ride on the operator's: without
+    relay_token_behind_login the settings are refused at start, and a bridge
+    started anyway sends no token."""
+    with pytest.raises(ConfigError, match="relay_token_behind_login"):
+        await web(gateway_auth_token=TOKEN)
+    unchecked = WebSettings(
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        gateway_address=gateway.address,
+        gateway_auth_token=TOKEN,
+    )
+    server = await serve(unchecked)
+    try:
+        (event,) = await converse(server, START)
+    finally:
+        await server.stop()
+    assert event["code"] == "UNAUTHENTICATED", event
 
 
 async def test_conversations_beyond_the_limit_are_refused(web):
@@ -185,3 +262,30 @@ async def test_conversations_beyond_the_limit_are_refused(web):
     server.web.active_sessions = 1  # one conversation is open
     (event,) = await converse(server, START)
     assert event["code"] == "RESOURCE_EXHAUSTED" and "limit of 1" in event["message"], event
+
+
+async def test_silent_sockets_hold_no_slot_and_are_closed(web):
+    """More sockets than the limit that never send a start message: a real page
+    still gets its conversation, and each silent one is closed after start_timeout_s."""
+    server = await web(max_sessions=2, start_timeout_s=1.0)
+    silent = [await opened(server) for _ in range(3)]
+    try:
+        events = await converse(server, WITH_TOKEN)
+        assert events[-1]["code"] == "UNAVAILABLE", events  # in: the gateway has no upstream
+        for page in silent:
+            await asyncio.wait_for(page.wait_closed(), 5)
+            assert page.close_code == 1008 and "no start message" in page.close_reason
+    finally:
+        for page in silent:
+            await page.close()
+    assert server.web.active_sessions == 0
+
+
+async def test_a_busy_stack_tells_the_page_when_to_try_again(web, busy_gateway):
+    """The gateway refuses the call with RESOURCE_EXHAUSTED and `retry-after-s`: the
+    page hears both, in words."""
+    server = await web(gateway_address=busy_gateway)
+    (event,) = await converse(server, START)
+    assert event["code"] == "RESOURCE_EXHAUSTED" and event["retry_after_s"] == 3, event
+    assert event["message"].startswith("the agent is busy: try again in 3 s"), event
+    assert "10.0.0.1" not in event["message"]

@@ -29,6 +29,9 @@ const timeline = new Timeline($("timeline"));
 
 const state = (window.kameState = freshState("idle"));
 let session = null;
+// A refusal with the gateway's retry hint (the stack is starting or busy): Start
+// waits, counting down, until then (performance.now() ms).
+let retryAt = 0;
 
 function freshState(status) {
   return {
@@ -53,6 +56,7 @@ function freshState(status) {
     answered: [],
     notices: [],
     bargeIns: 0,
+    retryAfterS: 0, // the gateway's hint in the last error: try again in this many seconds
     // Everything on one clock, seconds since Start, like `kame talk`'s timeline: the bridge's
     // events, agent_audio_start/stop, caller_talking_start/stop, barge_in.
     events: [],
@@ -68,8 +72,11 @@ function setState(changes) {
   ui.status.textContent = state.status + (state.engine ? ` (engine ${state.engine})` : "");
   ui.error.textContent = state.error;
   ui.error.hidden = !state.error;
-  ui.start.disabled = state.status === "connecting" || state.status === "live";
-  ui.stop.disabled = !ui.start.disabled;
+  const inCall = state.status === "connecting" || state.status === "live";
+  const waitS = Math.ceil((retryAt - performance.now()) / 1000);
+  ui.start.disabled = inCall || waitS > 0;
+  ui.start.textContent = waitS > 0 ? `Try again in ${waitS} s` : "Start talking";
+  ui.stop.disabled = !inCall;
   ui.mute.disabled = state.status !== "live";
   ui.mute.textContent = state.muted ? "Unmute" : "Mute";
 }
@@ -271,12 +278,22 @@ const HANDLERS = {
     addLine(ui.notices, `${event.kind}: ${event.message}`);
   },
   error(event) {
-    setState({ status: "error", error: event.message });
+    setState({ status: "error", error: event.message, retryAfterS: event.retry_after_s || 0 });
+    if (event.retry_after_s) countDown(event.retry_after_s);
   },
   end() {
     setState({ status: "ended" });
   },
 };
+
+function countDown(seconds) {
+  retryAt = performance.now() + seconds * 1000;
+  const tick = setInterval(() => {
+    setState({});
+    if (performance.now() >= retryAt) clearInterval(tick);
+  }, 250);
+  setState({});
+}
 
 function answerOf(generation) {
   let answer = state.answered.find((a) => a.generation === generation);
