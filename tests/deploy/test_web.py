@@ -5,6 +5,9 @@ env vars, ports, drain."""
 
 from __future__ import annotations
 
+import helm_python as helm
+import pytest
+
 from kame_common.ports import SERVICE_PORTS, WEB_PORTS
 from tests.deploy.conftest import (
     SERVICE_DOCKERFILE,
@@ -71,15 +74,43 @@ def test_the_chart_runs_web_with_http_probes_and_the_gateways_address(rendered_s
     assert "port-forward svc/kame-web" in rendered.notes
 
 
-def test_the_bridge_token_comes_from_the_secret():
-    rendered = helm_render(
-        {"secrets": {"existingSecret": "kame-keys", "webGatewayAuthTokenKey": "WEB_TOKEN"}}
-    )
-    env = env_of(containers(rendered.one("Deployment", "web"))[0])
+LOGIN_PODS = [{"podSelector": {"matchLabels": {"app": "oauth2-proxy"}}}]
+RELAY = {
+    "secrets": {"existingSecret": "kame-keys", "webGatewayAuthTokenKey": "WEB_TOKEN"},
+    "web": {"config": {"relay_token_behind_login": True}},
+    "networkPolicy": {"webFrom": LOGIN_PODS},
+}
+
+
+def test_the_bridge_token_comes_from_the_secret_behind_the_operators_login():
+    rendered = helm_render(RELAY)
+    (container,) = containers(rendered.one("Deployment", "web"))
+    env = env_of(container)
     assert env["KAME_WEB_GATEWAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
         "name": "kame-keys",
         "key": "WEB_TOKEN",
     }
+    assert (
+        settings_of(rendered.one("Deployment", "web"))["KAME_WEB_RELAY_TOKEN_BEHIND_LOGIN"]
+        == "true"
+    )
+    assert policy(rendered, "web")["ingress"][0]["from"] == LOGIN_PODS
+
+
+@pytest.mark.parametrize(
+    ("missing", "error"),
+    [
+        ({"networkPolicy": {"webFrom": []}}, r"networkPolicy\.webFrom"),
+        ({"networkPolicy": {"enabled": False, "webFrom": LOGIN_PODS}}, r"networkPolicy\.webFrom"),
+        ({"web": {"config": {}}}, r"relay_token_behind_login"),
+    ],
+)
+def test_a_relay_token_needs_the_login_in_front_and_only_it_reaching_the_page(missing, error):
+    """The attack: a token for the bridge while anyone reaches the page (no webFrom, or
+    no NetworkPolicy) or with nobody saying a login guards it: the chart refuses."""
+    values = {**RELAY, **missing}
+    with pytest.raises(helm.HelmError, match=error):
+        helm_render(values)
 
 
 def policy(rendered, component: str) -> dict:
