@@ -101,33 +101,40 @@ class AudioSocketCall:
 
     async def run(self) -> None:
         try:
-            if reason := self.telephony.refusal(PROVIDER, self.peer_ip):
+            if reason := self.telephony.admit(PROVIDER, self.peer_ip):
                 log.warning("audiosocket: %s refused: %s", self.peer, reason)
                 if reason != "network":  # strangers get nothing; a PBX hears the refusal
                     await self._send(packet(Kind.HANG_UP))
                 return
             try:
-                self.call = await self._admit()
-            except (asyncio.IncompleteReadError, ConnectionError):
-                log.info("audiosocket: %s closed before its UUID", self.peer)
-                return
-            except ProtocolError as exc:
-                self._protocol_error(str(exc))
-                return
-            except TimeoutError:
-                self._protocol_error(f"no UUID packet within {UUID_TIMEOUT_S:g} s")
-                return
-            reader = asyncio.ensure_future(self._read(self.call))
-            try:
-                # Ended on our side (the gateway, or the service stopping), the call's
-                # run() hangs up the phone: hang_up() below.
-                await self.telephony.run(self.call)
+                await self._run_admitted()
             finally:
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reader
+                self.telephony.release()
         finally:
             await self._close()
+
+    async def _run_admitted(self) -> None:
+        """The call from its UUID to its end; a slot is held meanwhile (admit())."""
+        try:
+            self.call = await self._admit()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            log.info("audiosocket: %s closed before its UUID", self.peer)
+            return
+        except ProtocolError as exc:
+            self._protocol_error(str(exc))
+            return
+        except TimeoutError:
+            self._protocol_error(f"no UUID packet within {UUID_TIMEOUT_S:g} s")
+            return
+        reader = asyncio.ensure_future(self._read(self.call))
+        try:
+            # Ended on our side (the gateway, or the service stopping), the call's
+            # run() hangs up the phone: hang_up() below.
+            await self.telephony.run(self.call)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
 
     async def _admit(self) -> PhoneCall:
         kind, payload = await asyncio.wait_for(read_packet(self.reader), UUID_TIMEOUT_S)

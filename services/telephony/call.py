@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import enum
 import logging
+import math
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,14 +38,22 @@ from services.telephony.playout import PhoneCodec, Playout
 
 log = logging.getLogger(__name__)
 
-# Caller audio waiting for the gateway beyond this is dropped, oldest first (a
-# stalled gateway must not grow the queue without bound): 2 s of 20 ms packets.
+# What waits for the gateway (caller audio, keys) beyond this is dropped, oldest
+# first (a stalled gateway must not grow the queue without bound): 2 s of 20 ms
+# packets.
 CALLER_QUEUE_PACKETS = 100
 # After a hang-up the Converse call is half-closed, so the gateway finishes the
 # session (stt's last final, the oracle's log); past this it is cancelled.
 HANG_UP_GRACE_S = 3.0
 # The keys of a phone, the only Dtmf digits the gateway takes.
 DTMF_KEYS = frozenset("0123456789*#ABCD")
+# A gateway that refuses a call for now (not ready, at capacity) says when to
+# try again in this trailing metadata (services/gateway/plan.py SessionError).
+RETRY_AFTER_KEY = "retry-after-s"
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+# A longer hint than this is taken for this (a phone network's retry header
+# should not say "come back tomorrow").
+MAX_RETRY_AFTER_S = 3600.0
 
 
 class PhoneLeg(Protocol):
@@ -89,9 +99,53 @@ class CallSettings:
     auth_token: str
     prebuffer_ms: int
     max_queued_ms: int
+    # Keys a call may press: `dtmf_burst` at once, `dtmf_rate_per_s` sustained
+    # (0 = no limit); more are dropped.
+    dtmf_rate_per_s: float = 0.0
+    dtmf_burst: int = 1
     # A gateway that does not answer at once (restarting, a connection in backoff)
     # is waited for this long before the phone is hung up.
     start_timeout_s: float = 5.0
+
+
+class KeyRate:
+    """A token bucket for a call's keys: `burst` presses at once, then `rate_per_s`
+    (0 = every press passes). A caller (or a stranger on a SIP trunk, a bot) who
+    floods keys must not make the gateway, the oracle and Redis take a turn per
+    press."""
+
+    def __init__(self, rate_per_s: float, burst: int) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = float(burst)
+        self._tokens = float(burst)
+        self._at = time.monotonic()
+
+    def allow(self) -> bool:
+        if not self.rate_per_s:
+            return True
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate_per_s)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+
+def retry_after_s(exc: grpc.aio.AioRpcError) -> float | None:
+    """The gateway's hint when it refused the call for now (UNAVAILABLE,
+    RESOURCE_EXHAUSTED with `retry-after-s`); None otherwise or when unreadable."""
+    if exc.code() not in RETRYABLE:
+        return None
+    for key, value in exc.trailing_metadata() or ():
+        if key != RETRY_AFTER_KEY:
+            continue
+        try:
+            hint = float(value)
+        except (TypeError, ValueError):
+            return None
+        return min(hint, MAX_RETRY_AFTER_S) if math.isfinite(hint) and hint >= 0 else None
+    return None
 
 
 class _HungUp:
@@ -115,10 +169,16 @@ class PhoneCall:
         self.started = asyncio.Event()
         self.ended: Ended | None = None
         self.status = ""  # the gateway's status when it ended the call ("" = OK)
+        # When the gateway refused the call for now: its hint, in seconds.
+        self.retry_after_s: float | None = None
         self._channel = channel
         self._settings = settings
         self._leg = leg
-        self._to_gateway: asyncio.Queue[gateway_pb2.ConverseRequest | _HungUp] = asyncio.Queue()
+        self._to_gateway: asyncio.Queue[gateway_pb2.ConverseRequest | _HungUp] = asyncio.Queue(
+            CALLER_QUEUE_PACKETS
+        )
+        self._keys = KeyRate(settings.dtmf_rate_per_s, settings.dtmf_burst)
+        self._keys_dropped = 0  # keys over the rate limit
         self._hung_up = asyncio.Event()  # either side hung up (not the gateway)
         self._gateway_error = ""
         self._dropped = 0  # caller packets dropped (the gateway took them too slowly)
@@ -134,7 +194,11 @@ class PhoneCall:
         """Caller audio in the call's codec, any size; never blocks."""
         if self._hung_up.is_set() or not payload:
             return
-        if self._to_gateway.qsize() >= CALLER_QUEUE_PACKETS:
+        self._enqueue(gateway_pb2.ConverseRequest(audio=payload))
+
+    def _enqueue(self, request: gateway_pb2.ConverseRequest | _HungUp) -> None:
+        """Queue `request` for the gateway; a full queue drops its oldest first."""
+        if self._to_gateway.full():
             with contextlib.suppress(asyncio.QueueEmpty):
                 self._to_gateway.get_nowait()
             metrics.DROPPED_CALLER_PACKETS.labels(self.info.provider).inc()
@@ -145,7 +209,7 @@ class PhoneCall:
                     self.info.provider_call_id,
                 )
             self._dropped += 1
-        self._to_gateway.put_nowait(gateway_pb2.ConverseRequest(audio=payload))
+        self._to_gateway.put_nowait(request)
 
     def caller_dtmf(self, digit: str, duration_ms: int = 0) -> None:
         if self._hung_up.is_set():
@@ -156,10 +220,24 @@ class PhoneCall:
                 "%s call %s: %r is not a key: dropped", info.provider, info.provider_call_id, digit
             )
             return
-        digit = digit.upper()
+        if not self._keys.allow():
+            self._key_dropped()
+            return
         metrics.DTMF_DIGITS.labels(self.info.provider).inc()
-        dtmf = common_pb2.Dtmf(digit=digit, duration_ms=duration_ms)
-        self._to_gateway.put_nowait(gateway_pb2.ConverseRequest(dtmf=dtmf))
+        dtmf = common_pb2.Dtmf(digit=digit.upper(), duration_ms=duration_ms)
+        self._enqueue(gateway_pb2.ConverseRequest(dtmf=dtmf))
+
+    def _key_dropped(self) -> None:
+        metrics.DROPPED_DTMF.labels(self.info.provider).inc()
+        if not self._keys_dropped:
+            info = self.info
+            log.warning(
+                "%s call %s: more than %g keys a second: dropping keys",
+                info.provider,
+                info.provider_call_id,
+                self._keys.rate_per_s,
+            )
+        self._keys_dropped += 1
 
     def caller_hung_up(self) -> None:
         """The phone hung up (BYE, a stop message, a hang-up packet, a closed socket)."""
@@ -174,7 +252,7 @@ class PhoneCall:
             return
         self.ended, self.status = how, reason
         self._hung_up.set()
-        self._to_gateway.put_nowait(_HungUp())
+        self._enqueue(_HungUp())
 
     # ---- the call ----------------------------------------------------------------
 
@@ -264,11 +342,14 @@ class PhoneCall:
             if self._hung_up.is_set() or self._gateway_error:
                 return  # our own hang-up, or the start timed out
             self._gateway_error = f"{exc.code().name}: {exc.details()}"
+            self.retry_after_s = retry_after_s(exc)
+            retry = "" if self.retry_after_s is None else f" (retry after {self.retry_after_s:g} s)"
             log.warning(
-                "%s call %s: gateway: %s",
+                "%s call %s: gateway: %s%s",
                 self.info.provider,
                 self.info.provider_call_id,
                 self._gateway_error,
+                retry,
             )
 
     async def _on_response(self, response: gateway_pb2.ConverseResponse) -> None:

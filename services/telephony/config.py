@@ -78,6 +78,23 @@ class TelephonySettings(ServiceSettings, GatewayClientSettings):
     playout_max_ms: int = setting(
         1000, "agent audio queued for playout beyond which the oldest is dropped"
     )
+    rtp_timeout_s: float = setting(
+        30.0,
+        "SIP: hang up (BYE) a call whose phone has sent no RTP for this long, unless it "
+        "holds the call (0 = never)",
+    )
+    sip_session_expires_s: int = setting(
+        1800,
+        "SIP session timers (RFC 4028): the interval offered when the INVITE names none; "
+        "a call not refreshed within it is ended with BYE (0 = no session timers)",
+    )
+    sip_min_se_s: int = setting(
+        90, "SIP session timers: the shortest Session-Expires taken (shorter: 422)"
+    )
+    dtmf_rate_per_s: float = setting(
+        10.0, "keys a call may press per second, sustained; more are dropped (0 = no limit)"
+    )
+    dtmf_burst: int = setting(20, "keys a call may press at once before dtmf_rate_per_s applies")
 
     @property
     def networks(self) -> list[Network]:
@@ -129,5 +146,14 @@ class TelephonySettings(ServiceSettings, GatewayClientSettings):
             raise ConfigError(
                 f"playout_max_ms: at least playout_prebuffer_ms + 80, got {self.playout_max_ms}"
             )
+        if self.rtp_timeout_s < 0 or self.sip_session_expires_s < 0 or self.dtmf_rate_per_s < 0:
+            raise ConfigError("rtp_timeout_s, sip_session_expires_s, dtmf_rate_per_s: 0 or more")
+        if self.sip_session_expires_s and not 0 < self.sip_min_se_s <= self.sip_session_expires_s:
+            raise ConfigError(
+                f"sip_min_se_s: 1..sip_session_expires_s ({self.sip_session_expires_s}), "
+                f"got {self.sip_min_se_s}"
+            )
+        if self.dtmf_burst < 1:
+            raise ConfigError(f"dtmf_burst: 1 or more, got {self.dtmf_burst}")
         if self.public_url and not self.public_url.startswith(("https://", "http://")):
             raise ConfigError(f"public_url: an http(s):// URL, got {self.public_url!r}")

@@ -15,7 +15,9 @@ CALLS = Counter(
 REFUSED_CALLS = Counter(
     "kame_telephony_refused_calls_total",
     "Phone calls refused before a Converse call: network (not from allowed_networks), "
-    "signature (a bad Twilio signature), busy (max_sessions), codec (no G.711 offered), "
+    "signature (a bad or expired Twilio signature or token), replay (a Twilio stream token "
+    "used already, or a second stream for a call), busy (max_sessions), "
+    "codec (no G.711 offered), media (a SIP offer's media address not in allowed_networks), "
     "protocol (a malformed message)",
     ["provider", "reason"],
 )
@@ -38,6 +40,17 @@ DROPPED_CALLER_PACKETS = Counter(
     ["provider"],
 )
 DTMF_DIGITS = Counter("kame_telephony_dtmf_digits_total", "Keys callers pressed", ["provider"])
+DROPPED_DTMF = Counter(
+    "kame_telephony_dropped_dtmf_total",
+    "Keys dropped because the call pressed more than dtmf_burst at once or dtmf_rate_per_s",
+    ["provider"],
+)
+DROPPED_RTP = Counter(
+    "kame_telephony_dropped_rtp_packets_total",
+    "RTP and RTCP packets on a SIP call's ports not taken as the phone's: source (not from "
+    "the address and port its SDP named), ssrc (another SSRC than the phone's), malformed",
+    ["reason"],
+)
 BARGE_INS = Counter(
     "kame_telephony_barge_ins_total",
     "Agent audio flushed because the caller cut the agent off",

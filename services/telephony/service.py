@@ -22,26 +22,47 @@ class Telephony:
             auth_token=settings.gateway_auth_token,
             prebuffer_ms=settings.playout_prebuffer_ms,
             max_queued_ms=settings.playout_max_ms,
+            dtmf_rate_per_s=settings.dtmf_rate_per_s,
+            dtmf_burst=settings.dtmf_burst,
         )
         self.calls: set[PhoneCall] = set()
+        # Calls admitted and not yet over, whether or not their Converse call runs
+        # yet: what max_sessions counts (see admit()).
+        self.slots = 0
         self.draining = False
         self.idle = asyncio.Event()  # set while no call is open
         self.idle.set()
         self._gauge = ACTIVE_SESSIONS.labels(service="telephony")
 
     def refusal(self, provider: str, peer_ip: str | None = None) -> str:
-        """Why a new call must be refused ("" = it may go on): `peer_ip` not in
-        allowed_networks (SIP, AudioSocket), draining, or at max_sessions. Counted."""
+        """Why a new call would be refused ("" = it may go on): `peer_ip` not in
+        allowed_networks (SIP, AudioSocket), draining, or every slot taken. Counted.
+        Only a check (Twilio's webhook, before its stream comes): a call takes its
+        slot with admit()."""
         reason = ""
         if peer_ip is not None and not self.settings.caller_allowed(peer_ip):
             reason = "network"
         elif self.draining:
             reason = "draining"
-        elif self.settings.max_sessions and len(self.calls) >= self.settings.max_sessions:
+        elif self.settings.max_sessions and self.slots >= self.settings.max_sessions:
             reason = "busy"
         if reason:
             self.refused(provider, reason)
         return reason
+
+    def admit(self, provider: str, peer_ip: str | None = None) -> str:
+        """refusal(), and a slot taken when there is none: the check and the count in
+        one step, with no await between, so a burst of calls that arrive together
+        cannot all pass max_sessions before any of them runs. The caller must
+        release() the slot once the call is over, or refused on other grounds."""
+        reason = self.refusal(provider, peer_ip)
+        if not reason:
+            self.slots += 1
+        return reason
+
+    def release(self) -> None:
+        """Give back the slot an admit() took."""
+        self.slots -= 1
 
     def refused(self, provider: str, reason: str) -> None:
         metrics.REFUSED_CALLS.labels(provider, reason).inc()

@@ -5,14 +5,22 @@ aiortp's (RTP/RTCP sockets, a reordering jitter buffer, RFC 4733 telephone
 events); services/telephony/README.md says why these. Per INVITE:
 
 - admission first: a peer outside allowed_networks gets 403, a full or
-  draining replica 486 / 503, an offer without PCMU or PCMA 488;
+  draining replica 486 / 503 (the slot is taken in the same step as the check),
+  an offer without PCMU or PCMA, or whose media address is outside
+  allowed_networks (we would send RTP there), 488;
 - otherwise an RTP port pair from rtp_port_first..last, a PhoneCall in the
   offered G.711 codec (passed through as is: the gateway decodes G.711 itself),
   180 Ringing, and 200 OK with our SDP once the gateway has started the
   session (a gateway that refuses the call gets the phone a 503, not a call
-  that is answered and hung up at once);
-- caller RTP through aiortp's jitter buffer (in order, lost packets skipped)
-  to `caller_audio`, each telephone event once (at its end) to `caller_dtmf`;
+  that is answered and hung up at once; with Retry-After when the gateway
+  said when to retry);
+- caller RTP only from the address and port the SDP named, with one SSRC
+  (MediaGate; anyone else's packets are dropped), through aiortp's jitter
+  buffer (in order, lost packets skipped) to `caller_audio`, each telephone
+  event once (at its end) to `caller_dtmf`;
+- a phone that sends no RTP for rtp_timeout_s while not holding the call,
+  or (session timers, RFC 4028) does not refresh the session in time, is gone:
+  BYE;
 - agent audio as 20 ms RTP packets, timestamps +160 each, the marker bit at
   the start of each talk spurt; nothing is sent while the phone holds the call
   (a re-INVITE with sendonly or inactive);
@@ -24,7 +32,10 @@ events); services/telephony/README.md says why these. Per INVITE:
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +52,7 @@ from aiosipua import (
 )
 
 from kame_common.aio import cancel_and_wait
+from services.telephony import metrics
 from services.telephony.call import CallInfo, PhoneCall
 from services.telephony.playout import PACKET_S, PCMA, PCMU, PhoneCodec
 from services.telephony.service import Telephony
@@ -64,6 +76,8 @@ REFUSALS = {
     "network": (403, "Forbidden"),
     "busy": (486, "Busy Here"),
     "draining": (503, "Service Unavailable"),
+    "codec": (488, "Not Acceptable Here"),
+    "media": (488, "Not Acceptable Here"),
 }
 # The jitter buffer: 16 packets (320 ms) of room for reordering, audio handed on
 # once two packets are in (40 ms), a gap skipped once a later packet proves it lost.
@@ -74,6 +88,8 @@ JITTER_PREFETCH = 2
 T1_S, T2_S = 0.5, 4.0
 BYE_GIVE_UP_S = 64 * T1_S
 STOP_WAIT_S = 5.0
+# The RTP header's SSRC (RFC 3550 5.1): bytes 8..12 of the 12 it has at least.
+RTP_HEADER_BYTES = 12
 
 
 class _Datagrams(asyncio.DatagramProtocol):
@@ -133,9 +149,101 @@ class G711Passthrough(aiortp.Codec):
         return payload
 
 
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def ip_of(text: str) -> Address | None:
+    """`text` as an IP address (an IPv4-mapped IPv6 one as IPv4); None if it is not one."""
+    try:
+        address = ipaddress.ip_address(text.split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+class MediaGate:
+    """Which datagrams on a call's RTP ports are the phone's. aiortp takes RTP from
+    anyone, and the RTP range is easy to spray: a stranger's packets would speak
+    in the call (the agent answers them), press keys ("press 1 to confirm") and,
+    with their SSRC, reset the caller's stream. Taken: RTP from the address and
+    port the phone's SDP named (phones send from the port they receive on,
+    symmetric RTP, RFC 4961), with the SSRC the first such packet carried, until
+    a re-INVITE, which may change it; RTCP from that host. The rest is dropped
+    and counted. Closed (drops everything) until `expect` names the address."""
+
+    def __init__(self) -> None:
+        self.host: Address | None = None
+        self.port = 0
+        self.ssrc: int | None = None
+        self.last_packet_at = time.monotonic()  # when the phone's last RTP came
+        self.dropped: dict[str, int] = {}  # by reason
+        self.call_id = ""  # for the log
+
+    def expect(self, address: tuple[str, int]) -> None:
+        """The phone's media address, from its SDP; the SSRC is learnt again."""
+        self.host, self.port = ip_of(address[0]), address[1]
+        self.ssrc = None
+
+    def takes_rtp(self, data: bytes, addr: tuple[Any, ...]) -> bool:
+        if not self._from_phone(addr) or addr[1] != self.port:
+            return self._drop("source", addr)
+        if len(data) < RTP_HEADER_BYTES:
+            return self._drop("malformed", addr)
+        ssrc = int.from_bytes(data[8:12], "big")
+        if self.ssrc is None:
+            self.ssrc = ssrc
+        elif ssrc != self.ssrc:
+            return self._drop("ssrc", addr)
+        self.last_packet_at = time.monotonic()
+        return True
+
+    def takes_rtcp(self, addr: tuple[Any, ...]) -> bool:
+        return self._from_phone(addr) or self._drop("source", addr)
+
+    def _from_phone(self, addr: tuple[Any, ...]) -> bool:
+        return self.host is not None and ip_of(str(addr[0])) == self.host
+
+    def _drop(self, reason: str, addr: tuple[Any, ...]) -> bool:
+        metrics.DROPPED_RTP.labels(reason).inc()
+        if not self.dropped.get(reason):
+            log.warning(
+                "sip call %s: dropping RTP from %s:%s (%s): the phone's is %s:%d",
+                self.call_id,
+                addr[0],
+                addr[1],
+                reason,
+                self.host,
+                self.port,
+            )
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        return False
+
+
 class PhoneRtp(aiortp.RTPSession):
-    """aiortp's audio session, plus sending with the marker bit and letting time
-    pass without sending (hold): its own send API has neither."""
+    """aiortp's audio session, plus sending with the marker bit, letting time pass
+    without sending (hold), and taking packets only from the phone (MediaGate):
+    its own API has none of these. This class is the one place that reaches into
+    aiortp's private parts (_sender, _closed, _remote_addr and the receive hooks
+    _handle_rtp, _handle_rtcp)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = MediaGate()
+
+    def _handle_rtp(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.gate.takes_rtp(data, addr):
+            super()._handle_rtp(data, addr)
+
+    def _handle_rtcp(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.gate.takes_rtcp(addr):
+            super()._handle_rtcp(data, addr)
+
+    def update_remote(self, addr: tuple[str, int]) -> None:
+        """Media to and from a new address (a re-INVITE's), its SSRC learnt anew."""
+        super().update_remote(addr)
+        self.gate.expect(addr)
 
     def send_packet(self, payload: bytes, marker: bool) -> None:
         if self._sender is None or self._closed:
@@ -214,6 +322,8 @@ class SipCall:
         # The caller's side of the call in our clock's seconds: how far its
         # audio (or silence standing in for it) has reached the PhoneCall.
         self._caller_until = 0.0
+        # Since when the phone is due to send RTP (the answer, a resume).
+        self._media_expected_since = time.monotonic()
 
     @property
     def call_id(self) -> str:
@@ -243,15 +353,18 @@ class SipCall:
     # ---- the dialog -------------------------------------------------------------
 
     def end_here(self) -> None:
-        """Our side ends the call: BYE once answered, 503 while still ringing."""
+        """Our side ends the call: BYE once answered, 503 while still ringing (with
+        Retry-After when the gateway refused the call for now and said when)."""
         if self.phone_gone or self.bye_sent:
             return
         if self.answered:
             self.bye_sent = True
             self.server.send_bye(self.invite)
-        else:
-            self.phone_gone = True  # the INVITE is over either way
-            self.invite.reject(503, "Service Unavailable")
+            return
+        self.phone_gone = True  # the INVITE is over either way
+        retry = self.call.retry_after_s if self.call is not None else None
+        headers = {} if retry is None else {"Retry-After": str(max(1, math.ceil(retry)))}
+        self.server.reject(self.invite, 503, "Service Unavailable", headers)
 
     def phone_hung_up(self) -> None:
         self.phone_gone = True
@@ -272,6 +385,7 @@ class SipCall:
         answer.origin.session_version = str(self._sdp_version)
         self.invite.accept(answer)
         self.answered = True
+        self._media_expected_since = time.monotonic()  # RTP is due from now (a resume too)
 
     def reinvite(self) -> None:
         """A new offer in the dialog: hold, resume, or a new address for the media."""
@@ -279,15 +393,21 @@ class SipCall:
         if offer is None or self.rtp is None:
             self.invite.accept(self.invite.sdp_answer)  # no offer: the last answer stands
             return
+        held, address = on_hold(offer), offer.rtp_address
+        # Where the media goes from now: a held call's address is not used.
+        moving_to = address if not held and address is not None and address[1] else None
+        if moving_to is not None and not self.server.settings.caller_allowed(moving_to[0]):
+            log.warning("sip call %s: re-INVITE to media at %s refused", self.call_id, moving_to)
+            self.server.reject(self.invite, 488, "Not Acceptable Here", end_dialog=False)
+            return
         try:
             self.answer(offer)
         except SdpNegotiationError:
-            self.server.reply(self.invite, 488, "Not Acceptable Here")
+            self.server.reject(self.invite, 488, "Not Acceptable Here", end_dialog=False)
             return
-        self.held = on_hold(offer)
-        address = offer.rtp_address
-        if not self.held and address is not None and address[1]:
-            self.rtp.update_remote(address)
+        self.held = held
+        if moving_to is not None:
+            self.rtp.update_remote(moving_to)
         log.info("sip call %s: %s", self.call_id, "on hold" if self.held else "resumed")
 
     # ---- media from the phone -----------------------------------------------------
@@ -313,6 +433,23 @@ class SipCall:
             while self._caller_until < loop.time() - CALLER_GAP_S:
                 self.call.caller_audio(silence)
                 self._caller_until += PACKET_S
+
+    async def watch_media(self, timeout_s: float) -> None:
+        """Hang up a call whose phone has sent no RTP for `timeout_s` while not
+        holding it: the phone vanished without a BYE (crashed, lost its network,
+        a NAT forgot it), and silence filled in for it would keep the call, its
+        gateway session and a slot for an hour. Runs from the answer to the end."""
+        assert self.rtp is not None and self.call is not None
+        while True:
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+            if self.held:
+                continue
+            last = max(self.rtp.gate.last_packet_at, self._media_expected_since)
+            if time.monotonic() - last >= timeout_s:
+                why = f"no RTP from the phone for {timeout_s:g} s"
+                log.warning("sip call %s: %s: hanging up", self.call_id, why)
+                self.call.hang_up(why)
+                return
 
     def on_dtmf(self, digit: str, duration: int) -> None:
         """An RFC 4733 event has ended (aiortp reports each once, whatever number
@@ -342,12 +479,22 @@ class SipServer:
 
     async def start(self) -> None:
         self._transport = UdpTransport(local_addr=(self.settings.host, self.settings.sip_port))
-        uas = SipUAS(self._transport, user_agent=USER_AGENT)
+        # Session timers (RFC 4028) are aiosipua's: it takes the INVITE's
+        # Session-Expires and refresher (422 below min_se), answers with them,
+        # refreshes with UPDATE when the role is ours, and sends BYE when the
+        # phone's refresh does not come (on_session_expired).
+        uas = SipUAS(
+            self._transport,
+            user_agent=USER_AGENT,
+            session_expires=self.settings.sip_session_expires_s or None,
+            min_se=self.settings.sip_min_se_s,
+        )
         uas.on_invite = self._on_invite
         uas.on_reinvite = self._on_reinvite
         uas.on_bye = self._on_bye
         uas.on_cancel = self._on_cancel
         uas.on_ack_timeout = self._on_ack_timeout
+        uas.on_session_expired = self._on_session_expired
         await uas.start()
         self._uas = uas
         self._transport.on_message = self._on_message
@@ -389,28 +536,43 @@ class SipServer:
             self._uas._calls[call_id] = self.calls[call_id].invite
             return
         peer = invite.source_addr[0]
-        reason = self.telephony.refusal(PROVIDER, peer)
+        reason = self.telephony.admit(PROVIDER, peer)
         if reason:
-            status, phrase = REFUSALS.get(reason, (503, "Service Unavailable"))
-            log.info("sip: refused %s from %s: %s", call_id, peer, reason)
-            invite.reject(status, phrase)
+            self._refuse(invite, reason)
             return
         media = choose_media(invite.sdp_offer, self.settings.codec_choices)
-        if media is None:
-            self.telephony.refused(PROVIDER, "codec")
-            log.info("sip: refused %s from %s: no G.711 offered", call_id, peer)
-            invite.reject(488, "Not Acceptable Here")
+        if reason := self._media_refusal(invite.sdp_offer, media):
+            self.telephony.release()  # the slot admit() took
+            self.telephony.refused(PROVIDER, reason)
+            self._refuse(invite, reason)
             return
+        assert media is not None
+        honour_min_se(invite)
         sip_call = SipCall(self, invite, media)
         self.calls[call_id] = sip_call
         task = asyncio.ensure_future(self._run(sip_call))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _refuse(self, invite: IncomingCall, reason: str) -> None:
+        status, phrase = REFUSALS.get(reason, (503, "Service Unavailable"))
+        log.info("sip: refused %s from %s: %s", invite.call_id, invite.source_addr[0], reason)
+        invite.reject(status, phrase)
+
+    def _media_refusal(self, offer: SdpMessage | None, media: MediaChoice | None) -> str:
+        """Why an INVITE's offer is refused ("" = taken): "codec" without G.711;
+        "media" when its media address is outside allowed_networks: we send RTP
+        there, and a spoofed INVITE must not aim it at a third party."""
+        if media is None or offer is None or offer.rtp_address is None:
+            return "codec"
+        if not self.settings.caller_allowed(offer.rtp_address[0]):
+            return "media"
+        return ""
+
     def _on_reinvite(self, invite: IncomingCall) -> None:
         sip_call = self.calls.get(invite.call_id)
         if sip_call is None or not sip_call.answered:
-            self.reply(invite, 491, "Request Pending")
+            self.reject(invite, 491, "Request Pending", end_dialog=False)
             return
         sip_call.reinvite()
 
@@ -434,6 +596,14 @@ class SipServer:
         log.info("sip call %s: cancelled by the phone", sip_call.call_id)
         sip_call.phone_hung_up()
 
+    def _on_session_expired(self, invite: IncomingCall) -> None:
+        # No refresh within the session interval: aiosipua has sent BYE (once).
+        sip_call = self.calls.get(invite.call_id)
+        if sip_call is not None and sip_call.call is not None:
+            log.warning("sip call %s: the session timer expired: BYE sent", invite.call_id)
+            sip_call.bye_sent = True
+            sip_call.call.hang_up("the session timer expired (no refresh from the phone)")
+
     def _on_ack_timeout(self, invite: IncomingCall) -> None:
         # Our 200 OK was never acknowledged: the phone is not there.
         sip_call = self.calls.get(invite.call_id)
@@ -444,6 +614,13 @@ class SipServer:
     # ---- one call ----------------------------------------------------------------
 
     async def _run(self, sip_call: SipCall) -> None:
+        """The call from its admission (a slot taken) to its end (the slot given back)."""
+        try:
+            await self._run_admitted(sip_call)
+        finally:
+            self.telephony.release()
+
+    async def _run_admitted(self, sip_call: SipCall) -> None:
         try:
             sip_call.rtp_port, _ = await self._ports.allocate()
         except RuntimeError:
@@ -482,6 +659,8 @@ class SipServer:
             plc=False,  # concealment works on PCM; we pass G.711 through
         )
         assert isinstance(rtp, PhoneRtp)
+        rtp.gate.call_id = invite.call_id
+        rtp.gate.expect(offer.rtp_address)
         sip_call.rtp = rtp
         info = CallInfo(
             provider=PROVIDER,
@@ -498,34 +677,49 @@ class SipServer:
         invite.ringing()
         running = asyncio.ensure_future(self.telephony.run(call))
         started = asyncio.ensure_future(call.started.wait())
-        filler: asyncio.Future[None] | None = None
+        helpers: list[asyncio.Future[None]] = []
         try:
             await asyncio.wait([running, started], return_when=asyncio.FIRST_COMPLETED)
             if started.done() and not sip_call.phone_gone:
                 sip_call.answer(offer)
-                filler = asyncio.ensure_future(sip_call.fill_caller_silence())
+                helpers.append(asyncio.ensure_future(sip_call.fill_caller_silence()))
+                if self.settings.rtp_timeout_s:
+                    watch = sip_call.watch_media(self.settings.rtp_timeout_s)
+                    helpers.append(asyncio.ensure_future(watch))
                 log.info(
-                    "sip call %s from %s answered (%s, session %s)",
+                    "sip call %s answered (%s, session %s)",
                     invite.call_id,
-                    invite.caller,
                     media.codec.name,
                     call.session_id,
                 )
+                log.debug("sip call %s is from %s", invite.call_id, invite.caller)
             await running
         finally:
-            await cancel_and_wait([f for f in (running, started, filler) if f is not None])
+            await cancel_and_wait([running, started, *helpers])
         sip_call.end_here()  # ended on our side (stop, a drain): the phone is told
 
     # ---- sending -------------------------------------------------------------------
 
-    def reply(self, invite: IncomingCall, status: int, phrase: str) -> None:
-        """A final error response to a re-INVITE, outside aiosipua's helpers
-        (IncomingCall.reject would end the whole dialog)."""
+    def reject(
+        self,
+        invite: IncomingCall,
+        status: int,
+        phrase: str,
+        headers: dict[str, str] | None = None,
+        end_dialog: bool = True,
+    ) -> None:
+        """A final error response to the INVITE (or, `end_dialog` False, to a
+        re-INVITE: the call goes on), with `headers`: aiosipua's
+        IncomingCall.reject takes none, and would end the dialog of a re-INVITE."""
         if self._transport is None:
             return
         response = invite.dialog.create_response(invite.invite, status, phrase)
         response.headers.set_single("User-Agent", USER_AGENT)
+        for name, value in (headers or {}).items():
+            response.headers.set_single(name, value)
         self._transport.send_reply(response)
+        if end_dialog:
+            invite.dialog.terminate()
 
     def send_bye(self, invite: IncomingCall) -> None:
         bye = invite.hangup()
@@ -545,6 +739,15 @@ class SipServer:
                 return
             self._transport.send(request, addr)
             interval = min(2 * interval, T2_S)
+
+
+def honour_min_se(invite: IncomingCall) -> None:
+    """An INVITE without Session-Expires gets our interval from aiosipua, which does
+    not look at its Min-SE: RFC 4028 forbids answering with less."""
+    raw = invite.invite.get_header("min-se") or ""
+    min_se = raw.split(";")[0].strip()
+    if invite.session_interval and min_se.isascii() and min_se.isdigit():
+        invite.session_interval = max(invite.session_interval, int(min_se))
 
 
 def describe(stats: dict[str, Any]) -> str:

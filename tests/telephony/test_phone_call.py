@@ -79,7 +79,7 @@ async def test_a_phone_call_is_one_converse_call_in_the_phones_codec(fakes, redi
     assert config.session_id == call.session_id
     record = await fakes.session_record(call.session_id)
     assert record["input_codec"] == record["output_codec"] == "alaw"
-    assert record["call_provider_call_id"] == "call-1" and record["dtmf"] == "7"
+    assert record["call_provider_call_id"] == "call-1" and len(record["dtmf"]) == 1
     # Hanging up cancelled the Converse call: the gateway let the session go.
     await wait_until(lambda: active_sessions("gateway") == 0, "the gateway's session to end", 5)
 
