@@ -16,7 +16,10 @@ we can check, so the webhook hands out a token: an HMAC (auth token as key) of
 the CallSid, the numbers and an expiry, returned by Twilio in the `start`
 message's customParameters. A stream whose token does not verify for its
 `start.callSid` is closed before any Converse call: only streams our webhook
-handed out are bridged.
+handed out are bridged. A token is good for one stream, and a CallSid has one
+live stream at a time (StreamClaims, per replica). A message that is not what
+Media Streams sends (not JSON, a field of the wrong type, a payload that is not
+base64) closes the stream with a log line.
 
 On the stream, inbound: `connected`, `start`, `media` (caller audio), `dtmf`,
 `mark` (Twilio echoes a mark of ours once the audio sent before it has been
@@ -31,10 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -74,6 +77,8 @@ CLOSE_REFUSED = 1008
 CLOSE_NORMAL = 1000
 # A voice webhook's form is a few hundred bytes.
 MAX_WEBHOOK_BYTES = 64 * 1024
+# A token's expiry: ASCII digits only ("²".isdigit() is True, and int() refuses it).
+EXPIRY = re.compile(r"[0-9]{1,12}")
 MEDIA_FORMAT = {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}
 
 
@@ -92,11 +97,62 @@ def stream_token(
     return f"{expires}.{sign(secret, _token_message(call_sid, caller, callee, expires))}"
 
 
+def token_expiry(token: str) -> int:
+    """The expiry of a token token_valid() took."""
+    return int(token.partition(".")[0])
+
+
+class StreamClaims:
+    """A token opens one stream, and a CallSid has one live stream at a time: a
+    token seen on the way to Twilio (or a second stream for a call in progress)
+    must not open another call on the operator's account. Per replica: run
+    Twilio's streams on one replica, or behind a proxy that keeps a CallSid on
+    one, for this to hold across replicas."""
+
+    def __init__(self) -> None:
+        self._used: dict[str, int] = {}  # token -> its expiry (unix seconds)
+        self._live: set[str] = set()  # CallSids with a stream open
+
+    def claim(self, token: str, call_sid: str) -> str:
+        """ "" = the stream may go on (the token is used up, the CallSid live until
+        end()); else why not."""
+        now = time.time()
+        self._used = {used: expiry for used, expiry in self._used.items() if expiry >= now}
+        if token in self._used:
+            return "its token was used already"
+        if call_sid in self._live:
+            return "the call has a live stream already"
+        self._used[token] = token_expiry(token)
+        self._live.add(call_sid)
+        return ""
+
+    def end(self, call_sid: str) -> None:
+        self._live.discard(call_sid)
+
+
+def member(message: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """message[name], a JSON object ({} when absent); ValueError for anything else."""
+    value = message.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{name!r} is not an object")
+    return value
+
+
+def text(message: Mapping[str, Any], name: str) -> str:
+    """message[name], a string ("" when absent); ValueError for anything else."""
+    value = message.get(name, "")
+    if not isinstance(value, str):
+        raise ValueError(f"{name!r} is not a string")
+    return value
+
+
 def token_valid(
     secret: str, token: str, call_sid: str, caller: str, callee: str, now: float | None = None
 ) -> bool:
     expires_text, _, signature = token.partition(".")
-    if not secret or not expires_text.isdigit() or not signature:
+    if not secret or not EXPIRY.fullmatch(expires_text) or not signature:
         return False
     expires = int(expires_text)
     if expires < (time.time() if now is None else now):
@@ -118,15 +174,17 @@ def webhook_url(request: Request, settings: TelephonySettings) -> str:
 
 
 def stream_url(request: Request, settings: TelephonySettings) -> str:
-    """Where Twilio opens the media WebSocket: public_url's host (wss for https),
-    else the host the webhook request came to."""
+    """Where Twilio opens the media WebSocket: public_url's host and path prefix
+    (wss for https; a proxy that serves us under /prefix strips it again), else
+    the host the webhook request came to."""
+    prefix = ""
     if settings.public_url:
         parts = urlsplit(settings.public_url)
-        scheme, netloc = parts.scheme, parts.netloc
+        scheme, netloc, prefix = parts.scheme, parts.netloc, parts.path.rstrip("/")
     else:
         scheme, netloc = request.url.scheme, request.url.netloc
     ws_scheme = "wss" if scheme == "https" else "ws"
-    return f"{ws_scheme}://{netloc}{STREAM_PATH}"
+    return f"{ws_scheme}://{netloc}{prefix}{STREAM_PATH}"
 
 
 def twiml(url: str, parameters: Mapping[str, str]) -> str:
@@ -220,9 +278,10 @@ class StreamRefused(Exception):
 class TwilioStream:
     """One Media Streams WebSocket, and the PhoneLeg of its call."""
 
-    def __init__(self, telephony: Telephony, websocket: WebSocket) -> None:
+    def __init__(self, telephony: Telephony, websocket: WebSocket, claims: StreamClaims) -> None:
         self.telephony = telephony
         self.websocket = websocket
+        self.claims = claims
         self.stream_sid = ""
         self._send_lock = asyncio.Lock()
         self._speaking = False
@@ -252,6 +311,8 @@ class TwilioStream:
         try:
             await self.telephony.run(call)
         finally:
+            self.telephony.release()
+            self.claims.end(call.info.provider_call_id)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
@@ -262,12 +323,15 @@ class TwilioStream:
         message = await self.websocket.receive()
         if message["type"] == "websocket.disconnect":
             return None
-        text = message.get("text")
-        if text is None:
+        body = message.get("text")
+        if body is None:
             raise ValueError("a binary message (Media Streams sends JSON text)")
-        data = json.loads(text)
+        try:
+            data = json.loads(body)
+        except RecursionError:  # nested deeper than the parser goes
+            raise ValueError("JSON nested too deep") from None
         if not isinstance(data, dict) or not isinstance(data.get("event"), str):
-            raise ValueError(f"not a Media Streams message: {text[:80]!r}")
+            raise ValueError(f"not a Media Streams message: {body[:80]!r}")
         return data
 
     async def _await_start(self) -> dict[str, Any]:
@@ -285,42 +349,48 @@ class TwilioStream:
                 raise StreamRefused("protocol", f"{message['event']!r} before start")
 
     def _admit(self, message: dict[str, Any]) -> PhoneCall:
-        start = message.get("start")
-        if not isinstance(start, dict):
+        """The call of a `start` message, its slot taken (admit()) and its token and
+        CallSid claimed; StreamRefused when it is not one to bridge."""
+        try:
+            start = member(message, "start")
+            self.stream_sid = text(message, "streamSid") or text(start, "streamSid")
+            call_sid = text(start, "callSid")
+            params = member(start, "customParameters")
+            caller, callee, token = text(params, "from"), text(params, "to"), text(params, "token")
+            media_format = member(start, "mediaFormat")
+        except ValueError as exc:
+            raise StreamRefused("protocol", f"start message: {exc}") from None
+        if not start:
             raise StreamRefused("protocol", "a start message without start")
-        self.stream_sid = str(message.get("streamSid") or start.get("streamSid") or "")
-        call_sid = str(start.get("callSid", ""))
-        params = start.get("customParameters") or {}
-        if not isinstance(params, dict):
-            params = {}
-        caller, callee = str(params.get("from", "")), str(params.get("to", ""))
         secret = self.telephony.settings.twilio_auth_token
-        if not token_valid(secret, str(params.get("token", "")), call_sid, caller, callee):
+        if not token_valid(secret, token, call_sid, caller, callee):
             raise StreamRefused(
                 "signature", f"stream {self.stream_sid} (call {call_sid}): bad or expired token"
             )
-        media_format = start.get("mediaFormat") or {}
         if {key: media_format.get(key) for key in MEDIA_FORMAT} != MEDIA_FORMAT:
             raise StreamRefused(
                 "codec", f"call {call_sid}: mediaFormat {media_format}, expected {MEDIA_FORMAT}"
             )
-        if reason := self.telephony.refusal(PROVIDER):
+        if why := self.claims.claim(token, call_sid):
+            raise StreamRefused("replay", f"stream {self.stream_sid} (call {call_sid}): {why}")
+        if reason := self.telephony.admit(PROVIDER):
+            self.claims.end(call_sid)
             raise StreamRefused("", f"call {call_sid}: {reason}")
         info = CallInfo(PROVIDER, caller=caller, callee=callee, provider_call_id=call_sid)
-        log.info(
-            "twilio: call %s from %s to %s, stream %s", call_sid, caller, callee, self.stream_sid
-        )
+        log.info("twilio: call %s, stream %s", call_sid, self.stream_sid)
+        log.debug("twilio: call %s is from %s to %s", call_sid, caller, callee)
         return self.telephony.new_call(info, PCMU, self)
 
     async def _read(self, call: PhoneCall) -> None:
-        """Twilio's messages into the call until `stop` or the socket closes."""
+        """Twilio's messages into the call until `stop`, the socket closes, or a
+        message is not what Media Streams sends (the stream is closed)."""
         try:
-            while (message := await self._receive_lenient()) is not None:
+            while (message := await self._receive()) is not None:
                 event = message["event"]
                 if event == "media":
                     self._on_media(call, message)
                 elif event == "dtmf":
-                    call.caller_dtmf(str((message.get("dtmf") or {}).get("digit", "")))
+                    call.caller_dtmf(text(member(message, "dtmf"), "digit"))
                 elif event == "mark":
                     self._on_mark(message)
                 elif event == "stop":
@@ -328,27 +398,20 @@ class TwilioStream:
                     break
         except (WebSocketDisconnect, RuntimeError):
             pass  # the socket went away: the caller is gone
+        except ValueError as exc:  # binascii.Error, a bad payload, is one too
+            self.telephony.refused(PROVIDER, "protocol")
+            log.warning("twilio: stream %s: malformed message: %s: closing", self.stream_sid, exc)
+            await self._close(CLOSE_REFUSED, "malformed message")
         call.caller_hung_up()
 
-    async def _receive_lenient(self) -> dict[str, Any] | None:
-        """The next well-formed message; a malformed one mid-call is logged and skipped."""
-        while True:
-            try:
-                return await self._receive()
-            except ValueError as exc:
-                log.warning("twilio: stream %s: skipped: %s", self.stream_sid, exc)
-
     def _on_media(self, call: PhoneCall, message: dict[str, Any]) -> None:
-        media = message.get("media") or {}
-        if media.get("track", "inbound") != "inbound":
+        media = member(message, "media")
+        if (text(media, "track") or "inbound") != "inbound":
             return
-        try:
-            call.caller_audio(base64.b64decode(media.get("payload", ""), validate=True))
-        except (binascii.Error, TypeError):
-            log.warning("twilio: stream %s: media payload is not base64", self.stream_sid)
+        call.caller_audio(base64.b64decode(text(media, "payload"), validate=True))
 
     def _on_mark(self, message: dict[str, Any]) -> None:
-        name = str((message.get("mark") or {}).get("name", ""))
+        name = text(member(message, "mark"), "name")
         sent = self._pending_marks.pop(name, None)
         if sent is not None:
             metrics.TWILIO_PLAYOUT_DELAY.observe(time.monotonic() - sent)
@@ -403,9 +466,10 @@ class TwilioStream:
 
 def twilio_routes(telephony: Telephony) -> list[BaseRoute]:
     webhook = TwilioWebhook(telephony)
+    claims = StreamClaims()
 
     async def stream(websocket: WebSocket) -> None:
-        await TwilioStream(telephony, websocket).run()
+        await TwilioStream(telephony, websocket, claims).run()
 
     return [
         Route(VOICE_PATH, webhook.voice, methods=["POST"]),

@@ -412,6 +412,10 @@ class TwilioClient:
         dtmf = {"track": "inbound_track", "digit": digit}
         await self._send({"event": "dtmf", "streamSid": self.stream_sid, "dtmf": dtmf})
 
+    async def send_raw(self, text: str) -> None:
+        """`text` as a message as it is (a malformed one, say)."""
+        await self._socket.send(text)
+
     async def stop(self) -> None:
         stop = {"accountSid": "AC" + "0" * 32, "callSid": self.call_sid}
         await self._send({"event": "stop", "streamSid": self.stream_sid, "stop": stop})

@@ -230,7 +230,7 @@ async def test_a_twilio_call_end_to_end_over_a_gateway_with_scripted_upstreams(r
     # The barge-in cleared Twilio's queue.
     assert call.barge_ins == 1 and len(client.of("clear")) == 1
     # The gateway heard the key and knows where the call came from.
-    assert record["dtmf"] == "5"
+    assert len(record["dtmf"]) == 1  # one key (the gateway may mask its digit)
     assert record["call_provider"] == "twilio"
     assert record["call_provider_call_id"] == client.call_sid
     assert record["call_caller"] == "+15551230001"
@@ -295,7 +295,7 @@ async def test_a_twilio_caller_asking_a_question_hears_a_spoken_answer(stack, sp
     assert delays_observed() >= delays_before + 1
     assert record["call_provider"] == "twilio"
     assert record["call_provider_call_id"] == client.call_sid
-    assert record["dtmf"] == "1"
+    assert len(record["dtmf"]) == 1  # one key (the gateway may mask its digit)
 
 
 ATTEMPTS = 2
@@ -374,3 +374,124 @@ async def test_a_twilio_caller_speaking_over_the_agent_gets_its_audio_cleared(st
     assert cleared.at > cut_in
     assert call.barge_ins >= 1
     assert cleared.message == {"event": "clear", "streamSid": client.stream_sid}
+
+
+# ---- abuse -------------------------------------------------------------------------------
+
+
+async def test_a_stream_token_opens_one_stream_and_a_call_has_one_live_stream(redis_url, caplog):
+    """The webhook's TwiML, seen by someone else, replayed: while the call is live
+    (a second stream for the CallSid) and after it ended (the token is used up)."""
+    caplog.set_level("INFO", logger="services.telephony")
+    async with fake_gateway(redis_url) as gateway, telephony_server(gateway.address) as server:
+        call_sid = new_call_sid()
+        answer = await post_webhook(f"{server.url}twilio/voice", call_params(call_sid))
+        before = refused("twilio", "replay")
+        first = await TwilioClient(answer.stream_url, call_sid, answer.parameters).connect()
+        replays = []
+        try:
+            await first.start()
+            line = asyncio.create_task(first.silence(3.0))
+            await the_call(server)
+            replays.append(
+                await TwilioClient(answer.stream_url, call_sid, answer.parameters).connect()
+            )
+            await replays[-1].start()
+            await wait_until(lambda: replays[-1].closed, "the live replay's socket closed", 5.0)
+            assert len(server.telephony.calls) == 1
+            await first.stop()
+            await wait_until(lambda: not server.telephony.calls, "the call to end", 5.0)
+            line.cancel()
+            await asyncio.gather(line, return_exceptions=True)
+            replays.append(
+                await TwilioClient(answer.stream_url, call_sid, answer.parameters).connect()
+            )
+            await replays[-1].start()
+            await wait_until(lambda: replays[-1].closed, "the later replay's socket closed", 5.0)
+        finally:
+            await first.close()
+            for replay in replays:
+                await replay.close()
+        assert server.telephony.slots == 0
+    assert [replay.close_code for replay in replays] == [1008, 1008]
+    assert not any(replay.of("media") for replay in replays)
+    assert refused("twilio", "replay") == before + 2
+    # The caller's number is not in the log at INFO (only at DEBUG).
+    assert not [r for r in caplog.records if "+15551230001" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("media that is not an object", '{"event": "media", "media": "x"}'),
+        ("a payload that is not base64", '{"event": "media", "media": {"payload": "%%%"}}'),
+        ("a key that is not a string", '{"event": "dtmf", "dtmf": {"digit": 1}}'),
+        ("a mark that is not an object", '{"event": "mark", "mark": ["agent-1"]}'),
+        ("not JSON", "{"),
+        ("JSON nested deeper than the parser goes", "[" * 100_000 + "]" * 100_000),
+    ],
+)
+async def test_a_malformed_message_mid_call_closes_the_stream(redis_url, case, message):
+    async with fake_gateway(redis_url) as gateway, telephony_server(gateway.address) as server:
+        before = refused("twilio", "protocol")
+        client = await twilio_call(server)
+        try:
+            await client.start()
+            line = asyncio.create_task(client.silence(3.0))
+            await the_call(server)
+            await client.send_raw(message)
+            await wait_until(lambda: client.closed, f"{case}: the socket closed", 5.0)
+            await wait_until(lambda: not server.telephony.calls, f"{case}: the call ended", 5.0)
+            line.cancel()
+            await asyncio.gather(line, return_exceptions=True)
+        finally:
+            await client.close()
+    assert client.close_code == 1008, case
+    assert refused("twilio", "protocol") == before + 1
+
+
+async def test_a_token_whose_expiry_is_not_ascii_digits_is_refused_not_raised(redis_url):
+    """ "²".isdigit() is True and int("²") raises: such a token must be refused
+    (1008), not crash the handler."""
+    async with fake_gateway(redis_url) as gateway, telephony_server(gateway.address) as server:
+        call_sid = new_call_sid()
+        answer = await post_webhook(f"{server.url}twilio/voice", call_params(call_sid))
+        signature = answer.parameters["token"].partition(".")[2]
+        forged = {**answer.parameters, "token": f"²²²²²²²²²²².{signature}"}
+        before = refused("twilio", "signature")
+        client = await TwilioClient(answer.stream_url, call_sid, forged).connect()
+        try:
+            await client.start()
+            await wait_until(lambda: client.closed, "the socket closed", 5.0)
+        finally:
+            await client.close()
+    assert client.close_code == 1008
+    assert refused("twilio", "signature") == before + 1
+
+
+async def test_the_stream_url_keeps_public_urls_path_prefix(redis_url):
+    public = "https://phone.example.com/kame"
+    async with (
+        fake_gateway(redis_url) as gateway,
+        telephony_server(gateway.address, public_url=public) as server,
+    ):
+        answer = await post_webhook(
+            f"{server.url}twilio/voice",
+            call_params(new_call_sid()),
+            signed_as=f"{public}/twilio/voice",
+        )
+    assert answer.status == 200, answer
+    assert answer.stream_url == "wss://phone.example.com/kame/twilio/stream"
+
+
+def test_a_call_sid_has_one_live_stream_whatever_its_token():
+    """Two webhooks for one call (a retry) hand out two tokens: still one stream."""
+    claims = twilio_module.StreamClaims()
+    first = twilio_module.stream_token(TWILIO_TOKEN, "CA1", "+1", "+2", now=time.time())
+    second = twilio_module.stream_token(TWILIO_TOKEN, "CA1", "+1", "+2", now=time.time() + 1)
+    assert first != second
+    assert claims.claim(first, "CA1") == ""
+    assert claims.claim(second, "CA1") == "the call has a live stream already"
+    claims.end("CA1")
+    assert claims.claim(first, "CA1") == "its token was used already"
+    assert claims.claim(second, "CA1") == ""
