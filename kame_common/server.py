@@ -42,6 +42,11 @@ Hook = Callable[[], Awaitable[None]]
 
 ACTIVE_SESSIONS = Gauge("kame_active_sessions", "Open sessions on this replica", ["service"])
 
+# The health service name for liveness probes: SERVING while the process works,
+# whether or not it is ready for calls (a gateway whose upstreams are down is
+# alive, and restarting it would only drop its calls).
+LIVENESS = "liveness"
+
 # Large enough for a few seconds of raw audio in one message; anything bigger
 # is refused by gRPC with RESOURCE_EXHAUSTED before it reaches our code. (The
 # gateway's client port takes less: see services/gateway/pacing.py.)
@@ -105,8 +110,12 @@ class ServiceRuntime:
         for hook in self._session_hooks:
             hook(self.active_sessions)
 
-    async def start(self, add_servicers: Callable[[grpc.aio.Server], None]) -> None:
-        """Tracing, /metrics, servicers; bind the port (0 picks a free one) and serve."""
+    async def start(
+        self, add_servicers: Callable[[grpc.aio.Server], None], serving: bool = True
+    ) -> None:
+        """Tracing, /metrics, servicers; bind the port (0 picks a free one) and serve.
+        With `serving` False, health says NOT_SERVING until `set_serving(True)`: for a
+        service that is ready only once others are (the gateway: readiness.py)."""
         settings = self.settings
         tracing.setup_tracing(self.service_name, settings.otlp_endpoint, settings.otlp_ca_file)
         metrics_server = start_metrics_server(settings.metrics_port)
@@ -116,6 +125,9 @@ class ServiceRuntime:
             self.on_close(lambda: asyncio.to_thread(metrics_server.shutdown))
         add_servicers(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        # The servicer starts out SERVING: nothing may say so before we do.
+        await self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
         if settings.reflection:
             reflection.enable_server_reflection(
                 [*self.grpc_services, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
@@ -127,7 +139,7 @@ class ServiceRuntime:
             self.health_port = self._bind(self._health_server, settings.health_port, secure=False)
             await self._health_server.start()
         await self.server.start()
-        await self._set_all(health_pb2.HealthCheckResponse.SERVING)
+        await self.set_ready(serving)
         log.info("%s listening on %s (%s)", self.service_name, self.address, self.transport)
 
     @property
@@ -152,12 +164,20 @@ class ServiceRuntime:
         return bound
 
     async def set_serving(self, serving: bool) -> None:
-        """What the health service reports while the service is up (a draining
-        service stays NOT_SERVING)."""
-        if serving and self.draining:
+        """Whether the service works at all (the frontend's watchdog: a stalled engine
+        is NOT_SERVING, for readiness and liveness alike; a draining service stays
+        NOT_SERVING for readiness)."""
+        status = health_pb2.HealthCheckResponse
+        await self.health.set(LIVENESS, status.SERVING if serving else status.NOT_SERVING)
+        await self.set_ready(serving)
+
+    async def set_ready(self, ready: bool) -> None:
+        """Whether the service takes calls now, for readiness probes and clients
+        (a draining service stays NOT_SERVING); liveness is left as it is."""
+        if ready and self.draining:
             return
         status = health_pb2.HealthCheckResponse
-        await self._set_all(status.SERVING if serving else status.NOT_SERVING)
+        await self._set_all(status.SERVING if ready else status.NOT_SERVING)
 
     async def _set_all(self, status: int) -> None:
         for name in ["", *self.grpc_services]:

@@ -115,6 +115,9 @@ class Connections:
             self._tls.credentials()  # a missing or unreadable file fails the start, not a call
         self._channel_options = settings.connection_policy().channel_options()
         self.channels = ChannelCache(self._new_channel, CHANNEL_IDLE_S, MAX_CHANNELS)
+        # Health checks (readiness.py) on channels of their own: on the calls' channels
+        # they would take turns of the round robin, and skew where sessions land.
+        self.health_channels = ChannelCache(self._new_channel, CHANNEL_IDLE_S, MAX_CHANNELS)
         self.registry_reads = RegistryReads()
         self._last_choice: Replica | None = None  # the registry's latest answer
 
@@ -150,3 +153,4 @@ class Connections:
 
     async def close(self) -> None:
         await self.channels.close()
+        await self.health_channels.close()

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health, health_pb2_grpc
 
 from kame_common.server import ServiceRuntime
 from kamepb import (
@@ -160,7 +161,7 @@ class FakeStt(stt_pb2_grpc.SttServicer):
     """`script`: {seq: [responses]} sent after that audio frame arrives; on
     half-close it sends `on_close` and ends. With the config's
     progress_interval_s set, an SttProgress follows every frame. `fail_at`:
-    abort at that frame. `hang`: while set, take frames and answer nothing (a
+    abort at that frame (once). `hang`: while set, take frames and answer nothing (a
     stopped process). `stall`: never read past the config."""
 
     def __init__(self) -> None:
@@ -184,6 +185,7 @@ class FakeStt(stt_pb2_grpc.SttServicer):
                 continue
             seq = request.audio.seq
             if seq == self.fail_at:
+                self.fail_at = None  # once: a reopened stream hears this frame again
                 await context.abort(grpc.StatusCode.INTERNAL, "stt broke at 10.9.8.7")
             for response in self.script.get(seq, []):
                 yield response
@@ -295,6 +297,8 @@ async def serve_fake(add: object, servicer: object) -> tuple[grpc.aio.Server, st
         options=[("grpc.http2.bdp_probe", 0), ("grpc.http2.max_ping_strikes", 0)]
     )
     add(servicer, server)  # type: ignore[operator]
+    # Health SERVING, as a warmed-up service says: the gateway admits calls only then.
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"

@@ -390,10 +390,14 @@ spec:
             {{- .env | trim | nindent 12 }}
           # Native gRPC probes on grpc.health.v1 at the plaintext health port (the kubelet cannot
           # speak the service's TLS). Startup covers model load; readiness turns false as soon as
-          # a drain starts (NOT_SERVING).
+          # a drain starts (NOT_SERVING), and on the gateway while stt, the oracle or every
+          # frontend is not serving; startup and liveness ask the "liveness" service, which
+          # stays SERVING while the process works (restarting a gateway whose upstreams are
+          # down would only drop its calls).
           startupProbe:
             grpc:
               port: {{ $values.healthPort }}
+              service: liveness
             periodSeconds: {{ $values.startupProbe.periodSeconds }}
             failureThreshold: {{ $values.startupProbe.failureThreshold }}
             timeoutSeconds: 5
@@ -406,6 +410,7 @@ spec:
           livenessProbe:
             grpc:
               port: {{ $values.healthPort }}
+              service: liveness
             periodSeconds: 10
             failureThreshold: 3
             timeoutSeconds: 5
