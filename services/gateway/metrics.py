@@ -79,3 +79,14 @@ BARGE_INS = Counter(
 
 # The last five minutes of the latencies and frame timings (`kame status` reads them).
 RECENT = RecentHistograms([RESPONSE_LATENCY, ANSWER_LATENCY, FRAME_ROUND_TRIP])
+
+REPLAYED_SECONDS = Histogram(
+    "kame_gateway_replayed_audio_seconds",
+    "Caller audio a reopened stt stream was sent first (the utterance the failed one "
+    "had not finalized), per reopening",
+    buckets=(0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0),
+)
+REPLAYED_TURNS = Counter(
+    "kame_gateway_replayed_turns_total",
+    "Caller turns a reopened oracle stream was sent first (no candidate had answered them)",
+)

@@ -15,8 +15,9 @@ The voice path (caller -> frontend -> caller) never waits on a side stream:
   that the sessions of a restarted service do not all call back at once),
   opened again: a fresh call with a fresh config. Requests that waited for
   the failed call are dropped with it, and requests made while no call is
-  open are discarded: a reopened stream starts from what comes next. The
-  backoff starts over once a reopened stream answers.
+  open are discarded; what the new call must not miss, the session hands
+  the opener to send first, after the config (replay.py). The backoff
+  starts over once a reopened stream answers.
 - The session hears of every change (`on_down` after a failure, which may
   refuse the reopening; `on_up` when a reopened stream first answers), so it
   can tell the client.
@@ -110,8 +111,9 @@ class SideStreamEnded(RuntimeError):
     """The upstream ended its stream before the caller was done."""
 
 
-# A fresh call of the upstream and the config that opens it, for attempt n (0 first).
-Opener = Callable[[int], tuple[StreamCall[RequestT], RequestT]]
+# A fresh call of the upstream and what opens it, for attempt n (0 first): the
+# config, then whatever the call must see before the requests pushed from now on.
+Opener = Callable[[int], tuple[StreamCall[RequestT], list[RequestT]]]
 Spawn = Callable[[str, Coroutine[Any, Any, None]], asyncio.Task[None]]
 
 
@@ -178,11 +180,11 @@ class SideStream(Generic[RequestT]):
         """Serve calls until one ends normally; reopen failed ones with backoff."""
         attempt, failures = 0, 0
         while True:
-            call, config = self._open_call(attempt)
+            call, opening = self._open_call(attempt)
             self._accepting = True  # with no await since the call was made
             self._waiting_since = None
             try:
-                await self._serve(call, config)
+                await self._serve(call, opening)
                 return
             except Exception as exc:  # any failure of the call or of our handling of it
                 failure = exc
@@ -202,14 +204,14 @@ class SideStream(Generic[RequestT]):
                 return
             attempt += 1
 
-    async def _serve(self, call: StreamCall[RequestT], config: RequestT) -> None:
+    async def _serve(self, call: StreamCall[RequestT], opening: list[RequestT]) -> None:
         """Run one call: writer, reader and watchdog, until the reader reaches the
         end of the stream; raises the first failure."""
         assert self._spawn is not None
         reader = self._spawn(f"{self.name}-out", self._read(call))
         tasks = {
             reader,
-            self._spawn(f"{self.name}-in", self._write(call, config)),
+            self._spawn(f"{self.name}-in", self._write(call, opening)),
             self._spawn(f"{self.name}-watch", self._watch()),
         }
         try:
@@ -221,8 +223,9 @@ class SideStream(Generic[RequestT]):
         finally:
             await cancel_and_wait(list(tasks))
 
-    async def _write(self, call: StreamCall[RequestT], config: RequestT) -> None:
-        await call.write(config)
+    async def _write(self, call: StreamCall[RequestT], opening: list[RequestT]) -> None:
+        for first in opening:
+            await call.write(first)
         while (request := await self._buffer.pop()) is not None:
             await call.write(request)
         await call.done_writing()
