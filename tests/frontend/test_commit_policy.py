@@ -161,9 +161,26 @@ def test_a_hold_that_runs_out_gives_the_floor_back(clock):
     assert policy.floor is Floor.IDLE
     assert policy.take_cut() is Cut.AFTER_PHRASE  # the unstarted hold phrase is dropped
     assert metric("kame_frontend_holds_total", outcome="timed_out") == timed_out_before + 1
-    # An answer that comes after the floor was given back is not spoken.
-    policy.candidate_reset(2, "Paris.", source(QUESTION, final=True))
+    # A candidate that does not answer the question is still not spoken...
+    policy.candidate_reset(2, "Rome.", source("What is the capital of Italy?", final=True))
     assert policy.next_line(0.0) is None and policy.floor is Floor.IDLE
+    # ...but an answer that comes after the floor was given back is (a restarted
+    # oracle's): the caller has not spoken since, so it still waits for it.
+    policy.candidate_reset(3, "Paris.", source(QUESTION, final=True))
+    line = policy.next_line(0.0)
+    assert line is not None and line.kind is LineKind.ANSWER and line.words == ("Paris.",)
+
+
+def test_a_late_answer_is_not_spoken_once_the_caller_has_moved_on(clock):
+    policy = make_policy(clock, hold_max_s=1.0)
+    heard(policy, QUESTION, final=True)
+    policy.caller_turn_ended(SPEECH_END_S)
+    clock.now += 1.0
+    policy.tick()
+    assert policy.floor is Floor.IDLE
+    policy.caller_speech_started(SPEECH_END_S + 2.0)
+    policy.candidate_reset(1, "Paris.", source(QUESTION, final=True))
+    assert policy.next_line(0.0) is None
 
 
 def test_hold_phrases_rotate_turn_by_turn(clock):

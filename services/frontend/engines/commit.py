@@ -39,7 +39,9 @@ source matches, or a transcript that makes the newest candidate fresh), it is
 committed; its words follow the hold phrase, which is never cut. After
 `hold_max_s` from the turn end without a fresh candidate the agent gives the
 floor back: what it has not started saying is dropped, and it stays silent
-until the caller speaks again.
+until the caller speaks again or a fresh answer comes after all (the oracle
+was restarting, or its LLM was slow: late is better than never, and the
+caller has not moved on, or the answer would not be fresh).
 
 One answer per utterance. While the agent speaks candidate A, a newer
 candidate B that is fresh replaces it (a stale B is kept aside and ignored
@@ -321,10 +323,12 @@ class AnswerPolicy:
         """Commit or switch to `candidate` if it has become a fresh answer with words."""
         if candidate is None or not candidate.words or candidate is self._answer:
             return
-        if self.floor in (Floor.IDLE, Floor.LISTENING) or not self._is_fresh(candidate):
+        if self.floor is Floor.LISTENING or not self._is_fresh(candidate):
             return
         if self.floor is Floor.HOLDING:
             metrics.HOLDS.labels(outcome="answered").inc()
+            self._commit(candidate)
+        elif self.floor is Floor.IDLE:  # late, but the caller still waits for it
             self._commit(candidate)
         else:
             self._replace(candidate)
