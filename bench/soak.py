@@ -12,8 +12,20 @@ child processes) is sampled every --sample-s. Reported:
   frame lag p50/p99, turns answered (TurnSummary) and notices.
 
 Growth that keeps pace with the calls' length is a leak; a plateau is a cache.
+Open file descriptors, Redis keys and each service's metric series are sampled
+with the memory: they too must level off.
+
+With --kill-every-s, a process of the stack is killed (SIGKILL) that often, in
+turn (--kills: stt, oracle, frontend, gateway, llm, redis), and `kame up`'s
+supervisor starts it again (kame_cli.supervise); the gateway has a resume
+secret, so calls continue on the restarted gateway or frontend. Each question
+asked is then "answered" (an oracle answer word reached the caller before the
+next question) or not, and a question left unanswered counts against the kill
+whose window it falls in (from 5 s before the question to the next one), or as
+unexplained: a kill may cost the turn it hit, nothing else.
 
     .venv/bin/python bench/soak.py [--sessions 8] [--minutes 10]
+    .venv/bin/python bench/soak.py --sessions 4 --minutes 60 --kill-every-s 300
 
 Prints a table and writes bench/results/soak.json (or --out).
 """
@@ -23,12 +35,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import platform
+import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis
 
 from kame_cli import talk
 from kame_cli.bench.conversation import frame_lag_stats, frame_lags
@@ -36,6 +52,7 @@ from kame_cli.bench.questions import Question, load_questions
 from kame_cli.bench.report import write_json
 from kame_cli.bench.stacks import BenchStack
 from kame_cli.stack import Ports, Stack, add_arguments, free_ports, options_from_args
+from kame_cli.supervise import Supervisor
 from kame_common.audio import SAMPLE_RATE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,17 +60,38 @@ QUESTIONS = ROOT / "bench" / "questions" / "espeak" / "questions.json"
 MIB = 1024 * 1024
 
 
-def process_tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and all its descendants (0 for what has gone)."""
-    total, pending = 0, [pid]
+KILL_ORDER = ("stt", "oracle", "frontend", "gateway", "llm", "redis")
+KILL_WINDOW_LEAD_S = 5.0  # a kill this long before a question may still cost it
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (what has gone is left out)."""
+    found, pending = [], [pid]
     while pending:
         current = pending.pop()
+        with contextlib.suppress(OSError, ValueError):
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(p) for p in (task / "children").read_text().split()]
+            found.append(current)
+    return found
+
+
+def process_tree_rss(pid: int) -> int:
+    """Resident bytes of `pid` and all its descendants (0 for what has gone)."""
+    total = 0
+    for current in process_tree(pid):
         with contextlib.suppress(OSError, ValueError):
             for line in Path(f"/proc/{current}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) * 1024
-            for task in Path(f"/proc/{current}/task").iterdir():
-                pending += [int(p) for p in (task / "children").read_text().split()]
+    return total
+
+
+def process_tree_fds(pid: int) -> int:
+    total = 0
+    for current in process_tree(pid):
+        with contextlib.suppress(OSError):
+            total += len(os.listdir(f"/proc/{current}/fd"))
     return total
 
 
@@ -65,23 +103,99 @@ def stack_rss(stack: Stack) -> dict[str, int]:
     }
 
 
-def caller_audio(questions: list[Question], first: int, seconds: float, gap_s: float) -> np.ndarray:
-    """Questions from `first` on, each followed by `gap_s` of silence, up to `seconds`."""
+def metric_series(url: str) -> int | None:
+    """Time series a /metrics endpoint exposes now (None: it did not answer)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def redis_keys(url: str) -> int | None:
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2) as client:
+            return int(client.dbsize())
+    except redis.RedisError:
+        return None
+
+
+def resources(stack: Stack) -> dict[str, Any]:
+    """File descriptors per process, Redis keys, metric series per gRPC service."""
+    return {
+        "fds": {
+            child.name: process_tree_fds(child.process.pid)
+            for child in stack.children
+            if child.process is not None
+        },
+        "redis_keys": redis_keys(stack.redis_url),
+        "metric_series": {
+            name: metric_series(stack.metrics_url(name))
+            for name in ("gateway", "frontend", "stt", "oracle")
+        },
+    }
+
+
+def caller_audio(
+    questions: list[Question], first: int, seconds: float, gap_s: float
+) -> tuple[np.ndarray, list[float]]:
+    """Questions from `first` on, each followed by `gap_s` of silence, up to
+    `seconds`; and where each question that fits whole (with its gap) starts."""
     gap = np.zeros(int(gap_s * SAMPLE_RATE), np.float32)
-    pieces, length, index = [], 0, first
+    pieces, starts, length, index = [], [], 0, first
     while length < seconds * SAMPLE_RATE:
         question = questions[index % len(questions)].audio.astype(np.float32)
+        if length + len(question) + len(gap) <= seconds * SAMPLE_RATE:
+            starts.append(length / SAMPLE_RATE)
         pieces += [question, gap]
         length += len(question) + len(gap)
         index += 1
-    return np.concatenate(pieces)[: int(seconds * SAMPLE_RATE)]
+    return np.concatenate(pieces)[: int(seconds * SAMPLE_RATE)], starts
 
 
 async def sample_memory(stack: Stack, every_s: float, samples: list[dict[str, Any]]) -> None:
     start = time.monotonic()
     while True:
-        samples.append({"t_s": round(time.monotonic() - start, 1), **stack_rss(stack)})
+        sample = {"t_s": round(time.monotonic() - start, 1), **stack_rss(stack)}
+        samples.append({**sample, **await asyncio.to_thread(resources, stack)})
         await asyncio.sleep(every_s)
+
+
+async def kill_in_turn(
+    stack: Stack, every_s: float, order: list[str], kills: list[dict[str, Any]]
+) -> None:
+    """SIGKILL the next process of `order` every `every_s` (the supervisor restarts it)."""
+    start = time.monotonic()
+    for turn in range(1_000_000):
+        await asyncio.sleep(every_s)
+        name = order[turn % len(order)]
+        process = next((c for c in stack.children if c.name == name and c.running()), None)
+        if process is None:  # not ours (an external Redis or LLM), or still restarting
+            continue
+        process.signal(signal.SIGKILL)
+        kills.append({"t": time.monotonic(), "service": name})
+        print(f"soak: killed {name} at {time.monotonic() - start:.0f} s", flush=True)
+
+
+def question_outcomes(
+    result: talk.TalkResult, starts_s: list[float], call_t0: float, kills: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per question asked: answered or not, and the kills whose window holds it."""
+    outcomes = []
+    for index, start in enumerate(starts_s):
+        end = starts_s[index + 1] if index + 1 < len(starts_s) else float("inf")
+        answered = any(
+            e["type"] == "agent_text" and e["generation"] and start <= e["t"] < end
+            for e in result.events
+        )
+        hit = [
+            k["service"]
+            for k in kills
+            if start - KILL_WINDOW_LEAD_S <= k["t"] - call_t0 < min(end, start + 60.0)
+        ]
+        outcomes.append({"start_s": round(start, 1), "answered": answered, "kills": hit})
+    return outcomes
 
 
 async def soak(args: argparse.Namespace, stack: Stack, questions: list[Question]) -> dict[str, Any]:
@@ -96,32 +210,58 @@ async def soak(args: argparse.Namespace, stack: Stack, questions: list[Question]
     await talk.talk(questions[0].audio, options)
     baseline = stack_rss(stack)
     samples: list[dict[str, Any]] = []
-    sampler = asyncio.create_task(sample_memory(stack, args.sample_s, samples))
+    kills: list[dict[str, Any]] = []
+    background = [asyncio.create_task(sample_memory(stack, args.sample_s, samples))]
+    if args.kill_every_s:
+        order = args.kills.split(",")
+        background.append(asyncio.create_task(kill_in_turn(stack, args.kill_every_s, order, kills)))
     seconds = args.minutes * 60
+    call_t0: dict[int, float] = {}
+    starts: dict[int, list[float]] = {}
 
     async def caller(slot: int) -> talk.TalkResult:
         await asyncio.sleep(slot * args.gap_s / args.sessions)  # arrivals spread over a gap
-        return await talk.talk(caller_audio(questions, slot, seconds, args.gap_s), options)
+        audio, starts[slot] = caller_audio(questions, slot, seconds, args.gap_s)
+        call_t0[slot] = time.monotonic()
+        return await talk.talk(audio, options)
 
     started = time.monotonic()
     try:
         results = await asyncio.gather(*(caller(slot) for slot in range(args.sessions)))
     finally:
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
+        for task in background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     end = stack_rss(stack)
     late_s = args.late_ms / 1000
-    calls = [
-        {
-            "status": result.status,
-            "status_details": result.status_details,
-            **frame_lag_stats(frame_lags(result), late_s),
-            "turns": len(result.turns),
-            "notices": [notice.get("kind", "") for notice in result.notices],
-        }
-        for result in results
-    ]
+    calls = []
+    for slot, result in enumerate(results):
+        asked = question_outcomes(result, starts[slot], call_t0[slot], kills)
+        calls.append(
+            {
+                "status": result.status,
+                "status_details": result.status_details,
+                **frame_lag_stats(frame_lags(result), late_s),
+                "turns": len(result.turns),
+                "notices": [notice.get("kind", "") for notice in result.notices],
+                "resumed": sum(1 for e in result.events if e["type"] == "resumed"),
+                "questions": len(asked),
+                "answered": sum(q["answered"] for q in asked),
+                "lost_to_a_kill": sum(1 for q in asked if not q["answered"] and q["kills"]),
+                "lost_unexplained": sum(1 for q in asked if not q["answered"] and not q["kills"]),
+                "question_outcomes": asked,
+            }
+        )
+    lost_per_kill = {
+        index: sum(
+            1
+            for call in calls
+            for q in call["question_outcomes"]
+            if not q["answered"] and kill["service"] in q["kills"]
+        )
+        for index, kill in enumerate(kills)
+    }
     lags = np.concatenate([frame_lags(result) for result in results])
     return {
         "sessions": args.sessions,
@@ -129,6 +269,14 @@ async def soak(args: argparse.Namespace, stack: Stack, questions: list[Question]
         "wall_s": round(time.monotonic() - started, 1),
         "all_frames": frame_lag_stats(lags, late_s),
         "calls": calls,
+        "kills": [
+            {
+                "service": kill["service"],
+                "at_s": round(kill["t"] - started, 1),
+                "questions_lost": lost_per_kill[index],
+            }
+            for index, kill in enumerate(kills)
+        ],
         "memory": {
             name: {
                 "start_mib": _mib(baseline[name]),
@@ -155,20 +303,54 @@ def print_report(report: dict[str, Any]) -> None:
             f"| {name} | {memory['start_mib']} | {memory['end_mib']} | "
             f"{memory['growth_mib']} | {memory['peak_mib']} |"
         )
-    print("\n| call | status | frames | late | lag p50 / p99 ms | turns | notices |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "\n| call | status | frames | late | lag p50 / p99 ms | questions | answered | "
+        "lost to a kill | lost, no kill | resumed | notices |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for index, call in enumerate(report["calls"]):
+        notices = sorted(set(call["notices"]))
         print(
             f"| {index + 1} | {call['status']} | {call['frames']} | {call['late_frames']} | "
             f"{_ms(call['frame_lag_p50_s'])} / {_ms(call['frame_lag_p99_s'])} | "
-            f"{call['turns']} | {', '.join(call['notices']) or '-'} |"
+            f"{call['questions']} | {call['answered']} | {call['lost_to_a_kill']} | "
+            f"{call['lost_unexplained']} | {call['resumed']} | {', '.join(notices) or '-'} |"
         )
+    if report["kills"]:
+        print("\n| kill | service | at s | questions lost (all calls) |")
+        print("|---|---|---|---|")
+        for index, kill in enumerate(report["kills"]):
+            print(
+                f"| {index + 1} | {kill['service']} | {kill['at_s']} | {kill['questions_lost']} |"
+            )
+    print_resources(report["memory_samples"])
     frames = report["all_frames"]
     late_percent = 100 * (frames["late_fraction"] or 0)
     print(
         f"\nall calls: {frames['frames']} frames, {frames['late_frames']} late "
         f"({late_percent:.2f} %), lag p99 {_ms(frames['frame_lag_p99_s'])} ms"
     )
+
+
+def print_resources(samples: list[dict[str, Any]]) -> None:
+    """File descriptors, Redis keys and metric series at the first, middle and last sample."""
+    if not samples:
+        return
+    picked = [samples[0], samples[len(samples) // 2], samples[-1]]
+    print(
+        "\n| at s | "
+        + " | ".join(f"fds {name}" for name in picked[0]["fds"])
+        + " | redis keys | "
+        + " | ".join(f"series {name}" for name in picked[0]["metric_series"])
+        + " |"
+    )
+    print("|---" * (2 + len(picked[0]["fds"]) + len(picked[0]["metric_series"])) + "|")
+    for sample in picked:
+        fds = " | ".join(str(sample["fds"].get(name, "-")) for name in picked[0]["fds"])
+        series = " | ".join(
+            str(sample["metric_series"].get(name)) for name in picked[0]["metric_series"]
+        )
+        print(f"| {sample['t_s']} | {fds} | {sample['redis_keys']} | {series} |")
 
 
 def _ms(seconds: float | None) -> str:
@@ -183,6 +365,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
     parser.add_argument("--sample-s", type=float, default=15.0, help="memory sampling period")
     parser.add_argument("--late-ms", type=float, default=80.0)
+    parser.add_argument(
+        "--kill-every-s", type=float, default=0.0, help="SIGKILL a process this often (0: none)"
+    )
+    parser.add_argument(
+        "--kills", default=",".join(KILL_ORDER), help="the processes to kill, in turn"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
     add_arguments(parser)  # kame up's stack options (engine, checkpoint, LLM, ...)
     return parser.parse_args()
@@ -201,11 +389,18 @@ def main() -> None:
             f"memory every {args.sample_s:g} s ...",
             flush=True,
         )
-        report = asyncio.run(soak(args, stack, questions))
-        stack.check()
+        with Supervisor(stack, say=lambda line: print(line, flush=True)).running():
+            report = asyncio.run(soak(args, stack, questions))
+        if not args.kill_every_s:
+            stack.check()
     report["machine"] = f"{platform.processor() or platform.machine()}, {platform.platform()}"
     report["command"] = "bench/soak.py " + " ".join(
-        f"--{k} {v}" for k, v in (("sessions", args.sessions), ("minutes", args.minutes))
+        f"--{k} {v}"
+        for k, v in (
+            ("sessions", args.sessions),
+            ("minutes", args.minutes),
+            ("kill-every-s", args.kill_every_s),
+        )
     )
     print_report(report)
     write_json(args.out, report)

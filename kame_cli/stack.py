@@ -10,7 +10,10 @@ to find each other on 127.0.0.1, and the web service (the browser page, a
 client of the gateway). It waits until every one is ready (gRPC
 health SERVING, which the oracle reports only after warming up its LLM's
 prompt; the LLM server's ready line, which it prints after its own warm-up;
-the web service's /healthz; Redis PING), prints the endpoints and the page's URL, and on Ctrl-C
+the web service's /healthz; Redis PING; and the gateway reports SERVING only
+once stt, the oracle and a frontend do: services/gateway/readiness.py), prints
+the endpoints and the page's URL, restarts any process that dies (with
+backoff, printed: kame_cli.supervise), and on Ctrl-C
 or SIGTERM stops them all (SIGTERM to each process group, SIGKILL after a
 timeout). Each child's output goes to a log file in --log-dir.
 
@@ -37,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -55,6 +59,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kame_cli import llm_server
 from kame_cli.errors import USAGE, CliError
 from kame_cli.listeners import describe_holder, holders, port_is_free, process_group
+from kame_cli.supervise import Supervisor
 from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
 from kame_common.store import redacted_url
 from services.frontend.config import DTYPES
@@ -62,6 +67,7 @@ from services.frontend.config import DTYPES
 LOOPBACK = "127.0.0.1"
 SERVICES = ("stt", "oracle", "frontend", "gateway")
 SIDE_PROCESSES = ("llm", "stt", "oracle")  # off the voice path: they may wait for a core
+REDIS_MAXMEMORY = "256mb"  # the Redis kame up starts: far above what 64 calls keep
 UDP_PORTS = ("sip",)  # the rest of the ports are TCP
 INGRESS = ("web", "telephony")  # HTTP services in front of the gateway
 
@@ -185,6 +191,7 @@ class Child:
     process: subprocess.Popen | None = None
     log_path: Path | None = None
     niceness: int = 0  # added to ours before the child starts, so all its threads inherit it
+    restarts: int = 0  # starts after the first (kame_cli.supervise)
 
     def start(self, log_dir: Path) -> None:
         self.log_path = log_dir / f"{self.name}.log"
@@ -194,7 +201,8 @@ class Child:
         command = (
             ["nice", "-n", str(self.niceness), *self.command] if self.niceness else self.command
         )
-        with open(self.log_path, "wb") as log:
+        # A restart appends: the log keeps why the process died.
+        with open(self.log_path, "ab" if self.process is not None else "wb") as log:
             self.process = subprocess.Popen(
                 command,
                 env={**os.environ, **self.env},
@@ -267,6 +275,7 @@ class Stack:
         self.embedded_llm = not options.llm_base_url and options.llm_backend in ("", "openai")
         self.llm_base_url = options.llm_base_url or self._default_llm_url()
         self.started_redis = False
+        self.resume_secret = secrets.token_urlsafe(24)
         self.children: list[Child] = []
 
     def _default_llm_url(self) -> str:
@@ -335,6 +344,11 @@ class Stack:
                 "no",
                 "--dir",
                 str(self.log_dir),
+                # Bounded: session records and conversations carry a TTL and go first.
+                "--maxmemory",
+                REDIS_MAXMEMORY,
+                "--maxmemory-policy",
+                "volatile-lru",
             ],
             {},
             lambda: redis_answers(LOOPBACK, self.ports.redis),
@@ -411,6 +425,9 @@ class Stack:
                 # one local replica serves every mode, s2s included
                 S2S_ENGINE="" if self.options.frontend_engine != "moshi" else "moshi",
                 CAPACITY_ADMISSION=int(self.options.capacity_admission),
+                # A call survives a restart of the gateway (kame_cli.supervise): the client
+                # continues it with its resume token. One secret per stack, unless given.
+                RESUME_SECRET=os.environ.get("KAME_GATEWAY_RESUME_SECRET", self.resume_secret),
             )
         elif service == "web":
             env["GATEWAY_ADDRESS"] = self.gateway_address
@@ -547,6 +564,7 @@ class Stack:
                 child.name: {
                     "endpoint": child.endpoint,
                     "pid": child.process.pid if child.process else None,
+                    "restarts": child.restarts,
                     **(
                         {"metrics_url": self.metrics_url(child.name)}
                         if child.name in (*SERVICES, *INGRESS)
@@ -753,7 +771,11 @@ def run(args: argparse.Namespace) -> int:
     options.side_niceness = args.side_nice
     stack = Stack(options)
     stack.check_ports_free()  # before saying anything starts
-    print(f"kame up: starting the stack (logs in {stack.log_dir}) ...", flush=True)
+    print(
+        f"kame up: starting the stack (gateway {stack.gateway_address}, logs in "
+        f"{stack.log_dir}) ...",
+        flush=True,
+    )
     try:
         stack.start()
         print("KAME stack is up:")
@@ -768,9 +790,10 @@ def run(args: argparse.Namespace) -> int:
             "Ctrl-C stops everything.",
             flush=True,
         )
+        supervisor = Supervisor(stack, say=lambda line: print(line, flush=True))
         while True:
             time.sleep(0.5)
-            stack.check()
+            supervisor.poll()
     except KeyboardInterrupt:
         print("\nkame up: stopping ...", flush=True)
         return 0

@@ -1,7 +1,7 @@
 """`kame status [--gateway ADDR] [--json]`: how a running stack is doing.
 
 For each service (gateway, stt, oracle, frontend): gRPC health, version,
-uptime, PID (when `kame up` started it), open sessions and free capacity, from
+uptime, PID and restarts (when `kame up` started it), open sessions and free capacity, from
 the health service and the service's Prometheus /metrics (kame_build_info,
 process_start_time_seconds, kame_active_sessions, kame_max_sessions,
 kame_frontend_free_slots); Redis and the frontend replicas in its capacity
@@ -72,6 +72,7 @@ class Endpoints:
     redis_url: str
     llm_url: str
     pids: dict[str, int] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)  # by `kame up`'s supervisor
     source: str = "default ports"
 
 
@@ -83,6 +84,7 @@ class ServiceStatus:
     version: str = ""
     uptime_s: float | None = None
     pid: int | None = None
+    restarts: int | None = None  # None: not started by `kame up`
     active_sessions: int | None = None
     free_capacity: int | None = None  # None: unknown or no limit (see limit)
     limit: int | None = None
@@ -120,6 +122,7 @@ def find_endpoints(gateway: str) -> Endpoints:
             redis_url=described["redis_url"],
             llm_url=described["llm_url"],
             pids={name: p["pid"] for name, p in processes.items() if p.get("pid")},
+            restarts={name: p.get("restarts", 0) for name, p in processes.items()},
             source=f"stack file {path}",
         )
     grpc_addresses = {s: loopback_address(s).replace("127.0.0.1", host) for s in SERVICES}
@@ -185,7 +188,13 @@ def service_status(
     health = (
         http_health_of(address, timeout_s) if name in INGRESS else health_of(address, timeout_s)
     )
-    status = ServiceStatus(name, address, health, pid=endpoints.pids.get(name))
+    status = ServiceStatus(
+        name,
+        address,
+        health,
+        pid=endpoints.pids.get(name),
+        restarts=endpoints.restarts.get(name),
+    )
     samples = scrape(endpoints.metrics[name], timeout_s)
     if not samples:
         return status, samples
@@ -313,7 +322,17 @@ def _or_dash(value: object) -> str:
 def render(data: dict[str, Any]) -> str:
     """The table `kame status` prints."""
     lines = [f"KAME stack at {data['gateway']} (endpoints from {data['endpoints_from']})", ""]
-    header = ("service", "health", "version", "uptime", "pid", "sessions", "free", "address")
+    header = (
+        "service",
+        "health",
+        "version",
+        "uptime",
+        "pid",
+        "restarts",
+        "sessions",
+        "free",
+        "address",
+    )
     rows = [header]
     for s in data["services"]:
         free = s["free_capacity"]
@@ -326,6 +345,7 @@ def render(data: dict[str, Any]) -> str:
                 _or_dash(s["version"]),
                 _duration(s["uptime_s"]),
                 _or_dash(s["pid"]),
+                _or_dash(s["restarts"]),
                 _or_dash(s["active_sessions"]),
                 _or_dash(free),
                 s["address"],

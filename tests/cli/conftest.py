@@ -79,6 +79,8 @@ def tls_gateway(tmp_path_factory, redis_url) -> Iterator[TlsGateway]:
         "KAME_GATEWAY_AUTH_TOKENS": token,
         "KAME_GATEWAY_TLS_CERT_FILE": str(cert),
         "KAME_GATEWAY_TLS_KEY_FILE": str(key),
+        # No upstreams here: without the readiness check it serves (and refuses) at once.
+        "KAME_GATEWAY_READINESS_INTERVAL_S": "0",
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "services.gateway"],

@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from kame_cli.bench import startup
 from tests.support import word_recall
 
 pytestmark = pytest.mark.slow
@@ -53,10 +54,16 @@ def test_kame_demo_prints_the_conversation(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
 
 
-def test_kame_up_serves_until_ctrl_c_then_stops_everything(tmp_path):
+def test_kame_up_serves_until_ctrl_c_then_stops_everything(tmp_path, espeak_questions):
     process = kame("up", "--free-ports", "--log-dir", str(tmp_path), start_new_session=True)
-    lines = []
+    lines = [process.stdout.readline()]
     try:
+        # A call placed the moment the gateway accepts, as a phone or a browser would
+        # (they read no log line): refused with a retry hint, or answered whole.
+        question = espeak_questions[0]
+        early, _ = startup.call_at_first_accept(startup.gateway_named(lines[0]), question.audio)
+        print(f"call at the first accept: {early.status} {early.status_details} {early.finals}")
+        assert startup.outcome(early, question.text) != startup.LOST, early.events
         deadline = time.monotonic() + 240
         while not lines or "Ctrl-C stops everything" not in lines[-1]:
             line = process.stdout.readline()

@@ -4,7 +4,8 @@ ports), so that a test can stop, continue, kill and restart one of them.
 
 The stack uses its own Redis database (11) so that the frontend capacity
 registry it reads holds only this stack's replica, whatever other test runs
-share the Redis server.
+share the Redis server. `kame up`'s supervisor runs beside it, as in `kame up`
+(a shorter backoff): a killed process is started again by it, not by the test.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kame_cli.stack import Child, Ports, Stack, StackOptions
+from kame_cli.supervise import Supervisor
 from tests.e2e.conftest import with_db
 
 FAULT_DB = 11
@@ -32,7 +34,7 @@ def process_stack(redis_url):
             redis_url=with_db(redis_url, FAULT_DB),
             log_dir=Path(log_dir),
         )
-        with Stack(options) as stack:
+        with Stack(options) as stack, Supervisor(stack, backoff_s=0.2, backoff_max_s=2.0).running():
             yield stack
 
 
@@ -41,21 +43,13 @@ def child(stack: Stack, name: str) -> Child:
 
 
 def restart(stack: Stack, name: str, timeout_s: float = 120.0) -> float:
-    """SIGKILL one service and start it again on its port; the seconds until it
-    answered SERVING. A start that exits at once is tried again (twice): this
-    is about the call surviving the restart, not about the restart itself."""
+    """SIGKILL one service and wait until the supervisor has started it again and
+    it answers; the seconds that took."""
     process = child(stack, name)
+    restarts = process.restarts
     process.signal(signal.SIGKILL)
-    assert process.process is not None
-    process.process.wait()
     started = time.monotonic()
-    for attempt in range(3):
-        process.start(stack.log_dir)
-        while process.running() and not process.ready():
-            assert time.monotonic() - started < timeout_s, f"{name} did not come back"
-            time.sleep(0.2)
-        if process.running():
-            return time.monotonic() - started
-        print(f"{name} exited at start (attempt {attempt + 1}):\n{process.log_tail()}")
-        time.sleep(1.0 + attempt)  # what made it exit (its log says) may pass meanwhile
-    raise AssertionError(f"{name} did not start again: {process.log_tail()}")
+    while process.restarts == restarts or not process.ready():
+        assert time.monotonic() - started < timeout_s, f"{name} did not come back"
+        time.sleep(0.1)
+    return time.monotonic() - started

@@ -75,11 +75,21 @@ def late_fraction(result: talk.TalkResult) -> tuple[float, float]:
     return float(np.mean(lags > FRAME_SECONDS)), float(np.percentile(lags, 99))
 
 
+def outline(result: talk.TalkResult) -> str:
+    """The call's events but the word-by-word ones, a line each, for a failure's message."""
+    lines = [
+        f"{e['t']:7.2f} {e['type']} {e.get('text') or e.get('kind') or e.get('after') or ''}"
+        for e in result.events
+        if e["type"] not in ("agent_text", "oracle_append", "user_partial")
+    ]
+    return "\n".join([*lines, f"status {result.status} {result.status_details}"])
+
+
 def assert_second_question_answered(result: talk.TalkResult, second_at_s: float) -> float:
     """The second question was heard and answered by an oracle candidate made for
     it; returns when its first answer word reached the client."""
     finals = [e for e in result.events if e["type"] == "user_final" and e["t"] > second_at_s]
-    assert any(word_recall(SECOND, e["text"]) >= 0.5 for e in finals), result.events
+    assert any(word_recall(SECOND, e["text"]) >= 0.5 for e in finals), outline(result)
     resets = {
         e["generation"]: e["t"]
         for e in result.events
@@ -152,6 +162,73 @@ async def test_a_killed_oracle_restarted_answers_the_next_question(process_stack
         f"{restart_s:.1f} s, restored at {back[0]:.1f} s into the call, late frames "
         f"{late:.2%}, frame lag p99 {lag_p99 * 1000:.0f} ms, second answer "
         f"{answered_t - script.second_at_s:.2f} s after it began, user turns {users}"
+    )
+
+
+def one_question(speak, text: str, tail_s: float = 14.0) -> np.ndarray:
+    spoken = speak(text)
+    audio = np.zeros(int((LEAD_S + tail_s) * SAMPLE_RATE) + len(spoken), np.float32)
+    lead = int(LEAD_S * SAMPLE_RATE)
+    audio[lead : lead + len(spoken)] = spoken
+    return audio
+
+
+def answer_words_after(result: talk.TalkResult, after_s: float) -> list[str]:
+    """Agent words of oracle candidates that reached the client after `after_s`
+    (a restarted oracle numbers its generations from 1 again: times tell them apart)."""
+    resets = [e for e in result.events if e["type"] == "oracle_reset" and e["t"] > after_s]
+    generations = {e["generation"] for e in resets}
+    first_reset_t = min((e["t"] for e in resets), default=float("inf"))
+    return [
+        e["text"]
+        for e in result.events
+        if e["type"] == "agent_text" and e["generation"] in generations and e["t"] >= first_reset_t
+    ]
+
+
+async def test_a_killed_stt_loses_no_word_of_the_question_it_hit(process_stack, speak):
+    """SIGKILL stt in the middle of a question; the supervisor restarts it, the
+    gateway replays the utterance to the new stream: the transcript is the whole
+    question (without the replay it was its tail, "of France"), and it is answered."""
+    kill_at_s = LEAD_S + 0.9  # a little past the question's middle
+    started = time.monotonic()
+    call = asyncio.ensure_future(talk.talk(one_question(speak, FIRST), options(process_stack)))
+    await at(started, kill_at_s)
+    restart_s = await asyncio.to_thread(restart, process_stack, "stt")
+    result = await call
+    assert result.status == "OK", result.status_details
+
+    finals = [e["text"] for e in result.events if e["type"] == "user_final"]
+    assert any(word_recall(FIRST, text) >= 0.8 for text in finals), finals
+    answer = answer_words_after(result, kill_at_s)
+    assert answer, f"the question was not answered: {result.events}"
+    print(
+        f"\nSIGKILL stt mid-question: back in {restart_s:.1f} s, finals {finals}, "
+        f"answer {' '.join(answer)!r}"
+    )
+
+
+async def test_a_killed_oracle_answers_the_question_it_hit_once_back(process_stack, speak):
+    """SIGKILL the oracle in the middle of a question; once the supervisor has it
+    back, the gateway hands it the question's final and it answers it, and the
+    conversation in Redis holds the question once."""
+    kill_at_s = LEAD_S + 0.9
+    started = time.monotonic()
+    call = asyncio.ensure_future(talk.talk(one_question(speak, SECOND), options(process_stack)))
+    await at(started, kill_at_s)
+    restart_s = await asyncio.to_thread(restart, process_stack, "oracle")
+    result = await call
+    assert result.status == "OK", result.status_details
+
+    answer = answer_words_after(result, kill_at_s)
+    assert answer, f"the question was not answered: {result.events}"
+    turns = await conversation(process_stack.redis_url, result.started["session_id"])
+    asked = [t for t in turns if t["role"] == "user" and word_recall(SECOND, t["text"]) >= 0.5]
+    assert len(asked) == 1, turns
+    assert "Hmm," not in [t["text"] for t in turns], turns  # a hold phrase is no agent turn
+    print(
+        f"\nSIGKILL oracle mid-question: back in {restart_s:.1f} s, "
+        f"answer {' '.join(answer)!r}, turns {turns}"
     )
 
 
