@@ -26,6 +26,7 @@ from kubernetes_validate import utils as kv_utils
 
 from kame_cli import llm_server
 from kame_cli.main import COMMANDS
+from kame_common.server import LIVENESS
 from tests.deploy.conftest import (
     CHART,
     HEALTH_PORTS,
@@ -188,8 +189,12 @@ def test_grpc_services_use_native_grpc_probes_on_their_plaintext_health_port(ren
         port = {p["name"]: p["containerPort"] for p in container["ports"]}["health"]
         assert port == HEALTH_PORTS[service]
         assert env_of(container)[f"KAME_{service.upper()}_HEALTH_PORT"]["value"] == str(port)
+        # Readiness asks the whole server; startup and liveness only whether the process
+        # works (a gateway waiting for its upstreams is alive: kame_common.server.LIVENESS).
+        assert container["readinessProbe"]["grpc"] == {"port": port}, service
+        for probe in ("startupProbe", "livenessProbe"):
+            assert container[probe]["grpc"] == {"port": port, "service": LIVENESS}, (service, probe)
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"] == {"port": port}, (service, probe)
             assert "httpGet" not in container[probe] and "exec" not in container[probe]
 
 
