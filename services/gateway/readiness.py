@@ -59,6 +59,7 @@ class Readiness:
         self.serving: dict[str, bool] = dict.fromkeys(UPSTREAMS, False)
         self._task: asyncio.Task[None] | None = None
         self._checked_once = False
+        self._ever_ready = False  # until then the stack is starting, not failing
 
     @property
     def ready(self) -> bool:
@@ -73,7 +74,7 @@ class Readiness:
         missing = self.not_ready(services)
         if not missing:
             return None
-        what = "the stack is starting" if not self._checked_once else "the stack is not ready"
+        what = "the stack is not ready" if self._ever_ready else "the stack is starting"
         retry_after_s = max(1, math.ceil(self.interval_s * 2))
         return SessionError(
             grpc.StatusCode.UNAVAILABLE,
@@ -106,6 +107,7 @@ class Readiness:
                 if serving != self.serving[name]:
                     log.info("gateway: %s %s", name, "serving" if serving else "NOT serving")
             self.serving[name] = serving
+        self._ever_ready = self._ever_ready or self.ready
         if self.ready != was_ready or not self._checked_once:
             self._checked_once = True
             await self._on_change(self.ready)
