@@ -24,7 +24,8 @@ Reconnecting: when the gateway sent a resume token, a call that breaks off
 (the gateway went away: UNAVAILABLE, or the INTERNAL that grpc.aio reports for
 a write under way) or that the gateway asks to move (Notice RECONNECT: it is
 shutting down) is continued in a new call with the token, on the next address
-of `--gateway a,b,...` (round the list), up to RECONNECT_ATTEMPTS times. Audio
+of `--gateway a,b,...` (round the list), up to RECONNECT_ATTEMPTS failed
+attempts in a row (a call that started begins the count anew). Audio
 that was due while no call was open is skipped, as a phone line would lose it;
 the timeline shows a `reconnect` event.
 """
@@ -297,12 +298,15 @@ class _Conversation:
     async def run(self) -> TalkResult:
         self.t0 = time.monotonic()
         gateways = self.options.gateways
-        failures = 0
-        for attempt in range(RECONNECT_ATTEMPTS + 1):
+        failures, attempt = 0, 0  # failed attempts in a row; attempts in all
+        while failures <= RECONNECT_ATTEMPTS:
             gateway = gateways[attempt % len(gateways)]
+            attempt += 1
             if await self._call(gateway):
                 break
-            failures = 0 if self.move_asked else failures + 1
+            # A call that started (or was asked to move) ends an outage: a long call may
+            # ride out several (a restarted gateway, then a restarted frontend).
+            failures = 0 if self.move_asked or self.call_started.is_set() else failures + 1
             self.event("reconnect", gateway=gateway, after=self.result.status)
             await asyncio.sleep(RECONNECT_BACKOFF_S * (2 ** (failures - 1)) if failures else 0)
             # Audio due while no call was open is lost, as on a phone line.
