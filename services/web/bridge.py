@@ -27,7 +27,6 @@ import contextlib
 import json
 import logging
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -35,6 +34,7 @@ import grpc
 
 from kame_common.aio import cancel_and_wait, wait_first
 from kame_common.auth import bearer_metadata
+from kame_common.redact import redact_addresses
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.web.config import WebSettings
 
@@ -62,19 +62,6 @@ RETRY_HINTS = {
 }
 RETRY_AFTER_KEY = "retry-after-s"
 MAX_RETRY_AFTER_S = 3600.0  # a longer hint is not one a person waits for
-
-# What an address looks like in an error text: a URL, a gRPC peer, an IPv6 or
-# IPv4 address (port optional), or host:port. The same as the gateway's
-# (services/gateway/server.py), whose code the web image does not carry.
-_ADDRESS = re.compile(
-    r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"),]+"
-    r"|\bipv[46]:\S+"
-    r"|\[[0-9a-fA-F:.]+\](?::\d{1,5})?"
-    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"
-    r"|\b[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?:\d{1,5}\b"
-)
-REDACTED = "<internal address>"
-
 
 ConverseCall = grpc.aio.StreamStreamCall[gateway_pb2.ConverseRequest, gateway_pb2.ConverseResponse]
 
@@ -194,11 +181,6 @@ def page_event(response: gateway_pb2.ConverseResponse) -> dict[str, Any] | bytes
     if kind == "dtmf":
         return {"type": "dtmf", "digit": response.dtmf.digit}
     return {"type": "unknown", "kind": kind or ""}
-
-
-def redact_addresses(text: str) -> str:
-    """`text` with every address replaced, for a person outside the cluster."""
-    return _ADDRESS.sub(REDACTED, text)
 
 
 def error_event(code: str, details: str, retry_after_s: float | None = None) -> dict[str, Any]:

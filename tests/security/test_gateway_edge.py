@@ -16,10 +16,12 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import REGISTRY
 
-from kame_common.auth import PeerThrottle, peer_host
+from kame_common import auth
+from kame_common.auth import PeerThrottle, peer_host, peer_key
 from kamepb import gateway_pb2
 from services.gateway.config import GatewaySettings
-from services.gateway.server import REDACTED, redact_addresses, serve
+from kame_common.redact import REDACTED, redact_addresses
+from services.gateway.server import serve
 from tests.gateway.fakes import sync_converse
 
 TOKEN_A = "alpha-token-0123456789abcdef"
@@ -48,6 +50,7 @@ async def gateway(e2e_redis_url):
             frontend_address=NOWHERE,
             connect_timeout_s=3.0,
             registry_secret="registry-secret-for-edge-tests",  # no stray record is chosen
+            readiness_interval_s=0,  # admit calls to the missing upstreams: the edge is tested
         )
         config = GatewaySettings(**{**settings, **overrides})
         config.validate()
@@ -153,6 +156,34 @@ def test_the_throttle_doubles_caps_forgets_and_stays_bounded():
     for peer in ("c", "d", "e"):
         throttle.failed(peer)
     assert len(throttle) == 3  # the least recent peer made room
+
+
+async def test_a_flood_of_bad_tokens_holds_a_bounded_number_of_calls(gateway, monkeypatch):
+    """The attack: many refused calls at once, each held open by the slow-down (and
+    counted nowhere) while it lasts. At most MAX_HELD are held; the rest are refused
+    at once."""
+    monkeypatch.setattr(auth, "MAX_HELD", 2)
+    runtime = await gateway(auth_tokens=TOKEN_A)
+    wrong = "wrong-token-0123456789abcdef"
+    for _ in range(3):  # the free failures
+        assert (await converse(runtime.address, CONFIG_FIRST, token=wrong))[0] == "UNAUTHENTICATED"
+
+    async def timed() -> float:
+        started = time.monotonic()
+        assert (await converse(runtime.address, CONFIG_FIRST, token=wrong))[0] == "UNAUTHENTICATED"
+        return time.monotonic() - started
+
+    took = await asyncio.gather(*(timed() for _ in range(6)))
+    assert sum(t >= 0.5 for t in took) <= 2, took
+    assert sum(t < 0.4 for t in took) >= 4, took
+
+
+def test_ipv6_peers_are_keyed_by_their_64():
+    """One host gets a /64 of IPv6 addresses: a new address each guess is no new peer."""
+    first, second = "ipv6:[2001:db8:1:2:aaaa::1]:5001", "ipv6:[2001:db8:1:2:bbbb::9]:5002"
+    assert peer_key(first) == peer_key(second) == "ipv6:2001:db8:1:2::/64"
+    assert peer_key("ipv6:[2001:db8:1:3::1]:5001") != peer_key(first)
+    assert peer_key("ipv4:10.0.0.7:51234") == "ipv4:10.0.0.7"
 
 
 def test_peers_are_keyed_by_address_without_the_port():
