@@ -11,10 +11,16 @@ malformed, invalid) and logged with the peer and the reason, never with the
 token. A peer that keeps failing is slowed down: after `free_failures`
 refusals within `forget_after_s`, each further refusal is held back for a
 delay that doubles up to `max_delay_s`. Peers are keyed by address without
-the port (a new connection does not start afresh); the table forgets a peer
-`forget_after_s` after its last failure and holds at most `max_peers`.
-Behind a load balancer that hides caller addresses every caller is one peer:
-the slow-down then throttles guessing as a whole.
+the port (a new connection does not start afresh), IPv6 ones by their /64
+(one host's share of a network, which it can fill with addresses); the table
+forgets a peer `forget_after_s` after its last failure and holds at most
+`max_peers`. Behind a load balancer that hides caller addresses every caller
+is one peer: the slow-down then throttles guessing as a whole. A held refusal
+is a call the server keeps open: at most MAX_HELD refusals are held at once
+(kame_gateway_auth_held_refusals), the rest are refused at once, so a flood
+of bad tokens from many addresses cannot pile up open calls. Guessing gains
+little from that: a token is a secret of at least 16 characters
+(config.check_secret).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import logging
 import time
 from collections import OrderedDict
@@ -31,16 +38,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 log = logging.getLogger(__name__)
 # How long a refused call's first message is waited for (see BearerAuth.check).
 REFUSAL_READ_S = 1.0
+# Refused calls held back (slow-down) at once; more are refused without a hold.
+MAX_HELD = 256
 
 AUTH_FAILURES = Counter(
     "kame_gateway_auth_failures",
     "Calls refused with UNAUTHENTICATED (reason: missing, malformed, invalid)",
     ["reason"],
+)
+
+HELD_REFUSALS = Gauge(
+    "kame_gateway_auth_held_refusals", "Refused calls held back by the slow-down right now"
 )
 
 METADATA_KEY = "authorization"
@@ -64,6 +77,19 @@ def peer_host(peer: str) -> str:
     return peer
 
 
+def peer_key(peer: str) -> str:
+    """Whose failures a refusal counts as: the host of an IPv4 peer, the /64 of an
+    IPv6 one ('ipv6:[2001:db8::1]:5' -> 'ipv6:2001:db8::/64'), else the peer."""
+    host = peer_host(peer)
+    if not host.startswith("ipv6:"):
+        return host
+    try:
+        network = ipaddress.IPv6Network(f"{host[5:].strip('[]')}/64", strict=False)
+    except ValueError:
+        return host
+    return f"ipv6:{network}"
+
+
 def sign(secret: str | bytes, message: bytes) -> str:
     """HMAC-SHA256 of `message` under `secret`, in hex: how the stack signs what it
     hands out and checks later (capacity registry records, resume tokens)."""
@@ -78,6 +104,17 @@ def same_signature(presented: str, expected: str) -> bool:
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
+
+
+# Who calls when the service has no tokens.
+ANONYMOUS = "anonymous"
+
+
+def principal_of(token: str) -> str:
+    """Who a bearer token speaks for, without the token itself: what a resume
+    token is bound to (services/gateway/resume.py). Each valid token is its own
+    principal, so a rotated-in token cannot continue the old token's sessions."""
+    return "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -138,38 +175,54 @@ class PeerThrottle:
             del self._peers[peer]
 
 
+_MISSING = "send the metadata 'authorization: Bearer <token>'"
+_MALFORMED = "the authorization metadata must be 'Bearer <token>', once"
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    principal: str = ""  # set when the token is valid
+    reason: str = ""
+    message: str = ""
+
+
 class BearerAuth:
     """Checks the bearer token of each call; no tokens = no auth."""
 
     def __init__(self, tokens: Iterable[str], throttle: PeerThrottle | None = None) -> None:
         self._digests = tuple(_digest(token) for token in tokens)
         self.throttle = throttle or PeerThrottle()
+        self.held = 0  # refusals being held back now
 
     @property
     def enabled(self) -> bool:
         return bool(self._digests)
 
-    def _refusal(self, metadata: Iterable[tuple[str, str | bytes]]) -> tuple[str, str] | None:
-        """None if the metadata carries a valid token, else (reason, message)."""
+    def _verify(self, metadata: Iterable[tuple[str, str | bytes]]) -> _Verdict:
+        """The caller's principal if the metadata carries a valid token, else the
+        refusal's reason and message."""
         values = [value for key, value in metadata if key.lower() == METADATA_KEY]
         if not values:
-            return "missing", "send the metadata 'authorization: Bearer <token>'"
+            return _Verdict(reason="missing", message=_MISSING)
         value = values[0] if isinstance(values[0], str) else values[0].decode(errors="replace")
         scheme, _, token = value.strip().partition(" ")
         if len(values) > 1 or scheme.lower() != SCHEME or not token.strip():
-            return "malformed", "the authorization metadata must be 'Bearer <token>', once"
+            return _Verdict(reason="malformed", message=_MALFORMED)
         presented = _digest(token.strip())
         matched = False
         for digest in self._digests:  # every one, so timing does not say which matched
             matched |= hmac.compare_digest(presented, digest)
-        return None if matched else ("invalid", "the bearer token is not valid")
+        if not matched:
+            return _Verdict(reason="invalid", message="the bearer token is not valid")
+        return _Verdict(principal=principal_of(token.strip()))
 
     async def check(
         self,
         context: grpc.aio.ServicerContext[Any, Any],
         first_message: Callable[[], Awaitable[object]] | None = None,
-    ) -> None:
-        """Return if the call may go on; else abort it with UNAUTHENTICATED.
+    ) -> str:
+        """The caller's principal (`principal_of` its token, or ANONYMOUS without
+        auth) if the call may go on; else abort it with UNAUTHENTICATED.
 
         `first_message`: on a refusal, read (and drop) the caller's first message, for at
         most REFUSAL_READ_S, before aborting. A grpc.aio client whose first write is still
@@ -177,13 +230,13 @@ class BearerAuth:
         instead of UNAUTHENTICATED (grpc/grpc#36066; `kame talk` showed it): once the
         message is read, that write is done."""
         if not self.enabled:
-            return
-        peer = peer_host(context.peer() or "unknown")
-        refusal = self._refusal(context.invocation_metadata() or ())
-        if refusal is None:
+            return ANONYMOUS
+        peer = peer_key(context.peer() or "unknown")
+        verdict = self._verify(context.invocation_metadata() or ())
+        if verdict.principal:
             self.throttle.succeeded(peer)
-            return
-        reason, message = refusal
+            return verdict.principal
+        reason, message = verdict.reason, verdict.message
         AUTH_FAILURES.labels(reason=reason).inc()
         failures, delay_s = self.throttle.failed(peer)
         log.warning(
@@ -193,9 +246,17 @@ class BearerAuth:
             failures,
             f", held {delay_s:g} s" if delay_s else "",
         )
-        if delay_s:
-            await asyncio.sleep(delay_s)
-        if first_message is not None:
-            with contextlib.suppress(Exception):  # what it is, or whether it comes, is moot
-                await asyncio.wait_for(first_message(), REFUSAL_READ_S)
+        if self.held >= MAX_HELD:  # no hold, and no wait for the first message
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        self.held += 1
+        HELD_REFUSALS.inc()
+        try:
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            if first_message is not None:
+                with contextlib.suppress(Exception):  # what it is, or whether it comes, is moot
+                    await asyncio.wait_for(first_message(), REFUSAL_READ_S)
+        finally:
+            self.held -= 1
+            HELD_REFUSALS.dec()
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
