@@ -2,7 +2,10 @@
 
 Keys (all under the `kame:` prefix):
 - `kame:session:{id}`        hash, the session record; expires `ttl_s` after the last write.
-- `kame:conversation:{id}`   list of JSON turns {role, text, ts}, append-only, same TTL.
+- `kame:conversation:{id}`   list of JSON turns {role, text, ts}, append-only, same TTL,
+  trimmed to its newest `max_turns` turns.
+- `kame:lease:{id}`          the one call that holds the session now (a random owner id);
+  expires unless its holder renews it (see SessionStore.hold_lease).
 - `kame:replicas:{service}`  sorted set of replica ids scored by heartbeat expiry time.
 - `kame:replica:{service}:{id}` hash {address, free_slots, total_slots, expires_at_ms,
   signature}; expires with its heartbeat.
@@ -68,6 +71,23 @@ def redacted_url(url: str) -> str:
 
 
 DEFAULT_TIMEOUT_S = 1.0
+# Keys of one run of presses named in its conversation turn; more are "and more".
+MAX_KEYS_IN_TURN = 32
+# A conversation longer than this keeps its newest turns (prompts use far fewer).
+DEFAULT_MAX_TURNS = 500
+
+# Take or renew a lease: set it to the owner unless another owner holds it.
+_HOLD_LEASE = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+# Release a lease only if the owner still holds it (it may have expired and moved on).
+_RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 def connect(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> redis.Redis:
@@ -91,9 +111,12 @@ def connect(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> redis.Redis:
 
 
 class SessionStore:
-    def __init__(self, client: redis.Redis, ttl_s: int = 3600) -> None:
+    def __init__(
+        self, client: redis.Redis, ttl_s: int = 3600, max_turns: int = DEFAULT_MAX_TURNS
+    ) -> None:
         self.client = client
         self.ttl_s = ttl_s
+        self.max_turns = max_turns
 
     @staticmethod
     def _session_key(session_id: str) -> str:
@@ -102,6 +125,10 @@ class SessionStore:
     @staticmethod
     def _conversation_key(session_id: str) -> str:
         return f"{PREFIX}:conversation:{session_id}"
+
+    @staticmethod
+    def _lease_key(session_id: str) -> str:
+        return f"{PREFIX}:lease:{session_id}"
 
     async def put_session(self, session_id: str, fields: dict[str, str | int | float]) -> None:
         """Create or update the session record and renew its TTL."""
@@ -115,11 +142,13 @@ class SessionStore:
         return _texts(await self.client.hgetall(self._session_key(session_id)))
 
     async def append_turn(self, session_id: str, role: str, text: str) -> None:
-        """Append one turn ("user" or "agent") to the conversation log."""
+        """Append one turn ("user" or "agent") to the conversation log, which keeps
+        its newest `max_turns` turns: a caller cannot grow it without bound."""
         key = self._conversation_key(session_id)
         turn = json.dumps({"role": role, "text": text, "ts": time.time()})
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.rpush(key, turn)
+            pipe.ltrim(key, -self.max_turns, -1)
             pipe.expire(key, self.ttl_s)
             await pipe.execute()
 
@@ -129,6 +158,53 @@ class SessionStore:
 
     async def delete_session(self, session_id: str) -> None:
         await self.client.delete(self._session_key(session_id), self._conversation_key(session_id))
+
+    async def hold_lease(self, session_id: str, owner: str, ttl_s: float) -> bool:
+        """Take the session's lease for `owner`, or renew it, for `ttl_s`; False while
+        another owner holds it. One call at a time continues a session: its holder
+        renews the lease while the call lives, so a lease outlives a dead holder
+        by at most `ttl_s`."""
+        held = await self.client.eval(
+            _HOLD_LEASE, 1, self._lease_key(session_id), owner, int(ttl_s * 1000)
+        )
+        return bool(held)
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        """Give the lease up, if `owner` still holds it."""
+        await self.client.eval(_RELEASE_LEASE, 1, self._lease_key(session_id), owner)
+
+    async def lease_left_s(self, session_id: str) -> float:
+        """How long the session's lease has left (0 when nobody holds it)."""
+        left_ms = await self.client.pttl(self._lease_key(session_id))
+        return max(float(left_ms), 0.0) / 1000
+
+
+def keys_pressed_text(digits: list[str], count: int, shown: bool) -> str:
+    """How a run of `count` keys the caller pressed in a row stands in a conversation
+    log (the gateway's and the oracle's): one caller turn, on the caller's side,
+    in words no speech recognizer would produce. The digits themselves (PINs,
+    account numbers) only when `shown`, and at most MAX_KEYS_IN_TURN of them."""
+    if not shown:
+        return "(pressed a key)" if count == 1 else f"(pressed {count} keys)"
+    keys = " ".join(digits[:MAX_KEYS_IN_TURN])
+    more = " and more" if count > MAX_KEYS_IN_TURN else ""
+    return f"(pressed {keys}{more} on the keypad)"
+
+
+class KeyRun:
+    """Keys pressed in a row, not yet written as their one turn."""
+
+    def __init__(self) -> None:
+        self.digits: list[str] = []  # the first MAX_KEYS_IN_TURN
+        self.count = 0
+
+    def add(self, digit: str) -> None:
+        self.count += 1
+        if len(self.digits) < MAX_KEYS_IN_TURN:
+            self.digits.append(digit)
+
+    def text(self, shown: bool) -> str:
+        return keys_pressed_text(self.digits, self.count, shown)
 
 
 @dataclass(frozen=True)

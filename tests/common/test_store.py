@@ -30,6 +30,33 @@ async def test_session_record_and_conversation(redis_client, session_id):
     assert await sessions.get_session(session_id) == {}
 
 
+async def test_a_conversation_keeps_its_newest_turns(redis_client, session_id):
+    """The attack: a caller that makes turns without end (keys pressed) used to grow
+    its Redis list without bound."""
+    sessions = SessionStore(redis_client, ttl_s=60, max_turns=5)
+    for index in range(12):
+        await sessions.append_turn(session_id, "user", f"turn {index}")
+    turns = await sessions.conversation(session_id)
+    assert [t["text"] for t in turns] == [f"turn {index}" for index in range(7, 12)]
+    await sessions.delete_session(session_id)
+
+
+async def test_a_lease_has_one_holder_until_released_or_expired(redis_client, session_id):
+    sessions = SessionStore(redis_client)
+    assert await sessions.hold_lease(session_id, "call-a", ttl_s=5)
+    assert await sessions.hold_lease(session_id, "call-a", ttl_s=5)  # renewed
+    assert not await sessions.hold_lease(session_id, "call-b", ttl_s=5)
+    assert 4 < await sessions.lease_left_s(session_id) <= 5
+    await sessions.release_lease(session_id, "call-b")  # not its lease: no effect
+    assert not await sessions.hold_lease(session_id, "call-b", ttl_s=5)
+    await sessions.release_lease(session_id, "call-a")
+    assert await sessions.hold_lease(session_id, "call-b", ttl_s=0.1)
+    await asyncio.sleep(0.2)  # call-b's holder died: its lease expires
+    assert await sessions.lease_left_s(session_id) == 0
+    assert await sessions.hold_lease(session_id, "call-c", ttl_s=5)
+    await sessions.release_lease(session_id, "call-c")
+
+
 async def test_records_expire_at_their_ttl(redis_client, session_id):
     sessions = SessionStore(redis_client, ttl_s=1)
     await sessions.put_session(session_id, {"mode": "cascade"})
