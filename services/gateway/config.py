@@ -63,7 +63,11 @@ class GatewaySettings(ServiceSettings):
     )
     default_mode: str = setting("tandem", "mode of sessions whose config leaves it unset", MODES)
     s2s_engine: str = setting("moshi", "frontend engine requested for s2s sessions")
-    max_session_s: float = setting(3600.0, "caller audio a session may stream (OUT_OF_RANGE after)")
+    max_session_s: float = setting(
+        3600.0,
+        "longest call, in caller audio and in wall-clock time from its start, whatever the "
+        "caller sends (OUT_OF_RANGE after)",
+    )
     queue_frames: int = setting(
         25, "bound of each per-session queue, in messages (25 frames = 2 s of audio)"
     )
@@ -74,8 +78,18 @@ class GatewaySettings(ServiceSettings):
     )
     idle_timeout_s: float = setting(
         10.0,
-        "seconds the gateway waits for the caller's next message (the first audio after the "
-        "config included) before ending the call with DEADLINE_EXCEEDED (0 = forever)",
+        "seconds the gateway waits for the caller's audio (the first after the config "
+        "included; empty messages and keys pressed do not count) before ending the call "
+        "with DEADLINE_EXCEEDED (0 = forever)",
+    )
+    dtmf_per_s: float = setting(
+        5.0, "keys a caller may press a second after a burst of dtmf_burst; more are dropped"
+    )
+    dtmf_burst: int = setting(10, "keys a caller may press at once (see dtmf_per_s)")
+    dtmf_in_records: bool = setting(
+        False,
+        "keep the keys callers press (PINs, account numbers) in the session record and the "
+        "conversation the gateway writes (off: '*' per key, '(pressed a key)')",
     )
     input_burst_s: float = setting(
         2.0,
@@ -147,7 +161,7 @@ class GatewaySettings(ServiceSettings):
                 "upstream_cert_file: a client certificate needs TLS to upstreams: "
                 "set upstream_ca_file too"
             )
-        check_not_negative(self, "idle_timeout_s", "input_burst_s", "redis_timeout_s")
+        check_not_negative(self, "dtmf_per_s", "idle_timeout_s", "input_burst_s", "redis_timeout_s")
         if self.max_chunk_s <= 0:
             raise ConfigError(f"max_chunk_s: must be positive, got {self.max_chunk_s}")
         if self.connect_timeout_s <= 0:

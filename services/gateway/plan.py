@@ -79,10 +79,26 @@ class SessionPlan:
     @property
     def side_services(self) -> tuple[str, ...]:
         """The side services whose capacity the call takes (services/gateway/admission.py):
-        stt always; the oracle when it answers with its own LLM (no llm override)."""
-        if self.mode.uses_oracle and self.llm is None:
+        stt always; the oracle unless the call brings its own LLM endpoint."""
+        if self.mode.uses_oracle and not own_llm_endpoint(self.llm):
             return ("stt", "oracle")
         return ("stt",)
+
+
+def llm_override(config: gateway_pb2.ConverseConfig) -> gateway_pb2.LlmOverride | None:
+    """The client's llm override; None when absent or all empty, which the oracle
+    serves with its own LLM exactly as no override."""
+    if not config.HasField("llm") or config.llm == gateway_pb2.LlmOverride():
+        return None
+    return config.llm
+
+
+def own_llm_endpoint(llm: gateway_pb2.LlmOverride | None) -> bool:
+    """Whether the override names an endpoint and a key of its own, so that its
+    LLM requests do not go to the oracle's LLM. Without a base_url the oracle
+    answers with its configured server (or a vendor API on the operator's key),
+    whatever model or back-end the override names: that takes oracle capacity."""
+    return llm is not None and bool(llm.base_url) and bool(llm.api_key)
 
 
 def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) -> SessionPlan:
@@ -94,7 +110,7 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
         output_format = resolve_format(config.output_format, "output_format")
     except CodecError as exc:
         raise SessionError(invalid, str(exc)) from None
-    llm = config.llm if config.HasField("llm") else None
+    llm = llm_override(config)
     if llm is not None and llm.backend not in LLM_BACKENDS:
         raise SessionError(
             invalid,

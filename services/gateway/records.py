@@ -5,7 +5,9 @@ absent Redis costs records, never the call: a full queue drops (and counts) the
 write, a failed write is logged. In s2s mode no oracle keeps the conversation,
 nor while the oracle is down in the other modes, so the session logs it here:
 caller finals as user turns, and the agent's words as agent turns placed by
-when they were spoken.
+when they were spoken. Keys pressed in a row are one user turn, written when
+the run ends (the next turn, or the close); with `dtmf_in_records` off it
+names no digit.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from kame_common.aio import cancel_and_wait
-from kame_common.store import SessionStore
+from kame_common.store import KeyRun, SessionStore
 from services.gateway import metrics
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,8 @@ class SessionRecords:
         self._queue: asyncio.Queue[Write | None] = asyncio.Queue(QUEUE_SIZE)
         self._writer: asyncio.Task[None] | None = None
         self._agent_words: list[tuple[float, str]] = []  # (wall, word) not yet logged
+        self._keys: KeyRun | None = None  # keys pressed in a row, not yet logged
+        self._keys_shown = False
 
     def start(self) -> None:
         self._writer = asyncio.get_running_loop().create_task(
@@ -51,7 +55,16 @@ class SessionRecords:
         """A caller final (no oracle): the agent's words before the caller's turn began
         are its previous turn, logged first."""
         self.flush_agent_words(before=started_wall)
-        self._enqueue(self._store.append_turn, "user", text)
+        self._log_turn("user", text)
+
+    def keypress(self, digit: str, shown: bool) -> None:
+        """A key the caller pressed (no oracle): it joins the run of keys pressed in
+        a row, logged as one user turn after the agent's words spoken before it."""
+        self.flush_agent_words(before=time.time())
+        if self._keys is None:
+            self._keys = KeyRun()
+        self._keys.add(digit)
+        self._keys_shown = shown
 
     def agent_word(self, word: str) -> None:
         self._agent_words.append((time.time(), word))
@@ -62,7 +75,17 @@ class SessionRecords:
         spoken = [word for wall, word in self._agent_words if wall < before]
         self._agent_words = [(wall, word) for wall, word in self._agent_words if wall >= before]
         if spoken:
-            self._enqueue(self._store.append_turn, "agent", " ".join(spoken))
+            self._log_turn("agent", " ".join(spoken))
+
+    def _log_turn(self, role: str, text: str) -> None:
+        """Log a turn, after the run of keys pressed before it."""
+        self._end_key_run()
+        self._enqueue(self._store.append_turn, role, text)
+
+    def _end_key_run(self) -> None:
+        if self._keys is not None:
+            keys, self._keys = self._keys, None
+            self._enqueue(self._store.append_turn, "user", keys.text(self._keys_shown))
 
     def _enqueue(self, operation: Callable[..., Awaitable[None]], *args: Any) -> None:
         try:
@@ -82,6 +105,7 @@ class SessionRecords:
         """Write what is queued (at most FLUSH_TIMEOUT_S), then stop."""
         if self._writer is None:
             return
+        self._end_key_run()
         with contextlib.suppress(asyncio.QueueFull):
             self._queue.put_nowait(None)
         with contextlib.suppress(TimeoutError):

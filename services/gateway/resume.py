@@ -3,23 +3,66 @@
 A token is `<session id>.<HMAC-SHA256 of the id under resume_secret>`: every
 gateway replica with the same secret can check it, none can be forged
 without it, and it names the session whose record and conversation Redis
-keeps. A token resumes its session while the session's record says it was
-alive (started, audio flowing, ended) within resume_ttl_s; the resumed call
-gets the same session id, so the oracle loads the conversation so far.
+keeps. The resumed call gets the same session id, so the oracle loads the
+conversation so far. A token resumes its session only
+
+- while the session's record says it was alive (started, audio flowing,
+  ended) within resume_ttl_s, in the same mode;
+- for the caller it was issued to: the session record keeps the caller's
+  principal (kame_common.auth: a hash of its bearer token, or "anonymous"
+  without auth) and the fingerprint of its llm override, both as HMACs under
+  the secret; a token presented by another principal is PERMISSION_DENIED,
+  and a resume with another llm override (which would send the conversation
+  so far to another endpoint) is INVALID_ARGUMENT;
+- in one call at a time: every call of a gateway that resumes holds the
+  session's lease in Redis (SessionStore.hold_lease), renewed while it lives
+  and released at its end. A resume waits up to TAKEOVER_WAIT_S for the
+  earlier call to end (a client that moves drops its old call as it opens
+  the new one); if it still holds the lease, the resume is UNAVAILABLE with
+  a retry hint. A call whose gateway died holds its session until its lease
+  expires, LEASE_TTL_S after the last renewal.
+
+A new call's lease and binding are written in the background, off the
+set-up path: a Redis that hangs costs the session its resumability, never
+the call.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
 import time
+import uuid
+from typing import Any
 
 import grpc
+from redis.exceptions import RedisError
 
 from kame_common.auth import same_signature, sign
 from kame_common.store import SessionStore
-from services.gateway.plan import SessionError
+from kamepb import gateway_pb2
+from services.gateway.plan import SessionError, SessionPlan
+
+log = logging.getLogger(__name__)
 
 # Fields of the session record that say when the session was last alive.
 ALIVE_FIELDS = ("started_at", "alive_at", "ended_at")
+# Fields of the session record that bind it to its caller and its llm override.
+PRINCIPAL_FIELD = "resume_principal"
+LLM_FIELD = "resume_llm"
+# A call renews its lease every third of this; a dead gateway's call holds its
+# session this long at most (short: a caller whose gateway died resumes within
+# about this long, with TAKEOVER_WAIT_S covering it on the first try).
+LEASE_TTL_S = 3.0
+# How long a resume waits for the call it takes over from to end.
+TAKEOVER_WAIT_S = 3.0
+_TAKEOVER_POLL_S = 0.1
+
+# Release tasks of ended calls, kept referenced until they are done.
+_releases: set[asyncio.Task[None]] = set()
 
 
 def issue(secret: str, session_id: str) -> str:
@@ -44,9 +87,36 @@ def session_of(secret: str, token: str) -> str:
     return session_id
 
 
-async def check_resumable(store: SessionStore, session_id: str, mode: str, ttl_s: float) -> None:
-    """SessionError unless the session's record shows it alive within `ttl_s` and
-    in `mode`."""
+def new_session_id() -> str:
+    return uuid.uuid4().hex
+
+
+def binding(secret: str, plan: SessionPlan, principal: str) -> dict[str, str | int | float]:
+    """The session record's fields that bind it to this caller and llm override."""
+    return {
+        PRINCIPAL_FIELD: _tag(secret, "principal", principal),
+        LLM_FIELD: _tag(secret, "llm", llm_fingerprint(plan.llm)),
+    }
+
+
+def llm_fingerprint(llm: gateway_pb2.LlmOverride | None) -> str:
+    """What identifies an llm override (its every field; "" for none)."""
+    if llm is None:
+        return ""
+    fields = [llm.backend, llm.model, llm.base_url, llm.api_key]
+    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
+
+
+async def check_resumable(
+    store: SessionStore,
+    secret: str,
+    session_id: str,
+    plan: SessionPlan,
+    principal: str,
+    ttl_s: float,
+) -> None:
+    """SessionError unless the session's record shows it alive within `ttl_s`, in
+    the plan's mode, started by `principal` with the plan's llm override."""
     record = await store.get_session(session_id)
     last_alive = max((float(record[f]) for f in ALIVE_FIELDS if record.get(f)), default=None)
     if last_alive is None or time.time() - last_alive > ttl_s:
@@ -54,12 +124,124 @@ async def check_resumable(store: SessionStore, session_id: str, mode: str, ttl_s
             grpc.StatusCode.NOT_FOUND,
             f"resume_token: the session has expired (sessions resume within {ttl_s:g} s)",
         )
+    mode = plan.mode.value
     if record.get("mode", mode) != mode:
         raise SessionError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"mode: the session to resume is a {record['mode']} session, not {mode}",
         )
+    expected = binding(secret, plan, principal)
+    if not same_signature(record.get(PRINCIPAL_FIELD, ""), str(expected[PRINCIPAL_FIELD])):
+        raise SessionError(
+            grpc.StatusCode.PERMISSION_DENIED,
+            "resume_token: the session was started by another caller (another bearer token)",
+        )
+    if not same_signature(record.get(LLM_FIELD, ""), str(expected[LLM_FIELD])):
+        raise SessionError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "llm: a resumed session keeps the llm override it started with",
+        )
+
+
+class SessionLease:
+    """One call's hold on its session (see the module doc)."""
+
+    def __init__(self, store: SessionStore, session_id: str) -> None:
+        self._store = store
+        self.session_id = session_id
+        self._owner = uuid.uuid4().hex
+        self._renewal: asyncio.Task[None] | None = None
+
+    async def take_over(self) -> None:
+        """Take the lease, waiting up to TAKEOVER_WAIT_S for its holder to let go;
+        else SessionError(UNAVAILABLE) with the lease's time left as the retry
+        hint. Redis errors propagate."""
+        deadline = time.monotonic() + TAKEOVER_WAIT_S
+        while not await self._store.hold_lease(self.session_id, self._owner, LEASE_TTL_S):
+            if time.monotonic() >= deadline:
+                left_s = max(await self._store.lease_left_s(self.session_id), _TAKEOVER_POLL_S)
+                raise SessionError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "resume_token: the session is live in another call; it continues here "
+                    f"once that call has ended (retry in {left_s:.1f} s)",
+                    retry_after_s=round(left_s, 1),
+                )
+            await asyncio.sleep(_TAKEOVER_POLL_S)
+
+    def keep(self, first_write: dict[str, str | int | float] | None = None) -> None:
+        """Hold the lease in the background until `release`: renew it every third of
+        its TTL (taking it first, for a new session, with `first_write` written to
+        its record beside it)."""
+        self._renewal = asyncio.get_running_loop().create_task(
+            self._renew_forever(first_write), name=f"gateway-{self.session_id}-lease"
+        )
+
+    def release_when_done(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Release the lease when the call ends, however it ends."""
+        # The stub types the callback as a class of its own: a lambda is what it takes.
+        context.add_done_callback(lambda _: self._release_later())  # type: ignore[arg-type]
+
+    def _release_later(self) -> None:
+        task = asyncio.get_running_loop().create_task(self.release())
+        _releases.add(task)
+        task.add_done_callback(_releases.discard)
+
+    async def release(self) -> None:
+        if self._renewal is not None:
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
+        try:
+            await self._store.release_lease(self.session_id, self._owner)
+        except (RedisError, OSError) as exc:
+            log.warning("session %s: lease not released (it expires): %s", self.session_id, exc)
+
+    async def _renew_forever(self, first_write: dict[str, str | int | float] | None) -> None:
+        while True:
+            try:
+                if first_write is not None:
+                    await self._store.put_session(self.session_id, first_write)
+                    first_write = None
+                if not await self._store.hold_lease(self.session_id, self._owner, LEASE_TTL_S):
+                    log.warning("session %s: another call holds its lease", self.session_id)
+            except (RedisError, OSError) as exc:
+                log.warning("session %s: lease not renewed: %s", self.session_id, exc)
+            await asyncio.sleep(LEASE_TTL_S / 3)
+
+
+async def hold(
+    store: SessionStore,
+    secret: str,
+    context: grpc.aio.ServicerContext[Any, Any],
+    resumed_id: str,
+    plan: SessionPlan,
+    principal: str,
+) -> str:
+    """The call's session id (`resumed_id`, or a new one). With resume on, the call
+    holds the session's lease until it ends: a resume takes it over from the
+    earlier call (SessionError while that one lives on), a new session takes
+    it, and writes its binding, in the background."""
+    if not secret:
+        return resumed_id or new_session_id()
+    lease = SessionLease(store, resumed_id or new_session_id())
+    if resumed_id:
+        try:
+            await lease.take_over()
+        except (RedisError, OSError) as exc:
+            log.warning("resume of session %s: Redis failed: %s", resumed_id, exc)
+            raise SessionError(
+                grpc.StatusCode.UNAVAILABLE, "the session store is unavailable; try again"
+            ) from None
+        lease.keep()
+    else:
+        lease.keep(first_write=binding(secret, plan, principal))
+    lease.release_when_done(context)
+    return lease.session_id
 
 
 def _signature(secret: str, session_id: str) -> str:
     return sign(secret, session_id.encode())[:32]
+
+
+def _tag(secret: str, kind: str, value: str) -> str:
+    return sign(secret, json.dumps([kind, value]).encode())[:32]

@@ -30,8 +30,8 @@ from services.gateway import resume
 from services.gateway.admission import CapacityGate
 from services.gateway.config import GatewaySettings
 from services.gateway.connections import Connections
-from services.gateway.pacing import InputLimits, limit_input, max_message_bytes
-from services.gateway.plan import SessionError, plan_session
+from services.gateway.pacing import InputLimits, cap_call_time, limit_input, max_message_bytes
+from services.gateway.plan import SessionError, SessionPlan, plan_session
 from services.gateway.session import GatewaySession
 
 log = logging.getLogger(__name__)
@@ -82,17 +82,26 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[gateway_pb2.ConverseResponse]:
         requests = aiter(request_iterator)
-        await self.auth.check(context, first_message=lambda: anext(requests))
+        principal = await self.auth.check(context, first_message=lambda: anext(requests))
         try:
             config = await self._read_config(requests)
             plan = plan_session(config, self.settings)
-            resumed_id = await self._resumed_session(config.resume_token, plan.mode.value)
-            if not resumed_id and self.gate is not None:
+            resumed_id = await self._resumed_session(config.resume_token, plan, principal)
+            if self.gate is not None:  # a resumed call takes capacity like a new one
                 await self.gate.admit(plan.side_services)
+            session_id = await resume.hold(
+                self.connections.store,
+                self.settings.resume_secret,
+                context,
+                resumed_id,
+                plan,
+                principal,
+            )
         except SessionError as exc:
             await context.abort(exc.code, redact_addresses(exc.message), exc.trailing_metadata())
+        cap_call_time(context, self.settings.max_session_s + self.settings.drain_timeout_s)
         async with self.runtime.session(context):
-            session = GatewaySession(self.connections, plan, resumed_id, resumed=bool(resumed_id))
+            session = GatewaySession(self.connections, plan, session_id, resumed=bool(resumed_id))
             how = "resumed" if resumed_id else "started"
             log.info("session %s %s (%s)", session.id, how, plan.mode.value)
             self.sessions.add(session)
@@ -109,14 +118,20 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 self.sessions.discard(session)
             log.info("session %s ended", session.id)
 
-    async def _resumed_session(self, token: str, mode: str) -> str:
+    async def _resumed_session(self, token: str, plan: SessionPlan, principal: str) -> str:
         """The id of the session a resume token continues ("" without a token)."""
         if not token:
             return ""
-        session_id = resume.session_of(self.settings.resume_secret, token)
+        secret = self.settings.resume_secret
+        session_id = resume.session_of(secret, token)
         try:
             await resume.check_resumable(
-                self.connections.store, session_id, mode, self.settings.resume_ttl_s
+                self.connections.store,
+                secret,
+                session_id,
+                plan,
+                principal,
+                self.settings.resume_ttl_s,
             )
         except (RedisError, OSError) as exc:
             log.warning("resume of session %s: Redis failed: %s", session_id, exc)

@@ -74,7 +74,6 @@ from kame_common.audio import (
     pcm16_to_float,
 )
 from kame_common.store import Replica
-from kame_common.words import keypress_text
 from kamepb import (
     common_pb2,
     frontend_pb2,
@@ -163,7 +162,7 @@ class GatewaySession:
         self._tracker = TurnTracker()
         self._speaking = False
         self._last_agent_seq = 0
-        self._dtmf_digits = ""  # every key pressed in this call, in order
+        self._dtmf_digits = ""  # the last keys pressed in this call, as the record shows them
         self._encoder = Encoder(plan.output_format)
         self._span = _tracer.start_span(
             "session", attributes={"kame.session_id": self.id, "kame.mode": plan.mode.value}
@@ -503,19 +502,24 @@ class GatewaySession:
         self.stt.close_input()
 
     async def _on_dtmf(self, dtmf: common_pb2.Dtmf) -> None:
-        """A key the caller pressed: back to the client, into the conversation (the
-        oracle's, or the gateway's own record while no oracle is open)."""
+        """A key the caller pressed (pacing.py limits their rate): back to the
+        client, into the conversation (the oracle's, or the gateway's own record
+        while no oracle is open). The record keeps the last keys, each a '*'
+        unless dtmf_in_records: they may be a PIN."""
         if dtmf.digit not in DTMF_DIGITS:
             raise SessionError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"dtmf.digit: one of 0-9, *, #, A-D, got {dtmf.digit!r}",
             )
         metrics.DTMF_DIGITS.inc()
-        self._dtmf_digits += dtmf.digit
-        self._records.update_session({"dtmf": self._dtmf_digits[-MAX_CALL_INFO_CHARS:]})
+        shown = self.settings.dtmf_in_records
+        self._dtmf_digits = (self._dtmf_digits + (dtmf.digit if shown else "*"))[
+            -MAX_CALL_INFO_CHARS:
+        ]
+        self._records.update_session({"dtmf": self._dtmf_digits})
         await self._client_queue.put(gateway_pb2.ConverseResponse(dtmf=dtmf))
         if self.oracle is None or not self.oracle.push(oracle_pb2.GuideRequest(dtmf=dtmf)):
-            self._records.user_turn(keypress_text(dtmf.digit), started_wall=time.time())
+            self._records.keypress(dtmf.digit, shown)
 
     async def _send_caller_frame(self, samples: Samples, capture_us: int) -> None:
         assert self.frontend is not None and self.stt is not None

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from kame_common import store
 from kamepb import gateway_pb2, gateway_pb2_grpc
-from tests.gateway.test_session import converse, frame_bytes
+from tests.gateway.test_session import converse, frame_bytes, held_open
 
 Config = gateway_pb2.ConverseConfig
 SECRET = "registry-secret-of-the-fake-upstreams"  # the fakes' gateways' registry_secret
@@ -110,19 +110,72 @@ async def test_the_oracle_counts_only_calls_on_its_own_llm(fakes, registries):
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "oracle is at capacity" in details
     s2s = await converse(gateway.address, frames=2, config=Config(mode=Config.S2S))
     assert s2s.code == grpc.StatusCode.OK
-    hosted = Config(mode=Config.TANDEM, llm=gateway_pb2.LlmOverride(backend="openai"))
+    own = gateway_pb2.LlmOverride(base_url="https://llm.example.com/v1", api_key="sk-own-key")
+    hosted = Config(mode=Config.TANDEM, llm=own)
     assert (await converse(gateway.address, frames=2, config=hosted)).code == grpc.StatusCode.OK
 
 
-async def test_a_resumed_call_is_admitted_at_capacity(fakes, registries):
+@pytest.mark.parametrize(
+    "llm",
+    [
+        gateway_pb2.LlmOverride(),  # present, every field empty: the oracle's own LLM
+        gateway_pb2.LlmOverride(backend="openai"),  # the oracle's server, by another name
+        gateway_pb2.LlmOverride(model="gemma-3-270m"),
+        gateway_pb2.LlmOverride(base_url="https://llm.example.com/v1"),  # no key: the service's
+    ],
+    ids=["empty", "backend-only", "model-only", "url-without-key"],
+)
+async def test_an_override_on_the_oracles_own_llm_takes_its_capacity(fakes, registries, llm):
+    """The attack: an override that changes nothing (or only names what the oracle
+    serves with its own LLM and key) used to skip the oracle's capacity check."""
+    gateway = await fakes.gateway()
+    await registries["oracle"].publish("oracle-a", "10.0.0.2:50054", free_slots=0, total_slots=2)
+    opened = fakes.oracle.log.opened
+    code, details, _trailing = await asyncio.to_thread(
+        refused_call, gateway.address, Config(mode=Config.TANDEM, llm=llm)
+    )
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "oracle is at capacity" in details
+    assert fakes.oracle.log.opened == opened
+
+
+async def test_an_empty_override_is_no_override(fakes):
+    """It reaches the oracle as no override at all, and a session with it is no
+    session with an override (its oracle refusals are side failures, retried)."""
+    gateway = await fakes.gateway()
+    config = Config(mode=Config.TANDEM, llm=gateway_pb2.LlmOverride())
+    assert (await converse(gateway.address, frames=2, config=config)).code == grpc.StatusCode.OK
+    (oracle_config,) = fakes.oracle.log.of("config")
+    assert not (oracle_config.backend or oracle_config.model or oracle_config.base_url)
+
+
+async def test_a_resumed_call_is_admitted_like_a_new_one(fakes, registries):
+    """The attack: a resume token used to be a way past every capacity check."""
     gateway = await fakes.gateway(resume_secret="resume-secret-of-at-least-32-chars!")
     first = await converse(gateway.address, frames=2)
     (started,) = first.of("started")
     await registries["stt"].publish("stt-a", "10.0.0.1:50053", free_slots=0, total_slots=1)
-    resumed = await converse(
-        gateway.address, frames=2, config=Config(resume_token=started.resume_token)
+    opened = fakes.frontend.log.opened
+    code, details, trailing = await asyncio.to_thread(
+        refused_call, gateway.address, Config(resume_token=started.resume_token)
     )
-    assert resumed.code == grpc.StatusCode.OK
-    assert resumed.of("started")[0].resumed
-    code, _details, _trailing = await asyncio.to_thread(refused_call, gateway.address, Config())
-    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "stt is at capacity" in details
+    assert trailing.get("retry-after-s") == "3"
+    assert fakes.frontend.log.opened == opened
+
+
+async def test_a_resumed_call_counts_against_max_sessions(fakes):
+    gateway = await fakes.gateway(
+        max_sessions=1, resume_secret="resume-secret-of-at-least-32-chars!"
+    )
+    first = await converse(gateway.address, frames=2)
+    token = first.of("started")[0].resume_token
+    release = asyncio.Event()
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        holder = gateway_pb2_grpc.GatewayStub(channel).Converse(held_open(release, frames=0))
+        assert (await holder.read()).HasField("started")
+        code, details, _ = await asyncio.to_thread(
+            refused_call, gateway.address, Config(resume_token=token)
+        )
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "limit of 1 sessions" in details
+        release.set()
+        assert await holder.code() == grpc.StatusCode.OK

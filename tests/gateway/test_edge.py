@@ -1,8 +1,10 @@
 """The gateway's edge against callers and upstreams that misbehave, on loopback with
 the fake upstreams of test_session.py and a real gateway: input limits (idle
-timeout, pace, message size), set-up deadlines against wedged upstreams, keepalive
-against peers that vanish without a FIN, connection age, round-robin balancing,
-and a Redis that accepts connections and never answers."""
+timeout, pace, message size, the call's cap, keys pressed), set-up deadlines
+against wedged upstreams, keepalive against peers that vanish without a FIN,
+connection age, round-robin balancing, a Redis that accepts connections and
+never answers, and resume tokens (bound to their caller and llm override, one
+call at a time, expiring)."""
 
 from __future__ import annotations
 
@@ -15,11 +17,17 @@ import grpc
 import numpy as np
 import pytest
 
+from kame_common import store
 from kame_common.audio import FRAME_SECONDS
-from kamepb import gateway_pb2, gateway_pb2_grpc, stt_pb2_grpc
+from kame_common.auth import bearer_metadata
+from kamepb import common_pb2, gateway_pb2, gateway_pb2_grpc, stt_pb2_grpc
+from services.gateway import resume
 from tests.gateway.fakes import FakeStt, serve_fake, sync_converse
-from tests.gateway.test_session import Config, converse, frame_bytes, gateway_tasks
-from tests.support import Blackhole, wait_until
+from tests.gateway.test_session import Config, converse, frame_bytes, gateway_tasks, held_open
+from tests.support import Blackhole, conversation, wait_until
+
+TOKEN_A = "alpha-token-of-the-edge-tests-0123456789"
+TOKEN_B = "bravo-token-of-the-edge-tests-0123456789"
 
 AUDIO = gateway_pb2.ConverseRequest(audio=frame_bytes())
 
@@ -297,3 +305,196 @@ async def test_a_redis_that_never_answers_does_not_stall_the_call(fakes):
         await wait_until(lambda: not gateway_tasks(), "the session's tasks to end", 5)
     finally:
         hung.close()
+
+
+# -- resume tokens -------------------------------------------------------------------------------
+
+RESUME = {"resume_secret": "resume-secret-of-the-edge-tests-0123"}
+
+
+def call_with_token(
+    address: str,
+    token: str,
+    llm: gateway_pb2.LlmOverride | None = None,
+    bearer: str = "",
+) -> tuple[grpc.StatusCode, str, list[gateway_pb2.ConverseResponse]]:
+    config = Config(resume_token=token, llm=llm)
+    requests = [gateway_pb2.ConverseRequest(config=config), AUDIO]
+    return sync_converse(address, requests, bearer_metadata(bearer))
+
+
+@pytest.fixture
+def quick_takeover(monkeypatch):
+    """A resume waits 0.3 s for the call it takes over from (3 s in service)."""
+    monkeypatch.setattr(resume, "TAKEOVER_WAIT_S", 0.3)
+
+
+async def test_a_resume_token_cannot_join_the_call_that_still_holds_it(fakes, quick_takeover):
+    """The attack: a second party with the token (a copy of the first caller's)
+    used to get the same session, its conversation, beside the live call."""
+    gateway = await fakes.gateway(**RESUME)
+    release = asyncio.Event()
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        live = gateway_pb2_grpc.GatewayStub(channel).Converse(held_open(release, frames=0))
+        token = (await live.read()).started.resume_token
+        await wait_until(lambda: fakes.frontend.log.opened == 1, "the first call's frontend", 5)
+        code, details, _ = await asyncio.to_thread(call_with_token, gateway.address, token)
+        assert code == grpc.StatusCode.UNAVAILABLE, details
+        assert "the session is live in another call" in details
+        assert fakes.frontend.log.opened == 1  # refused before any upstream
+        release.set()
+        assert await live.code() == grpc.StatusCode.OK
+    # Once that call has ended, the token continues the session.
+    code, details, responses = await asyncio.to_thread(call_with_token, gateway.address, token)
+    assert code == grpc.StatusCode.OK, details
+    assert responses[0].started.resumed
+
+
+async def test_a_resume_takes_over_from_a_call_whose_gateway_died(fakes, quick_takeover):
+    """A dead gateway cannot release its lease: it expires (here: written by hand
+    with 0.2 s left) and the resume waits for that, up to its takeover wait."""
+    gateway = await fakes.gateway(**RESUME)
+    first = await converse(gateway.address, frames=1)
+    started = first.of("started")[0]
+    client = store.connect(fakes.redis_url)
+    try:
+        sessions = store.SessionStore(client)
+        await take_lease(sessions, started.session_id, ttl_s=0.2)
+        code, details, _ = await asyncio.to_thread(
+            call_with_token, gateway.address, started.resume_token
+        )
+        assert code == grpc.StatusCode.OK, details
+        await take_lease(sessions, started.session_id, ttl_s=60)
+        code, details, _ = await asyncio.to_thread(
+            call_with_token, gateway.address, started.resume_token
+        )
+        assert code == grpc.StatusCode.UNAVAILABLE and "retry in" in details
+    finally:
+        await client.delete(f"kame:lease:{started.session_id}")
+        await client.aclose()
+
+
+async def take_lease(sessions: store.SessionStore, session_id: str, ttl_s: float) -> None:
+    """Hold the session's lease as a gateway that then died would (once the call
+    before has released it: that happens just after the call's end)."""
+    for _ in range(50):
+        if await sessions.hold_lease(session_id, "a-dead-gateway", ttl_s):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the lease was never released")
+
+
+async def test_a_resume_token_works_only_for_the_caller_it_was_issued_to(fakes):
+    """The attack: a token leaked from one customer's calls (logs, a shared
+    client) used to resume that customer's conversation on another token."""
+    gateway = await fakes.gateway(auth_tokens=f"{TOKEN_A},{TOKEN_B}", **RESUME)
+    requests = [gateway_pb2.ConverseRequest(config=Config()), AUDIO]
+    code, _, responses = await asyncio.to_thread(
+        sync_converse, gateway.address, requests, bearer_metadata(TOKEN_A)
+    )
+    token = responses[0].started.resume_token
+    await wait_until_bound(fakes, responses[0].started.session_id)
+    code, details, _ = await asyncio.to_thread(
+        call_with_token, gateway.address, token, bearer=TOKEN_B
+    )
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert "started by another caller" in details
+    code, details, _ = await asyncio.to_thread(
+        call_with_token, gateway.address, token, bearer=TOKEN_A
+    )
+    assert code == grpc.StatusCode.OK, details
+
+
+async def test_a_resume_cannot_switch_the_llm_override(fakes):
+    """The attack: resume a session with an override naming another endpoint, so
+    the conversation so far goes there."""
+    gateway = await fakes.gateway(**RESUME)
+    first = await converse(gateway.address, frames=1)
+    started = first.of("started")[0]
+    await wait_until_bound(fakes, started.session_id)
+    elsewhere = gateway_pb2.LlmOverride(base_url="https://collector.example/v1", api_key="sk-x")
+    code, details, _ = await asyncio.to_thread(
+        call_with_token, gateway.address, started.resume_token, elsewhere
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "keeps the llm override it started with" in details
+    assert fakes.oracle.log.opened == 1  # the oracle never saw the new endpoint
+
+
+async def test_a_token_expires_resume_ttl_s_after_its_session_was_last_alive(fakes):
+    gateway = await fakes.gateway(resume_ttl_s=0.3, **RESUME)
+    first = await converse(gateway.address, frames=1)
+    await asyncio.sleep(0.5)
+    code, details, _ = await asyncio.to_thread(
+        call_with_token, gateway.address, first.of("started")[0].resume_token
+    )
+    assert code == grpc.StatusCode.NOT_FOUND and "expired" in details
+
+
+async def wait_until_bound(fakes, session_id: str) -> None:
+    """A new session's binding is written in the background: wait for it."""
+    record: dict[str, str] = {}
+
+    async def bound() -> bool:
+        record.update(await fakes.session_record(session_id))
+        return resume.PRINCIPAL_FIELD in record
+
+    for _ in range(50):
+        if await bound():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"session {session_id} was never bound: {record}")
+
+
+# -- holding a slot without talking --------------------------------------------------------------
+
+
+async def test_a_caller_that_never_reads_is_cut_at_max_session_s(fakes):
+    """The attack: send audio, never read the answers. The session blocks on its
+    output, where no input limit looks, and used to hold its frontend slot forever."""
+    fakes.frontend.log.expect_cancellation()
+    gateway = await fakes.gateway(max_session_s=2.0, drain_timeout_s=0.5, idle_timeout_s=0)
+    # The largest answers there are (192 kHz PCM16, 30 KB a frame) fill the flow
+    # control windows toward the caller at once.
+    large = gateway_pb2.AudioFormat(codec=gateway_pb2.AudioFormat.PCM16, sample_rate_hz=192_000)
+
+    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=Config(output_format=large))
+        for _ in range(24):  # 1.92 s of audio: under the cap of caller audio
+            yield AUDIO
+        await asyncio.Event().wait()
+
+    # No BDP probing: the window toward the caller stays at 64 KB and fills at once.
+    options = [("grpc.http2.bdp_probe", 0)]
+    async with grpc.aio.insecure_channel(gateway.address, options=options) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        await wait_until(lambda: gateway.active_sessions == 1, "the session to start", 5)
+        started = time.monotonic()
+        await wait_until(lambda: gateway.active_sessions == 0, "the cap to end the call", 6)
+        assert time.monotonic() - started < 4.0
+        await fakes.frontend.log.cancelled(5)
+        call.cancel()
+
+
+async def test_a_key_flood_is_dropped_bounded_and_masked(fakes):
+    """The attack: thousands of keys pressed. They used to be echoed, kept in the
+    record digit by digit (PINs included) and logged one turn each."""
+    gateway = await fakes.gateway()
+
+    async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=Config(mode=Config.S2S))
+        yield AUDIO
+        for _ in range(2000):
+            yield gateway_pb2.ConverseRequest(dtmf=common_pb2.Dtmf(digit="7"))
+        yield AUDIO
+
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
+        responses = [response async for response in call]
+    echoed = [r for r in responses if r.HasField("dtmf")]
+    assert 10 <= len(echoed) <= 15  # the burst of 10, then 5 a second
+    session_id = responses[0].started.session_id
+    record = await fakes.session_record(session_id)
+    assert record["dtmf"] == "*" * len(echoed)
+    turns = await conversation(fakes.redis_url, session_id)
+    assert [(t["role"], t["text"]) for t in turns] == [("user", f"(pressed {len(echoed)} keys)")]

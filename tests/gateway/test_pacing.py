@@ -1,7 +1,8 @@
 """The gateway's input limits (services/gateway/pacing.py) alone: the real-time
 budget on a hand-driven clock, audio durations of every input format (Opus
 packets made by the real encoder), the size and pace checks and their
-messages, and the idle timeout of the wrapped request stream."""
+messages, the idle timeout and call cap of the wrapped request stream, and the
+rate of keys pressed."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import numpy as np
 import pytest
 
 from kame_common.audio import SAMPLE_RATE
-from kamepb import gateway_pb2
+from kamepb import common_pb2, gateway_pb2
 from services.gateway.codecs import AudioFormat, Encoder
 from services.gateway.pacing import (
     OPUS_MAX_BYTES_PER_S,
     InputGuard,
     InputLimits,
+    KeyRate,
     RealTimeBudget,
     audio_seconds,
     limit_input,
@@ -161,3 +163,79 @@ async def test_the_idle_timeout_ends_a_stalled_stream_and_spares_a_flowing_one()
 
     passed = [r async for r in limit_input(ends(), PCM_16K, limits)]
     assert [r.WhichOneof("msg") for r in passed] == [None, "audio"]
+
+
+KEY = gateway_pb2.ConverseRequest(dtmf=common_pb2.Dtmf(digit="1"))
+
+
+async def every(interval_s: float, request: gateway_pb2.ConverseRequest, first: int = 0):
+    """`first` frames of real audio, then `request` every `interval_s`, forever."""
+    for _ in range(first):
+        yield gateway_pb2.ConverseRequest(audio=bytes(2560))  # 80 ms at 16 kHz
+    while True:
+        await asyncio.sleep(interval_s)
+        yield request
+
+
+async def run_limited(requests, limits: InputLimits) -> tuple[SessionError, int]:
+    """How the limits end an endless stream (within 3 s), and how many requests passed."""
+    passed = 0
+    with pytest.raises(SessionError) as ended:
+        async with asyncio.timeout(3.0):
+            async for _ in limit_input(requests, PCM_16K, limits):
+                passed += 1
+    return ended.value, passed
+
+
+@pytest.mark.parametrize(
+    "keepalive",
+    [
+        gateway_pb2.ConverseRequest(audio=b""),  # no samples
+        gateway_pb2.ConverseRequest(audio=bytes(2)),  # one sample
+        KEY,
+    ],
+    ids=["empty", "one-sample", "dtmf"],
+)
+async def test_empty_audio_tiny_audio_and_keys_do_not_keep_a_call_alive(keepalive):
+    """The attack: a message far more often than the idle timeout, none with a
+    frame of audio. It used to reset the timeout each time, holding the call
+    (and its frontend slot) forever."""
+    limits = InputLimits(idle_timeout_s=0.3, input_burst_s=2.0, max_chunk_s=1.0, dtmf_per_s=50)
+    error, passed = await run_limited(every(0.05, keepalive, first=2), limits)
+    assert error.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert passed < 2 + 12  # cut after about 0.3 s of them (6), not fed forever
+
+
+async def test_a_call_ends_at_max_session_s_whatever_it_sends():
+    """Real audio all along (the idle timeout is no help): the wall-clock cap ends it."""
+    frame = gateway_pb2.ConverseRequest(audio=bytes(2560))
+    limits = InputLimits(idle_timeout_s=0.2, input_burst_s=0.0, max_chunk_s=1.0, max_session_s=0.4)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    error, _ = await run_limited(every(0.02, frame), limits)
+    assert error.code == grpc.StatusCode.OUT_OF_RANGE
+    assert error.message == "the session reached its cap of 0.4 s (max_session_s)"
+    assert 0.35 < loop.time() - started < 1.0
+
+
+async def test_keys_beyond_the_rate_are_dropped_not_refused():
+    async def flood():
+        yield gateway_pb2.ConverseRequest(audio=bytes(2560))
+        for _ in range(200):
+            yield KEY
+        await asyncio.sleep(0.5)  # the bucket refills: 5 keys a second
+        for _ in range(10):
+            yield KEY
+
+    limits = InputLimits(10.0, 2.0, 1.0, dtmf_per_s=5.0, dtmf_burst=10)
+    passed = [r.WhichOneof("msg") async for r in limit_input(flood(), PCM_16K, limits)]
+    assert passed.count("dtmf") in (12, 13)  # the burst, then about 2.5 more
+
+
+def test_the_key_bucket_refills_at_its_rate():
+    clock = Clock()
+    keys = KeyRate(per_s=2.0, burst=3, clock=clock)
+    assert [keys.admit() for _ in range(4)] == [True, True, True, False]
+    clock.now += 1.0
+    assert [keys.admit() for _ in range(3)] == [True, True, False]
+    assert all(KeyRate(per_s=0, burst=1, clock=clock).admit() for _ in range(100))
