@@ -9,6 +9,11 @@ client (and with it its HTTP connection pool), closed with the session.
   base model, text completions with a few-shot prompt and a newline stop.
 - `anthropic`: Messages streaming through the `anthropic` SDK.
 
+Redirects are not followed: a 307 or 308 would send the conversation (and the
+key) to whatever origin the server names, so each SDK gets an HTTP client that
+follows none (a redirect answer is an HTTP status error). Base URLs reach the
+log without credentials, query or fragment (`loggable_url`).
+
 Failure handling: the SDKs' own retries are off. A stream that fails to
 connect is retried once, but only before its first chunk (later the caller
 has already seen text; a retry would repeat it). A timeout is not retried:
@@ -34,7 +39,7 @@ import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import anthropic
 import openai
@@ -103,6 +108,14 @@ def is_vendor_api(backend: str, base_url: str) -> bool:
     return host == suffix or host.endswith("." + suffix)
 
 
+def loggable_url(url: str) -> str:
+    """`url` for the log: no user, password, query or fragment (a base URL may carry
+    credentials)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 def describe(exc: BaseException) -> str:
     """An SDK exception and its cause, for the log (may name URLs; never for callers)."""
     cause = exc.__cause__ or exc.__context__
@@ -161,6 +174,11 @@ class LLMBackend(abc.ABC):
         }
 
     @property
+    def where(self) -> str:
+        """The base URL, for the log."""
+        return loggable_url(self.settings.base_url)
+
+    @property
     def name(self) -> str:
         return self.settings.backend
 
@@ -189,15 +207,13 @@ class LLMBackend(abc.ABC):
         try:
             await self._list_models(timeout_s)
         except self._auth_errors as exc:
-            log.warning("%s at %s rejected the API key: %s", self.name, self.settings.base_url, exc)
+            log.warning("%s at %s rejected the API key: %s", self.name, self.where, exc)
             raise BackendConfigError(
                 f"{self.name}: the base URL rejected the API key "
                 f"(HTTP {getattr(exc, 'status_code', '?')})"
             ) from None
         except self._connection_error as exc:
-            log.warning(
-                "%s at %s is unreachable: %s", self.name, self.settings.base_url, describe(exc)
-            )
+            log.warning("%s at %s is unreachable: %s", self.name, self.where, describe(exc))
             raise BackendConfigError(
                 f"{self.name}: the base URL is unreachable ({_cause_name(exc)})"
             ) from None
@@ -265,7 +281,10 @@ class OpenAIBackend(LLMBackend):
     def __init__(self, settings: BackendSettings, few_shot: bool) -> None:
         super().__init__(settings)
         self.few_shot = few_shot
-        self.client: openai.AsyncOpenAI = openai.AsyncOpenAI(**self._client_options(settings))
+        self.client: openai.AsyncOpenAI = openai.AsyncOpenAI(
+            **self._client_options(settings),
+            http_client=openai.DefaultAsyncHttpxClient(follow_redirects=False),
+        )
         if not is_vendor_api("openai", settings.base_url):
             # The SDK reads OPENAI_ORG_ID / OPENAI_PROJECT_ID from our environment into
             # headers; they mean something to OpenAI only, and leave with no other URL.
@@ -351,7 +370,8 @@ class AnthropicBackend(LLMBackend):
     def __init__(self, settings: BackendSettings) -> None:
         super().__init__(settings)
         self.client: anthropic.AsyncAnthropic = anthropic.AsyncAnthropic(
-            **self._client_options(settings)
+            **self._client_options(settings),
+            http_client=anthropic.DefaultAsyncHttpxClient(follow_redirects=False),
         )
 
     async def _warm_up_once(self) -> None:

@@ -10,8 +10,14 @@ Keys stay with their URLs. A service key goes only to the URLs that belong to
 its back-end: the operator's `base_url` (for the configured back-end) and the
 vendor's own API. A session may name another base URL only if the operator
 lists it (or a prefix of it) in `allowed_base_urls`, and then only with its
-own `api_key`: the service's keys never go there. A session may name a model
-only from `allowed_models` (empty: the configured model; `*`: any). Whatever
+own `api_key`: the service's keys never go there; naming the operator's own
+`base_url` is refused too (leave it empty: only then does the gateway count
+the call against the oracle's capacity). A session may choose a back-end only
+from `allowed_backends` (empty: the configured one), so the operator's key of
+another vendor is never spent unless the operator says so, and its model,
+named or the back-end's default, must be the configured model or one of
+`allowed_models` (`*`: any). A URL path with percent-escapes, backslashes or
+`.`/`..` segments is refused (a server decodes `%2e%2e` into `..`). Whatever
 breaks these rules is refused here, before any request is made.
 """
 
@@ -56,6 +62,14 @@ class OracleSettings(MeasuredCapacitySettings):
     )
     history_ttl_s: int = setting(3600, "seconds a conversation log lives after its last turn")
     history_turns: int = setting(20, "most recent turns of history put in the prompt")
+    history_max_turns: int = setting(
+        500, "turns a conversation log in Redis keeps (the newest; older ones are dropped)"
+    )
+    dtmf_to_llm: bool = setting(
+        False,
+        "put the keys callers press (PINs, account numbers) into the LLM's prompt and the "
+        "conversation log (off: '(pressed a key)'; on for menus such as 'press 1 for sales')",
+    )
     backend: str = setting("openai", "default LLM back-end", choices=BACKEND_NAMES)
     model: str = setting("gemma-3-270m", "default model (the embedded llm server's alias)")
     base_url: str = setting(LOCAL_LLM_URL, "default back-end base URL")
@@ -84,7 +98,13 @@ class OracleSettings(MeasuredCapacitySettings):
     )
     allowed_models: str = setting(
         "",
-        "comma-separated models a session may choose (empty = only the configured model; * = any)",
+        "comma-separated models a session may use, named or its back-end's default "
+        "(empty = only the configured model; * = any)",
+    )
+    allowed_backends: str = setting(
+        "",
+        "comma-separated back-ends a session may choose, with the service's key for it "
+        "(empty = only the configured backend)",
     )
 
     def validate(self) -> None:
@@ -100,6 +120,17 @@ class OracleSettings(MeasuredCapacitySettings):
             problem = _url_problem(entry)
             if problem:
                 raise ConfigError(f"allowed_base_urls: {entry!r} {problem}")
+        for backend in _entries(self.allowed_backends):
+            if backend not in BACKEND_NAMES:
+                raise ConfigError(
+                    f"allowed_backends: {backend!r} is unknown; choose from "
+                    + ", ".join(BACKEND_NAMES)
+                )
+        if self.history_max_turns < max(self.history_turns, 1):
+            raise ConfigError(
+                f"history_max_turns: must be at least history_turns ({self.history_turns}), "
+                f"got {self.history_max_turns}"
+            )
 
 
 @dataclass(frozen=True)
@@ -120,6 +151,7 @@ class SessionSettings:
     policy: PolicyParams
     history_turns: int
     heartbeat_interval_s: float = 0.0  # 0: no HEARTBEAT events
+    dtmf_to_llm: bool = False  # keys pressed are named in the prompt and the log
 
 
 # OracleConfig.heartbeat_interval_s when set (0 = no heartbeats).
@@ -164,8 +196,10 @@ def _url_problem(url: str) -> str:
         return "must not carry credentials (send the key as api_key)"
     if parts.query or parts.fragment:
         return "must not have a query or a fragment"
-    if ".." in parts.path.split("/"):
-        return "must not contain '..'"
+    if "%" in parts.path or "\\" in parts.path:
+        return "must not have percent-escapes or backslashes in its path"
+    if {".", ".."} & set(parts.path.split("/")):
+        return "must not contain '..' or '.' path segments"
     return ""
 
 
@@ -206,17 +240,39 @@ def _service_urls(service: OracleSettings, backend: str) -> list[str]:
     return [*own, VENDOR_BASE_URLS[backend]]
 
 
+def _check_backend(backend: str, service: OracleSettings) -> None:
+    """InvalidSessionConfig unless the operator allows sessions on `backend`."""
+    allowed = _entries(service.allowed_backends) or [service.backend]
+    if backend not in allowed:
+        raise InvalidSessionConfig(
+            f"backend {backend!r} is not allowed: sessions may choose back-ends from the "
+            "oracle's allowed_backends setting (KAME_ORACLE_ALLOWED_BACKENDS), which allows "
+            + ", ".join(repr(b) for b in allowed)
+        )
+
+
 def _model(config: oracle_pb2.OracleConfig, service: OracleSettings, backend: str) -> str:
+    """The session's model: the one it names, else its back-end's default; either
+    must be the configured model or one the operator allows."""
     default = service.model if backend == service.backend else VENDOR_DEFAULT_MODELS[backend]
-    if not config.model or config.model == default:
-        return default
+    model = config.model or default
     allowed = _entries(service.allowed_models)
-    if "*" in allowed or config.model in allowed:
-        return config.model
+    if model == service.model or "*" in allowed or model in allowed:
+        return model
     listed = f"it lists {', '.join(repr(m) for m in allowed)}" if allowed else "it is empty"
     raise InvalidSessionConfig(
-        f"model {config.model!r} is not allowed: sessions may choose models from the oracle's "
+        f"model {model!r} is not allowed: sessions may use models from the oracle's "
         f"allowed_models setting (KAME_ORACLE_ALLOWED_MODELS), and {listed}"
+    )
+
+
+def _names_own_server(base_url: str, service: OracleSettings, backend: str) -> bool:
+    """Whether `base_url` is the operator's own LLM server (not a vendor API), whose
+    capacity the gateway counts only for calls that leave base_url empty."""
+    return (
+        backend == service.backend
+        and same_url(base_url, service.base_url)
+        and not is_vendor_api(backend, service.base_url)
     )
 
 
@@ -228,6 +284,11 @@ def _endpoint(
     service_urls = _service_urls(service, backend)
     if not config.base_url:
         return service_urls[0], config.api_key or getattr(keys, backend)
+    if _names_own_server(config.base_url, service, backend):
+        raise InvalidSessionConfig(
+            "base_url: leave it empty to use the oracle's own LLM (only then is the call "
+            "counted against the oracle's capacity)"
+        )
     for url in service_urls:
         if same_url(config.base_url, url):
             return url, config.api_key or getattr(keys, backend)
@@ -255,6 +316,7 @@ def _backend(
     if backend not in BACKEND_NAMES:
         allowed = ", ".join(repr(b) for b in BACKEND_NAMES)
         raise InvalidSessionConfig(f"backend {backend!r} is unknown; choose one of {allowed}")
+    _check_backend(backend, service)
     model = _model(config, service, backend)
     base_url, api_key = _endpoint(config, service, backend, keys)
     if not api_key and is_vendor_api(backend, base_url):
@@ -300,4 +362,5 @@ def resolve_session(
         policy=_policy(config, service),
         history_turns=service.history_turns,
         heartbeat_interval_s=config.heartbeat_interval_s,
+        dtmf_to_llm=service.dtmf_to_llm,
     )

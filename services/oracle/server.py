@@ -15,6 +15,7 @@ from kame_common.aio import cancel_and_wait
 from kame_common.capacity import publish_measured_capacity
 from kame_common.server import ServiceRuntime, service_main
 from kamepb import oracle_pb2, oracle_pb2_grpc
+from services.oracle.backends import loggable_url
 from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleSettings
 from services.oracle.session import OracleSession, SessionFactory
 
@@ -97,7 +98,9 @@ async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> Se
     if settings.redis_url:
         redis_client = store.connect(settings.redis_url, settings.redis_timeout_s)
         runtime.on_close(redis_client.aclose)
-        session_store = store.SessionStore(redis_client, ttl_s=settings.history_ttl_s)
+        session_store = store.SessionStore(
+            redis_client, ttl_s=settings.history_ttl_s, max_turns=settings.history_max_turns
+        )
     keys = api_keys if api_keys is not None else ApiKeys.from_env()
     factory = SessionFactory(settings, keys, session_store)
     await factory.warm_up()
@@ -113,7 +116,7 @@ async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> Se
         "oracle: default backend %s model %s at %s",
         settings.backend,
         settings.model,
-        settings.base_url,
+        loggable_url(settings.base_url),
     )
     return runtime
 

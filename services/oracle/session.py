@@ -38,6 +38,11 @@ words that started later answer this user turn and wait for the next final
 or the session's end. In tandem the agent starts answering before the
 caller's final arrives, and its answer is stored after the question. Writes
 go through one writer task, in order, so a slow Redis never stalls the oracle.
+Keys the caller presses in a row are one user turn (a flood stays one short
+turn), in the prompt at once and written when the run ends; it names the
+digits only with the service's `dtmf_to_llm` (they may be a PIN, and the
+prompt goes to the LLM's vendor). The history in memory keeps the turns a
+prompt uses (`history_turns`).
 """
 
 from __future__ import annotations
@@ -58,9 +63,9 @@ from redis.exceptions import RedisError
 from kame_common.aio import cancel_and_wait
 from kame_common.capacity import LoadMeter
 from kame_common.metrics import TURN_BUCKETS
-from kame_common.store import SessionStore
+from kame_common.store import KeyRun, SessionStore
 from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
-from kame_common.words import keypress_text, normalize_words
+from kame_common.words import normalize_words
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.backends import (
     BackendConfigError,
@@ -199,6 +204,7 @@ class OracleSession:
         self.generation = 0
         self._store = store
         self._history = history
+        self._keys: KeyRun | None = None  # keys pressed in a row: the last history turn
         self._agent_words: list[SpokenWord] = []  # spoken, not yet saved
         self._partials: dict[str, str] = {}  # open utterance id -> latest hypothesis
         # The caller's latest utterance (of the most recent non-blank transcript event).
@@ -251,9 +257,14 @@ class OracleSession:
 
     def keypress(self, digit: str) -> None:
         """A key the caller pressed joins the caller's side of the conversation, so
-        the next answer can take it into account ("press 1 for ...")."""
+        the next answer can take it into account ("press 1 for ..."): the run of
+        keys pressed in a row is the last turn of the history."""
         self._save_agent_words()
-        self._commit(Turn(USER, keypress_text(digit)))
+        if self._keys is None:
+            self._keys = KeyRun()
+            self._history.append(Turn(USER, ""))
+        self._keys.add(digit)
+        self._history[-1] = Turn(USER, self._keys.text(self.settings.dtmf_to_llm))
 
     def agent_text(self, event: common_pb2.AgentText) -> None:
         """Words the agent said. A hold phrase or repair ("Hmm,", "Sorry,") stays out
@@ -283,6 +294,7 @@ class OracleSession:
                 await cancel_and_wait(task)
         await self._cancel_stream()
         self._save_agent_words()
+        self._end_key_run()
         if self._writer_task is not None:
             self._writes.put_nowait(None)
             try:
@@ -298,9 +310,19 @@ class OracleSession:
     # -- conversation ---------------------------------------------------------
 
     def _commit(self, turn: Turn) -> None:
+        self._end_key_run()
         self._history.append(turn)
+        if self.settings.history_turns > 0:
+            del self._history[: -self.settings.history_turns]
         if self._store is not None:
             self._writes.put_nowait(turn)
+
+    def _end_key_run(self) -> None:
+        """Write the run of keys pressed (the last history turn) as its one turn."""
+        if self._keys is not None:
+            self._keys = None
+            if self._store is not None:
+                self._writes.put_nowait(self._history[-1])
 
     def _save_agent_words(self, spoken_before_s: float = math.inf) -> None:
         """Commit, as one agent turn, the waiting agent words that started before
@@ -410,7 +432,7 @@ class OracleSession:
                     self.settings.session_id,
                     number,
                     exc,
-                    self.backend.settings.base_url,
+                    self.backend.where,
                     describe(exc.__cause__) if exc.__cause__ else "",
                 )
                 self._emit_event(Event.ERROR, number, str(exc))
@@ -518,7 +540,7 @@ class SessionFactory:
                 "oracle: warm-up of %s model %s at %s failed: %s (%s)",
                 backend.name,
                 settings.backend.model,
-                settings.backend.base_url,
+                backend.where,
                 exc,
                 describe(exc.__cause__) if exc.__cause__ else "",
             )

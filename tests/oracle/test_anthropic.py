@@ -110,7 +110,9 @@ async def test_anthropic_messages_stream_becomes_oracle_updates(
     )
     # The service default stays openai: the back-end is chosen per session, at a
     # URL and with a model the operator allows.
-    runtime = await oracle_service(allowed_base_urls=url, allowed_models="claude-stub")
+    runtime = await oracle_service(
+        allowed_base_urls=url, allowed_models="claude-stub", allowed_backends="openai,anthropic"
+    )
     client = guide_client(runtime.port)
     await client.config(
         session_id=session_id,

@@ -23,7 +23,7 @@ def closed_port_url() -> str:
 BAD_CONFIGS = [
     (dict(backend="gemini"), "backend 'gemini' is unknown; choose one of 'openai', 'anthropic'"),
     (dict(backend="openai", base_url="https://api.openai.com/v1"), "set OPENAI_API_KEY"),
-    (dict(backend="anthropic"), "set ANTHROPIC_API_KEY"),  # the vendor's default URL
+    (dict(backend="anthropic"), "backend 'anthropic' is not allowed"),  # allowed_backends
     (dict(base_url=closed_port_url()), "is not allowed: sessions may choose only URLs listed"),
     (dict(model="gpt-4o"), "model 'gpt-4o' is not allowed"),
     (dict(policy=oracle_pb2.OraclePolicy(name="eager")), "policy 'eager' is unknown"),

@@ -86,7 +86,14 @@ def test_zero_means_the_service_default():
 
 
 def test_another_backend_than_the_default_uses_the_vendor_api_and_the_service_key():
-    service = load_settings(OracleSettings, [], env={})
+    service = load_settings(
+        OracleSettings,
+        [],
+        env={
+            "KAME_ORACLE_ALLOWED_BACKENDS": "openai,anthropic",
+            "KAME_ORACLE_ALLOWED_MODELS": VENDOR_DEFAULT_MODELS["anthropic"],
+        },
+    )
     session = resolve_session(
         oracle_pb2.OracleConfig(session_id="s", backend="anthropic"),
         service,

@@ -23,9 +23,9 @@ async def unstarted_session():
     calls its LLM; it appends committed turns to `history`. Closed at teardown."""
     sessions: list[OracleSession] = []
 
-    def open_session(history: list[Turn]) -> OracleSession:
+    def open_session(history: list[Turn], **service: object) -> OracleSession:
         settings = resolve_session(
-            oracle_pb2.OracleConfig(session_id="order"), OracleSettings(), ApiKeys()
+            oracle_pb2.OracleConfig(session_id="order"), OracleSettings(**service), ApiKeys()
         )
         sessions.append(OracleSession(settings, create_backend(settings.backend), history, None))
         return sessions[-1]
@@ -176,5 +176,48 @@ async def test_a_key_the_caller_pressed_joins_the_callers_side_after_what_the_ag
     assert history == [
         Turn(USER, "Press one for sales?"),
         Turn(AGENT, "Yes, press one."),
-        Turn(USER, "(pressed 1 on the keypad)"),
+        Turn(USER, "(pressed a key)"),  # which one only with dtmf_to_llm (a PIN?)
     ]
+
+
+async def test_keys_pressed_in_a_row_are_one_bounded_turn(unstarted_session):
+    """The attack: a flood of keys, each one a turn of the prompt and the log. A
+    run is one turn, naming at most 32 keys; what ends it starts a new one."""
+    history: list[Turn] = []
+    session = unstarted_session(history, dtmf_to_llm=True)
+    for digit in "1234":
+        session.keypress(digit)
+    assert history == [Turn(USER, "(pressed 1 2 3 4 on the keypad)")]
+    for _ in range(5000):
+        session.keypress("9")
+    (run,) = history
+    assert run.text.endswith(" 9 and more on the keypad)") and len(run.text) < 100
+    user(session, "Did that work?", (3.0, 3.6))
+    session.keypress("#")
+    assert [t.text for t in history[1:]] == ["Did that work?", "(pressed # on the keypad)"]
+
+
+async def test_a_pin_never_reaches_the_llm_or_the_log_unless_allowed(
+    oracle_service, guide_client, stub_http, redis_client, session_id
+):
+    """The attack on privacy: a caller's PIN went to the LLM's vendor in every
+    prompt and stayed in Redis."""
+
+    async def answer(_request, respond):
+        await respond.openai_chat(["Thanks."])
+
+    server, url = await stub_http({("POST", "/v1/chat/completions"): answer})
+    oracle = await oracle_service(base_url=f"{url}/v1", model="stub-model")
+    client = guide_client(oracle.port)
+    await client.config(session_id=session_id, policy=oracle_pb2.OraclePolicy(poll_interval_s=0.05))
+    for digit in "4921":
+        await client.send(oracle_pb2.GuideRequest(dtmf=common_pb2.Dtmf(digit=digit)))
+    await client.user("That is my PIN.", final=True, span=(1.0, 2.0))
+    await client.wait_event(Event.DONE, 1, timeout_s=10)
+    assert await client.finish() == grpc.StatusCode.OK
+    prompt = server.posts()[-1].json()["messages"][-1]["content"]
+    assert "User: (pressed 4 keys) That is my PIN." in prompt
+    conversation = await store.SessionStore(redis_client).conversation(session_id)
+    assert [t["text"] for t in conversation] == ["(pressed 4 keys)", "That is my PIN."]
+    assert "9" not in prompt.split("Conversation so far")[-1]
+    await store.SessionStore(redis_client).delete_session(session_id)

@@ -8,7 +8,10 @@ the part of their protocol the SDKs need.)"""
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
@@ -103,7 +106,7 @@ def assert_no_service_key(capture) -> None:
 async def test_without_an_allow_list_a_caller_url_is_refused_and_never_contacted(
     oracle, capture, backend, api_key
 ):
-    port = await oracle()
+    port = await oracle(allowed_backends="openai,anthropic", allowed_models="*")
     code, details, _ = await guide(
         port, backend=backend, base_url=f"{capture.url}/v1", api_key=api_key
     )
@@ -131,6 +134,9 @@ async def test_an_allowed_caller_url_without_the_callers_key_is_refused_and_neve
         "http://127.0.0.2:{port}/v1",  # another host
         "http://user:pw@{host}/v1",  # credentials in the URL
         "{url}/v1?next=elsewhere",
+        "{url}/v1/%2e%2e/admin",  # the server decodes it to /v1/../admin
+        "{url}/v1/%2E%2E%2fadmin",
+        "{url}/v1/./..//admin",
     ],
 )
 async def test_urls_outside_the_allow_list_are_refused_and_never_contacted(
@@ -188,7 +194,9 @@ async def test_an_allowed_caller_url_gets_the_callers_key_and_never_the_service_
 async def test_an_anthropic_session_at_an_allowed_url_never_sends_the_anthropic_key(
     oracle, capture
 ):
-    port = await oracle(allowed_base_urls=capture.url)
+    port = await oracle(
+        allowed_base_urls=capture.url, allowed_backends="openai,anthropic", allowed_models="*"
+    )
     code, _, events = await guide(
         port, ask="Hello?", backend="anthropic", base_url=capture.url, api_key=CALLER_KEY
     )
@@ -212,7 +220,102 @@ async def test_the_operators_url_gets_the_service_key(oracle, capture):
     )
 
 
+async def test_a_redirect_does_not_carry_the_conversation_to_another_origin(oracle, capture):
+    """The attack: an allowed URL (or one that was later taken over) answers 307/308
+    naming another origin; the SDKs used to resend the request, conversation and
+    all, there."""
+    redirect = Redirector(capture.url)
+    try:
+        port = await oracle(allowed_base_urls=redirect.url)
+        code, _, events = await guide(
+            port,
+            ask="My account number is 12345.",
+            base_url=f"{redirect.url}/v1",
+            api_key=CALLER_KEY,
+        )
+        assert code == grpc.StatusCode.OK and Event.ERROR in events
+        assert redirect.requests and capture.requests == []
+    finally:
+        redirect.close()
+
+
+class Redirector:
+    """HTTP on loopback that answers every request with a 307 to `target`."""
+
+    def __init__(self, target: str) -> None:
+        requests = self.requests = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _redirect(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", "0")))
+                requests.append(self.path)
+                self.send_response(307)
+                self.send_header("Location", f"{target}{self.path}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                self._redirect()
+
+            def do_POST(self) -> None:
+                self._redirect()
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+async def test_a_caller_cannot_spend_the_key_of_a_backend_the_operator_did_not_choose(
+    oracle, capture
+):
+    """The attack: `backend: anthropic` on a stack that runs a local OpenAI-compatible
+    LLM used the operator's Anthropic key (it is in the environment for a reason)."""
+    port = await oracle(base_url=f"{capture.url}/v1")
+    code, details, _ = await guide(port, backend="anthropic")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "backend 'anthropic' is not allowed" in details and "allowed_backends" in details
+    assert capture.requests == []
+
+
+async def test_naming_the_operators_own_llm_url_is_refused(oracle, capture):
+    """Only a call that leaves base_url empty is counted against the oracle's own
+    LLM by the gateway's admission: naming its URL would go around that."""
+    port = await oracle(base_url=f"{capture.url}/v1")
+    code, details, _ = await guide(port, base_url=f"{capture.url}/v1/", api_key=CALLER_KEY)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "leave it empty" in details
+    assert capture.requests == []
+
+
+async def test_credentials_in_the_base_url_stay_out_of_the_log(oracle, capture, caplog):
+    host = capture.url.removeprefix("http://")
+    with caplog.at_level(logging.INFO, logger="services.oracle"):
+        await oracle(base_url=f"http://operator:s3cret-pass@{host}/v1")
+    assert f"at http://{host}/v1" in caplog.text
+    assert "s3cret-pass" not in caplog.text
+
+
 # -- the rules, without a server -----------------------------------------------------------------
+
+
+def test_another_backend_and_its_default_model_need_the_operators_leave():
+    config = oracle_pb2.OracleConfig(session_id="s", backend="anthropic")
+    with pytest.raises(InvalidSessionConfig, match="allowed_backends"):
+        resolve_session(config, _service(), SERVICE_KEYS)
+    allowed = _service(allowed_backends="openai,anthropic")
+    with pytest.raises(InvalidSessionConfig, match="model 'claude-haiku-4-5' is not allowed"):
+        resolve_session(config, allowed, SERVICE_KEYS)
+    listed = _service(allowed_backends="anthropic", allowed_models="claude-haiku-4-5")
+    assert resolve_session(config, listed, SERVICE_KEYS).backend.model == "claude-haiku-4-5"
+    with pytest.raises(ConfigError, match="allowed_backends: 'gemini' is unknown"):
+        _service(allowed_backends="gemini")
 
 
 def _service(**env: str) -> OracleSettings:
@@ -222,7 +325,11 @@ def _service(**env: str) -> OracleSettings:
 
 
 def test_a_key_never_goes_to_another_backends_url():
-    service = _service(base_url="http://llm.internal:8080/v1")
+    service = _service(
+        base_url="http://llm.internal:8080/v1",
+        allowed_backends="openai,anthropic",
+        allowed_models="*",
+    )
     for config in (
         oracle_pb2.OracleConfig(
             session_id="s", backend="anthropic", base_url="http://llm.internal:8080/v1"
@@ -236,7 +343,7 @@ def test_a_key_never_goes_to_another_backends_url():
 
 
 def test_the_vendor_url_of_the_backend_may_be_named_and_gets_the_service_key():
-    service = _service()
+    service = _service(allowed_backends="anthropic", allowed_models="claude-haiku-4-5")
     session = resolve_session(
         oracle_pb2.OracleConfig(
             session_id="s", backend="anthropic", base_url="HTTPS://api.anthropic.com/"
@@ -262,6 +369,11 @@ def test_the_vendor_url_of_the_backend_may_be_named_and_gets_the_service_key():
         ("http://llm.example.com/v1", False),
         ("https://llm.example.com:8443/v1", False),
         ("https://llm.example.com/v1/../../admin", False),
+        ("https://llm.example.com/v1/%2e%2e/admin", False),
+        ("https://llm.example.com/v1/%2E%2E/admin", False),
+        ("https://llm.example.com/v1/./chat", False),
+        ("https://llm.example.com/v1/..%5cadmin", False),
+        ("https://llm.example.com/v1\\..\\admin", False),
         ("not a url", False),
     ],
 )

@@ -39,6 +39,17 @@ def test_plaintext_and_no_health_port_by_default_and_reflection_off_only_at_the_
     assert (gateway.reflection, gateway.auth_tokens, gateway.registry_secret) == (False, "", "")
 
 
+def test_keys_pressed_are_masked_and_callers_keep_to_the_operators_backend_by_default():
+    gateway = load_settings(GatewaySettings, [], env={})
+    assert (gateway.dtmf_in_records, gateway.dtmf_per_s, gateway.dtmf_burst) == (False, 5.0, 10)
+    oracle = load_settings(OracleSettings, [], env={})
+    assert (oracle.dtmf_to_llm, oracle.allowed_backends, oracle.history_max_turns) == (
+        False,
+        "",
+        500,
+    )
+
+
 def test_gateway_security_settings_from_the_environment():
     env = {
         "KAME_GATEWAY_AUTH_TOKENS": "token-one-0123456789,token-two-0123456789",
@@ -80,6 +91,9 @@ def test_gateway_security_settings_from_the_environment():
         (GatewaySettings, {"UPSTREAM_KEY_FILE": "/k"}, "upstream_cert_file, upstream_key_file"),
         (GatewaySettings, {"UPSTREAM_SERVER_NAME": "x"}, "upstream_server_name: applies to TLS"),
         (OracleSettings, {"ALLOWED_BASE_URLS": "llm:8080"}, "allowed_base_urls: 'llm:8080'"),
+        (OracleSettings, {"ALLOWED_BACKENDS": "gemini"}, "allowed_backends: 'gemini' is unknown"),
+        (OracleSettings, {"HISTORY_MAX_TURNS": "5"}, "history_max_turns: must be at least"),
+        (GatewaySettings, {"DTMF_PER_S": "-1"}, "dtmf_per_s"),
     ],
 )
 def test_inconsistent_settings_fail_naming_the_field(cls, env, message):
