@@ -128,6 +128,17 @@ class GatewaySettings(ServiceSettings):
         0.5, "first wait before reopening a failed stt or oracle stream (doubles each time)"
     )
     side_backoff_max_s: float = setting(8.0, "longest wait between reopenings of a side stream")
+    stt_replay_s: float = setting(
+        20.0,
+        "most caller audio kept for a reopened stt stream: the utterance the failed one had "
+        "not finalized is sent to the new one first, so its transcript is whole",
+    )
+    readiness_interval_s: float = setting(
+        0.5,
+        "how often the gateway checks that stt, the oracle and a frontend answer SERVING; "
+        "until they do, its health is NOT_SERVING and new calls are refused with UNAVAILABLE "
+        "and a retry hint (0 = no check: always ready)",
+    )
     resume_secret: str = setting(
         "",
         "HMAC key of resume tokens, the same on every replica (empty = calls cannot be resumed)",
@@ -161,7 +172,15 @@ class GatewaySettings(ServiceSettings):
                 "upstream_cert_file: a client certificate needs TLS to upstreams: "
                 "set upstream_ca_file too"
             )
-        check_not_negative(self, "dtmf_per_s", "idle_timeout_s", "input_burst_s", "redis_timeout_s")
+        check_not_negative(
+            self,
+            "dtmf_per_s",
+            "idle_timeout_s",
+            "input_burst_s",
+            "redis_timeout_s",
+            "readiness_interval_s",
+            "stt_replay_s",
+        )
         if self.max_chunk_s <= 0:
             raise ConfigError(f"max_chunk_s: must be positive, got {self.max_chunk_s}")
         if self.connect_timeout_s <= 0:

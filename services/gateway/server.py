@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from redis.exceptions import RedisError
 
 from kame_common import store
 from kame_common.auth import BearerAuth, parse_tokens
+from kame_common.redact import redact_addresses
 from kame_common.server import ServiceRuntime, service_main
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.gateway import resume
@@ -32,27 +32,12 @@ from services.gateway.config import GatewaySettings
 from services.gateway.connections import Connections
 from services.gateway.pacing import InputLimits, cap_call_time, limit_input, max_message_bytes
 from services.gateway.plan import SessionError, SessionPlan, plan_session
+from services.gateway.readiness import Readiness
 from services.gateway.session import GatewaySession
 
 log = logging.getLogger(__name__)
 
 GRPC_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
-
-# What an address looks like in an error text: a URL, a gRPC peer, an IPv6 or
-# IPv4 address (port optional), or host:port.
-_ADDRESS = re.compile(
-    r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"),]+"
-    r"|\bipv[46]:\S+"
-    r"|\[[0-9a-fA-F:.]+\](?::\d{1,5})?"
-    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"
-    r"|\b[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?:\d{1,5}\b"
-)
-REDACTED = "<internal address>"
-
-
-def redact_addresses(message: str) -> str:
-    """`message` with every address replaced, for a client outside the cluster."""
-    return _ADDRESS.sub(REDACTED, message)
 
 
 def _for_client(response: gateway_pb2.ConverseResponse) -> gateway_pb2.ConverseResponse:
@@ -68,12 +53,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         connections: Connections,
         auth: BearerAuth,
         gate: CapacityGate | None = None,
+        readiness: Readiness | None = None,
     ) -> None:
         self.runtime = runtime
         self.connections = connections
         self.settings = connections.settings
         self.auth = auth
         self.gate = gate  # None: admission does not look at stt and oracle capacity
+        self.readiness = readiness  # None: no upstream health check, always ready
         self.sessions: set[GatewaySession] = set()  # open calls, told to reconnect on drain
 
     async def Converse(  # noqa: N802 (gRPC method name)
@@ -86,6 +73,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         try:
             config = await self._read_config(requests)
             plan = plan_session(config, self.settings)
+            self._check_ready(plan)
             resumed_id = await self._resumed_session(config.resume_token, plan, principal)
             if self.gate is not None:  # a resumed call takes capacity like a new one
                 await self.gate.admit(plan.side_services)
@@ -117,6 +105,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             finally:
                 self.sessions.discard(session)
             log.info("session %s ended", session.id)
+
+    def _check_ready(self, plan: SessionPlan) -> None:
+        """SessionError (UNAVAILABLE, retry hint) while an upstream the call needs is
+        not serving: a call admitted then would lose the caller's first words."""
+        if self.readiness is None:
+            return
+        needed = ("frontend", "stt", *(("oracle",) if plan.mode.uses_oracle else ()))
+        if (refusal := self.readiness.refusal(needed)) is not None:
+            raise refusal
 
     async def _resumed_session(self, token: str, plan: SessionPlan, principal: str) -> str:
         """The id of the session a resume token continues ("" without a token)."""
@@ -186,11 +183,19 @@ async def serve(settings: GatewaySettings) -> ServiceRuntime:
         if settings.capacity_admission
         else None
     )
-    servicer = GatewayServicer(runtime, connections, auth, gate)
+    readiness = None
+    if settings.readiness_interval_s:
+        readiness = Readiness(connections, settings.readiness_interval_s, runtime.set_ready)
+        await readiness.check()  # upstreams that already serve: ready from the first call
+    servicer = GatewayServicer(runtime, connections, auth, gate, readiness)
     runtime.on_drain(servicer.ask_to_reconnect)
     await runtime.start(
-        lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
+        lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
+        serving=readiness is None or readiness.ready,
     )
+    if readiness is not None:
+        runtime.on_close(readiness.stop)  # runs before connections.close (last first)
+        readiness.start()
     return runtime
 
 

@@ -96,6 +96,7 @@ from services.gateway.plan import (
     SessionPlan,
 )
 from services.gateway.records import SessionRecords
+from services.gateway.replay import OracleReplay, SttReplay
 from services.gateway.reporting import TurnReporter
 from services.gateway.sidestream import SidePolicy, SideStream
 from services.gateway.turns import TurnTracker
@@ -152,6 +153,8 @@ class GatewaySession:
         self.stt: SideStream[stt_pb2.TranscribeRequest] | None = None
         self.oracle: SideStream[oracle_pb2.GuideRequest] | None = None
         self._stt_start_s = 0.0  # where the current stt stream began in the session's audio
+        self._stt_replay = SttReplay(self.settings.stt_replay_s)
+        self._oracle_replay = OracleReplay()
         self._oracle_up = True  # what the client was last told
         self.replica = Replica("", "", 0, 0)  # the frontend replica serving the session
         self.ready = frontend_pb2.FrontendReady()
@@ -330,26 +333,47 @@ class GatewaySession:
 
     def _open_stt(
         self, attempt: int
-    ) -> tuple[StreamCall[stt_pb2.TranscribeRequest], stt_pb2.TranscribeRequest]:
-        """A stt call. The first gets every caller frame; a reopened one starts at
-        the caller's next frame (the side stream keeps nothing while no call is
-        open), and gets its own session id, so its utterance ids differ from the
-        earlier ones."""
+    ) -> tuple[StreamCall[stt_pb2.TranscribeRequest], list[stt_pb2.TranscribeRequest]]:
+        """A stt call. The first gets every caller frame; a reopened one first gets
+        the frames of the utterances the failed one had not finalized (replay.py),
+        and its own session id, so its utterance ids differ from the earlier ones.
+        The oracle forgets the failed stream's unfinished utterances (a blank final
+        each): their words come again under the new ids."""
         channel = self.connections.channel(self.settings.stt_address)
-        self._stt_start_s = len(self._capture_us) * FRAME_SECONDS if attempt else 0.0
         config = stt_pb2.SttConfig(
             session_id=self.id if attempt == 0 else f"{self.id}.{attempt}",
             language=self.plan.language,
             progress_interval_s=self.settings.side_heartbeat_s,
         )
+        opening = [stt_pb2.TranscribeRequest(config=config)]
         call = stt_pb2_grpc.SttStub(channel).Transcribe()
-        return call, stt_pb2.TranscribeRequest(config=config)
+        if attempt == 0:
+            return call, opening
+        replay = self._stt_replay.restart()
+        if self.oracle is not None:
+            for utterance_id in replay.unfinished:
+                blank = common_pb2.TranscriptEvent(utterance_id=utterance_id, is_final=True)
+                self.oracle.push(oracle_pb2.GuideRequest(user_transcript=blank))
+        frames = replay.frames
+        self._stt_start_s = frames[0].seq * FRAME_SECONDS if frames else self._heard_s()
+        opening += [stt_pb2.TranscribeRequest(audio=frame) for frame in frames]
+        if frames and replay.turn_end_s is not None:
+            speech_end_s = max(replay.turn_end_s - self._stt_start_s, 0.0)
+            end_of_turn = stt_pb2.EndOfTurn(speech_end_s=speech_end_s)
+            opening.append(stt_pb2.TranscribeRequest(end_of_turn=end_of_turn))
+        metrics.REPLAYED_SECONDS.observe(len(frames) * FRAME_SECONDS)
+        return call, opening
+
+    def _heard_s(self) -> float:
+        """Seconds of caller audio so far (the next frame's position)."""
+        return len(self._capture_us) * FRAME_SECONDS
 
     def _open_oracle(
-        self, _attempt: int
-    ) -> tuple[StreamCall[oracle_pb2.GuideRequest], oracle_pb2.GuideRequest]:
+        self, attempt: int
+    ) -> tuple[StreamCall[oracle_pb2.GuideRequest], list[oracle_pb2.GuideRequest]]:
         """Every oracle call has the session's id: a reopened one loads the
-        conversation so far from Redis."""
+        conversation so far from Redis, and first gets the caller's final
+        transcript that no candidate has answered yet, so it answers that turn."""
         channel = self.connections.channel(self.settings.oracle_address)
         llm = self.plan.llm or gateway_pb2.LlmOverride()
         config = oracle_pb2.OracleConfig(
@@ -362,7 +386,11 @@ class GatewaySession:
             heartbeat_interval_s=self.settings.side_heartbeat_s,
         )
         call = oracle_pb2_grpc.OracleStub(channel).Guide()
-        return call, oracle_pb2.GuideRequest(config=config)
+        opening = [oracle_pb2.GuideRequest(config=config)]
+        if attempt and (final := self._oracle_replay.unanswered) is not None:
+            opening.append(oracle_pb2.GuideRequest(user_transcript=final))
+            metrics.REPLAYED_TURNS.inc()
+        return call, opening
 
     # ---- pumps -----------------------------------------------------------------
 
@@ -539,6 +567,7 @@ class GatewaySession:
             capture_time_us=capture_us,
         )
         await self.frontend.send(frontend_pb2.FrontendRequest(audio=frame))
+        self._stt_replay.add(frame)
         self.stt.push(stt_pb2.TranscribeRequest(audio=frame))
         for side in self._sides():
             side.audio_flowing()
@@ -585,12 +614,16 @@ class GatewaySession:
     async def _on_agent_text(self, text: common_pb2.AgentText) -> None:
         await self._client_queue.put(gateway_pb2.ConverseResponse(agent_text=text))
         if self.oracle is None or not self.oracle.push(oracle_pb2.GuideRequest(agent_text=text)):
-            self._records.agent_word(text.text)  # no oracle to keep the conversation
+            # No oracle to keep the conversation; a hold phrase stays out of it, as the
+            # oracle keeps it out (services/oracle/session.py: agent_text).
+            if not text.filler:
+                self._records.agent_word(text.text)
 
     def _on_turn_end(self, turn_end: frontend_pb2.TurnEnd) -> None:
         """The frontend heard the caller's turn end: stt finalizes at once."""
         if self.stt is None:
             return
+        self._stt_replay.turn_end_s = turn_end.speech_end_s
         speech_end_s = max(turn_end.speech_end_s - self._stt_start_s, 0.0)
         end_of_turn = stt_pb2.EndOfTurn(speech_end_s=speech_end_s)
         self.stt.push(stt_pb2.TranscribeRequest(end_of_turn=end_of_turn))
@@ -607,6 +640,8 @@ class GatewaySession:
 
     async def _on_transcript(self, event: common_pb2.TranscriptEvent) -> None:
         assert self.frontend is not None
+        self._stt_replay.heard(event)
+        self._oracle_replay.final(event)
         turn = self._tracker.on_transcript(event, time.time())
         if event.is_final and turn.summarized:
             self._reporter.trace(turn)  # the final came after the answer started
@@ -621,6 +656,7 @@ class GatewaySession:
     async def _on_activity(self, activity: common_pb2.SpeechActivity) -> None:
         wall = self._wall_at(activity.at_s)
         if activity.kind == common_pb2.SpeechActivity.SPEECH_START:
+            self._stt_replay.speech_started(activity.utterance_id, activity.at_s)
             self._tracker.on_speech_start(activity.utterance_id, wall)
         elif activity.kind == common_pb2.SpeechActivity.SPEECH_END:
             self._tracker.on_speech_end(activity.utterance_id, wall)
@@ -646,6 +682,7 @@ class GatewaySession:
 
     async def _on_oracle_update(self, update: common_pb2.OracleUpdate) -> None:
         assert self.frontend is not None
+        self._oracle_replay.update(update)
         self._tracker.on_oracle_update(time.time())
         await self.frontend.send(frontend_pb2.FrontendRequest(oracle=update))
         if self.plan.include_oracle_updates:
@@ -694,6 +731,8 @@ class GatewaySession:
 
     async def _side_up(self, side: SideStream[Any]) -> None:
         log.info("session %s: %s is back", self.id, side.name)
+        if side is self.stt:
+            self._stt_replay.answered()
         if side is self.oracle:  # the oracle keeps the conversation again
             self._records.flush_agent_words()
         await self._tell_oracle_state(f"{side.name} is back")

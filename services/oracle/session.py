@@ -38,6 +38,9 @@ words that started later answer this user turn and wait for the next final
 or the session's end. In tandem the agent starts answering before the
 caller's final arrives, and its answer is stored after the question. Writes
 go through one writer task, in order, so a slow Redis never stalls the oracle.
+A session whose loaded history ends with a caller's turn does not save that
+turn again when its first final has the same words: that is the gateway
+asking a reopened stream to answer the turn a failed one left unanswered.
 Keys the caller presses in a row are one user turn (a flood stays one short
 turn), in the prompt at once and written when the run ends; it names the
 digits only with the service's `dtmf_to_llm` (they may be a PIN, and the
@@ -204,6 +207,10 @@ class OracleSession:
         self.generation = 0
         self._store = store
         self._history = history
+        # A reopened session's history may end with the caller's turn that the failed
+        # session (or the gateway, while no oracle was open) saved but did not answer:
+        # the gateway sends it again first, to be answered, not saved twice.
+        self._saved_question = history[-1].text if history and history[-1].role == USER else ""
         self._keys: KeyRun | None = None  # keys pressed in a row: the last history turn
         self._agent_words: list[SpokenWord] = []  # spoken, not yet saved
         self._partials: dict[str, str] = {}  # open utterance id -> latest hypothesis
@@ -253,7 +260,9 @@ class OracleSession:
         # Without a span (no audio position) the arrival order is all there is.
         began_s = event.span.start_s if event.HasField("span") else math.inf
         self._save_agent_words(spoken_before_s=began_s)
-        self._commit(Turn(USER, text))
+        saved, self._saved_question = self._saved_question, ""
+        if normalize_words(saved) != normalize_words(text):
+            self._commit(Turn(USER, text))
 
     def keypress(self, digit: str) -> None:
         """A key the caller pressed joins the caller's side of the conversation, so

@@ -159,7 +159,9 @@ async def test_a_wedged_frontend_cannot_hang_call_set_up(fakes):
     deadline covers connecting, sending the config and the ready."""
     wedged = Blackhole()
     try:
-        gateway = await fakes.gateway(frontend_address=wedged.address, connect_timeout_s=0.5)
+        gateway = await fakes.gateway(
+            frontend_address=wedged.address, connect_timeout_s=0.5, readiness_interval_s=0
+        )
         started = time.monotonic()
         outcome = await converse(gateway.address, frames=3)
         assert outcome.code == grpc.StatusCode.UNAVAILABLE
@@ -175,7 +177,10 @@ async def test_wedged_side_services_do_not_delay_the_call(fakes):
     wedged = Blackhole()
     try:
         gateway = await fakes.gateway(
-            stt_address=wedged.address, oracle_address=wedged.address, drain_timeout_s=0.3
+            stt_address=wedged.address,
+            oracle_address=wedged.address,
+            drain_timeout_s=0.3,
+            readiness_interval_s=0,  # the readiness check would refuse the call
         )
         started = time.monotonic()
         outcome = await converse(gateway.address, frames=10, pace_s=0.02)

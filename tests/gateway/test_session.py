@@ -180,12 +180,15 @@ async def test_a_failed_stt_is_reopened_on_the_sessions_clock(fakes):
     assert [c.session_id for c in configs] == [session_id, f"{session_id}.1"]
     assert configs[1].progress_interval_s == pytest.approx(0.5)
     assert fakes.oracle.log.opened == 1 and fakes.oracle.log.outcome == "finished"
-    # The reopened stream's audio times are moved onto the session's clock.
+    # The reopened stream first hears again what the failed one may have missed (no
+    # utterance was open: the last second), the frame it broke at included, then every
+    # later frame once, in order; its audio times are moved onto the session's clock.
     requests = fakes.stt.log.requests
     reopened = next(i for i, r in enumerate(requests) if r.config.session_id.endswith(".1"))
     second = requests[reopened + 1]
     start_s = second.audio.seq * 0.08
-    assert second.audio.seq > 3
+    heard_again = [r.audio.seq for r in requests[reopened + 1 :] if r.WhichOneof("msg") == "audio"]
+    assert heard_again == list(range(second.audio.seq, 40)) and second.audio.seq <= 3
     (heard,) = fakes.frontend.log.of("user_transcript")
     assert heard.text == "hello again"
     assert heard.span.start_s == pytest.approx(start_s)
@@ -217,6 +220,7 @@ async def test_a_failed_oracle_is_reopened_and_answers_the_next_question(fakes):
 
 
 async def test_the_gateway_keeps_the_conversation_while_the_oracle_is_down(fakes):
+    """...and the reopened oracle is handed the turn it missed, and answers it."""
     fakes.oracle.fail_after_first = True
     fakes.stt.script = {
         2: [transcript("s-1", "hello", False, 0.2)],  # the oracle fails on this one
@@ -226,7 +230,11 @@ async def test_the_gateway_keeps_the_conversation_while_the_oracle_is_down(fakes
     gateway = await fakes.gateway(side_backoff_s=1.0, side_backoff_max_s=1.0)
     outcome = await converse(gateway.address, frames=90, pace_s=0.02)
     assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE, Notice.ORACLE_RESTORED]
-    assert fakes.oracle.log.of("user_transcript")[-1].text == "hello"  # it never got the rest
+    requests = fakes.oracle.log.requests
+    reopened = max(i for i, r in enumerate(requests) if r.WhichOneof("msg") == "config")
+    assert requests[reopened + 1].user_transcript.text == "hello there"
+    (answer,) = [u for u in fakes.frontend.log.of("oracle") if u.source.text == "hello there"]
+    assert answer.op == common_pb2.OracleUpdate.RESET
     session_id = outcome.of("started")[0].session_id
     assert roles_and_texts(await conversation(fakes.redis_url, session_id)) == [
         ("user", "hello there"),
@@ -366,7 +374,8 @@ async def test_a_frontend_that_never_gets_ready_times_out(fakes):
 
 
 async def test_a_side_service_that_is_down_is_one_notice_however_often_it_is_tried(fakes):
-    gateway = await fakes.gateway(stt_address="127.0.0.1:1", **QUICK_REOPEN)
+    # No readiness check: it would refuse the call while stt is down.
+    gateway = await fakes.gateway(stt_address="127.0.0.1:1", readiness_interval_s=0, **QUICK_REOPEN)
     before = upstream_failures("stt")
     outcome = await converse(gateway.address, frames=25, pace_s=0.02)
     assert outcome.code == grpc.StatusCode.OK and len(outcome.of("audio")) == 25
