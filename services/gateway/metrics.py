@@ -69,7 +69,7 @@ DROPPED_MESSAGES = Counter(
 REFUSED_INPUT = Counter(
     "kame_gateway_refused_input_total",
     "Calls ended for their input (pacing.py): idle (idle_timeout_s), pace (input_burst_s), "
-    "chunk_size (max_chunk_s)",
+    "chunk_size (max_chunk_s), max_session (max_session_s of wall-clock time)",
     ["reason"],
 )
 DTMF_DIGITS = Counter("kame_gateway_dtmf_digits_total", "Keys callers pressed (Dtmf requests)")
