@@ -188,6 +188,9 @@ class AnswerPolicy:
         self._turn_end_at: float | None = None
         self._first_audio_due = False
         self._answer_due = False
+        # The last turn's hold ran out with no answer, and the caller has not spoken
+        # since: a fresh answer to that turn is still said, late.
+        self._hold_ran_out = False
 
     # --- inputs ---
 
@@ -223,6 +226,7 @@ class AnswerPolicy:
             self._answer.closed = True
         self._stop_speaking(Cut.NOW, Floor.LISTENING)
         self._turn_start_s = at_s
+        self._hold_ran_out = False
 
     def caller_turn_ended(self, speech_end_s: float) -> None:
         self._speech_end_s = speech_end_s
@@ -241,6 +245,7 @@ class AnswerPolicy:
             if self._clock() - self._turn_end_at >= self._hold_max_s:
                 metrics.HOLDS.labels(outcome="timed_out").inc()
                 self._stop_speaking(Cut.AFTER_PHRASE, Floor.IDLE)
+                self._hold_ran_out = True
 
     def lines_started(self, lines: Iterable[Line]) -> None:
         """These lines' audio began to play (in this order)."""
@@ -328,8 +333,9 @@ class AnswerPolicy:
         if self.floor is Floor.HOLDING:
             metrics.HOLDS.labels(outcome="answered").inc()
             self._commit(candidate)
-        elif self.floor is Floor.IDLE:  # late, but the caller still waits for it
-            self._commit(candidate)
+        elif self.floor is Floor.IDLE:
+            if self._hold_ran_out:  # late, but the caller still waits for it
+                self._commit(candidate)
         else:
             self._replace(candidate)
 
