@@ -614,9 +614,10 @@ class GatewaySession:
     async def _on_agent_text(self, text: common_pb2.AgentText) -> None:
         await self._client_queue.put(gateway_pb2.ConverseResponse(agent_text=text))
         if self.oracle is None or not self.oracle.push(oracle_pb2.GuideRequest(agent_text=text)):
-            # No oracle to keep the conversation; a hold phrase stays out of it, as the
-            # oracle keeps it out (services/oracle/session.py: agent_text).
-            if not text.filler:
+            # No oracle to keep the conversation. Standing in for one that is down, the
+            # gateway keeps a hold phrase out of it, as the oracle does
+            # (services/oracle/session.py: agent_text); in s2s it keeps every word.
+            if not text.filler or self.plan.mode is Mode.S2S:
                 self._records.agent_word(text.text)
 
     def _on_turn_end(self, turn_end: frontend_pb2.TurnEnd) -> None:
