@@ -68,9 +68,13 @@ def test_the_local_override_pulls_nothing():
 
 def test_the_stand_ins_run_what_the_compose_file_asks_of_them():
     """The compose file's redis command and health check call redis-server and redis-cli; its
-    prometheus command passes flags to the image's prometheus entrypoint."""
+    prometheus command passes flags to the image's prometheus entrypoint. The redis command is
+    a shell that hands the password to redis-server on stdin (not on its command line), with
+    --protected-mode no, which the official image has by default and Debian's has not."""
     services = local_services()
-    assert services["redis"]["command"][0] == "redis-server"
+    script = " ".join(services["redis"]["command"])
+    assert services["redis"]["command"][:2] == ["sh", "-c"]
+    assert "exec redis-server - " in script and "--protected-mode no" in script
     assert "redis-cli" in " ".join(services["redis"]["healthcheck"]["test"])
     assert all(flag.startswith("--") for flag in services["prometheus"]["command"])
     steps = instructions(PEERS_DOCKERFILE)

@@ -94,8 +94,9 @@ def test_compose_publishes_sip_twilio_audiosocket_and_a_small_rtp_range_on_loopb
     assert (settings.port, settings.metrics_port) != (0, 0)
     assert settings.gateway_address == f"gateway:{SERVICE_PORTS['gateway'].grpc}"
     assert telephony["depends_on"]["gateway"]["condition"] == "service_healthy"
-    # Callers on this machine come through Docker's proxy, from the network's gateway address.
-    assert settings.caller_allowed("172.18.0.1") and settings.caller_allowed("127.0.0.1")
+    # Only loopback by default: Docker's bridge range (where its proxy makes every outside
+    # caller come from, on Docker Desktop and rootless podman) is the operator's to list.
+    assert settings.caller_allowed("127.0.0.1") and not settings.caller_allowed("172.18.0.1")
     assert not settings.caller_allowed("203.0.113.7")
     assert not settings.twilio_auth_token  # unless the shell gives one
     assert prometheus_targets()["kame-telephony"] == [f"telephony:{TELEPHONY_PORTS.metrics}"]
