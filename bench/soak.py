@@ -22,7 +22,10 @@ secret, so calls continue on the restarted gateway or frontend. Each question
 asked is then "answered" (an oracle answer word reached the caller before the
 next question) or not, and a question left unanswered counts against the kill
 whose window it falls in (from 5 s before the question to the next one), or as
-unexplained: a kill may cost the turn it hit, nothing else.
+unexplained: a kill may cost the turn it hit, nothing else. (A call continued
+after a kill skips the audio due while it was reconnecting, as a phone line
+would, so its frame lags from then on include that gap: with kills, read the
+questions, not the late frames.)
 
     .venv/bin/python bench/soak.py [--sessions 8] [--minutes 10]
     .venv/bin/python bench/soak.py --sessions 4 --minutes 60 --kill-every-s 300
@@ -253,10 +256,11 @@ async def soak(args: argparse.Namespace, stack: Stack, questions: list[Question]
                 "question_outcomes": asked,
             }
         )
+    served = [call for call, result in zip(calls, results, strict=True) if result.started]
     lost_per_kill = {
         index: sum(
             1
-            for call in calls
+            for call in served
             for q in call["question_outcomes"]
             if not q["answered"] and kill["service"] in q["kills"]
         )
@@ -317,7 +321,7 @@ def print_report(report: dict[str, Any]) -> None:
             f"{call['lost_unexplained']} | {call['resumed']} | {', '.join(notices) or '-'} |"
         )
     if report["kills"]:
-        print("\n| kill | service | at s | questions lost (all calls) |")
+        print("\n| kill | service | at s | questions lost (all calls that started) |")
         print("|---|---|---|---|")
         for index, kill in enumerate(report["kills"]):
             print(
