@@ -71,6 +71,7 @@ LEVEL_WINDOW_S = 0.02
 LEVEL_RANGE_DB = 35.0
 RECONNECT_ATTEMPTS = 5
 RECONNECT_BACKOFF_S = 0.5  # doubles on each failed attempt in a row
+CATCH_UP_S = 1.0  # audio due before a call started that is still sent (_send)
 
 
 @dataclass
@@ -367,8 +368,13 @@ class _Conversation:
         may be under way, and grpc.aio then reports INTERNAL "Internal error from
         Core" instead of the gateway's status (grpc/grpc#36066). Chunks due in the
         meantime go at once after it; the gateway would not have read them
-        earlier anyway."""
+        earlier anyway. A resumed call may wait seconds for its start (the
+        gateway waits for the dead call's lease): of the audio due meanwhile only
+        the last CATCH_UP_S goes, the rest is lost as on a phone line, so the
+        burst stays within the gateway's input_burst_s."""
         await self.call_started.wait()
+        due = int(self.now() * SAMPLE_RATE) // self.chunk
+        self.next_chunk = max(self.next_chunk, due - int(CATCH_UP_S * SAMPLE_RATE) // self.chunk)
         audio = self.result.caller
         count = -(-len(audio) // self.chunk)
         if self.next_chunk == 0:
