@@ -96,7 +96,6 @@ def main() -> int:
         args.out,
         {"machine": platform.node(), "runs": runs, "counts": counts},
     )
-    print(f"wrote {args.out}")
     return 0 if counts[startup.LOST] == 0 else 1
 
 

@@ -18,9 +18,9 @@ from prometheus_client import REGISTRY
 
 from kame_common import auth
 from kame_common.auth import PeerThrottle, peer_host, peer_key
+from kame_common.redact import REDACTED, redact_addresses
 from kamepb import gateway_pb2
 from services.gateway.config import GatewaySettings
-from kame_common.redact import REDACTED, redact_addresses
 from services.gateway.server import serve
 from tests.gateway.fakes import sync_converse
 
