@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import contextlib
 import platform
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -41,20 +40,18 @@ from typing import Any
 
 import numpy as np
 
+from kame_cli.bench.baresip import Baresip, caller_wav
+from kame_cli.bench.questions import Question, load_questions
+from kame_cli.bench.report import write_json
+from kame_cli.bench.stacks import BenchStack
+from kame_cli.stack import Ports, add_arguments, free_ports, options_from_args
+from kame_common.audio import SAMPLE_RATE
+from kamepb import gateway_pb2
+from services.telephony.call import PhoneCall
+from services.telephony.config import TelephonySettings
+from services.telephony.server import TelephonyServer
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests.telephony.sip_support: the baresip driver
-
-from kame_cli.bench.questions import Question, load_questions  # noqa: E402
-from kame_cli.bench.report import write_json  # noqa: E402
-from kame_cli.bench.stacks import BenchStack  # noqa: E402
-from kame_cli.stack import Ports, add_arguments, free_ports, options_from_args  # noqa: E402
-from kame_common.audio import SAMPLE_RATE  # noqa: E402
-from kamepb import gateway_pb2  # noqa: E402
-from services.telephony.call import PhoneCall  # noqa: E402
-from services.telephony.config import TelephonySettings  # noqa: E402
-from services.telephony.server import TelephonyServer  # noqa: E402
-from tests.telephony.sip_support import Baresip, caller_wav  # noqa: E402
-
 QUESTIONS = ROOT / "bench" / "questions" / "espeak" / "questions.json"
 OUT = ROOT / "bench" / "results" / "telephony" / "sip_load.json"
 LEAD_S = 0.5  # silence before each question in the caller's file

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from aiosipua import parse_sdp
 
+from kame_cli.bench.baresip import Baresip, write_wav
 from kame_common.server import ServiceRuntime
 from services.telephony.config import TelephonySettings
 from services.telephony.playout import PCMA, PCMU
@@ -41,7 +42,7 @@ from services.telephony.sip import (
 )
 from tests.gateway.fakes import FakeFrontend, Fakes
 from tests.support import wait_until
-from tests.telephony.sip_support import SIPP_PCAPS, Baresip, SippResult, sipp, write_wav
+from tests.telephony.sip_support import SIPP_PCAPS, SippResult, sipp
 
 # ---- the service behind the phone -----------------------------------------------
 

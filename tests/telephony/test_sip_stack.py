@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kame_cli.bench.baresip import Baresip, caller_wav, espeak_wav
 from kame_common.audio import SAMPLE_RATE, resample
 from services.telephony.config import TelephonySettings
 from services.telephony.server import TelephonyServer
 from tests.e2e.conftest import QUESTION, e2e_redis_url, stack  # noqa: F401 (fixtures)
 from tests.support import conversation, wait_until, word_recall
-from tests.telephony.sip_support import Baresip, caller_wav, espeak_wav
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
