@@ -1,0 +1,462 @@
+"""A caller of the gateway for `kame talk`, the benchmarks and the tests: one
+WAV streamed through a Converse session as a microphone would, and all that
+came back (TalkResult).
+
+Chunk k leaves when its last sample has been "spoken" (start + (k+1) * chunk).
+After the WAV, it keeps streaming silence (the line stays open, as on a phone)
+until the agent has answered and been quiet for `tail_s`, or `max_wait_s`
+passed. Then it half-closes.
+
+The caller's end of speech is measured on the WAV itself (the end of the last
+20 ms window within 35 dB of the loudest one), so it does not depend on the
+stt service being right.
+
+Reconnecting: when the gateway sent a resume token, a call that breaks off
+(the gateway went away: UNAVAILABLE, or the INTERNAL that grpc.aio reports for
+a write under way) or that the gateway asks to move (Notice RECONNECT: it is
+shutting down) is continued in a new call with the token, on the next address
+of `gateway = "a,b,..."` (round the list), up to RECONNECT_ATTEMPTS failed
+attempts in a row (a call that started begins the count anew). Audio
+that was due while no call was open is skipped, as a phone line would lose it;
+the timeline shows a `reconnect` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+
+from kame_common.aio import cancel_and_wait
+from kame_common.audio import SAMPLE_RATE
+from kame_common.auth import bearer_metadata
+from kame_common.grpc_options import ConnectionPolicy
+from kame_common.ports import loopback_address
+from kame_common.tls import ClientTls
+from kamepb import gateway_pb2, gateway_pb2_grpc
+from services.gateway.codecs import Decoder, Encoder, resolve_format
+
+CODECS = {
+    "pcm16": gateway_pb2.AudioFormat.PCM16,
+    "mulaw": gateway_pb2.AudioFormat.MULAW,
+    "alaw": gateway_pb2.AudioFormat.ALAW,
+    "opus": gateway_pb2.AudioFormat.OPUS,
+}
+MODES = {
+    "tandem": gateway_pb2.ConverseConfig.TANDEM,
+    "cascade": gateway_pb2.ConverseConfig.CASCADE,
+    "s2s": gateway_pb2.ConverseConfig.S2S,
+}
+LEVEL_WINDOW_S = 0.02
+LEVEL_RANGE_DB = 35.0
+RECONNECT_ATTEMPTS = 5
+RECONNECT_BACKOFF_S = 0.5  # doubles on each failed attempt in a row
+CATCH_UP_S = 1.0  # audio due before a call started that is still sent (_send)
+
+
+@dataclass
+class TalkOptions:
+    gateway: str = loopback_address("gateway")  # host:port, or several comma-separated
+    mode: str = "tandem"
+    input_codec: str = "pcm16"
+    input_rate: int = 0  # 0: the WAV's rate for pcm16, the codec's own rate otherwise
+    output_codec: str = "pcm16"
+    output_rate: int = 0  # 0: 24 kHz for pcm16, the codec's own rate otherwise
+    chunk_ms: int = 80
+    tail_s: float = 2.0
+    max_wait_s: float = 30.0
+    oracle_updates: bool = True
+    # Done only once a word of an oracle generation was spoken, not a hold phrase
+    # (generation 0) that fills the wait for it; for modes with an oracle.
+    wait_for_answer: bool = False
+    voice: str = ""
+    auth_token: str = ""  # sent as 'authorization: Bearer <token>' metadata
+    ca_file: str = ""  # non-empty: TLS, verifying the gateway's certificate with this CA
+    tls: bool = False  # TLS with the system's roots (a public certificate)
+    tls_server_name: str = ""  # the name the gateway's certificate carries, if not the host
+    llm_backend: str = ""
+    llm_model: str = ""
+    llm_base_url: str = ""
+    llm_api_key: str = ""
+
+    def client_tls(self) -> ClientTls:
+        return ClientTls(ca_file=self.ca_file, tls=self.tls, server_name=self.tls_server_name)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return bearer_metadata(self.auth_token)
+
+    @property
+    def gateways(self) -> list[str]:
+        return [address.strip() for address in self.gateway.split(",") if address.strip()]
+
+    def converse_config(self, resume_token: str = "") -> gateway_pb2.ConverseConfig:
+        config = gateway_pb2.ConverseConfig(
+            resume_token=resume_token,
+            mode=MODES[self.mode],
+            input_format=gateway_pb2.AudioFormat(
+                codec=CODECS[self.input_codec], sample_rate_hz=self.input_rate
+            ),
+            output_format=gateway_pb2.AudioFormat(
+                codec=CODECS[self.output_codec], sample_rate_hz=self.output_rate
+            ),
+            voice=self.voice,
+            include_oracle_updates=self.oracle_updates,
+        )
+        if self.llm_backend or self.llm_model or self.llm_base_url or self.llm_api_key:
+            config.llm.CopyFrom(
+                gateway_pb2.LlmOverride(
+                    backend=self.llm_backend,
+                    model=self.llm_model,
+                    base_url=self.llm_base_url,
+                    api_key=self.llm_api_key,
+                )
+            )
+        return config
+
+
+@dataclass
+class TalkResult:
+    caller: np.ndarray  # what was streamed, 24 kHz
+    speech_start_s: float | None
+    speech_end_s: float | None
+    streamed_samples: int = 0  # caller audio sent: the WAV plus the silence after
+    agent: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # 24 kHz
+    agent_first_chunk_t: float | None = None
+    agent_t: list[np.ndarray] = field(default_factory=list)  # receive time of each agent sample
+    events: list[dict[str, Any]] = field(default_factory=list)
+    started: dict[str, str] = field(default_factory=dict)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    notices: list[dict[str, Any]] = field(default_factory=list)
+    finals: list[str] = field(default_factory=list)
+    agent_words: list[str] = field(default_factory=list)
+    status: str = "OK"
+    status_details: str = ""
+
+    @property
+    def user_transcript(self) -> str:
+        return " ".join(t for t in self.finals if t)
+
+    @property
+    def agent_text(self) -> str:
+        return " ".join(self.agent_words)
+
+    @property
+    def response_latency_s(self) -> float | None:
+        """Caller's end of speech -> first agent audio at the client."""
+        if self.speech_end_s is None or self.speech_start_s is None:
+            return None
+        starts = [
+            e["t"]
+            for e in self.events
+            if e["type"] == "agent_audio_start" and e["t"] > self.speech_start_s
+        ]
+        return starts[0] - self.speech_end_s if starts else None
+
+    def timeline(self, options: TalkOptions, paths: dict[str, str]) -> dict[str, Any]:
+        gateway_latency = self.turns[0]["response_latency_s"] if self.turns else None
+        return {
+            "session_id": self.started.get("session_id", ""),
+            "gateway": options.gateway,
+            "mode": options.mode,
+            "engine": self.started.get("engine", ""),
+            "frontend_replica": self.started.get("frontend_replica", ""),
+            "status": self.status,
+            "status_details": self.status_details,
+            "input": {
+                "wav": paths.get("wav", ""),
+                "codec": options.input_codec,
+                "duration_s": round(len(self.caller) / SAMPLE_RATE, 3),
+                "streamed_s": round(self.streamed_samples / SAMPLE_RATE, 3),
+                "speech_start_s": self.speech_start_s,
+                "speech_end_s": self.speech_end_s,
+            },
+            "output": {
+                "wav": paths.get("out", ""),
+                "codec": options.output_codec,
+                "duration_s": round(len(self.agent) / SAMPLE_RATE, 3),
+                "first_chunk_t": self.agent_first_chunk_t,
+            },
+            "user_transcript": self.user_transcript,
+            "agent_text": self.agent_text,
+            "response_latency_s": _round(self.response_latency_s),
+            "gateway_response_latency_s": _round(gateway_latency),
+            "turns": self.turns,
+            "notices": self.notices,
+            "events": self.events,
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def speech_region(samples: np.ndarray) -> tuple[float | None, float | None]:
+    """(start_s, end_s) of the speech in a clip: 20 ms windows within 35 dB of
+    the loudest window (and above -60 dBFS)."""
+    window = int(LEVEL_WINDOW_S * SAMPLE_RATE)
+    count = len(samples) // window
+    if count == 0:
+        return None, None
+    frames = samples[: count * window].reshape(count, window).astype(np.float64)
+    level = 10 * np.log10(np.mean(frames**2, axis=1) + 1e-12)
+    loud = np.flatnonzero(level > max(level.max() - LEVEL_RANGE_DB, -60.0))
+    if not len(loud):
+        return None, None
+    return loud[0] * LEVEL_WINDOW_S, (loud[-1] + 1) * LEVEL_WINDOW_S
+
+
+def broke_off(status: str, details: str) -> bool:
+    """Whether a call ended because its connection did (the gateway went away), so that it
+    is worth continuing with the resume token. A write under way when the connection breaks
+    makes grpc.aio report INTERNAL "Internal error from Core" instead of UNAVAILABLE
+    (grpc/grpc#36066; seen when the gateway was killed mid-call). If the gateway had ended the
+    call itself, the resumed call says so with its own status."""
+    if status == grpc.StatusCode.UNAVAILABLE.name:
+        return True
+    return status == grpc.StatusCode.INTERNAL.name and details == "Internal error from Core"
+
+
+class _Conversation:
+    """One Converse call: a paced sender and a reader filling a TalkResult."""
+
+    def __init__(self, audio_24k: np.ndarray, options: TalkOptions) -> None:
+        self.options = options
+        config = options.converse_config()
+        self.input_format = resolve_format(config.input_format, "input_format")
+        self.output_format = resolve_format(config.output_format, "output_format")
+        self.encoder = Encoder(self.input_format)
+        self.decoder = Decoder(self.output_format)
+        start, end = speech_region(audio_24k)
+        self.result = TalkResult(caller=audio_24k, speech_start_s=start, speech_end_s=end)
+        self.chunk = max(1, int(options.chunk_ms * SAMPLE_RATE / 1000))
+        self.t0 = 0.0
+        self.speaking = False
+        self.answered = False  # the agent spoke after the caller began
+        self.answer_spoken = False  # ... and said a word of an oracle generation
+        self.last_speaking_t = 0.0
+        self.agent_parts: list[np.ndarray] = []
+        self.next_chunk = 0  # the next chunk of caller audio to send, in any call
+        self.input_end_t: float | None = None  # when the WAV had been sent
+        self.resume_token = ""
+        self.move_asked = False  # the gateway sent Notice RECONNECT
+        # Set once the current call's session started: audio waits for it (see _send).
+        self.call_started = asyncio.Event()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def event(self, event_type: str, **fields: Any) -> None:
+        self.result.events.append({"t": round(self.now(), 4), "type": event_type, **fields})
+
+    async def run(self) -> TalkResult:
+        self.t0 = time.monotonic()
+        gateways = self.options.gateways
+        failures, attempt = 0, 0  # failed attempts in a row; attempts in all
+        while failures <= RECONNECT_ATTEMPTS:
+            gateway = gateways[attempt % len(gateways)]
+            attempt += 1
+            if await self._call(gateway):
+                break
+            # A call that started (or was asked to move) ends an outage: a long call may
+            # ride out several (a restarted gateway, then a restarted frontend).
+            failures = 0 if self.move_asked or self.call_started.is_set() else failures + 1
+            self.event("reconnect", gateway=gateway, after=self.result.status)
+            await asyncio.sleep(RECONNECT_BACKOFF_S * (2 ** (failures - 1)) if failures else 0)
+            # Audio due while no call was open is lost, as on a phone line.
+            self.next_chunk = max(self.next_chunk, int(self.now() * SAMPLE_RATE) // self.chunk)
+        self.agent_parts.append(self.decoder.flush())
+        self.result.agent = np.concatenate(self.agent_parts).astype(np.float32)
+        return self.result
+
+    async def _call(self, gateway: str) -> bool:
+        """One Converse call; False when it should be continued in another (it broke
+        off or the gateway asked, and there is a resume token)."""
+        self.move_asked = False
+        self.call_started.clear()
+        config = self.options.converse_config(self.resume_token)
+        # Keepalive: a gateway that vanished mid-call fails the call instead of
+        # leaving it silent; round robin over every address the name resolves to.
+        channel_options = ConnectionPolicy().channel_options()
+        tls = self.options.client_tls()
+        async with tls.channel(gateway, options=channel_options) as channel:
+            call = gateway_pb2_grpc.GatewayStub(channel).Converse(metadata=self.options.metadata())
+            sender: asyncio.Future[None] | None = None
+            try:  # a gateway that refuses the connection fails the very first write
+                await call.write(gateway_pb2.ConverseRequest(config=config))
+                sender = asyncio.ensure_future(self._send(call))
+                await self._receive(call)
+            except grpc.aio.AioRpcError as exc:
+                self.result.status, self.result.status_details = exc.code().name, exc.details()
+            finally:
+                if sender is not None:
+                    await cancel_and_wait(sender)
+                call.cancel()
+        if self.move_asked:
+            self._new_codecs()
+            return False
+        if broke_off(self.result.status, self.result.status_details) and self.resume_token:
+            self._new_codecs()
+            return False
+        return True
+
+    def _new_codecs(self) -> None:
+        """A new call starts new codec streams on both ends."""
+        self.agent_parts.append(self.decoder.flush())
+        self.encoder, self.decoder = Encoder(self.input_format), Decoder(self.output_format)
+
+    def _done(self, input_end_t: float) -> bool:
+        now = self.now()
+        if now - input_end_t >= self.options.max_wait_s:
+            return True
+        quiet = not self.speaking and now - self.last_speaking_t >= self.options.tail_s
+        answered = self.answer_spoken if self.options.wait_for_answer else self.answered
+        return answered and quiet and now - input_end_t >= self.options.tail_s
+
+    async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
+        """The WAV from `next_chunk` on, then silence until the agent is done.
+
+        Audio goes only once the session started: a gateway that refuses the call
+        (a bad token, config or resume token, no capacity) ends it while a write
+        may be under way, and grpc.aio then reports INTERNAL "Internal error from
+        Core" instead of the gateway's status (grpc/grpc#36066). Chunks due in the
+        meantime go at once after it; the gateway would not have read them
+        earlier anyway. A resumed call may wait seconds for its start (the
+        gateway waits for the dead call's lease): of the audio due meanwhile only
+        the last CATCH_UP_S goes, the rest is lost as on a phone line, so the
+        burst stays within the gateway's input_burst_s."""
+        await self.call_started.wait()
+        due = int(self.now() * SAMPLE_RATE) // self.chunk
+        self.next_chunk = max(self.next_chunk, due - int(CATCH_UP_S * SAMPLE_RATE) // self.chunk)
+        audio = self.result.caller
+        count = -(-len(audio) // self.chunk)
+        if self.next_chunk == 0:
+            self.event("caller_audio_start")
+        while self.next_chunk < count:
+            index = self.next_chunk
+            await self._send_chunk(
+                call, index, audio[index * self.chunk : (index + 1) * self.chunk]
+            )
+            self.next_chunk += 1
+        if self.input_end_t is None:
+            self.event("caller_audio_stop")
+            self.input_end_t = self.now()
+        while not self._done(self.input_end_t):
+            await self._send_chunk(call, self.next_chunk, np.zeros(0, np.float32))
+            self.next_chunk += 1
+        for data in self.encoder.flush():
+            await call.write(gateway_pb2.ConverseRequest(audio=data))
+        await call.done_writing()
+
+    async def _send_chunk(
+        self, call: grpc.aio.StreamStreamCall, index: int, samples: np.ndarray
+    ) -> None:
+        """Chunk `index` leaves once its last sample has been spoken (real time)."""
+        if len(samples) < self.chunk:
+            samples = np.concatenate([samples, np.zeros(self.chunk - len(samples), np.float32)])
+        await asyncio.sleep(max(0.0, (index + 1) * self.chunk / SAMPLE_RATE - self.now()))
+        for data in await asyncio.to_thread(self.encoder.encode, samples):
+            await call.write(gateway_pb2.ConverseRequest(audio=data))
+        self.result.streamed_samples += len(samples)
+
+    async def _receive(self, call: grpc.aio.StreamStreamCall) -> None:
+        while (response := await call.read()) is not grpc.aio.EOF:
+            kind = response.WhichOneof("msg")
+            if kind == "audio":
+                self._on_audio(response.audio)
+            elif kind == "started":
+                started = response.started
+                self.resume_token = started.resume_token
+                self.result.status, self.result.status_details = "OK", ""
+                self.result.started = {
+                    "session_id": started.session_id,
+                    "engine": started.engine,
+                    "frontend_replica": started.frontend_replica,
+                }
+                self.event("resumed" if started.resumed else "started", **self.result.started)
+                self.call_started.set()
+            elif kind == "user_transcript":
+                self._on_transcript(response.user_transcript)
+            elif kind == "agent_text":
+                self.result.agent_words.append(response.agent_text.text)
+                if response.agent_text.generation != 0 and self._caller_began():
+                    self.answer_spoken = True
+                self.event(
+                    "agent_text",
+                    text=response.agent_text.text,
+                    start_s=round(response.agent_text.start_s, 3),
+                    generation=response.agent_text.generation,
+                )
+            elif kind == "oracle_update":
+                update = response.oracle_update
+                if update.op == update.RESET:
+                    self.event(
+                        "oracle_reset",
+                        generation=update.generation,
+                        text=update.text,
+                        source_text=update.source.text,
+                        source_final=update.source.is_final,
+                    )
+                else:
+                    self.event("oracle_append", generation=update.generation, text=update.text)
+            elif kind == "turn":
+                turn = {
+                    name: getattr(response.turn, name)
+                    for name in (
+                        "utterance_id",
+                        "user_text",
+                        "response_latency_s",
+                        "stt_final_lag_s",
+                        "oracle_first_update_s",
+                        "answer_latency_s",
+                    )
+                }
+                self.result.turns.append(turn)
+                self.event("turn", **turn)
+            elif kind == "notice":
+                notice = {
+                    "kind": gateway_pb2.Notice.Kind.Name(response.notice.kind),
+                    "message": response.notice.message,
+                }
+                self.result.notices.append(notice)
+                self.event("notice", **notice)
+                if response.notice.kind == gateway_pb2.Notice.RECONNECT and self.resume_token:
+                    self.move_asked = True
+                    return
+
+    def _on_audio(self, chunk: gateway_pb2.AgentAudioChunk) -> None:
+        if self.result.agent_first_chunk_t is None:
+            self.result.agent_first_chunk_t = round(self.now(), 4)
+        samples = self.decoder.decode(chunk.data)
+        self.agent_parts.append(samples)
+        self.result.agent_t.append(self.now() + np.arange(len(samples)) / SAMPLE_RATE)
+        if chunk.speaking != self.speaking:
+            self.speaking = chunk.speaking
+            self.event("agent_audio_start" if chunk.speaking else "agent_audio_stop", seq=chunk.seq)
+        if chunk.speaking:
+            self.last_speaking_t = self.now()
+            self.answered = self.answered or self._caller_began()
+
+    def _caller_began(self) -> bool:
+        start = self.result.speech_start_s
+        return start is not None and self.now() > start
+
+    def _on_transcript(self, event: Any) -> None:
+        if event.is_final:
+            self.result.finals.append(event.text.strip())
+        self.event(
+            "user_final" if event.is_final else "user_partial",
+            utterance_id=event.utterance_id,
+            text=event.text,
+            stable_text=event.stable_text,
+            stability=round(event.stability, 3),
+            lag_s=round(event.lag_s, 4),
+        )
+
+
+async def talk(audio_24k: np.ndarray, options: TalkOptions) -> TalkResult:
+    """Stream `audio_24k` (float32 mono at 24 kHz) through one Converse session."""
+    return await _Conversation(audio_24k, options).run()

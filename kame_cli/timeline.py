@@ -1,0 +1,90 @@
+"""The picture of a `kame talk` call (T.png): caller audio, transcripts, oracle
+updates and agent audio on one time axis, from a TalkResult's events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kame_common.audio import SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from kame_cli.caller import TalkResult
+
+
+def plot_timeline(result: TalkResult, path: Path, title: str = "") -> None:
+    """Caller audio, transcripts, oracle updates and agent audio on one time axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, lanes = plt.subplots(
+        4, 1, sharex=True, figsize=(13, 8), gridspec_kw={"height_ratios": [2, 1.3, 1.3, 2]}
+    )
+    caller_t = np.arange(len(result.caller)) / SAMPLE_RATE
+    lanes[0].plot(caller_t, result.caller, lw=0.4, color="tab:blue")
+    lanes[0].set_ylabel("caller audio")
+    for edge in (result.speech_start_s, result.speech_end_s):
+        if edge is not None:
+            lanes[0].axvline(edge, color="tab:blue", ls="--", lw=0.8)
+    _text_lane(
+        lanes[1], result.events, {"user_partial": "tab:gray", "user_final": "black"}, "transcripts"
+    )
+    _text_lane(
+        lanes[2],
+        result.events,
+        {"oracle_reset": "tab:red", "oracle_append": "tab:orange"},
+        "oracle updates",
+    )
+    if result.agent_t:  # each chunk drawn from the moment it reached the client
+        agent_t = np.concatenate(result.agent_t)
+        lanes[3].plot(agent_t, result.agent[: len(agent_t)], lw=0.4, color="tab:green")
+    lanes[3].set_ylabel("agent audio")
+    for event in result.events:
+        if event["type"] == "agent_text":
+            lanes[3].annotate(
+                event["text"],
+                (event["t"], 0.8),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                rotation=30,
+            )
+    if result.response_latency_s is not None and result.speech_end_s is not None:
+        end = result.speech_end_s
+        lanes[3].axvspan(
+            end,
+            end + result.response_latency_s,
+            color="tab:purple",
+            alpha=0.2,
+            label=f"response latency {result.response_latency_s:.2f} s",
+        )
+        lanes[3].legend(loc="upper right", fontsize=8)
+    lanes[3].set_xlabel("time since the stream started (s)")
+    fig.suptitle(title or "kame talk timeline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _text_lane(axis: Any, events: list[dict], colors: dict[str, str], label: str) -> None:
+    rows = 4
+    shown = [e for e in events if e["type"] in colors]
+    for index, event in enumerate(shown):
+        y = 0.15 + 0.2 * (index % rows)
+        axis.plot([event["t"]], [y], marker="|", color=colors[event["type"]])
+        text = event.get("text") or event["type"].split("_")[-1].upper()
+        axis.annotate(
+            text[:40],
+            (event["t"], y),
+            fontsize=6,
+            color=colors[event["type"]],
+            xytext=(2, 0),
+            textcoords="offset points",
+            va="center",
+        )
+    axis.set_ylim(0, 1)
+    axis.set_yticks([])
+    axis.set_ylabel(label)
