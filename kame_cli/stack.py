@@ -52,6 +52,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -709,14 +710,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+DTYPE_HELP = (
+    "torch dtype of the kame/moshi engine (default auto: bfloat16 on CUDA, float32 otherwise)"
+)
+
+
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default="auto",
-        help="torch dtype of the kame/moshi engine (default auto: bfloat16 on CUDA, "
-        "float32 otherwise)",
-    )
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
 
 
 def ports_from_args(args: argparse.Namespace) -> Ports:
@@ -736,11 +736,35 @@ def ports_from_args(args: argparse.Namespace) -> Ports:
     )
 
 
+class SharedStackSettings(Protocol):
+    """The stack settings `kame up`'s flags (an argparse namespace) and `kame
+    bench`'s config (kame_cli.bench.config.BenchConfig) share, by name."""
+
+    @property
+    def checkpoint(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def redis_url(self) -> str: ...
+    @property
+    def llm_base_url(self) -> str: ...
+    @property
+    def llm_backend(self) -> str: ...
+    @property
+    def llm_model(self) -> str: ...
+    @property
+    def startup_timeout_s(self) -> float: ...
+    @property
+    def capacity_admission(self) -> bool: ...
+
+
 def options_from_args(
-    args: argparse.Namespace, ports: Ports, engine: str, log_dir: Path | None
+    args: SharedStackSettings, ports: Ports, engine: str, log_dir: Path | None
 ) -> StackOptions:
     """A stack of `engine` on `ports` with the checkpoint, device, Redis and LLM
-    options in `args` (`kame up`'s and `kame bench`'s share their names)."""
+    settings in `args`."""
     return StackOptions(
         ports=ports,
         frontend_engine=engine,

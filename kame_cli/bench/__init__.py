@@ -65,6 +65,8 @@ the same run's warm median.
 Load: --load 1,4,8 runs N concurrent sessions of one run (arrivals spread over
 the first second) and reports late frames, per-frame timings and latencies.
 
+Options (config.py): parsed once into a frozen BenchConfig.
+
 Outputs in --out-dir (cli.py, report.py, plots.py): NAME.json (everything),
 NAME.md (tables, the machine and the exact command), NAME.png (latency
 distributions, breakdown, frame timings, load and an annotated timeline of the
@@ -73,6 +75,7 @@ one call). Scratch files (answer WAVs, service logs) go to
 --out-dir/tmp/NAME/.
 """
 
-from kame_cli.bench.cli import add_arguments, run
+from kame_cli.bench.cli import run
+from kame_cli.bench.config import add_arguments
 
 __all__ = ["add_arguments", "run"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import platform
@@ -12,6 +11,8 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from kame_cli.bench.config import BenchConfig
 
 PACKAGES = (
     "grpcio",
@@ -73,10 +74,11 @@ def machine_description() -> dict[str, Any]:
     }
 
 
-def models_description(args: argparse.Namespace) -> dict[str, str]:
+def models_description(config: BenchConfig) -> dict[str, str]:
     return {
         "stt": "faster-whisper, Whisper tiny.en int8 (embedded)",
-        "llm": args.llm_base_url or "Gemma 3 270M Q4_K_M on llama.cpp (embedded, kame llm-server)",
+        "llm": config.llm_base_url
+        or "Gemma 3 270M Q4_K_M on llama.cpp (embedded, kame llm-server)",
         "tts": "piper, joe voice (embedded)",
-        "kame/moshi checkpoint": args.checkpoint or "none",
+        "kame/moshi checkpoint": config.checkpoint or "none",
     }

@@ -10,7 +10,6 @@ favours no run. Then the load levels, if this stack serves the load run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from kame_cli import say, talk
+from kame_cli.bench.config import BenchConfig
 from kame_cli.bench.conversation import (
     agent_speech,
     conversation_record,
@@ -53,25 +53,25 @@ class Captured:
 class Bench:
     def __init__(
         self,
-        args: argparse.Namespace,
+        config: BenchConfig,
         questions: list[Question],
         runs: list[Run],
         load_run: Run | None,
     ) -> None:
-        self.args = args
+        self.config = config
         self.questions = questions
         self.runs = runs
         self.load_run = load_run
-        self.scratch = args.out_dir / "tmp" / args.name
+        self.scratch = config.scratch
         self.captured: list[Captured] = []
         self.cold: list[Captured] = []
         self.load_levels: list[dict[str, Any]] = []
         self.load_captured: list[Captured] = []
         self.failures: list[dict[str, str]] = []
         total = (
-            (1 + args.warmup) * len(self.groups())
-            + len(questions) * len(runs) * args.repeats
-            + (sum(args.load) if load_run else 0)
+            (1 + config.warmup) * len(self.groups())
+            + len(questions) * len(runs) * config.repeats
+            + (sum(config.load) if load_run else 0)
         )
         self.progress = tqdm(total=total, unit="call", desc="kame bench", dynamic_ncols=True)
 
@@ -83,8 +83,8 @@ class Bench:
             gateway=gateway,
             mode=run.mode,
             chunk_ms=CHUNK_MS,
-            tail_s=self.args.tail_s,
-            max_wait_s=self.args.max_wait_s,
+            tail_s=self.config.tail_s,
+            max_wait_s=self.config.max_wait_s,
             oracle_updates=True,  # coherence compares the agent's words with them
             wait_for_answer=run.has_oracle,  # a hold phrase alone does not end the call
         )
@@ -93,7 +93,7 @@ class Bench:
         """Every group on its own stack; a stack that fails costs its group only
         (recorded in `failures`), the other groups still run."""
         for engine, runs in self.groups().items():
-            stack = engine_stack(self.args, engine, self.scratch)
+            stack = engine_stack(self.config, engine)
             self.progress.write(
                 f"kame bench: starting the stack for engine {engine} (logs in {stack.log_dir}) ..."
             )
@@ -102,7 +102,7 @@ class Bench:
                 await self.warm_up(stack, runs[0])
                 await self.run_group(stack, [r for r in runs if r in self.runs])
                 if self.load_run in runs:
-                    for sessions in self.args.load:
+                    for sessions in self.config.load:
                         await self.run_load(stack, self.load_run, sessions)
             except StackError as exc:
                 self.progress.write(f"kame bench: the {engine} stack failed: {exc}")
@@ -117,7 +117,7 @@ class Bench:
         captured.record.update(cold=True, repeat=None)
         self.cold.append(captured)
         self.progress.update()
-        for index in range(self.args.warmup):
+        for index in range(self.config.warmup):
             question = self.questions[index % len(self.questions)]
             self.progress.set_postfix_str(f"warm-up {run.label}")
             await talk.talk(question.audio, self.talk_options(stack.gateway_address, run))
@@ -125,7 +125,7 @@ class Bench:
 
     async def run_group(self, stack: Stack, runs: list[Run]) -> None:
         order = list(runs)
-        for repeat in range(self.args.repeats):
+        for repeat in range(self.config.repeats):
             for index, question in enumerate(self.questions):
                 for run in order:
                     self.progress.set_postfix_str(f"{run.label} q{index + 1} r{repeat + 1}")
@@ -141,7 +141,7 @@ class Bench:
         result = await talk.talk(question.audio, self.talk_options(stack.gateway_address, run))
         frames = await probe.snapshot() - before
         stack.check()
-        record = conversation_record(index, question, run, result, self.args.late_ms / 1000)
+        record = conversation_record(index, question, run, result, self.config.late_s)
         record.update(frames.summary())
         return Captured(
             record, question.keywords, agent_speech(result), frame_lags(result), frames, result
@@ -163,7 +163,7 @@ class Bench:
         results = await asyncio.gather(*(one(slot) for slot in range(sessions)))
         frames = await probe.snapshot() - before
         stack.check()
-        late_s = self.args.late_ms / 1000
+        late_s = self.config.late_s
         records = []
         for index, result in results:
             record = conversation_record(index, self.questions[index], run, result, late_s)

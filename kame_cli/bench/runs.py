@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -39,7 +40,9 @@ def select_runs(planned: list[Run], wanted: str) -> list[Run]:
     return [by_label[label] for label in labels]
 
 
-def pick_load_run(planned: list[Run], levels: list[int], label: str, checkpoint: str) -> Run | None:
+def pick_load_run(
+    planned: list[Run], levels: Sequence[int], label: str, checkpoint: str
+) -> Run | None:
     """The run the load levels use: `label`, else tandem-kame with a checkpoint, else tandem."""
     if not levels:
         return None

@@ -7,9 +7,7 @@ the frontend registry holds only this stack's replica.
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
+from kame_cli.bench.config import BenchConfig
 from kame_cli.bench.runs import Run
 from kame_cli.stack import Ports, Stack, StackOptions, free_ports, options_from_args
 
@@ -39,9 +37,9 @@ def group_by_engine(runs: list[Run]) -> dict[str, list[Run]]:
     return groups
 
 
-def engine_stack(args: argparse.Namespace, engine: str, scratch: Path) -> BenchStack:
-    """The stack for `engine` as the bench's options ask (logs under `scratch`)."""
+def engine_stack(config: BenchConfig, engine: str) -> BenchStack:
+    """The stack for `engine` as the bench's options ask (logs under its scratch folder)."""
     redis_port = free_ports(1)[0]  # a free port: the stack starts its own Redis there
     ports = Ports.free(redis=redis_port)
-    options = options_from_args(args, ports, engine, scratch / f"logs-{engine}")
-    return BenchStack(options, max([MIN_FRONTEND_SLOTS, *args.load]))
+    options = options_from_args(config, ports, engine, config.scratch / f"logs-{engine}")
+    return BenchStack(options, max([MIN_FRONTEND_SLOTS, *config.load]))

@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from kame_cli import say, talk
 from kame_cli.bench import conversation, metrics, questions, runs
+from kame_cli.bench.config import BenchConfig, parse_config
+from kame_cli.stack import Ports, options_from_args
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
 from kame_common.metrics import FRAME_BUCKETS
 
@@ -83,6 +85,22 @@ def test_runs_follow_the_checkpoint():
     ]
     with pytest.raises(ValueError, match=r"s2s.*need --checkpoint"):
         runs.select_runs(runs.plan_runs(""), "tandem,s2s")
+
+
+def test_the_flags_parse_once_into_the_config_and_its_stack_options():
+    assert parse_config([]) == BenchConfig()
+    config = parse_config(
+        ["--load", "", "--no-capacity-admission", "--late-ms", "120", "--out-dir", "o"]
+    )
+    assert config.load == () and not config.capacity_admission and config.late_s == 0.12
+    assert config.scratch == Path("o/tmp/bench")
+    assert parse_config(["--load", "2,16"]).load == (2, 16)
+    with pytest.raises(SystemExit):
+        parse_config(["--load", "0,4"])
+    with_checkpoint = parse_config(["--checkpoint", "/ckpt", "--llm-model", "m"])
+    options = options_from_args(with_checkpoint, Ports(), "kame", None)
+    assert options.checkpoint == "/ckpt" and options.llm_model == "m"
+    assert options_from_args(with_checkpoint, options.ports, "tts", None).checkpoint == ""
 
 
 def test_question_file_takes_wavs_and_texts(tmp_path):
