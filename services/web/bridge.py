@@ -6,8 +6,10 @@ small protocol (services/web/README.md has it in full):
 - page -> bridge: a JSON `start` message (mode, LLM, audio rate, token), then
   binary messages of PCM16 mono at that rate, then optionally `{"type":
   "stop"}` (the caller is done: half-close). Closing the socket cancels the call.
-- bridge -> page: JSON events (started, transcript, oracle, agent_text, turn,
-  notice, barge_in, dtmf, error, end) and binary agent audio: one flag byte (1 = the agent is
+- bridge -> page: the gateway's events as JSON, named as everywhere else
+  (kame_common/converse.py: started, user_partial, user_final, oracle_reset,
+  oracle_append, agent_text, turn, notice, barge_in, dtmf), the bridge's own
+  `error` and `end`, and binary agent audio: one flag byte (1 = the agent is
   speaking) followed by PCM16 at the same rate. The gateway resamples both
   ways, so the page needs no resampler.
 
@@ -23,19 +25,19 @@ covers what gRPC itself writes, "ipv4:10.0.0.5:50051: Connection refused").
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
 
-from kame_common.aio import cancel_and_wait, wait_first
-from kame_common.auth import bearer_metadata
+from kame_common import converse
+from kame_common.aio import cancel_and_wait
+from kame_common.converse import ConverseClient, ConverseEvent
 from kame_common.redact import redact_addresses
-from kamepb import gateway_pb2, gateway_pb2_grpc
+from kamepb import gateway_pb2
 from services.web.config import WebSettings
 
 log = logging.getLogger(__name__)
@@ -60,10 +62,7 @@ RETRY_HINTS = {
     "UNAVAILABLE": "the agent is not ready yet",
     "RESOURCE_EXHAUSTED": "the agent is busy",
 }
-RETRY_AFTER_KEY = "retry-after-s"
 MAX_RETRY_AFTER_S = 3600.0  # a longer hint is not one a person waits for
-
-ConverseCall = grpc.aio.StreamStreamCall[gateway_pb2.ConverseRequest, gateway_pb2.ConverseResponse]
 
 
 class PageSocket(Protocol):
@@ -122,65 +121,12 @@ def parse_start(raw: str | bytes | None, settings: WebSettings) -> Start:
     return Start(config, token if isinstance(token, str) else "")
 
 
-def page_event(response: gateway_pb2.ConverseResponse) -> dict[str, Any] | bytes:
-    """What the page receives for one gateway response: agent audio as bytes
-    (flag byte + PCM16), everything else as a JSON-ready event."""
-    kind = response.WhichOneof("msg")
-    if kind == "audio":
-        flag = SPEAKING if response.audio.speaking else SILENT
-        return flag + response.audio.data
-    if kind == "started":
-        started = response.started
-        return {"type": "started", "session_id": started.session_id, "engine": started.engine}
-    if kind == "user_transcript":
-        event = response.user_transcript
-        return {
-            "type": "transcript",
-            "final": event.is_final,
-            "utterance_id": event.utterance_id,
-            "text": event.text,
-            "stable_text": event.stable_text,
-        }
-    if kind == "oracle_update":
-        update = response.oracle_update
-        return {
-            "type": "oracle",
-            "op": "reset" if update.op == update.RESET else "append",
-            "generation": update.generation,
-            "text": update.text,
-            "source_text": update.source.text,
-        }
-    if kind == "agent_text":
-        text = response.agent_text
-        return {
-            "type": "agent_text",
-            "text": text.text,
-            "generation": text.generation,
-            "filler": text.filler,
-        }
-    if kind == "turn":
-        turn = response.turn
-        return {
-            "type": "turn",
-            "utterance_id": turn.utterance_id,
-            "user_text": turn.user_text,
-            "response_latency_s": turn.response_latency_s,
-            "answer_latency_s": turn.answer_latency_s,
-            "stt_final_lag_s": turn.stt_final_lag_s,
-            "oracle_first_update_s": turn.oracle_first_update_s,
-        }
-    if kind == "notice":
-        notice = response.notice
-        return {
-            "type": "notice",
-            "kind": gateway_pb2.Notice.Kind.Name(notice.kind),
-            "message": notice.message,
-        }
-    if kind == "barge_in":
-        return {"type": "barge_in", "seq": response.barge_in.seq}
-    if kind == "dtmf":
-        return {"type": "dtmf", "digit": response.dtmf.digit}
-    return {"type": "unknown", "kind": kind or ""}
+def page_event(event: ConverseEvent) -> ConverseEvent | bytes:
+    """What the page receives for one gateway event (kame_common.converse): agent
+    audio as bytes (flag byte + PCM16), every other event as it is."""
+    if event["type"] == "agent_audio":
+        return (SPEAKING if event["speaking"] else SILENT) + event["data"]
+    return event
 
 
 def error_event(code: str, details: str, retry_after_s: float | None = None) -> dict[str, Any]:
@@ -205,16 +151,9 @@ def unreachable_event() -> dict[str, Any]:
 
 
 def retry_after(exc: grpc.aio.AioRpcError) -> float | None:
-    """The gateway's `retry-after-s` hint, if it sent a usable one."""
-    for key, value in exc.trailing_metadata() or ():
-        if key != RETRY_AFTER_KEY or not isinstance(value, str):
-            continue
-        try:
-            seconds = float(value)
-        except ValueError:
-            return None
-        return seconds if math.isfinite(seconds) and 0 <= seconds <= MAX_RETRY_AFTER_S else None
-    return None
+    """The gateway's `retry-after-s` hint, if it sent one a person waits for."""
+    hint = converse.retry_after_s(exc)
+    return hint if hint is not None and hint <= MAX_RETRY_AFTER_S else None
 
 
 class Bridge:
@@ -227,17 +166,12 @@ class Bridge:
         """One conversation the page started: audio both ways until either side ends it."""
         channel = self.settings.gateway_channel(self.settings.connection_policy())
         async with channel:
-            call = gateway_pb2_grpc.GatewayStub(channel).Converse(
-                metadata=bearer_metadata(start.token)
-            )
+            client = ConverseClient(channel, start.token)
             # Every way the call ends, a gateway that cannot be reached included, is
             # read from the call's status by the downlink: a write to a call that has
             # already failed only says that it failed, not how.
-            started = asyncio.Event()
-            downlink = asyncio.ensure_future(self._downlink(page, call, channel, started))
-            uplink = asyncio.ensure_future(
-                self._uplink(page, call, start.config, downlink, started)
-            )
+            downlink = asyncio.ensure_future(self._downlink(page, client))
+            uplink = asyncio.ensure_future(self._uplink(page, client, start.config, downlink))
             try:
                 await asyncio.wait({downlink, uplink}, return_when=asyncio.FIRST_COMPLETED)
                 if uplink.done():
@@ -245,52 +179,41 @@ class Bridge:
                 await downlink  # the gateway ends the call (and says how)
             finally:
                 await cancel_and_wait([uplink, downlink])
-                call.cancel()
+                client.cancel()
 
     async def _uplink(
         self,
         page: PageSocket,
-        call: ConverseCall,
+        client: ConverseClient,
         config: gateway_pb2.ConverseConfig,
         downlink: asyncio.Future[None],
-        started: asyncio.Event,
     ) -> None:
         """The config, then the page's audio to the gateway until the page goes;
         `stop` half-closes. The audio waits (in the socket) until the session
-        started: a write under way when the gateway refuses the call would turn
-        its status into INTERNAL "Internal error from Core" (grpc/grpc#36066),
-        and the page would say that instead of, say, "auth refused"."""
-        await write_quietly(call, gateway_pb2.ConverseRequest(config=config))
-        await wait_first(started, downlink)
+        started, so that the page hears the gateway's own refusal, say "auth
+        refused" (kame_common.converse)."""
+        await client.start(config)
+        await client.wait_started(downlink)
         while (message := await page.receive()) is not None:
             if downlink.done():
                 continue  # the call is over; the page will hear how
             if isinstance(message, bytes):
-                await write_quietly(call, gateway_pb2.ConverseRequest(audio=message))
+                await client.send_audio(message)
             elif is_stop(message):
-                with contextlib.suppress(*CALL_OVER):
-                    await call.done_writing()
+                await client.done_writing()
 
-    async def _downlink(
-        self,
-        page: PageSocket,
-        call: ConverseCall,
-        channel: grpc.aio.Channel,
-        started: asyncio.Event,
-    ) -> None:
-        """Every gateway response to the page; ends with `end` or, if the gateway
+    async def _downlink(self, page: PageSocket, client: ConverseClient) -> None:
+        """Every gateway event to the page; ends with `end` or, if the gateway
         refused (a bad token fails the first read) or broke off the call, `error`."""
         try:
-            async for response in call:
-                if response.HasField("started"):
-                    started.set()
-                event = page_event(response)
-                if isinstance(event, bytes):
-                    await page.send_bytes(event)
+            async for event in client.events():
+                sent = page_event(event)
+                if isinstance(sent, bytes):
+                    await page.send_bytes(sent)
                 else:
-                    await send_json(page, event)
+                    await send_json(page, sent)
         except grpc.aio.AioRpcError as exc:
-            await self._report(page, exc, channel)
+            await self._report(page, exc, client.channel)
             return
         await send_json(page, {"type": "end"})
 
@@ -310,15 +233,6 @@ class Bridge:
         await send_json(page, error_event(exc.code().name, exc.details() or "", retry_after_s))
 
 
-# What a write raises once the gateway has ended the call; the downlink reports its status.
-CALL_OVER = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
-
-
-async def write_quietly(call: ConverseCall, request: gateway_pb2.ConverseRequest) -> None:
-    with contextlib.suppress(*CALL_OVER):
-        await call.write(request)
-
-
 def is_stop(message: str) -> bool:
     try:
         return bool(json.loads(message).get("type") == "stop")
@@ -326,5 +240,5 @@ def is_stop(message: str) -> bool:
         return False
 
 
-async def send_json(page: PageSocket, event: dict[str, Any]) -> None:
+async def send_json(page: PageSocket, event: Mapping[str, Any]) -> None:
     await page.send_text(json.dumps(event))

@@ -164,7 +164,7 @@ async def test_a_spoken_conversation_with_barge_in_in_the_browser(web, speak, tm
     elapsed = time.monotonic() - started
     print(f"browser conversation: {elapsed:.1f} s")
     for event in seen["events"]:
-        if event["type"] not in ("oracle", "transcript"):
+        if event["type"] not in ("oracle_reset", "oracle_append", "user_partial", "user_final"):
             print(f"  {event['t']:7.2f} {event['type']:<22} {event.get('text', '')}")
 
     assert not errors, errors

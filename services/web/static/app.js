@@ -232,28 +232,32 @@ const HANDLERS = {
   started(event) {
     setState({ sessionId: event.session_id, engine: event.engine });
   },
-  transcript(event, t) {
-    if (event.final) {
-      state.finals.push(event.text.trim());
-      state.partial = "";
-      addLine(ui.caller, event.text.trim());
-      timeline.mark(1, t, event.text.trim(), "#111111");
-    } else {
-      state.partial = event.text;
-      timeline.mark(1, t, event.text, "#8a8a8a");
-    }
+  user_partial(event, t) {
+    state.partial = event.text;
+    timeline.mark(1, t, event.text, "#8a8a8a");
     $("caller-partial").textContent = state.partial;
     setState({});
   },
-  oracle(event, t) {
+  user_final(event, t) {
+    state.finals.push(event.text.trim());
+    state.partial = "";
+    addLine(ui.caller, event.text.trim());
+    timeline.mark(1, t, event.text.trim(), "#111111");
+    $("caller-partial").textContent = state.partial;
+    setState({});
+  },
+  oracle_reset(event, t) {
     state.oracle.push({
-      op: event.op,
+      op: "reset",
       generation: event.generation,
       text: event.text,
       source_text: event.source_text,
     });
-    const label = event.op === "reset" ? `RESET ${event.text}` : `+ ${event.text}`;
-    timeline.mark(2, t, label, event.op === "reset" ? "#c53030" : "#dd6b20");
+    timeline.mark(2, t, `RESET ${event.text}`, "#c53030");
+  },
+  oracle_append(event, t) {
+    state.oracle.push({ op: "append", generation: event.generation, text: event.text });
+    timeline.mark(2, t, `+ ${event.text}`, "#dd6b20");
   },
   agent_text(event, t) {
     state.agentWords.push(event.text);
