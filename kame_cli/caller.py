@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +34,10 @@ import numpy as np
 
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import SAMPLE_RATE
-from kame_common.auth import bearer_metadata
-from kame_common.grpc_options import ConnectionPolicy
+from kame_common.converse import AgentAudioEvent, ConverseClient
 from kame_common.ports import loopback_address
 from kame_common.tls import ClientTls
-from kamepb import gateway_pb2, gateway_pb2_grpc
+from kamepb import gateway_pb2
 from services.gateway.codecs import Decoder, Encoder, resolve_format
 
 CODECS = {
@@ -85,9 +85,6 @@ class TalkOptions:
 
     def client_tls(self) -> ClientTls:
         return ClientTls(ca_file=self.ca_file, tls=self.tls, server_name=self.tls_server_name)
-
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        return bearer_metadata(self.auth_token)
 
     @property
     def gateways(self) -> list[str]:
@@ -243,14 +240,17 @@ class _Conversation:
         self.input_end_t: float | None = None  # when the WAV had been sent
         self.resume_token = ""
         self.move_asked = False  # the gateway sent Notice RECONNECT
-        # Set once the current call's session started: audio waits for it (see _send).
-        self.call_started = asyncio.Event()
+        self.client: ConverseClient | None = None  # the current call
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
     def event(self, event_type: str, **fields: Any) -> None:
-        self.result.events.append({"t": round(self.now(), 4), "type": event_type, **fields})
+        """One of this caller's own events (caller audio, reconnects) on the timeline."""
+        self.record({"type": event_type, **fields})
+
+    def record(self, event: Mapping[str, Any]) -> None:
+        self.result.events.append({"t": round(self.now(), 4), **event})
 
     async def run(self) -> TalkResult:
         self.t0 = time.monotonic()
@@ -263,7 +263,8 @@ class _Conversation:
                 break
             # A call that started (or was asked to move) ends an outage: a long call may
             # ride out several (a restarted gateway, then a restarted frontend).
-            failures = 0 if self.move_asked or self.call_started.is_set() else failures + 1
+            started = self.client is not None and self.client.started.is_set()
+            failures = 0 if self.move_asked or started else failures + 1
             self.event("reconnect", gateway=gateway, after=self.result.status)
             await asyncio.sleep(RECONNECT_BACKOFF_S * (2 ** (failures - 1)) if failures else 0)
             # Audio due while no call was open is lost, as on a phone line.
@@ -276,25 +277,18 @@ class _Conversation:
         """One Converse call; False when it should be continued in another (it broke
         off or the gateway asked, and there is a resume token)."""
         self.move_asked = False
-        self.call_started.clear()
-        config = self.options.converse_config(self.resume_token)
-        # Keepalive: a gateway that vanished mid-call fails the call instead of
-        # leaving it silent; round robin over every address the name resolves to.
-        channel_options = ConnectionPolicy().channel_options()
-        tls = self.options.client_tls()
-        async with tls.channel(gateway, options=channel_options) as channel:
-            call = gateway_pb2_grpc.GatewayStub(channel).Converse(metadata=self.options.metadata())
-            sender: asyncio.Future[None] | None = None
-            try:  # a gateway that refuses the connection fails the very first write
-                await call.write(gateway_pb2.ConverseRequest(config=config))
-                sender = asyncio.ensure_future(self._send(call))
-                await self._receive(call)
+        options = self.options
+        self.client = ConverseClient.connect(gateway, options.auth_token, options.client_tls())
+        async with self.client as client:
+            await client.start(options.converse_config(self.resume_token))
+            sender = asyncio.ensure_future(self._send(client))
+            try:
+                await self._receive(client)
             except grpc.aio.AioRpcError as exc:
-                self.result.status, self.result.status_details = exc.code().name, exc.details()
+                self.result.status = exc.code().name
+                self.result.status_details = exc.details() or ""
             finally:
-                if sender is not None:
-                    await cancel_and_wait(sender)
-                call.cancel()
+                await cancel_and_wait(sender)
         if self.move_asked:
             self._new_codecs()
             return False
@@ -316,19 +310,16 @@ class _Conversation:
         answered = self.answer_spoken if self.options.wait_for_answer else self.answered
         return answered and quiet and now - input_end_t >= self.options.tail_s
 
-    async def _send(self, call: grpc.aio.StreamStreamCall) -> None:
+    async def _send(self, client: ConverseClient) -> None:
         """The WAV from `next_chunk` on, then silence until the agent is done.
 
-        Audio goes only once the session started: a gateway that refuses the call
-        (a bad token, config or resume token, no capacity) ends it while a write
-        may be under way, and grpc.aio then reports INTERNAL "Internal error from
-        Core" instead of the gateway's status (grpc/grpc#36066). Chunks due in the
-        meantime go at once after it; the gateway would not have read them
-        earlier anyway. A resumed call may wait seconds for its start (the
-        gateway waits for the dead call's lease): of the audio due meanwhile only
-        the last CATCH_UP_S goes, the rest is lost as on a phone line, so the
-        burst stays within the gateway's input_burst_s."""
-        await self.call_started.wait()
+        Audio goes only once the session started (kame_common.converse says why).
+        Chunks due in the meantime go at once after it; the gateway would not
+        have read them earlier anyway. A resumed call may wait seconds for its
+        start (the gateway waits for the dead call's lease): of the audio due
+        meanwhile only the last CATCH_UP_S goes, the rest is lost as on a phone
+        line, so the burst stays within the gateway's input_burst_s."""
+        await client.wait_started()
         due = int(self.now() * SAMPLE_RATE) // self.chunk
         self.next_chunk = max(self.next_chunk, due - int(CATCH_UP_S * SAMPLE_RATE) // self.chunk)
         audio = self.result.caller
@@ -337,106 +328,74 @@ class _Conversation:
             self.event("caller_audio_start")
         while self.next_chunk < count:
             index = self.next_chunk
-            await self._send_chunk(
-                call, index, audio[index * self.chunk : (index + 1) * self.chunk]
-            )
+            if not await self._send_chunk(
+                client, index, audio[index * self.chunk : (index + 1) * self.chunk]
+            ):
+                return  # the call is over: the reader has its status
             self.next_chunk += 1
         if self.input_end_t is None:
             self.event("caller_audio_stop")
             self.input_end_t = self.now()
         while not self._done(self.input_end_t):
-            await self._send_chunk(call, self.next_chunk, np.zeros(0, np.float32))
+            if not await self._send_chunk(client, self.next_chunk, np.zeros(0, np.float32)):
+                return
             self.next_chunk += 1
         for data in self.encoder.flush():
-            await call.write(gateway_pb2.ConverseRequest(audio=data))
-        await call.done_writing()
+            await client.send_audio(data)
+        await client.done_writing()
 
-    async def _send_chunk(
-        self, call: grpc.aio.StreamStreamCall, index: int, samples: np.ndarray
-    ) -> None:
-        """Chunk `index` leaves once its last sample has been spoken (real time)."""
+    async def _send_chunk(self, client: ConverseClient, index: int, samples: np.ndarray) -> bool:
+        """Chunk `index` leaves once its last sample has been spoken (real time);
+        False if the call is over."""
         if len(samples) < self.chunk:
             samples = np.concatenate([samples, np.zeros(self.chunk - len(samples), np.float32)])
         await asyncio.sleep(max(0.0, (index + 1) * self.chunk / SAMPLE_RATE - self.now()))
         for data in await asyncio.to_thread(self.encoder.encode, samples):
-            await call.write(gateway_pb2.ConverseRequest(audio=data))
+            if not await client.send_audio(data):
+                return False
         self.result.streamed_samples += len(samples)
+        return True
 
-    async def _receive(self, call: grpc.aio.StreamStreamCall) -> None:
-        while (response := await call.read()) is not grpc.aio.EOF:
-            kind = response.WhichOneof("msg")
-            if kind == "audio":
-                self._on_audio(response.audio)
-            elif kind == "started":
-                started = response.started
-                self.resume_token = started.resume_token
+    async def _receive(self, client: ConverseClient) -> None:
+        """The gateway's events into the result until the call ends, or the gateway
+        asks to move it (Notice RECONNECT) and there is a token to move it with."""
+        async for event in client.events():
+            if event["type"] == "agent_audio":
+                self._on_audio(event)
+                continue
+            self.record(event)
+            if event["type"] in ("started", "resumed"):
+                self.resume_token = client.session.resume_token
                 self.result.status, self.result.status_details = "OK", ""
-                self.result.started = {
-                    "session_id": started.session_id,
-                    "engine": started.engine,
-                    "frontend_replica": started.frontend_replica,
-                }
-                self.event("resumed" if started.resumed else "started", **self.result.started)
-                self.call_started.set()
-            elif kind == "user_transcript":
-                self._on_transcript(response.user_transcript)
-            elif kind == "agent_text":
-                self.result.agent_words.append(response.agent_text.text)
-                if response.agent_text.generation != 0 and self._caller_began():
+                self.result.started = fields_of(event)
+            elif event["type"] == "user_final":
+                self.result.finals.append(event["text"].strip())
+            elif event["type"] == "agent_text":
+                self.result.agent_words.append(event["text"])
+                if event["generation"] != 0 and self._caller_began():
                     self.answer_spoken = True
-                self.event(
-                    "agent_text",
-                    text=response.agent_text.text,
-                    start_s=round(response.agent_text.start_s, 3),
-                    generation=response.agent_text.generation,
-                )
-            elif kind == "oracle_update":
-                update = response.oracle_update
-                if update.op == update.RESET:
-                    self.event(
-                        "oracle_reset",
-                        generation=update.generation,
-                        text=update.text,
-                        source_text=update.source.text,
-                        source_final=update.source.is_final,
-                    )
-                else:
-                    self.event("oracle_append", generation=update.generation, text=update.text)
-            elif kind == "turn":
-                turn = {
-                    name: getattr(response.turn, name)
-                    for name in (
-                        "utterance_id",
-                        "user_text",
-                        "response_latency_s",
-                        "stt_final_lag_s",
-                        "oracle_first_update_s",
-                        "answer_latency_s",
-                    )
-                }
-                self.result.turns.append(turn)
-                self.event("turn", **turn)
-            elif kind == "notice":
-                notice = {
-                    "kind": gateway_pb2.Notice.Kind.Name(response.notice.kind),
-                    "message": response.notice.message,
-                }
-                self.result.notices.append(notice)
-                self.event("notice", **notice)
-                if response.notice.kind == gateway_pb2.Notice.RECONNECT and self.resume_token:
+            elif event["type"] == "turn":
+                self.result.turns.append(fields_of(event))
+            elif event["type"] == "notice":
+                self.result.notices.append(fields_of(event))
+                if event["kind"] == "RECONNECT" and self.resume_token:
                     self.move_asked = True
                     return
 
-    def _on_audio(self, chunk: gateway_pb2.AgentAudioChunk) -> None:
+    def _on_audio(self, chunk: AgentAudioEvent) -> None:
+        """Agent audio into the result; the timeline gets where the agent starts and
+        stops speaking."""
         if self.result.agent_first_chunk_t is None:
             self.result.agent_first_chunk_t = round(self.now(), 4)
-        samples = self.decoder.decode(chunk.data)
+        samples = self.decoder.decode(chunk["data"])
         self.agent_parts.append(samples)
         self.result.agent_t.append(self.now() + np.arange(len(samples)) / SAMPLE_RATE)
-        if chunk.speaking != self.speaking:
-            self.speaking = chunk.speaking
-            self.event("agent_audio_start" if chunk.speaking else "agent_audio_stop", seq=chunk.seq)
-        if chunk.speaking:
+        if chunk["speaking"] != self.speaking:
+            self.speaking = chunk["speaking"]
+            self.event(
+                "agent_audio_start" if self.speaking else "agent_audio_stop", seq=chunk["seq"]
+            )
+        if self.speaking:
             self.last_speaking_t = self.now()
             self.answered = self.answered or self._caller_began()
 
@@ -444,17 +403,10 @@ class _Conversation:
         start = self.result.speech_start_s
         return start is not None and self.now() > start
 
-    def _on_transcript(self, event: Any) -> None:
-        if event.is_final:
-            self.result.finals.append(event.text.strip())
-        self.event(
-            "user_final" if event.is_final else "user_partial",
-            utterance_id=event.utterance_id,
-            text=event.text,
-            stable_text=event.stable_text,
-            stability=round(event.stability, 3),
-            lag_s=round(event.lag_s, 4),
-        )
+
+def fields_of(event: Mapping[str, Any]) -> dict[str, Any]:
+    """An event's fields without its type (the result's `started`, `turns`, `notices`)."""
+    return {name: value for name, value in event.items() if name != "type"}
 
 
 async def talk(audio_24k: np.ndarray, options: TalkOptions) -> TalkResult:

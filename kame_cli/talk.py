@@ -10,8 +10,10 @@ with the resume token), then saves:
   `response_latency_s` (the caller's end of speech -> the first agent audio at
   this client), `gateway_response_latency_s` (the gateway's TurnSummary, which
   ends when the audio leaves the gateway), `turns`, `notices`, and `events`:
-  every transcript, oracle update, agent text and audio start/stop, with `t` in
-  seconds from the start of the stream;
+  every event of the gateway (kame_common/converse.py names them: transcripts,
+  oracle updates, agent text, turns, notices, barge-ins, keys) but its audio,
+  of which the agent's audio start/stop, and the caller's own (caller audio
+  start/stop, reconnects), with `t` in seconds from the start of the stream;
 - T.png: caller audio, transcripts, oracle updates and agent audio on one axis
   (kame_cli/timeline.py).
 """
