@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from kame_cli.errors import USAGE, CliError, one_line
-from services.frontend.config import DTYPES
+from kame_cli.stack import add_dtype_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,28 +23,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, type=Path, help="trace JSON")
     parser.add_argument("--out", required=True, type=Path, help="where to write the outputs")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    parser.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default="auto",
-        help="torch dtype (default auto: bfloat16 on CUDA, float32 otherwise)",
-    )
+    add_dtype_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     # torch and moshi load only when the command runs.
-    from services.frontend.engines.kame import checkpoint
-    from services.frontend.engines.kame.batch import SlotBatch
-    from services.frontend.engines.kame.trace import TraceError, mismatches, run_trace
+    from services.frontend.engines.kame.checkpoint import CheckpointError
+    from services.frontend.engines.kame.trace import TraceError, mismatches, replay
 
     try:
         trace = json.loads(args.trace.read_text())
-        ckpt = checkpoint.read(checkpoint.resolve(args.checkpoint))
-        dtype = checkpoint.resolve_dtype(args.dtype, args.device)
-        lm = checkpoint.load_lm(ckpt, device=args.device, dtype=dtype)
-        batch = SlotBatch(lm, slots=1, use_sampling=False)
-        outputs = run_trace(batch, trace)
-    except (OSError, json.JSONDecodeError, checkpoint.CheckpointError, TraceError) as exc:
+        outputs = replay(trace, args.checkpoint, args.device, args.dtype)
+    except (OSError, json.JSONDecodeError, CheckpointError, TraceError) as exc:
         raise CliError(one_line(exc), USAGE) from None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"steps": outputs}) + "\n")

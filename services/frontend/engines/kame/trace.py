@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.frontend.engines.kame import checkpoint
 from services.frontend.engines.kame.batch import SlotBatch
 
 
@@ -52,6 +53,17 @@ def run_trace(batch: SlotBatch, trace: dict[str, Any], slot: int = 0) -> list[li
                 batch.oracle_append(slot, op["tokens"])
         outputs.append(batch.step_codes({slot: step["user_codes"]})[slot])
     return outputs
+
+
+def replay(
+    trace: dict[str, Any], checkpoint_spec: str, device: str = "cpu", dtype: str = "auto"
+) -> list[list[int] | None]:
+    """`trace` run greedily (no sampling) on one slot of the LM of `checkpoint_spec`
+    (a directory or a Hugging Face repo id; no Mimi needed): `kame replay`'s outputs.
+    Raises checkpoint.CheckpointError or TraceError when either does not fit."""
+    found = checkpoint.read(checkpoint.resolve(checkpoint_spec))
+    lm = checkpoint.load_lm(found, device=device, dtype=checkpoint.resolve_dtype(dtype, device))
+    return run_trace(SlotBatch(lm, slots=1, use_sampling=False), trace)
 
 
 def mismatches(trace: dict[str, Any], outputs: list[list[int] | None]) -> list[int]:
