@@ -19,6 +19,13 @@ Load balancing, channels: `round_robin` over every address the target
 resolves to (a headless Service's pod IPs, `dns:///stt:50053`; or a list,
 `ipv4:10.0.0.1:50053,10.0.0.2:50053`), so one gateway spreads its sessions
 over every replica instead of pinning the first.
+
+Reconnecting, channels: gRPC's own defaults wait 1 s after a failed connection
+attempt and then 1.6 times longer each time, up to 2 minutes. A stt or oracle
+pod restarted in 5 s was then dialled again only 4-6 s later, and the session's
+own reopening backoff came on top of that: the question a kill hit was lost.
+Upstreams here are next door, so a channel tries again after
+`reconnect_backoff_s`, doubling up to `reconnect_backoff_max_s`.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ class ConnectionPolicy:
     keepalive_timeout_s: float = 10.0
     max_connection_age_s: float = 300.0  # 0: no limit
     max_connection_age_grace_s: float = 0.0  # 0: open calls run to their end
+    reconnect_backoff_s: float = 0.25  # a channel's first wait after a failed connect
+    reconnect_backoff_max_s: float = 2.0  # its longest wait between connect attempts
 
     def _keepalive(self) -> Options:
         if self.keepalive_time_s <= 0:
@@ -78,6 +87,11 @@ class ConnectionPolicy:
             # an idle channel would stop probing its connection.
             options.append(("grpc.http2.max_pings_without_data", 0))
         options.append(("grpc.lb_policy_name", "round_robin"))
+        options += [
+            ("grpc.initial_reconnect_backoff_ms", _ms(self.reconnect_backoff_s)),
+            ("grpc.min_reconnect_backoff_ms", _ms(self.reconnect_backoff_s)),
+            ("grpc.max_reconnect_backoff_ms", _ms(self.reconnect_backoff_max_s)),
+        ]
         # Its own subchannels: one shared with an earlier channel to the same address
         # (a replica restarted on its port, or a new one that got the port) may still
         # be in reconnect backoff, and would fail the new channel's first calls at once.

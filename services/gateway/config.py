@@ -127,7 +127,11 @@ class GatewaySettings(ServiceSettings):
     side_backoff_s: float = setting(
         0.5, "first wait before reopening a failed stt or oracle stream (doubles each time)"
     )
-    side_backoff_max_s: float = setting(8.0, "longest wait between reopenings of a side stream")
+    side_backoff_max_s: float = setting(
+        2.0,
+        "longest wait between reopenings of a side stream (a reopening that fails costs "
+        "one refused call; a long wait costs the question asked while the upstream came back)",
+    )
     stt_replay_s: float = setting(
         20.0,
         "most caller audio kept for a reopened stt stream: the utterance the failed one had "

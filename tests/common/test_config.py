@@ -79,3 +79,6 @@ def test_connection_settings_are_checked_and_become_grpc_options():
     assert channel["grpc.lb_policy_name"] == "round_robin"
     assert channel["grpc.http2.max_pings_without_data"] == 0
     assert "grpc.max_connection_age_ms" not in channel
+    # A restarted upstream is dialled again within 2 s (gRPC's own backoff grows to 2 min).
+    assert channel["grpc.initial_reconnect_backoff_ms"] == 250
+    assert channel["grpc.max_reconnect_backoff_ms"] == 2000
