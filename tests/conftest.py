@@ -3,6 +3,7 @@ caller speech, and unique ids so tests never share Redis keys."""
 
 from __future__ import annotations
 
+import gc
 import os
 import urllib.parse
 import uuid
@@ -20,6 +21,16 @@ from tests.support import served_llm
 REDIS_URL = os.environ.get("KAME_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FAKES_DB = 10
 ESPEAK_QUESTIONS = Path(__file__).resolve().parents[1] / "bench/questions/espeak/questions.json"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Out of the garbage collector's reach: what importing the stack and its models
+    made (about half a million objects). Many tests run real services in this one
+    process, and a full collection that scans all of it stalls their event loop
+    for half a second or more on a loaded 2-core machine: late frames that the
+    service, in a process of its own, would not have."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
