@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import signal
 import sys
@@ -51,6 +52,9 @@ LIVENESS = "liveness"
 # is refused by gRPC with RESOURCE_EXHAUSTED before it reaches our code. (The
 # gateway's client port takes less: see services/gateway/pacing.py.)
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# A close hook that has not finished in this long is left behind (its threads'
+# stacks are written to stderr) so that the rest of the shutdown still runs.
+CLOSE_HOOK_TIMEOUT_S = 15.0
 
 
 class ServiceRuntime:
@@ -98,8 +102,24 @@ class ServiceRuntime:
         self._drain_hooks.append(hook)
 
     def on_close(self, hook: Hook) -> None:
-        """Run `hook` after the server stopped; hooks run last registered first."""
-        self._close_hooks.push_async_callback(hook)
+        """Run `hook` after the server stopped; hooks run last registered first,
+        each for at most CLOSE_HOOK_TIMEOUT_S."""
+        self._close_hooks.push_async_callback(self._close_within_bound, hook)
+
+    async def _close_within_bound(self, hook: Hook) -> None:
+        try:
+            await asyncio.wait_for(hook(), CLOSE_HOOK_TIMEOUT_S)
+        except TimeoutError:
+            name = getattr(hook, "__qualname__", repr(hook))
+            log.error(
+                "%s: close hook %s did not finish in %g s; shutting down without it "
+                "(every thread's stack follows on stderr)",
+                self.service_name,
+                name,
+                CLOSE_HOOK_TIMEOUT_S,
+            )
+            with contextlib.suppress(OSError, ValueError):  # a stderr without a file descriptor
+                faulthandler.dump_traceback(all_threads=True)
 
     def on_sessions_changed(self, hook: Callable[[int], None]) -> None:
         """Call `hook(open sessions)` whenever a session is admitted or ends."""

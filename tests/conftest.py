@@ -3,8 +3,12 @@ caller speech, and unique ids so tests never share Redis keys."""
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import os
+import sys
+import threading
+import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -31,6 +35,36 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     service, in a process of its own, would not have."""
     gc.collect()
     gc.freeze()
+
+
+# After the last test, how long the interpreter may take to exit.
+EXIT_GRACE_S = 60.0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A thread some test left stuck (a to_thread call that never returns) keeps
+    the interpreter from exiting after the summary: once CI sat an hour on one.
+    If the exit takes longer than EXIT_GRACE_S, every thread's stack goes to
+    stderr (to find it) and the process ends with pytest's own status."""
+    status = int(getattr(config, "_kame_exit_status", 1))
+
+    def watch() -> None:
+        time.sleep(EXIT_GRACE_S)
+        print(
+            f"tests: the interpreter did not exit {EXIT_GRACE_S:g} s after the last test; "
+            "threads still running:",
+            file=sys.__stderr__,
+            flush=True,
+        )
+        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+        os._exit(status)
+
+    threading.Thread(target=watch, name="exit-watchdog", daemon=True).start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config._kame_exit_status = exitstatus  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")

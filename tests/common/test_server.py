@@ -117,3 +117,26 @@ async def test_sigterm_turns_not_serving_then_exits():
         assert await asyncio.to_thread(process.wait, 10) == 0
     finally:
         process.kill()
+
+
+async def test_a_close_hook_that_never_finishes_does_not_hold_the_shutdown(monkeypatch, caplog):
+    """A hook stuck for good (a thread that never ends, a peer that never answers) is
+    left behind after CLOSE_HOOK_TIMEOUT_S; the hooks registered before it still run
+    and stop() returns (before, the shutdown waited for it forever)."""
+    monkeypatch.setattr("kame_common.server.CLOSE_HOOK_TIMEOUT_S", 0.2)
+    settings = EchoSettings(host="127.0.0.1", port=0)
+    runtime = ServiceRuntime(settings, [ECHO_SERVICE])
+    closed: list[str] = []
+
+    async def release_models() -> None:
+        closed.append("models")
+
+    async def hang_forever() -> None:
+        await asyncio.Event().wait()
+
+    runtime.on_close(release_models)
+    runtime.on_close(hang_forever)  # runs first: last registered
+    await runtime.start(lambda server: server.add_generic_rpc_handlers([echo_handler(runtime)]))
+    await asyncio.wait_for(runtime.stop(), 5)
+    assert closed == ["models"]
+    assert "close hook" in caplog.text and "hang_forever" in caplog.text
