@@ -37,7 +37,7 @@ class SessionError(Exception):
 
 
 class Mode(enum.Enum):
-    """A frontend engine plus an oracle policy (DESIGN.md, "Engines and modes")."""
+    """A frontend engine plus an oracle policy (docs/design.md, "Engines and modes")."""
 
     TANDEM = "tandem"  # oracle on partial transcripts
     CASCADE = "cascade"  # oracle on final transcripts only

@@ -11,7 +11,7 @@ import yaml
 from tests.deploy.conftest import ROOT
 
 DASHBOARD = ROOT / "deploy/grafana/dashboards/kame-latency.json"
-# The latency histograms DESIGN.md asks to watch: each must have a panel.
+# The latency histograms docs/design.md asks to watch: each must have a panel.
 LATENCY_HISTOGRAMS = {
     "kame_gateway_response_latency_seconds",
     "kame_gateway_frame_round_trip_seconds",
