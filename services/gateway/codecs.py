@@ -13,8 +13,10 @@ clicks; `flush()` returns the tail the resampling filter still holds.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import av
 import numpy as np
@@ -59,6 +61,21 @@ class AudioFormat:
         thread hop costs, and hops hand the GIL back and forth under load; Opus
         (PyAV) costs more and may come in whole seconds."""
         return self.codec == "opus"
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+async def coded(fmt: AudioFormat, code: Callable[[T], R], data: T) -> R:
+    """`code(data)`: in a worker thread for a format worth one, else right here and
+    then a yield, so that a caller whose messages are all ready (a flood) takes
+    turns with the other sessions."""
+    if fmt.in_thread:
+        return await asyncio.to_thread(code, data)
+    result = code(data)
+    await asyncio.sleep(0)
+    return result
 
 
 def resolve_format(fmt: gateway_pb2.AudioFormat, field: str) -> AudioFormat:

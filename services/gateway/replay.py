@@ -120,3 +120,18 @@ class OracleReplay:
             and normalize_words(source.text) == normalize_words(pending.text)
         ):
             self.unanswered = None
+
+
+def shift_transcript(
+    event: common_pb2.TranscriptEvent, offset_s: float
+) -> common_pb2.TranscriptEvent:
+    """A transcript of a stt stream that began `offset_s` into the session, with
+    its audio times moved onto the session's clock."""
+    if offset_s:
+        if event.HasField("span"):
+            event.span.start_s += offset_s
+            event.span.end_s += offset_s
+        for word in event.words:
+            word.start_s += offset_s
+            word.end_s += offset_s
+    return event

@@ -1,9 +1,9 @@
 """One Converse session: the pumps between the caller and the three upstreams.
 
 Per session the gateway opens one bidirectional stream to each of frontend,
-stt and oracle (no oracle in s2s mode): the frontend's is an `Upstream`
-(upstream.py), stt's and the oracle's are `SideStream`s (sidestream.py). It
-runs these tasks:
+stt and oracle (no oracle in s2s mode; opening.py): the frontend's is an
+`Upstream` (upstream.py), stt's and the oracle's are `SideStream`s
+(sidestream.py). It runs these tasks:
 
     caller ──► _read_caller ──► frontend.send ──► frontend writer
                      └────────► stt.push ─────► stt writer
@@ -13,7 +13,8 @@ runs these tasks:
     stt ──────► _on_stt_response: transcripts ─► client queue, frontend.send, oracle.push
                                   SPEECH_START/END ─► turn tracker (latencies)
     oracle ───► _on_oracle_response: updates ─► frontend.send (and client queue if opted in)
-    client queue ─► responses() ─► the caller (the servicer yields what it yields)
+    client queue ─► responses() ─► the caller (the servicer yields what it yields;
+                                   client_output.py)
 
 The voice path (caller -> frontend -> caller) never waits on stt, oracle or
 Redis. Its queues are bounded and producers await `send`, so a slow frontend
@@ -31,7 +32,7 @@ done or with caller frames it never answered. stt and oracle are side streams, w
 side_timeout_s while caller audio flows is cancelled and reopened with
 backoff. While either is down the call goes on without oracle; the client
 gets Notice ORACLE_UNAVAILABLE when the oracle is lost and ORACLE_RESTORED
-when both answer again. A reopened oracle stream carries the same session id,
+when both answer again (oracle_health.py). A reopened oracle stream carries the same session id,
 so the oracle picks the conversation up from Redis (while no oracle call is
 open, the gateway logs the turns itself, as in s2s); a reopened stt stream
 starts at the caller's next frame, and the gateway shifts its audio times by
@@ -56,9 +57,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import grpc
 from opentelemetry import trace
@@ -74,19 +74,13 @@ from kame_common.audio import (
     pcm16_to_float,
 )
 from kame_common.store import Replica
-from kamepb import (
-    common_pb2,
-    frontend_pb2,
-    frontend_pb2_grpc,
-    gateway_pb2,
-    oracle_pb2,
-    oracle_pb2_grpc,
-    stt_pb2,
-    stt_pb2_grpc,
-)
+from kamepb import common_pb2, frontend_pb2, gateway_pb2, oracle_pb2, stt_pb2
 from services.gateway import metrics, resume
-from services.gateway.codecs import AudioFormat, CodecError, Decoder, Encoder
+from services.gateway.client_output import AgentFrameOut, ClientOutput, EndOfSession
+from services.gateway.codecs import CodecError, Decoder, Encoder, coded
 from services.gateway.connections import Connections
+from services.gateway.opening import SideOpeners, open_frontend, side_policy
+from services.gateway.oracle_health import OracleHealth, notice
 from services.gateway.plan import (
     CALL_INFO_FIELDS,
     DTMF_DIGITS,
@@ -96,11 +90,11 @@ from services.gateway.plan import (
     SessionPlan,
 )
 from services.gateway.records import SessionRecords
-from services.gateway.replay import OracleReplay, SttReplay
+from services.gateway.replay import OracleReplay, SttReplay, shift_transcript
 from services.gateway.reporting import TurnReporter
-from services.gateway.sidestream import SidePolicy, SideStream
+from services.gateway.sidestream import SideStream
 from services.gateway.turns import TurnTracker
-from services.gateway.upstream import StreamCall, Upstream
+from services.gateway.upstream import Upstream, describe_failure
 
 log = logging.getLogger(__name__)
 _tracer = tracing.tracer("kame.gateway")
@@ -111,25 +105,6 @@ Notice = gateway_pb2.Notice
 def _now_us() -> int:
     return time.time_ns() // 1000
 
-
-@dataclass
-class AgentFrameOut:
-    """One agent frame, encoded, on its way to the client."""
-
-    seq: int
-    speaking: bool
-    chunks: list[bytes]
-
-
-class EndOfSession:
-    """Queued last for the client: every upstream has finished."""
-
-
-ClientItem = gateway_pb2.ConverseResponse | AgentFrameOut | EndOfSession
-
-
-T = TypeVar("T")
-R = TypeVar("R")
 
 # The session record's alive_at is refreshed this often (in caller frames: 5 s),
 # so that a resume token of a session whose gateway died can tell how long ago.
@@ -152,19 +127,23 @@ class GatewaySession:
         self.frontend: Upstream[frontend_pb2.FrontendRequest] | None = None
         self.stt: SideStream[stt_pb2.TranscribeRequest] | None = None
         self.oracle: SideStream[oracle_pb2.GuideRequest] | None = None
-        self._stt_start_s = 0.0  # where the current stt stream began in the session's audio
         self._stt_replay = SttReplay(self.settings.stt_replay_s)
         self._oracle_replay = OracleReplay()
-        self._oracle_up = True  # what the client was last told
+        self._openers = SideOpeners(
+            connections,
+            plan,
+            self.id,
+            self._stt_replay,
+            self._oracle_replay,
+            heard_s=self._heard_s,
+            forget_utterances=self._forget_utterances,
+        )
         self.replica = Replica("", "", 0, 0)  # the frontend replica serving the session
         self.ready = frontend_pb2.FrontendReady()
-        self._client_queue: asyncio.Queue[ClientItem] = asyncio.Queue(self.settings.queue_frames)
         self._tasks: list[asyncio.Task[None]] = []  # the caller reader and the supervisor
         self._abort: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._capture_us: list[int] = []  # capture time of every caller frame, by seq
         self._tracker = TurnTracker()
-        self._speaking = False
-        self._last_agent_seq = 0
         self._dtmf_digits = ""  # the last keys pressed in this call, as the record shows them
         self._encoder = Encoder(plan.output_format)
         self._span = _tracer.start_span(
@@ -172,6 +151,10 @@ class GatewaySession:
         )
         self._records = SessionRecords(connections.store, self.id)
         self._reporter = TurnReporter(plan.mode, self._span)
+        self._output = ClientOutput(
+            self.settings.queue_frames, plan.mode, self._tracker, self._reporter
+        )
+        self._oracle_health = OracleHealth(self.id, self._sides, self._output.put)
 
     # ---- public -------------------------------------------------------------
 
@@ -194,8 +177,8 @@ class GatewaySession:
                 )
             )
             supervisor = self._start_pumps(requests)
-            while not isinstance(item := await self._next_output(supervisor), EndOfSession):
-                for response in self._to_client(item):
+            while not isinstance(item := await self._output.next_item(supervisor), EndOfSession):
+                for response in self._output.responses_for(item):
                     yield response
             outcome = "ok"
         except SessionError as exc:
@@ -216,20 +199,22 @@ class GatewaySession:
             if self.settings.resume_secret
             else "the gateway is shutting down: reconnect to start a new call"
         )
-        notice = _notice(Notice.RECONNECT, message)
+        reconnect = notice(Notice.RECONNECT, message)
         with contextlib.suppress(asyncio.QueueFull):  # a full queue: the call is ending anyway
-            self._client_queue.put_nowait(notice)
+            self._output.queue.put_nowait(reconnect)
 
     # ---- opening --------------------------------------------------------------
 
     async def _open(self) -> None:
         with trace.use_span(self._span, end_on_exit=False):
-            self.frontend = await self._open_frontend()
-            self.stt = self._side_stream("stt", 1, self._open_stt, self._on_stt_response)
+            opened = await open_frontend(self.connections, self.plan, self.id)
+            self.frontend, self.replica, self.ready = opened.upstream, opened.replica, opened.ready
+            self._span.set_attribute("kame.frontend", self.replica.address)
+            self.stt = self._side_stream("stt", 1, self._openers.stt, self._on_stt_response)
             if self.plan.mode.uses_oracle:
                 # Transcripts and agent words come in bursts: the oracle's buffer is deeper.
                 self.oracle = self._side_stream(
-                    "oracle", 4, self._open_oracle, self._on_oracle_response
+                    "oracle", 4, self._openers.oracle, self._on_oracle_response
                 )
         self._records.start()
         now = time.time()
@@ -253,144 +238,24 @@ class GatewaySession:
             }
         )
 
-    def _frontend_config(self) -> frontend_pb2.FrontendRequest:
-        s2s = self.plan.mode is Mode.S2S
-        return frontend_pb2.FrontendRequest(
-            config=frontend_pb2.FrontendConfig(
-                session_id=self.id,
-                engine=self.settings.s2s_engine if s2s else "",
-                voice=self.plan.voice,
-                turn_end_silence_s=self.settings.turn_end_silence_s,
-                hold_phrases=self.plan.hold_phrases,
-                hold_max_s=self.plan.hold_max_s,
-            )
-        )
-
-    async def _open_frontend(self) -> Upstream[frontend_pb2.FrontendRequest]:
-        """Send the config to the chosen replica and wait for FrontendReady; on a
-        refusal, try the next candidate."""
-        error = SessionError(grpc.StatusCode.UNAVAILABLE, "no frontend is available")
-        for replica in await self.connections.frontend_candidates():
-            channel = self.connections.channel(replica.address)
-            call = frontend_pb2_grpc.FrontendStub(channel).Stream()
-            try:
-                # One deadline for the whole set-up: a replica that accepts the
-                # connection but never reads or answers cannot hold the call.
-                first = await asyncio.wait_for(
-                    self._start_frontend_call(call), self.settings.connect_timeout_s
-                )
-            except TimeoutError:
-                call.cancel()
-                log.warning("session %s: frontend %s sent no ready", self.id, replica.address)
-                error = SessionError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"the frontend did not start the session within "
-                    f"{self.settings.connect_timeout_s:g} s",
-                )
-                continue
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-                # InvalidStateError: the write found the call already ended (refused).
-                call.cancel()
-                log.warning(
-                    "session %s: frontend %s refused: %s", self.id, replica.address, _describe(exc)
-                )
-                error = _frontend_open_error(exc)
-                if error.code == grpc.StatusCode.INVALID_ARGUMENT:
-                    raise error from None
-                continue
-            if not isinstance(first, frontend_pb2.FrontendResponse) or not first.HasField("ready"):
-                call.cancel()
-                error = SessionError(grpc.StatusCode.UNAVAILABLE, "the frontend did not start")
-                continue
-            self.replica, self.ready = replica, first.ready
-            self._span.set_attribute("kame.frontend", replica.address)
-            return Upstream("frontend", call, self.settings.queue_frames)
-        raise error
-
-    async def _start_frontend_call(self, call: Any) -> Any:
-        """Send the config; the frontend's first answer (FrontendReady or EOF)."""
-        await call.write(self._frontend_config())
-        return await call.read()
-
-    def _side_stream(
-        self,
-        name: str,
-        depth: int,
-        open_call: Any,
-        handle: Any,
-    ) -> SideStream[Any]:
+    def _side_stream(self, name: str, depth: int, open_call: Any, handle: Any) -> SideStream[Any]:
         """A side stream whose buffer holds `depth` times queue_frames messages. It
         opens its calls itself: a service that is down shows up as a side
         failure, not as a session error."""
-        settings = self.settings
-        policy = SidePolicy(
-            buffer_size=settings.queue_frames * depth,
-            timeout_s=settings.side_timeout_s,
-            backoff_s=settings.side_backoff_s,
-            backoff_max_s=settings.side_backoff_max_s,
-        )
+        policy = side_policy(self.settings, depth)
         return SideStream(name, policy, open_call, handle, self._side_down, self._side_up)
 
-    def _open_stt(
-        self, attempt: int
-    ) -> tuple[StreamCall[stt_pb2.TranscribeRequest], list[stt_pb2.TranscribeRequest]]:
-        """A stt call. The first gets every caller frame; a reopened one first gets
-        the frames of the utterances the failed one had not finalized (replay.py),
-        and its own session id, so its utterance ids differ from the earlier ones.
-        The oracle forgets the failed stream's unfinished utterances (a blank final
-        each): their words come again under the new ids."""
-        channel = self.connections.channel(self.settings.stt_address)
-        config = stt_pb2.SttConfig(
-            session_id=self.id if attempt == 0 else f"{self.id}.{attempt}",
-            language=self.plan.language,
-            progress_interval_s=self.settings.side_heartbeat_s,
-        )
-        opening = [stt_pb2.TranscribeRequest(config=config)]
-        call = stt_pb2_grpc.SttStub(channel).Transcribe()
-        if attempt == 0:
-            return call, opening
-        replay = self._stt_replay.restart()
-        if self.oracle is not None:
-            for utterance_id in replay.unfinished:
-                blank = common_pb2.TranscriptEvent(utterance_id=utterance_id, is_final=True)
-                self.oracle.push(oracle_pb2.GuideRequest(user_transcript=blank))
-        frames = replay.frames
-        self._stt_start_s = frames[0].seq * FRAME_SECONDS if frames else self._heard_s()
-        opening += [stt_pb2.TranscribeRequest(audio=frame) for frame in frames]
-        if frames and replay.turn_end_s is not None:
-            speech_end_s = max(replay.turn_end_s - self._stt_start_s, 0.0)
-            end_of_turn = stt_pb2.EndOfTurn(speech_end_s=speech_end_s)
-            opening.append(stt_pb2.TranscribeRequest(end_of_turn=end_of_turn))
-        metrics.REPLAYED_SECONDS.observe(len(frames) * FRAME_SECONDS)
-        return call, opening
+    def _forget_utterances(self, utterance_ids: list[str]) -> None:
+        """The oracle forgets utterances of a failed stt stream (a blank final each)."""
+        if self.oracle is None:
+            return
+        for utterance_id in utterance_ids:
+            blank = common_pb2.TranscriptEvent(utterance_id=utterance_id, is_final=True)
+            self.oracle.push(oracle_pb2.GuideRequest(user_transcript=blank))
 
     def _heard_s(self) -> float:
         """Seconds of caller audio so far (the next frame's position)."""
         return len(self._capture_us) * FRAME_SECONDS
-
-    def _open_oracle(
-        self, attempt: int
-    ) -> tuple[StreamCall[oracle_pb2.GuideRequest], list[oracle_pb2.GuideRequest]]:
-        """Every oracle call has the session's id: a reopened one loads the
-        conversation so far from Redis, and first gets the caller's final
-        transcript that no candidate has answered yet, so it answers that turn."""
-        channel = self.connections.channel(self.settings.oracle_address)
-        llm = self.plan.llm or gateway_pb2.LlmOverride()
-        config = oracle_pb2.OracleConfig(
-            session_id=self.id,
-            backend=llm.backend,
-            model=llm.model,
-            base_url=llm.base_url,
-            api_key=llm.api_key,
-            policy=oracle_pb2.OraclePolicy(name=self.plan.mode.value),
-            heartbeat_interval_s=self.settings.side_heartbeat_s,
-        )
-        call = oracle_pb2_grpc.OracleStub(channel).Guide()
-        opening = [oracle_pb2.GuideRequest(config=config)]
-        if attempt and (final := self._oracle_replay.unanswered) is not None:
-            opening.append(oracle_pb2.GuideRequest(user_transcript=final))
-            metrics.REPLAYED_TURNS.inc()
-        return call, opening
 
     # ---- pumps -----------------------------------------------------------------
 
@@ -435,62 +300,8 @@ class GatewaySession:
             await self.oracle.wait_finished(drain_s)
         self._records.flush_agent_words()
         self._tracker.close()
-        await self._report_ready_turns()
-        await self._client_queue.put(EndOfSession())
-
-    async def _next_output(self, supervisor: asyncio.Task[None]) -> ClientItem:
-        """The next item for the caller; raises the supervisor's failure at once."""
-        if supervisor.done():
-            supervisor.result()
-            return await self._client_queue.get()
-        getter = asyncio.ensure_future(self._client_queue.get())
-        await asyncio.wait({getter, supervisor}, return_when=asyncio.FIRST_COMPLETED)
-        if getter.done():
-            return getter.result()
-        await cancel_and_wait(getter)
-        return await self._next_output(supervisor)
-
-    def _to_client(self, item: ClientItem) -> list[gateway_pb2.ConverseResponse]:
-        """What leaves the gateway for one queued item. The first audio of an agent
-        answer and the answer's first word are the moments that end the turn's
-        response and answer latencies."""
-        if isinstance(item, AgentFrameOut):
-            return self._agent_frame_out(item)
-        assert isinstance(item, gateway_pb2.ConverseResponse)
-        if item.HasField("agent_text") and self._is_answer_word(item.agent_text):
-            offset_s = item.agent_text.start_s - self._last_agent_seq * FRAME_SECONDS
-            self._tracker.on_answer_word(time.time() + max(0.0, offset_s))
-            return [item, *self._ready_summaries()]
-        return [item]
-
-    def _agent_frame_out(self, item: AgentFrameOut) -> list[gateway_pb2.ConverseResponse]:
-        responses = [
-            gateway_pb2.ConverseResponse(
-                audio=gateway_pb2.AgentAudioChunk(data=chunk, seq=item.seq, speaking=item.speaking)
-            )
-            for chunk in item.chunks
-        ]
-        started = item.speaking and not self._speaking
-        self._speaking = item.speaking
-        self._last_agent_seq = item.seq
-        if started:
-            self._tracker.on_agent_audio_start(time.time())
-            responses += self._ready_summaries()
-        return responses
-
-    def _is_answer_word(self, text: common_pb2.AgentText) -> bool:
-        """Words of an oracle candidate are the answer, a hold phrase or repair is
-        not; in s2s mode every word the speech LM says is."""
-        if text.filler:
-            return False
-        return text.generation != 0 or self.plan.mode is Mode.S2S
-
-    def _ready_summaries(self) -> list[gateway_pb2.ConverseResponse]:
-        return [self._reporter.summarize(turn) for turn in self._tracker.pop_ready()]
-
-    async def _report_ready_turns(self) -> None:
-        for summary in self._ready_summaries():
-            await self._client_queue.put(summary)
+        await self._output.report_ready_turns()
+        await self._output.put(EndOfSession())
 
     async def _read_caller(self, requests: AsyncIterator[gateway_pb2.ConverseRequest]) -> None:
         assert self.frontend is not None and self.stt is not None
@@ -513,7 +324,7 @@ class GatewaySession:
                 )
             arrival_us = _now_us()
             try:
-                samples = await _coded(self.plan.input_format, decoder.decode, request.audio)
+                samples = await coded(self.plan.input_format, decoder.decode, request.audio)
             except CodecError as exc:
                 raise SessionError(
                     grpc.StatusCode.INVALID_ARGUMENT, f"audio chunk {chunk_index}: {exc}"
@@ -545,7 +356,7 @@ class GatewaySession:
             -MAX_CALL_INFO_CHARS:
         ]
         self._records.update_session({"dtmf": self._dtmf_digits})
-        await self._client_queue.put(gateway_pb2.ConverseResponse(dtmf=dtmf))
+        await self._output.put(gateway_pb2.ConverseResponse(dtmf=dtmf))
         if self.oracle is None or not self.oracle.push(oracle_pb2.GuideRequest(dtmf=dtmf)):
             self._records.keypress(dtmf.digit, shown)
 
@@ -589,7 +400,7 @@ class GatewaySession:
             elif kind == "barge_in":
                 metrics.BARGE_INS.inc()
                 barge_in = gateway_pb2.ConverseResponse(barge_in=response.barge_in)
-                await self._client_queue.put(barge_in)
+                await self._output.put(barge_in)
         if not self.frontend.input_closed:
             raise SessionError(
                 grpc.StatusCode.UNAVAILABLE,
@@ -608,11 +419,11 @@ class GatewaySession:
         metrics.FRAME_ROUND_TRIP.labels(mode).observe(round_trip)
         metrics.FRAME_TRANSPORT.labels(mode).observe(max(0.0, round_trip - audio.step_s))
         samples = pcm16_to_float(frame.pcm)
-        chunks = await _coded(self.plan.output_format, self._encoder.encode, samples)
-        await self._client_queue.put(AgentFrameOut(frame.seq, audio.speaking, chunks))
+        chunks = await coded(self.plan.output_format, self._encoder.encode, samples)
+        await self._output.put(AgentFrameOut(frame.seq, audio.speaking, chunks))
 
     async def _on_agent_text(self, text: common_pb2.AgentText) -> None:
-        await self._client_queue.put(gateway_pb2.ConverseResponse(agent_text=text))
+        await self._output.put(gateway_pb2.ConverseResponse(agent_text=text))
         if self.oracle is None or not self.oracle.push(oracle_pb2.GuideRequest(agent_text=text)):
             # No oracle to keep the conversation. Standing in for one that is down, the
             # gateway keeps a hold phrase out of it, as the oracle does
@@ -625,7 +436,7 @@ class GatewaySession:
         if self.stt is None:
             return
         self._stt_replay.turn_end_s = turn_end.speech_end_s
-        speech_end_s = max(turn_end.speech_end_s - self._stt_start_s, 0.0)
+        speech_end_s = max(turn_end.speech_end_s - self._openers.stt_start_s, 0.0)
         end_of_turn = stt_pb2.EndOfTurn(speech_end_s=speech_end_s)
         self.stt.push(stt_pb2.TranscribeRequest(end_of_turn=end_of_turn))
 
@@ -633,10 +444,12 @@ class GatewaySession:
         """SttProgress only tells the watchdog that stt is alive."""
         kind = response.WhichOneof("msg")
         if kind == "transcript":
-            await self._on_transcript(_shift_transcript(response.transcript, self._stt_start_s))
+            await self._on_transcript(
+                shift_transcript(response.transcript, self._openers.stt_start_s)
+            )
         elif kind == "activity":
             activity = response.activity
-            activity.at_s += self._stt_start_s
+            activity.at_s += self._openers.stt_start_s
             await self._on_activity(activity)
 
     async def _on_transcript(self, event: common_pb2.TranscriptEvent) -> None:
@@ -646,13 +459,13 @@ class GatewaySession:
         turn = self._tracker.on_transcript(event, time.time())
         if event.is_final and turn.summarized:
             self._reporter.trace(turn)  # the final came after the answer started
-        await self._client_queue.put(gateway_pb2.ConverseResponse(user_transcript=event))
+        await self._output.put(gateway_pb2.ConverseResponse(user_transcript=event))
         await self.frontend.send(frontend_pb2.FrontendRequest(user_transcript=event))
         request = oracle_pb2.GuideRequest(user_transcript=event)
         oracle_took_it = self.oracle is not None and self.oracle.push(request)
         if not oracle_took_it and event.is_final and event.text.strip():
             self._records.user_turn(event.text.strip(), started_wall=turn.started_wall)
-        await self._report_ready_turns()
+        await self._output.report_ready_turns()
 
     async def _on_activity(self, activity: common_pb2.SpeechActivity) -> None:
         wall = self._wall_at(activity.at_s)
@@ -661,7 +474,7 @@ class GatewaySession:
             self._tracker.on_speech_start(activity.utterance_id, wall)
         elif activity.kind == common_pb2.SpeechActivity.SPEECH_END:
             self._tracker.on_speech_end(activity.utterance_id, wall)
-        await self._report_ready_turns()
+        await self._output.report_ready_turns()
 
     def _wall_at(self, at_s: float) -> float:
         """Wall time at which the caller's audio at stream position `at_s` reached
@@ -676,10 +489,7 @@ class GatewaySession:
         if response.WhichOneof("msg") == "update":
             await self._on_oracle_update(response.update)
         elif response.event.kind == oracle_pb2.OracleEvent.ERROR:
-            log.warning("session %s: oracle LLM error: %s", self.id, response.event.detail)
-            await self._client_queue.put(
-                _notice(Notice.ORACLE_ERROR, "the oracle's LLM request failed; it tries again")
-            )
+            await self._oracle_health.llm_error(response.event.detail)
 
     async def _on_oracle_update(self, update: common_pb2.OracleUpdate) -> None:
         assert self.frontend is not None
@@ -687,7 +497,7 @@ class GatewaySession:
         self._tracker.on_oracle_update(time.time())
         await self.frontend.send(frontend_pb2.FrontendRequest(oracle=update))
         if self.plan.include_oracle_updates:
-            await self._client_queue.put(gateway_pb2.ConverseResponse(oracle_update=update))
+            await self._output.put(gateway_pb2.ConverseResponse(oracle_update=update))
 
     # ---- failures ----------------------------------------------------------------
 
@@ -697,7 +507,10 @@ class GatewaySession:
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             # InvalidStateError: a write to a call that the frontend already ended.
             log.warning(
-                "session %s: frontend %s failed: %s", self.id, self.replica.address, _describe(exc)
+                "session %s: frontend %s failed: %s",
+                self.id,
+                self.replica.address,
+                describe_failure(exc),
             )
             metrics.UPSTREAM_FAILURES.labels("frontend").inc()
             raise SessionError(grpc.StatusCode.UNAVAILABLE, "the frontend failed") from None
@@ -721,38 +534,15 @@ class GatewaySession:
                 )
             )
             return False
-        log.warning(
-            "session %s: %s failed (%s); going on without oracle, reopening it",
-            self.id,
-            side.name,
-            _describe(exc),
-        )
-        await self._tell_oracle_state(f"{side.name} failed")
+        await self._oracle_health.side_down(side, exc)
         return True
 
     async def _side_up(self, side: SideStream[Any]) -> None:
-        log.info("session %s: %s is back", self.id, side.name)
         if side is self.stt:
             self._stt_replay.answered()
         if side is self.oracle:  # the oracle keeps the conversation again
             self._records.flush_agent_words()
-        await self._tell_oracle_state(f"{side.name} is back")
-
-    async def _tell_oracle_state(self, why: str) -> None:
-        """Notice the client when the oracle is lost (a side stream is down) and when
-        it is back (every side stream answers again)."""
-        up = all(side.up for side in self._sides())
-        if up == self._oracle_up:
-            return
-        self._oracle_up = up
-        if up:
-            notice = _notice(Notice.ORACLE_RESTORED, f"{why}; the oracle is back")
-        else:
-            notice = _notice(
-                Notice.ORACLE_UNAVAILABLE,
-                f"{why}; the call goes on without oracle until it is back",
-            )
-        await self._client_queue.put(notice)
+        await self._oracle_health.side_up(side)
 
     def _fail(self, error: SessionError) -> None:
         if not self._abort.done():
@@ -787,51 +577,3 @@ class GatewaySession:
         metrics.SESSIONS.labels(self.plan.mode.value, outcome).inc()
         self._span.set_attribute("kame.outcome", outcome)
         self._span.end()
-
-
-def _shift_transcript(
-    event: common_pb2.TranscriptEvent, offset_s: float
-) -> common_pb2.TranscriptEvent:
-    """A transcript of a stt stream that began `offset_s` into the session, with
-    its audio times moved onto the session's clock."""
-    if offset_s:
-        if event.HasField("span"):
-            event.span.start_s += offset_s
-            event.span.end_s += offset_s
-        for word in event.words:
-            word.start_s += offset_s
-            word.end_s += offset_s
-    return event
-
-
-async def _coded(fmt: AudioFormat, code: Callable[[T], R], data: T) -> R:
-    """`code(data)`: in a worker thread for a format worth one, else right here and
-    then a yield, so that a caller whose messages are all ready (a flood) takes
-    turns with the other sessions."""
-    if fmt.in_thread:
-        return await asyncio.to_thread(code, data)
-    result = code(data)
-    await asyncio.sleep(0)
-    return result
-
-
-def _notice(kind: gateway_pb2.Notice.Kind.ValueType, message: str) -> gateway_pb2.ConverseResponse:
-    return gateway_pb2.ConverseResponse(notice=gateway_pb2.Notice(kind=kind, message=message))
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"
-    return str(exc) or type(exc).__name__
-
-
-def _frontend_open_error(exc: grpc.aio.AioRpcError | asyncio.InvalidStateError) -> SessionError:
-    """What the client hears when a frontend refused: its reason, never its address."""
-    if not isinstance(exc, grpc.aio.AioRpcError):
-        return SessionError(grpc.StatusCode.UNAVAILABLE, "the frontend is unavailable")
-    code = exc.code()
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return SessionError(code, "no frontend slot is free; try again shortly")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return SessionError(code, f"the frontend rejected the session config: {exc.details()}")
-    return SessionError(grpc.StatusCode.UNAVAILABLE, f"the frontend is unavailable ({code.name})")

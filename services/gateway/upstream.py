@@ -14,6 +14,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, Protocol, TypeVar
 
+import grpc
+
 RequestT = TypeVar("RequestT")
 CallRequestT = TypeVar("CallRequestT", contravariant=True)
 
@@ -71,3 +73,10 @@ class Upstream(Generic[RequestT]):
         while not isinstance(request := await self._queue.get(), EndOfInput):
             await self.call.write(request)
         await self.call.done_writing()
+
+
+def describe_failure(exc: BaseException) -> str:
+    """An upstream call's failure for the log (it may name addresses: never for the client)."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__
