@@ -10,11 +10,13 @@ far end has queued, hang up. Everything in between is here, once:
   decodes G.711 and PCM16 itself), keys as Dtmf requests;
 - agent audio through a `Playout` (20 ms packets on our clock); a BargeIn from
   the gateway flushes it and asks the leg to clear the far end's queue;
-- the end: the caller hanging up cancels the Converse call at once (nobody is
-  listening any more, and the gateway frees the session's upstreams); the
-  gateway ending the call (an error, a drain, the length cap) hangs up the phone.
+- the end: the caller hanging up half-closes the Converse call, so that the
+  gateway finishes the session, and cancels it after HANG_UP_GRACE_S (nobody is
+  listening any more); the gateway ending the call (an error, a drain, the
+  length cap) hangs up the phone.
 
-No conversation state lives here: the gateway and Redis hold it.
+The Converse call is kame_common/converse.py's client, read as its events. No
+conversation state lives here: the gateway and Redis hold it.
 """
 
 from __future__ import annotations
@@ -23,16 +25,16 @@ import asyncio
 import contextlib
 import enum
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 
-from kame_common.aio import cancel_and_wait, wait_first
-from kame_common.auth import bearer_metadata
-from kamepb import common_pb2, gateway_pb2, gateway_pb2_grpc
+from kame_common import converse
+from kame_common.aio import cancel_and_wait
+from kame_common.converse import ConverseClient, ConverseEvent
+from kamepb import common_pb2, gateway_pb2
 from services.telephony import metrics
 from services.telephony.playout import PhoneCodec, Playout
 
@@ -47,9 +49,7 @@ CALLER_QUEUE_PACKETS = 100
 HANG_UP_GRACE_S = 3.0
 # The keys of a phone, the only Dtmf digits the gateway takes.
 DTMF_KEYS = frozenset("0123456789*#ABCD")
-# A gateway that refuses a call for now (not ready, at capacity) says when to
-# try again in this trailing metadata (services/gateway/plan.py SessionError).
-RETRY_AFTER_KEY = "retry-after-s"
+# The refusals a gateway sends with a hint of when to try again (kame_common.converse).
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 # A longer hint than this is taken for this (a phone network's retry header
 # should not say "come back tomorrow").
@@ -137,15 +137,8 @@ def retry_after_s(exc: grpc.aio.AioRpcError) -> float | None:
     RESOURCE_EXHAUSTED with `retry-after-s`); None otherwise or when unreadable."""
     if exc.code() not in RETRYABLE:
         return None
-    for key, value in exc.trailing_metadata() or ():
-        if key != RETRY_AFTER_KEY:
-            continue
-        try:
-            hint = float(value)
-        except (TypeError, ValueError):
-            return None
-        return min(hint, MAX_RETRY_AFTER_S) if math.isfinite(hint) and hint >= 0 else None
-    return None
+    hint = converse.retry_after_s(exc)
+    return None if hint is None else min(hint, MAX_RETRY_AFTER_S)
 
 
 class _HungUp:
@@ -259,14 +252,12 @@ class PhoneCall:
     async def run(self) -> Ended:
         """The call from Converse's config to either side's hang-up."""
         metrics.ACTIVE_CALLS.labels(self.info.provider).inc()
-        call = gateway_pb2_grpc.GatewayStub(self._channel).Converse(
-            metadata=bearer_metadata(self._settings.auth_token), wait_for_ready=True
-        )
+        client = ConverseClient(self._channel, self._settings.auth_token, wait_for_ready=True)
         start_timer = asyncio.get_running_loop().call_later(
-            self._settings.start_timeout_s, self._start_timed_out, call
+            self._settings.start_timeout_s, self._start_timed_out, client
         )
-        uplink = asyncio.ensure_future(self._uplink(call))
-        downlink = asyncio.ensure_future(self._downlink(call))
+        uplink = asyncio.ensure_future(self._uplink(client))
+        downlink = asyncio.ensure_future(self._downlink(client))
         playout = asyncio.ensure_future(self.playout.run())
         hung_up = asyncio.ensure_future(self._hung_up.wait())
         try:
@@ -283,7 +274,7 @@ class PhoneCall:
         finally:
             start_timer.cancel()
             await cancel_and_wait([uplink, downlink, playout, hung_up])
-            call.cancel()
+            client.cancel()
             metrics.ACTIVE_CALLS.labels(self.info.provider).dec()
         assert self.ended is not None
         if self.ended is not Ended.CALLER_HUNG_UP:
@@ -301,11 +292,11 @@ class PhoneCall:
         )
         return self.ended
 
-    def _start_timed_out(self, call: grpc.aio.Call) -> None:
+    def _start_timed_out(self, client: ConverseClient) -> None:
         if not self.started.is_set():
             timeout_s = self._settings.start_timeout_s
             self._gateway_error = f"no session from the gateway within {timeout_s:g} s"
-            call.cancel()
+            client.cancel()
 
     def config(self) -> gateway_pb2.ConverseConfig:
         audio = gateway_pb2.AudioFormat(
@@ -319,25 +310,24 @@ class PhoneCall:
             call=self.info.to_proto(),
         )
 
-    async def _uplink(self, call: grpc.aio.StreamStreamCall) -> None:  # type: ignore[type-arg]
-        """Config, then what the phone sends, until a hang-up half-closes. A write to a
-        call that has ended fails: the downlink has its status. The phone's audio
-        waits until the session started (or the phone hung up): a write under way
-        when the gateway refuses the call would turn its status into INTERNAL
-        "Internal error from Core" (grpc/grpc#36066)."""
-        with contextlib.suppress(*CALL_OVER):
-            await call.write(gateway_pb2.ConverseRequest(config=self.config()))
-            await wait_first(self.started, self._hung_up)
-            while not isinstance(request := await self._to_gateway.get(), _HungUp):
-                await call.write(request)
-            await call.done_writing()
+    async def _uplink(self, client: ConverseClient) -> None:
+        """Config, then what the phone sends once the session started (or the phone
+        hung up), until a hang-up half-closes. A write to a call that has ended
+        fails: the downlink has its status."""
+        if not await client.start(self.config()):
+            return
+        await client.wait_started(self._hung_up)
+        while not isinstance(request := await self._to_gateway.get(), _HungUp):
+            if not await client.send(request):
+                return
+        await client.done_writing()
 
-    async def _downlink(self, call: grpc.aio.StreamStreamCall) -> None:  # type: ignore[type-arg]
-        """The gateway's responses until it ends the call; a failure is kept in
+    async def _downlink(self, client: ConverseClient) -> None:
+        """The gateway's events until it ends the call; a failure is kept in
         `_gateway_error` (not one that follows our own hang-up)."""
         try:
-            async for response in call:
-                await self._on_response(response)
+            async for event in client.events():
+                await self._on_event(event)
         except grpc.aio.AioRpcError as exc:
             if self._hung_up.is_set() or self._gateway_error:
                 return  # our own hang-up, or the start timed out
@@ -352,30 +342,25 @@ class PhoneCall:
                 retry,
             )
 
-    async def _on_response(self, response: gateway_pb2.ConverseResponse) -> None:
-        kind = response.WhichOneof("msg")
-        if kind == "audio":
-            self.playout.push(response.audio.data, response.audio.speaking)
-        elif kind == "barge_in":
+    async def _on_event(self, event: ConverseEvent) -> None:
+        if event["type"] == "agent_audio":
+            self.playout.push(event["data"], event["speaking"])
+        elif event["type"] == "barge_in":
             self.barge_ins += 1
             self.playout.flush()
             metrics.BARGE_INS.labels(self.info.provider).inc()
             await self._leg.clear()
-        elif kind == "started":
-            self.session_id = response.started.session_id
+        elif event["type"] == "started":  # never "resumed": a phone call sends no token
+            self.session_id = event["session_id"]
             self.started.set()
-        elif kind == "dtmf":
-            self.dtmf_echoed.append(response.dtmf.digit)
-        elif kind == "notice":
-            notice = response.notice
+        elif event["type"] == "dtmf":
+            self.dtmf_echoed.append(event["digit"])
+        elif event["type"] == "notice":
+            info = self.info
             log.info(
                 "%s call %s: %s: %s",
-                self.info.provider,
-                self.info.provider_call_id,
-                gateway_pb2.Notice.Kind.Name(notice.kind),
-                notice.message,
+                info.provider,
+                info.provider_call_id,
+                event["kind"],
+                event["message"],
             )
-
-
-# What a write raises once the call has ended; the downlink reads its status.
-CALL_OVER = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
