@@ -33,20 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from openai import AsyncOpenAI
-from oracle_bench import QUESTIONS, ask  # bench/ is the script's own folder
+from oracle_bench import QUESTIONS, ask, median  # bench/ is the script's own folder
 
 from kame_cli import llm_server
-from kame_cli.bench.report import write_json
+from kame_cli.bench.report import print_table, write_json
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.prompts import gemma_prefix
 from services.oracle.session import SessionFactory
 
 RESULTS = Path(__file__).resolve().parent / "results" / "llm_bench.json"
 PORT = 18091
-
-
-def median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def p90(values: list[float]) -> float | None:
@@ -165,36 +161,31 @@ def fmt(value: float | None) -> str:
 
 
 def print_tables(report: dict) -> None:
-    header = (
+    print_table(
         f"{'engine':17} {'sessions':>8} {'final->RESET med':>17} {'p90':>6} "
-        f"{'final->DONE med':>16} {'ttft med':>9} {'cancels':>8} {'correct':>8}"
+        f"{'final->DONE med':>16} {'ttft med':>9} {'cancels':>8} {'correct':>8}",
+        (
+            f"{engine:17} {level['sessions']:>8} "
+            f"{fmt(level['median_final_to_reset_s']):>17} "
+            f"{fmt(level['p90_final_to_reset_s']):>6} "
+            f"{fmt(level['median_final_to_done_s']):>16} "
+            f"{fmt(level['median_ttft_s']):>9} {level['cancellations']:>8} "
+            f"{level['correct']:>4}/{level['sessions']:<3}"
+            for engine, result in report.items()
+            for level in result["levels"]
+        ),
     )
-    print(header)
-    print("-" * len(header))
-    for engine, result in report.items():
-        for level in result["levels"]:
-            print(
-                f"{engine:17} {level['sessions']:>8} "
-                f"{fmt(level['median_final_to_reset_s']):>17} "
-                f"{fmt(level['p90_final_to_reset_s']):>6} "
-                f"{fmt(level['median_final_to_done_s']):>16} "
-                f"{fmt(level['median_ttft_s']):>9} {level['cancellations']:>8} "
-                f"{level['correct']:>4}/{level['sessions']:<3}"
-            )
     print()
-    header = (
+    print_table(
         f"{'engine':17} {'probe ttft: idle':>17} {'after prefill cancel':>21} "
-        f"{'after decode cancel':>20}"
+        f"{'after decode cancel':>20}",
+        (
+            f"{engine:17} {fmt(result['cancellation']['probe_ttft_after_idle_s']):>17} "
+            f"{fmt(result['cancellation']['probe_ttft_after_prefill_s']):>21} "
+            f"{fmt(result['cancellation']['probe_ttft_after_decode_s']):>20}"
+            for engine, result in report.items()
+        ),
     )
-    print(header)
-    print("-" * len(header))
-    for engine, result in report.items():
-        c = result["cancellation"]
-        print(
-            f"{engine:17} {fmt(c['probe_ttft_after_idle_s']):>17} "
-            f"{fmt(c['probe_ttft_after_prefill_s']):>21} "
-            f"{fmt(c['probe_ttft_after_decode_s']):>20}"
-        )
 
 
 def main() -> int:

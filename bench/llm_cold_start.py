@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 
 from kame_cli import llm_server
-from kame_cli.bench.report import write_json
+from kame_cli.bench.report import print_table, write_json
 from kame_cli.stack import free_ports
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.config import ApiKeys, OracleSettings
@@ -112,19 +112,17 @@ def main() -> int:
     for _ in range(args.trials):
         for mode in MODES:  # interleaved, so load on the machine hits every mode alike
             runs[mode].append(asyncio.run(trial(mode, args.threads)))
-    header = (
+    print_table(
         f"{'mode':11} {'ready_s':>8} {'1st ttft_s':>11} {'1st final->RESET_s':>19} "
-        f"{'2nd ttft_s':>11}"
-    )
-    print(header)
-    print("-" * len(header))
-    for mode, mode_runs in runs.items():
-        print(
+        f"{'2nd ttft_s':>11}",
+        (
             f"{mode:11} {median(mode_runs, 'ready_s'):>8.2f} "
             f"{median(mode_runs, 'first', 'ttft_s'):>11.3f} "
             f"{median(mode_runs, 'first', 'final_to_reset_s'):>19.3f} "
             f"{median(mode_runs, 'second', 'ttft_s'):>11.3f}"
-        )
+            for mode, mode_runs in runs.items()
+        ),
+    )
     write_json(
         RESULTS,
         {

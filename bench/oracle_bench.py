@@ -34,7 +34,7 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 from kame_cli import llm_server
-from kame_cli.bench.report import write_json
+from kame_cli.bench.report import print_table, write_json
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.session import SessionFactory
@@ -214,20 +214,18 @@ def main() -> int:
     finally:
         if process is not None:
             llm_server.stop(process)
-    header = (
+    print_table(
         f"{'policy':8} {'ttft_s':>8} {'final->RESET_s':>15} {'words@final':>12} "
-        f"{'starts':>7} {'cancels':>8} {'kept':>5} {'tok/s':>7} {'correct':>8}"
-    )
-    print(header)
-    print("-" * len(header))
-    for policy, row in report.items():
-        print(
+        f"{'starts':>7} {'cancels':>8} {'kept':>5} {'tok/s':>7} {'correct':>8}",
+        (
             f"{policy:8} {fmt(row['median_ttft_s']):>8} "
             f"{fmt(row['median_final_to_reset_s']):>15} "
             f"{fmt(row['median_words_at_final'], '{:.1f}'):>12} "
             f"{row['mean_starts']:>7.1f} {row['mean_cancellations']:>8.1f} {row['kept']:>5} "
             f"{fmt(row['tokens_per_s'], '{:.1f}'):>7} {row['correct']:>4}/{row['total']:<3}"
-        )
+            for policy, row in report.items()
+        ),
+    )
     write_json(
         RESULTS,
         {

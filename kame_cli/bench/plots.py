@@ -98,6 +98,25 @@ def _plot_distribution(
     axis.legend(fontsize=8)
 
 
+def _grouped_bars(
+    axis: Any, labels: list[str], groups: list[tuple[str, list[float], list[float]]]
+) -> None:
+    """Per run, one bar per (name, centres, tails) group side by side: the bar up to
+    the centre (a median), its whisker up to the tail (a p90 or p99)."""
+    width = 0.8 / len(groups)
+    for offset, (name, centres, tails) in enumerate(groups):
+        positions = np.arange(len(labels)) + (offset - (len(groups) - 1) / 2) * width
+        axis.bar(
+            positions,
+            centres,
+            width,
+            label=name,
+            yerr=[np.zeros(len(labels)), np.maximum(0, np.subtract(tails, centres))],
+            capsize=3,
+        )
+    axis.set_xticks(np.arange(len(labels)), labels)
+
+
 def _plot_components(axis: Any, labels: list[str], summary: dict[str, dict]) -> None:
     keys = (
         ("response_latency_s", "first audio"),
@@ -105,20 +124,15 @@ def _plot_components(axis: Any, labels: list[str], summary: dict[str, dict]) -> 
         ("oracle_first_update_s", "oracle 1st update after 1st transcript"),
         ("stt_final_lag_s", "STT final lag"),
     )
-    width = 0.8 / len(keys)
-    for offset, (key, name) in enumerate(keys):
-        medians = [summary[label][key]["median"] or 0.0 for label in labels]
-        p90s = [summary[label][key]["p90"] or 0.0 for label in labels]
-        positions = np.arange(len(labels)) + (offset - (len(keys) - 1) / 2) * width
-        axis.bar(
-            positions,
-            medians,
-            width,
-            label=name,
-            yerr=[np.zeros(len(labels)), np.maximum(0, np.subtract(p90s, medians))],
-            capsize=3,
+    groups = [
+        (
+            name,
+            [summary[label][key]["median"] or 0.0 for label in labels],
+            [summary[label][key]["p90"] or 0.0 for label in labels],
         )
-    axis.set_xticks(np.arange(len(labels)), labels)
+        for key, name in keys
+    ]
+    _grouped_bars(axis, labels, groups)
     axis.set_ylabel("seconds (bar: median, whisker: p90)")
     axis.set_title("latency breakdown per run")
     axis.legend(fontsize=8)
@@ -130,22 +144,21 @@ def _plot_frames(axis: Any, labels: list[str], summary: dict[str, dict]) -> None
         ("transport", "transport"),
         ("round_trip", "gateway round trip"),
     )
-    width = 0.8 / len(keys)
-    for offset, (key, name) in enumerate(keys):
-        p50 = [max(summary[label][f"{key}_p50_s"] or 0.0, 1e-5) * 1e3 for label in labels]
-        p99 = [max(summary[label][f"{key}_p99_s"] or 0.0, 1e-5) * 1e3 for label in labels]
-        positions = np.arange(len(labels)) + (offset - (len(keys) - 1) / 2) * width
-        axis.bar(
-            positions,
-            p50,
-            width,
-            label=name,
-            yerr=[np.zeros(len(labels)), np.maximum(0, np.subtract(p99, p50))],
-            capsize=3,
+
+    def ms(label: str, key: str) -> float:  # floored: the axis is logarithmic
+        return max(summary[label][key] or 0.0, 1e-5) * 1e3
+
+    groups = [
+        (
+            name,
+            [ms(label, f"{key}_p50_s") for label in labels],
+            [ms(label, f"{key}_p99_s") for label in labels],
         )
+        for key, name in keys
+    ]
+    _grouped_bars(axis, labels, groups)
     axis.axhline(FRAME_SECONDS * 1e3, color="red", lw=0.8, ls="--", label="80 ms frame")
     axis.set_yscale("log")  # p50 is often a fraction of a millisecond, p99 tens of them
-    axis.set_xticks(np.arange(len(labels)), labels)
     axis.set_ylabel("ms, log scale (bar: p50, whisker: p99)")
     axis.set_title("per-frame timings")
     axis.legend(fontsize=8)

@@ -4,10 +4,19 @@ compares runs with, plus how it was run."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 REFERENCE_RUN = "tandem"
+
+
+def print_table(header: str, rows: Iterable[str]) -> None:
+    """A bench script's console table: the header, a rule as wide, the rows."""
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(row)
 
 
 def write_json(path: Path, results: dict[str, Any]) -> None:
@@ -45,6 +54,20 @@ def _coherent(row: dict[str, Any]) -> str:
     )
 
 
+def _table(title: str, header: str, rows: Iterable[str]) -> list[str]:
+    """A section's title and its markdown table; `header` and each row hold their
+    cells separated by " | "."""
+    columns = header.count(" | ") + 1
+    return [
+        "",
+        f"## {title}",
+        "",
+        f"| {header} |",
+        "|---" * columns + "|",
+        *(f"| {row} |" for row in rows),
+    ]
+
+
 def _header(report: dict[str, Any]) -> list[str]:
     machine, settings = report["machine"], report["settings"]
     return [
@@ -71,45 +94,40 @@ def _sources(report: dict[str, Any]) -> str:
 
 def _answers_table(summary: dict[str, dict]) -> list[str]:
     reference = summary.get(REFERENCE_RUN, {})
-    lines = [
-        "",
-        "## Answers per run (seconds: median / p90 over the measured calls)",
-        "",
-        "| run | engine | ok | first audio | answer | vs tandem (first audio / answer) | "
-        "correct (audio / text) | coherent | held / repaired |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for label, row in summary.items():
-        ratios = " / ".join(
-            _ratio(row[key]["median"], reference.get(key, {}).get("median"))
-            for key in ("response_latency_s", "answer_latency_s")
-        )
-        lines.append(
-            f"| {label} | {row['engine']} | {row['ok']}/{row['conversations']} | "
-            f"{_pair(row['response_latency_s'])} | {_pair(row['answer_latency_s'])} | "
-            f"{ratios} | {row['correct']} / {row['text_correct']} of {row['conversations']} | "
-            f"{_coherent(row)} | {row['held']} / {row['repaired']} |"
-        )
-    return lines
+    return _table(
+        "Answers per run (seconds: median / p90 over the measured calls)",
+        "run | engine | ok | first audio | answer | vs tandem (first audio / answer) | "
+        "correct (audio / text) | coherent | held / repaired",
+        (_answers_row(label, row, reference) for label, row in summary.items()),
+    )
+
+
+def _answers_row(label: str, row: dict[str, Any], reference: dict[str, Any]) -> str:
+    ratios = " / ".join(
+        _ratio(row[key]["median"], reference.get(key, {}).get("median"))
+        for key in ("response_latency_s", "answer_latency_s")
+    )
+    return (
+        f"{label} | {row['engine']} | {row['ok']}/{row['conversations']} | "
+        f"{_pair(row['response_latency_s'])} | {_pair(row['answer_latency_s'])} | "
+        f"{ratios} | {row['correct']} / {row['text_correct']} of {row['conversations']} | "
+        f"{_coherent(row)} | {row['held']} / {row['repaired']}"
+    )
 
 
 def _pipeline_table(summary: dict[str, dict]) -> list[str]:
-    lines = [
-        "",
-        "## Pipeline and frames per run (seconds: median / p90; frames in ms: p50 / p99)",
-        "",
-        "| run | oracle 1st update | STT final lag | step ms | transport ms | "
-        "frame lag p99 ms | late frames |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for label, row in summary.items():
-        lines.append(
-            f"| {label} | {_pair(row['oracle_first_update_s'])} | "
+    return _table(
+        "Pipeline and frames per run (seconds: median / p90; frames in ms: p50 / p99)",
+        "run | oracle 1st update | STT final lag | step ms | transport ms | "
+        "frame lag p99 ms | late frames",
+        (
+            f"{label} | {_pair(row['oracle_first_update_s'])} | "
             f"{_pair(row['stt_final_lag_s'])} | {_ms_pair(row, 'step')} | "
             f"{_ms_pair(row, 'transport')} | {_fmt(row['frame_lag_p99_s'], 1e3, 0)} | "
-            f"{_late(row)} |"
-        )
-    return lines
+            f"{_late(row)}"
+            for label, row in summary.items()
+        ),
+    )
 
 
 def _with_ratio(value: float | None, ratio: float | None) -> str:
@@ -123,21 +141,17 @@ def _yes_no(value: bool | None) -> str:
 def _cold_table(cold: list[dict[str, Any]]) -> list[str]:
     if not cold:
         return []
-    lines = [
-        "",
-        "## Cold first call per stack (seconds, and the ratio to the same run's warm median)",
-        "",
-        "| engine | run | question | first audio | answer | correct | coherent |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in cold:
-        lines.append(
-            f"| {row['engine']} | {row['run']} | {row['text']} | "
+    return _table(
+        "Cold first call per stack (seconds, and the ratio to the same run's warm median)",
+        "engine | run | question | first audio | answer | correct | coherent",
+        (
+            f"{row['engine']} | {row['run']} | {row['text']} | "
             f"{_with_ratio(row['response_latency_s'], row['response_latency_vs_warm'])} | "
             f"{_with_ratio(row['answer_latency_s'], row['answer_latency_vs_warm'])} | "
-            f"{_yes_no(row['correct'])} | {_yes_no(row['coherent'])} |"
-        )
-    return lines
+            f"{_yes_no(row['correct'])} | {_yes_no(row['coherent'])}"
+            for row in cold
+        ),
+    )
 
 
 def _call_cell(record: dict[str, Any]) -> str:
@@ -149,51 +163,51 @@ def _call_cell(record: dict[str, Any]) -> str:
 
 def _question_table(report: dict[str, Any]) -> list[str]:
     summary = report["summary"]
-    lines = [
-        "",
-        "## Per question (first audio / answer latency in s; correct by audio)",
-        "",
-        "| question | " + " | ".join(summary) + " |",
-        "|---|" + "---|" * len(summary),
-    ]
-    for index, question in enumerate(report["questions"]):
-        cells = []
-        for label in summary:
-            mine = [
-                r for r in report["conversations"] if r["run"] == label and r["question"] == index
-            ]
-            cells.append(", ".join(_call_cell(r) for r in mine))
-        lines.append(f"| {question['text']} | " + " | ".join(cells) + " |")
-    return lines
+
+    def cells(index: int) -> str:
+        """Each run's calls of question `index`."""
+        return " | ".join(
+            ", ".join(
+                _call_cell(r)
+                for r in report["conversations"]
+                if r["run"] == label and r["question"] == index
+            )
+            for label in summary
+        )
+
+    return _table(
+        "Per question (first audio / answer latency in s; correct by audio)",
+        " | ".join(["question", *summary]),
+        (f"{q['text']} | {cells(index)}" for index, q in enumerate(report["questions"])),
+    )
 
 
 def _load_table(report: dict[str, Any]) -> list[str]:
     levels = report["load"]
     if not levels:
         return []
-    lines = [
-        "",
-        f"## Load ({levels[0]['run']}; late = agent frame more than "
+    return _table(
+        f"Load ({levels[0]['run']}; late = agent frame more than "
         f"{report['settings']['late_ms']:g} ms after its caller frame was due)",
-        "",
-        "| sessions | ok | frames | late | frame lag p50 / p99 ms | step p50 / p99 ms | "
+        "sessions | ok | frames | late | frame lag p50 / p99 ms | step p50 / p99 ms | "
         "transport p50 / p99 ms | first audio median / p90 s | answer median / p90 s | "
-        "correct (audio / text) | coherent |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for level in levels:
-        lines.append(
-            f"| {level['sessions']} | {_ok_cell(level)} | {level['frames']} | {_late(level)} | "
-            f"{_fmt(level['frame_lag_p50_s'], 1e3, 0)} / "
-            f"{_fmt(level['frame_lag_p99_s'], 1e3, 0)} | "
-            f"{_ms_pair(level, 'step')} | {_ms_pair(level, 'transport')} | "
-            f"{_fmt(level['response_latency_median_s'])} / "
-            f"{_fmt(level['response_latency_p90_s'])} | "
-            f"{_fmt(level['answer_latency_median_s'])} / {_fmt(level['answer_latency_p90_s'])} | "
-            f"{level['correct']} / {level['text_correct']} of {level['sessions']} | "
-            f"{level['coherent']} of {level['sessions']} |"
-        )
-    return lines
+        "correct (audio / text) | coherent",
+        (_load_row(level) for level in levels),
+    )
+
+
+def _load_row(level: dict[str, Any]) -> str:
+    return (
+        f"{level['sessions']} | {_ok_cell(level)} | {level['frames']} | {_late(level)} | "
+        f"{_fmt(level['frame_lag_p50_s'], 1e3, 0)} / "
+        f"{_fmt(level['frame_lag_p99_s'], 1e3, 0)} | "
+        f"{_ms_pair(level, 'step')} | {_ms_pair(level, 'transport')} | "
+        f"{_fmt(level['response_latency_median_s'])} / "
+        f"{_fmt(level['response_latency_p90_s'])} | "
+        f"{_fmt(level['answer_latency_median_s'])} / {_fmt(level['answer_latency_p90_s'])} | "
+        f"{level['correct']} / {level['text_correct']} of {level['sessions']} | "
+        f"{level['coherent']} of {level['sessions']}"
+    )
 
 
 def _ok_cell(level: dict[str, Any]) -> str:
