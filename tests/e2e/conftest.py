@@ -7,9 +7,10 @@ The stack uses its own Redis database (9 unless KAME_TEST_E2E_REDIS_URL says
 otherwise) so that the frontend capacity registry it reads holds only this
 stack's replica, whatever other test runs share the Redis server.
 
-`LiveCall` drives one Converse call the way a phone would: audio paced at real
-time, every response recorded with its arrival time, so that a test can act
-in the middle of a turn (disconnect, kill a service) and look at what came.
+`LiveCall` drives one Converse call (kame_common/converse.py's client) the way
+a phone would: audio paced at real time, every response recorded with its
+arrival time, so that a test can act in the middle of a turn (disconnect, kill
+a service) and look at what came.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from kame_cli.stack import free_ports
 from kame_common import store, tracing
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
+from kame_common.converse import ConverseClient
 from kame_common.server import ServiceRuntime
-from kamepb import gateway_pb2, gateway_pb2_grpc
+from kamepb import gateway_pb2
 from services.frontend.config import FrontendSettings
 from services.frontend.server import serve as serve_frontend
 from services.gateway.codecs import AudioFormat, CodecError, Decoder, Encoder, resolve_format
@@ -186,11 +188,11 @@ def converse_config(
 
 
 class LiveCall:
-    """One Converse call: config, audio at real time, every response recorded."""
+    """One Converse call (kame_common.converse's client): config, audio at real
+    time, every response recorded with its arrival time."""
 
     def __init__(self, address: str, config: gateway_pb2.ConverseConfig) -> None:
-        self.channel = grpc.aio.insecure_channel(address)
-        self.call = gateway_pb2_grpc.GatewayStub(self.channel).Converse()
+        self.client = ConverseClient.connect(address)
         self.config = config
         self.encoder, self.decoder = Encoder(PCM_24K), Decoder(PCM_24K)
         with contextlib.suppress(CodecError):  # tests of bad formats send them anyway
@@ -204,13 +206,13 @@ class LiveCall:
 
     async def start(self, send_config: bool = True) -> LiveCall:
         if send_config:
-            await self.call.write(gateway_pb2.ConverseRequest(config=self.config))
+            await self.client.start(self.config)
         self._reader = asyncio.create_task(self._read())
         return self
 
     async def _read(self) -> None:
         try:
-            while (response := await self.call.read()) is not grpc.aio.EOF:
+            async for response in self.client.responses():
                 self.responses.append((time.monotonic(), response))
                 self._arrived.set()
         except grpc.aio.AioRpcError as exc:
@@ -227,15 +229,14 @@ class LiveCall:
         for index in range(count):
             await asyncio.sleep(max(0.0, start + (index + 1) * FRAME_SECONDS - time.monotonic()))
             chunk = padded[index * FRAME_SAMPLES : (index + 1) * FRAME_SAMPLES]
-            try:
-                for data in self.encoder.encode(chunk):
-                    await self.call.write(gateway_pb2.ConverseRequest(audio=data))
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                return  # the gateway ended the call; its status tells why
+            for data in self.encoder.encode(chunk):
+                if not await self.client.send_audio(data):
+                    return  # the gateway ended the call; its status tells why
             self.frames_sent += 1
 
-    async def send_raw(self, request: gateway_pb2.ConverseRequest) -> None:
-        await self.call.write(request)
+    async def send_raw(self, request: gateway_pb2.ConverseRequest) -> bool:
+        """Any request, even one the gateway refuses; False once the call is over."""
+        return await self.client.send(request)
 
     async def wait_for(
         self, predicate: Callable[[gateway_pb2.ConverseResponse], bool], timeout_s: float = 30.0
@@ -255,24 +256,22 @@ class LiveCall:
 
     async def finish(self, timeout_s: float = 30.0) -> grpc.StatusCode:
         """Half-close and wait until the gateway ends the call; its status."""
-        with contextlib.suppress(grpc.aio.UsageError, grpc.aio.AioRpcError):
-            await self.call.done_writing()
+        await self.client.done_writing()
         await asyncio.wait_for(asyncio.shield(self._reader), timeout_s)
-        return await self.call.code()
+        return await self.client.code()
 
     async def close(self) -> None:
-        self.call.cancel()
+        self.client.cancel()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
-        await self.channel.close()
+        await self.client.close()
 
     def of(self, kind: str) -> list:
         return [getattr(r, kind) for _, r in self.responses if r.WhichOneof("msg") == kind]
 
     @property
     def session_id(self) -> str:
-        started = self.of("started")
-        return started[0].session_id if started else ""
+        return self.client.session.session_id
 
     def agent_audio(self) -> np.ndarray:
         parts = [self.decoder.decode(chunk.data) for chunk in self.of("audio")]
