@@ -43,6 +43,7 @@ from services.frontend.config import ENGINES, FrontendSettings
 from services.frontend.engines import build_engine
 from services.frontend.engines.base import (
     DEFAULT_HOLD_MAX_S,
+    DEFAULT_TURN_END_SILENCE_S,
     CandidateSource,
     Engine,
     EngineSession,
@@ -57,7 +58,6 @@ from services.frontend.watchdog import EngineWatchdog
 log = logging.getLogger(__name__)
 
 GRPC_SERVICE = frontend_pb2.DESCRIPTOR.services_by_name["Frontend"].full_name
-DEFAULT_TURN_END_SILENCE_S = 0.4
 MAX_TURN_END_SILENCE_S = 5.0
 MAX_HOLD_MAX_S = 10.0
 # Hold phrases are short acknowledgements that the engine synthesizes once and

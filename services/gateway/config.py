@@ -105,14 +105,18 @@ class GatewaySettings(ServiceSettings):
     drain_timeout_s: float = setting(
         15.0, "after the caller half-closes, seconds upstreams get to finish their output"
     )
-    turn_end_silence_s: float = setting(0.0, "tts engine pause that ends a turn (0 = its default)")
+    turn_end_silence_s: float = setting(
+        0.0, "tts engine pause that ends a turn (0 = the frontend's default, 0.4 s)"
+    )
     hold_phrases: str = setting(
         "Hmm,|Let me see,",
         "tts engine, tandem mode: acknowledgements ('|'-separated) said while the agent holds "
         "the floor for an answer to what the caller said (empty = hold in silence)",
     )
     hold_max_s: float = setting(
-        5.0, "tts engine: longest hold before the agent gives the floor back"
+        0.0,
+        "tts engine: longest hold before the agent gives the floor back "
+        "(0 = the frontend's default, 5 s)",
     )
     side_heartbeat_s: float = setting(
         0.5,
