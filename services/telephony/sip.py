@@ -36,6 +36,7 @@ import ipaddress
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,6 @@ from aiosipua import (
     SipRequest,
     SipResponse,
     SipUAS,
-    UdpSipTransport,
     negotiate_sdp,
 )
 
@@ -56,6 +56,12 @@ from services.telephony import metrics
 from services.telephony.call import CallInfo, PhoneCall
 from services.telephony.playout import PACKET_S, PCMA, PCMU, PhoneCodec
 from services.telephony.service import Telephony
+from services.telephony.sip_adapter import (
+    FilteredRtpSession,
+    UdpTransport,
+    check_private_names,
+    restore_dialog,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,37 +96,6 @@ BYE_GIVE_UP_S = 64 * T1_S
 STOP_WAIT_S = 5.0
 # The RTP header's SSRC (RFC 3550 5.1): bytes 8..12 of the 12 it has at least.
 RTP_HEADER_BYTES = 12
-
-
-class _Datagrams(asyncio.DatagramProtocol):
-    """Datagrams to the SIP transport's parser."""
-
-    def __init__(self, owner: UdpTransport) -> None:
-        self._owner = owner
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._owner._udp_transport = transport  # type: ignore[assignment]
-
-    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
-        self._owner._dispatch(data, (str(addr[0]), int(addr[1])))
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("sip: udp: %s", exc)
-
-
-class UdpTransport(UdpSipTransport):
-    """aiosipua's UDP transport with a protocol of our own: aiosipua's asserts that
-    asyncio hands it a DatagramTransport, which the selector loop's datagram
-    transport of Python 3.11 is not (it is from 3.12 on)."""
-
-    async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.create_datagram_endpoint(lambda: _Datagrams(self), local_addr=self.local_addr)
-
-    @property
-    def bound_port(self) -> int:
-        assert self._udp_transport is not None
-        return int(self._udp_transport.get_extra_info("sockname")[1])
 
 
 class G711Passthrough(aiortp.Codec):
@@ -221,39 +196,24 @@ class MediaGate:
         return False
 
 
-class PhoneRtp(aiortp.RTPSession):
-    """aiortp's audio session, plus sending with the marker bit, letting time pass
-    without sending (hold), and taking packets only from the phone (MediaGate):
-    its own API has none of these. This class is the one place that reaches into
-    aiortp's private parts (_sender, _closed, _remote_addr and the receive hooks
-    _handle_rtp, _handle_rtcp)."""
+class PhoneRtp(FilteredRtpSession):
+    """aiortp's audio session (with sip_adapter's additions: the marker bit, a
+    packet's time passing unsent) taking packets only from the phone (MediaGate)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.gate = MediaGate()
 
-    def _handle_rtp(self, data: bytes, addr: tuple[str, int]) -> None:
-        if self.gate.takes_rtp(data, addr):
-            super()._handle_rtp(data, addr)
+    def accepts_rtp(self, data: bytes, addr: tuple[str, int]) -> bool:
+        return self.gate.takes_rtp(data, addr)
 
-    def _handle_rtcp(self, data: bytes, addr: tuple[str, int]) -> None:
-        if self.gate.takes_rtcp(addr):
-            super()._handle_rtcp(data, addr)
+    def accepts_rtcp(self, data: bytes, addr: tuple[str, int]) -> bool:
+        return self.gate.takes_rtcp(addr)
 
     def update_remote(self, addr: tuple[str, int]) -> None:
         """Media to and from a new address (a re-INVITE's), its SSRC learnt anew."""
         super().update_remote(addr)
         self.gate.expect(addr)
-
-    def send_packet(self, payload: bytes, marker: bool) -> None:
-        if self._sender is None or self._closed:
-            return
-        self._sender.send_frame_auto(payload, marker=int(marker), addr=self._remote_addr)
-
-    def skip_packet(self) -> None:
-        """A packet's time passed unsent: the next one's timestamp shows the gap."""
-        if self._sender is not None:
-            self._sender.advance_timestamp()
 
 
 @dataclass(frozen=True)
@@ -474,10 +434,14 @@ class SipServer:
         )
         self._transport: UdpTransport | None = None
         self._uas: SipUAS | None = None
+        # What the UAS does with a message (its handler, which its start() installed
+        # as the transport's on_message): ours takes BYE responses first.
+        self._uas_receive: Callable[[SipRequest | SipResponse, tuple[str, int]], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._byes: dict[str, asyncio.Task[None]] = {}  # Call-ID -> BYE until answered
 
     async def start(self) -> None:
+        check_private_names()  # an upgraded aiosipua or aiortp: a clear error now
         self._transport = UdpTransport(local_addr=(self.settings.host, self.settings.sip_port))
         # Session timers (RFC 4028) are aiosipua's: it takes the INVITE's
         # Session-Expires and refresher (422 below min_se), answers with them,
@@ -497,6 +461,8 @@ class SipServer:
         uas.on_session_expired = self._on_session_expired
         await uas.start()
         self._uas = uas
+        self._uas_receive = self._transport.on_message
+        assert self._uas_receive is not None, "aiosipua's SipUAS.start set no on_message"
         self._transport.on_message = self._on_message
         self.port = self._transport.bound_port
         # Contact and Via name where phones reach us, not the address we bind.
@@ -524,8 +490,8 @@ class SipServer:
                 if task is not None:
                     task.cancel()
             return
-        assert self._uas is not None
-        self._uas._on_message(message, addr)
+        assert self._uas_receive is not None
+        self._uas_receive(message, addr)
 
     def _on_invite(self, invite: IncomingCall) -> None:
         call_id = invite.call_id
@@ -533,7 +499,7 @@ class SipServer:
             # A retransmitted INVITE (our 100 Trying crossed it): aiosipua made a
             # new dialog for it; the call goes on with the one it has.
             assert self._uas is not None
-            self._uas._calls[call_id] = self.calls[call_id].invite
+            restore_dialog(self._uas, self.calls[call_id].invite)
             return
         peer = invite.source_addr[0]
         reason = self.telephony.admit(PROVIDER, peer)
@@ -591,7 +557,7 @@ class SipServer:
             # The CANCEL crossed our 200 OK: the call stands (the phone will send
             # BYE), but aiosipua forgot its dialog, and with it the ACK and BYE.
             assert self._uas is not None
-            self._uas._calls[sip_call.call_id] = sip_call.invite
+            restore_dialog(self._uas, sip_call.invite)
             return
         log.info("sip call %s: cancelled by the phone", sip_call.call_id)
         sip_call.phone_hung_up()
@@ -735,7 +701,7 @@ class SipServer:
         while waited < BYE_GIVE_UP_S:
             await asyncio.sleep(interval)
             waited += interval
-            if self._transport is None or self._transport._udp_transport is None:
+            if self._transport is None or not self._transport.is_open:
                 return
             self._transport.send(request, addr)
             interval = min(2 * interval, T2_S)

@@ -21,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import aiortp
 import numpy as np
 
 from kame_common.audio import pcm16_to_float, rms_dbfs
@@ -211,8 +212,11 @@ async def test_another_ssrc_from_the_phones_own_address_is_dropped_until_a_reinv
     is heard; another SSRC from that same address (a spoofed source) is not; a
     re-INVITE (update_remote) lets the phone's stream start anew."""
     phone, stranger = udp_socket(), udp_socket()
+    # A free port pair, as SipServer takes one, so that we know where to send.
+    port, _ = await aiortp.PortAllocator((40000, 40999)).allocate()
+    target = ("127.0.0.1", port)
     rtp = await PhoneRtp.create(
-        local_addr=("127.0.0.1", 0),
+        local_addr=target,
         remote_addr=phone.getsockname(),
         payload_type=0,
         codec=test_sip.G711Passthrough("PCMU"),
@@ -224,8 +228,6 @@ async def test_another_ssrc_from_the_phones_own_address_is_dropped_until_a_reinv
     heard: list[bytes] = []
     rtp.on_audio = lambda payload, _ts: heard.append(payload[:1])
     rtp.gate.expect(phone.getsockname())
-    # The port it bound (0 asked the system for one), from aiortp's transport.
-    target = rtp._rtp_transport._transport.get_extra_info("sockname")[:2]
 
     async def burst(sock: socket.socket, ssrc: int, byte: bytes, first_seq: int) -> None:
         for seq in range(first_seq, first_seq + 6):

@@ -1,0 +1,224 @@
+"""The one place that touches aiosipua's and aiortp's private parts.
+
+Written for the versions constraints.txt pins: aiosipua 0.7.1 and aiortp 0.8.0.
+Neither library's public API has the few things sip.py needs (a filter in
+front of RTP receiving, the marker bit, a UDP transport Python 3.11 can run,
+putting a dialog back), so this module reaches into their internals, and only
+this module: sip.py uses its classes and functions and the libraries' public
+API. Each private name relied on, and why (GUARDED holds them all, with the
+shape expected, and `missing_private_names` checks them; the SIP service does
+so when it starts, and tests/telephony/test_sip_adapter.py on every test run):
+
+aiortp
+- `RTPSession._handle_rtp(data, addr)`, `RTPSession._handle_rtcp(data, addr)`:
+  the receive hooks aiortp binds its sockets to. FilteredRtpSession overrides
+  them so that a packet it refuses never reaches aiortp's parsing, jitter
+  buffer or SSRC latching: aiortp takes RTP from anyone and has no filter.
+- `RTPSession._sender` (an `aiortp.sender.RtpSender`, used through its
+  `send_frame_auto(payload, marker, addr)` and `advance_timestamp()`):
+  send_audio_auto sets no marker bit and cannot let a packet's time pass
+  unsent (hold), which the sender itself can.
+- `RTPSession._closed`, `RTPSession._remote_addr`: what send_audio_auto checks
+  before sending, and where it sends (update_remote sets it).
+
+aiosipua
+- `UdpSipTransport._udp_transport`: the datagram transport aiosipua's own
+  protocol stores on connection_made and sends with. UdpTransport binds with a
+  protocol of its own and stores it there (aiosipua's asserts the transport is
+  an asyncio.DatagramTransport, which the selector loop's of Python 3.11 is
+  not), and reads it for the port bound and whether it is still open.
+- `SipTransport._dispatch(data, addr)`: parses a datagram and hands it to
+  on_message; our protocol feeds it.
+- `SipUAS._calls` (dialogs by Call-ID): aiosipua drops a call's dialog when a
+  retransmitted INVITE makes a new one or a CANCEL crosses our 200 OK;
+  `restore_dialog` puts the call's own back (there is no public setter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Any
+
+import aiortp
+import aiosipua
+from aiosipua import IncomingCall, SipUAS, UdpSipTransport
+
+log = logging.getLogger(__name__)
+
+PINNED = {"aiosipua": "0.7.1", "aiortp": "0.8.0"}  # as constraints.txt has them
+
+
+def _rtp_session(owner: type) -> object:
+    """An RTP session as aiortp's create makes one, before it binds any socket."""
+    return owner(payload_type=0, codec=None)
+
+
+def _uas(owner: type) -> object:
+    return owner(aiosipua.UdpSipTransport())
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """A private name this module relies on, and the shape it expects of it."""
+
+    owner: str  # the class's dotted path: its package, then attributes down to it
+    name: str
+    params: tuple[str, ...] | None = None  # a method: the parameters it takes after self
+    # The name is set by __init__: looked for on an instance `sample(owner)` made.
+    sample: Callable[[type], object] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.owner}.{self.name}"
+
+
+GUARDED = [
+    Guarded("aiortp.RTPSession", "_handle_rtp", params=("data", "addr")),
+    Guarded("aiortp.RTPSession", "_handle_rtcp", params=("data", "addr")),
+    Guarded("aiortp.RTPSession", "_sender", sample=_rtp_session),
+    Guarded("aiortp.RTPSession", "_closed", sample=_rtp_session),
+    Guarded("aiortp.RTPSession", "_remote_addr", sample=_rtp_session),
+    Guarded("aiortp.sender.RtpSender", "send_frame_auto", params=("payload", "marker", "addr")),
+    Guarded("aiortp.sender.RtpSender", "advance_timestamp", params=()),
+    Guarded("aiosipua.UdpSipTransport", "_udp_transport"),
+    Guarded("aiosipua.SipTransport", "_dispatch", params=("data", "addr")),
+    Guarded("aiosipua.SipUAS", "_calls", sample=_uas),
+]
+
+
+def missing_private_names(packages: Mapping[str, object] | None = None) -> list[str]:
+    """What of GUARDED the installed libraries (or `packages`, by package name)
+    lack or have in another shape: "aiortp.RTPSession._sender: missing", ...;
+    empty when all is as this module expects."""
+    if packages is None:
+        packages = {"aiosipua": aiosipua, "aiortp": aiortp}
+    problems = ((guarded, _problem(guarded, packages)) for guarded in GUARDED)
+    return [f"{guarded.label}: {problem}" for guarded, problem in problems if problem]
+
+
+def _problem(guarded: Guarded, packages: Mapping[str, object]) -> str:
+    """What is wrong with one guarded name ("" = nothing)."""
+    package, *path = guarded.owner.split(".")
+    try:
+        holder = packages[package]
+        for step in path:
+            holder = getattr(holder, step)
+        if guarded.sample is not None:
+            holder = guarded.sample(holder)  # type: ignore[arg-type]
+    except Exception as error:  # the class moved, or its constructor changed
+        return f"cannot be looked for ({error!r})"
+    if not hasattr(holder, guarded.name):
+        return "missing"
+    if guarded.params is None:
+        return ""
+    value = getattr(holder, guarded.name)
+    if not callable(value):
+        return "not callable"
+    takes = [name for name in inspect.signature(value).parameters if name != "self"]
+    if takes[: len(guarded.params)] != list(guarded.params):
+        return f"takes ({', '.join(takes)}), expected ({', '.join(guarded.params)})"
+    return ""
+
+
+class IncompatibleSipLibraries(RuntimeError):
+    """The installed aiosipua or aiortp lacks a private name this module uses."""
+
+
+def check_private_names() -> None:
+    """Refuse to run on library versions this module does not fit: an operator who
+    upgraded one is told which names went, at start, not by an AttributeError in
+    the middle of a call."""
+    problems = missing_private_names()
+    if problems:
+        pinned = ", ".join(f"{name} {pin}" for name, pin in PINNED.items())
+        installed = ", ".join(f"{name} {version(name)}" for name in PINNED)
+        raise IncompatibleSipLibraries(
+            f"services/telephony/sip_adapter.py is written for {pinned} (constraints.txt); "
+            f"the installed {installed} differ in: {'; '.join(problems)}"
+        )
+
+
+# ---- aiortp ------------------------------------------------------------------------
+
+
+class FilteredRtpSession(aiortp.RTPSession):
+    """aiortp's audio session with what its own API lacks: a filter in front of
+    receiving (`accepts_rtp`, `accepts_rtcp`: a packet refused is dropped before
+    aiortp sees it), sending with the marker bit, and a packet's time passing
+    without sending."""
+
+    def accepts_rtp(self, data: bytes, addr: tuple[str, int]) -> bool:
+        return True
+
+    def accepts_rtcp(self, data: bytes, addr: tuple[str, int]) -> bool:
+        return True
+
+    def _handle_rtp(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.accepts_rtp(data, addr):
+            super()._handle_rtp(data, addr)
+
+    def _handle_rtcp(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.accepts_rtcp(data, addr):
+            super()._handle_rtcp(data, addr)
+
+    def send_packet(self, payload: bytes, marker: bool) -> None:
+        """`payload` as the next packet (timestamp one packet on), its marker bit set
+        or not: as send_audio_auto sends, which always leaves it clear."""
+        if self._sender is None or self._closed:
+            return
+        self._sender.send_frame_auto(payload, marker=int(marker), addr=self._remote_addr)
+
+    def skip_packet(self) -> None:
+        """A packet's time passed unsent: the next one's timestamp shows the gap."""
+        if self._sender is not None:
+            self._sender.advance_timestamp()
+
+
+# ---- aiosipua ----------------------------------------------------------------------
+
+
+class _Datagrams(asyncio.DatagramProtocol):
+    """Datagrams to the SIP transport's parser."""
+
+    def __init__(self, owner: UdpTransport) -> None:
+        self._owner = owner
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._owner._udp_transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self._owner._dispatch(data, (str(addr[0]), int(addr[1])))
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("sip: udp: %s", exc)
+
+
+class UdpTransport(UdpSipTransport):
+    """aiosipua's UDP transport with a protocol of our own: aiosipua's asserts that
+    asyncio hands it a DatagramTransport, which the selector loop's datagram
+    transport of Python 3.11 is not (it is from 3.12 on)."""
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.create_datagram_endpoint(lambda: _Datagrams(self), local_addr=self.local_addr)
+
+    @property
+    def is_open(self) -> bool:
+        """Started and not stopped."""
+        return self._udp_transport is not None
+
+    @property
+    def bound_port(self) -> int:
+        assert self._udp_transport is not None
+        return int(self._udp_transport.get_extra_info("sockname")[1])
+
+
+def restore_dialog(uas: SipUAS, call: IncomingCall) -> None:
+    """Make `call` the UAS's call for its Call-ID again, so that its ACK, BYE and
+    re-INVITEs reach it: aiosipua dropped or replaced it (see the docstring)."""
+    uas._calls[call.call_id] = call
