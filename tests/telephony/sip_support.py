@@ -1,13 +1,15 @@
 """SIPp (a SIP traffic generator, the Debian package sip-tester) for the SIP
-tests: `sipp()` runs one scenario (XML the test writes) against an address and
-says whether it passed. The tests' other SIP peer, baresip, is driven by
-kame_cli/bench/baresip.py (the load bench's callers too).
+tests: `sipp()` runs one scenario (XML: `scenario()` of the steps `request`,
+`in_dialog`, ... write) against an address and says whether it passed. The
+tests' other SIP peer, baresip, is driven by kame_cli/bench/baresip.py (the
+load bench's callers too).
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,3 +89,94 @@ async def sipp(
         process.returncode if process.returncode is not None else -1,
         out.decode(errors="replace")[-2000:] + errors,
     )
+
+
+# ---- scenarios ----------------------------------------------------------------------
+
+SDP_PCMU = """\
+v=0
+o=sipp 1 1 IN IP4 [media_ip]
+s=-
+c=IN IP4 [media_ip]
+t=0 0
+m=audio [media_port] RTP/AVP {formats}
+{rtpmaps}
+a=ptime:20
+a=sendrecv
+"""
+
+
+def sdp(formats: str = "0 101") -> str:
+    names = {"0": "PCMU/8000", "8": "PCMA/8000", "9": "G722/8000", "101": "telephone-event/8000"}
+    rtpmaps = "\n".join(f"a=rtpmap:{f} {names[f]}" for f in formats.split())
+    return SDP_PCMU.format(formats=formats, rtpmaps=rtpmaps)
+
+
+# Header lines of the requests SIPp sends (its [keywords] fill them in).
+AGENT_URI = "sip:agent@[remote_ip]:[remote_port]"
+VIA = "Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]"
+FROM = "From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]"
+TO_AGENT = f"To: <{AGENT_URI}>"
+CALL_ID = "Call-ID: [call_id]"
+CONTACT = "Contact: <sip:sipp@[local_ip]:[local_port]>"
+
+
+def send(start_line: str, headers: list[str], body: str = "", retrans: bool = True) -> str:
+    """A SIPp <send> of one request; `retrans` makes SIPp resend it until answered,
+    as UDP needs. An ACK is never answered; these tests send a CANCEL once too."""
+    content = ["Content-Type: application/sdp"] if body else []
+    message = "\n".join(
+        [start_line, *headers, "Max-Forwards: 70", *content, "Content-Length: [len]", "", body]
+    )
+    attributes = ' retrans="500"' if retrans else ""
+    return f"  <send{attributes}>\n    <![CDATA[\n{message}\n    ]]>\n  </send>\n"
+
+
+def request(method: str, body: str = "", cseq: int = 1) -> str:
+    """An out-of-dialog request (INVITE, OPTIONS)."""
+    headers = [VIA, FROM, TO_AGENT, CALL_ID, f"CSeq: {cseq} {method}", CONTACT]
+    return send(f"{method} {AGENT_URI} SIP/2.0", headers, body)
+
+
+def in_dialog(method: str, cseq: int, body: str = "") -> str:
+    """A request within the dialog the last 200 made."""
+    headers = [VIA, FROM, "[last_To:]", CALL_ID, f"CSeq: {cseq} {method}", CONTACT]
+    return send(f"{method} [next_url] SIP/2.0", headers, body, retrans=method != "ACK")
+
+
+# The ACK of a final error response: the INVITE's own transaction (its Via, From, To).
+ACK_ERROR = send(
+    f"ACK {AGENT_URI} SIP/2.0",
+    ["[last_Via:]", "[last_From:]", "[last_To:]", CALL_ID, "CSeq: 1 ACK"],
+    retrans=False,
+)
+CANCEL = send(
+    f"CANCEL {AGENT_URI} SIP/2.0",
+    ["[last_Via:]", FROM, TO_AGENT, CALL_ID, "CSeq: 1 CANCEL"],
+    retrans=False,
+)
+
+
+def scenario(*steps: str) -> str:
+    body = "".join(textwrap.dedent(step) if step.startswith(" ") else step for step in steps)
+    return (
+        f'<?xml version="1.0" encoding="ISO-8859-1" ?>\n<scenario name="kame">\n{body}</scenario>\n'
+    )
+
+
+def invite_scenario(expect: int, formats: str = "0 101") -> str:
+    """INVITE, refused with `expect`, ACKed."""
+    return scenario(
+        request("INVITE", sdp(formats)),
+        '  <recv response="100" optional="true"/>\n',
+        f'  <recv response="{expect}"/>\n',
+        ACK_ERROR,
+    )
+
+
+# Our answer to a BYE the service sends.
+BYE_200 = send(
+    "SIP/2.0 200 OK",
+    ["[last_Via:]", "[last_From:]", "[last_To:]", "[last_Call-ID:]", "[last_CSeq:]"],
+    retrans=False,
+)

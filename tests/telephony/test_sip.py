@@ -15,7 +15,6 @@ import contextlib
 import itertools
 import socket
 import struct
-import textwrap
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,18 @@ from services.telephony.sip import (
 )
 from tests.gateway.fakes import FakeFrontend, Fakes
 from tests.support import wait_until
-from tests.telephony.sip_support import SIPP_PCAPS, SippResult, sipp
+from tests.telephony.sip_support import (
+    ACK_ERROR,
+    CANCEL,
+    SIPP_PCAPS,
+    SippResult,
+    in_dialog,
+    invite_scenario,
+    request,
+    scenario,
+    sdp,
+    sipp,
+)
 
 # ---- the service behind the phone -----------------------------------------------
 
@@ -235,76 +245,6 @@ async def test_a_second_call_over_max_sessions_is_busy(rig, tmp_path):
 
 # ---- SIPp ---------------------------------------------------------------------------
 
-SDP_PCMU = """\
-v=0
-o=sipp 1 1 IN IP4 [media_ip]
-s=-
-c=IN IP4 [media_ip]
-t=0 0
-m=audio [media_port] RTP/AVP {formats}
-{rtpmaps}
-a=ptime:20
-a=sendrecv
-"""
-
-
-def sdp(formats: str = "0 101") -> str:
-    names = {"0": "PCMU/8000", "8": "PCMA/8000", "9": "G722/8000", "101": "telephone-event/8000"}
-    rtpmaps = "\n".join(f"a=rtpmap:{f} {names[f]}" for f in formats.split())
-    return SDP_PCMU.format(formats=formats, rtpmaps=rtpmaps)
-
-
-# Header lines of the requests SIPp sends (its [keywords] fill them in).
-AGENT_URI = "sip:agent@[remote_ip]:[remote_port]"
-VIA = "Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]"
-FROM = "From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag[call_number]"
-TO_AGENT = f"To: <{AGENT_URI}>"
-CALL_ID = "Call-ID: [call_id]"
-CONTACT = "Contact: <sip:sipp@[local_ip]:[local_port]>"
-
-
-def send(start_line: str, headers: list[str], body: str = "", retrans: bool = True) -> str:
-    """A SIPp <send> of one request; `retrans` makes SIPp resend it until answered,
-    as UDP needs. An ACK is never answered; these tests send a CANCEL once too."""
-    content = ["Content-Type: application/sdp"] if body else []
-    message = "\n".join(
-        [start_line, *headers, "Max-Forwards: 70", *content, "Content-Length: [len]", "", body]
-    )
-    attributes = ' retrans="500"' if retrans else ""
-    return f"  <send{attributes}>\n    <![CDATA[\n{message}\n    ]]>\n  </send>\n"
-
-
-def request(method: str, body: str = "", cseq: int = 1) -> str:
-    """An out-of-dialog request (INVITE, OPTIONS)."""
-    headers = [VIA, FROM, TO_AGENT, CALL_ID, f"CSeq: {cseq} {method}", CONTACT]
-    return send(f"{method} {AGENT_URI} SIP/2.0", headers, body)
-
-
-def in_dialog(method: str, cseq: int, body: str = "") -> str:
-    """A request within the dialog the last 200 made."""
-    headers = [VIA, FROM, "[last_To:]", CALL_ID, f"CSeq: {cseq} {method}", CONTACT]
-    return send(f"{method} [next_url] SIP/2.0", headers, body, retrans=method != "ACK")
-
-
-# The ACK of a final error response: the INVITE's own transaction (its Via, From, To).
-ACK_ERROR = send(
-    f"ACK {AGENT_URI} SIP/2.0",
-    ["[last_Via:]", "[last_From:]", "[last_To:]", CALL_ID, "CSeq: 1 ACK"],
-    retrans=False,
-)
-CANCEL = send(
-    f"CANCEL {AGENT_URI} SIP/2.0",
-    ["[last_Via:]", FROM, TO_AGENT, CALL_ID, "CSeq: 1 CANCEL"],
-    retrans=False,
-)
-
-
-def scenario(*steps: str) -> str:
-    body = "".join(textwrap.dedent(step) if step.startswith(" ") else step for step in steps)
-    return (
-        f'<?xml version="1.0" encoding="ISO-8859-1" ?>\n<scenario name="kame">\n{body}</scenario>\n'
-    )
-
 
 async def sipp_sampling(
     xml: str, sip: SipServer, tmp_path: Path, sample: Callable[[], None]
@@ -322,16 +262,6 @@ async def sipp_sampling(
         return await sipp(xml, f"127.0.0.1:{sip.port}", tmp_path)
     finally:
         watcher.cancel()
-
-
-def invite_scenario(expect: int, formats: str = "0 101") -> str:
-    """INVITE, refused with `expect`, ACKed."""
-    return scenario(
-        request("INVITE", sdp(formats)),
-        '  <recv response="100" optional="true"/>\n',
-        f'  <recv response="{expect}"/>\n',
-        ACK_ERROR,
-    )
 
 
 async def test_refusals_and_options(rig, tmp_path):

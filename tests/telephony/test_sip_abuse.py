@@ -30,17 +30,17 @@ from tests.gateway import test_admission
 from tests.support import wait_until
 from tests.telephony import test_sip
 from tests.telephony.phone_support import refused, sample
-from tests.telephony.sip_support import SIPP_PCAPS, sipp
-from tests.telephony.test_sip import (
-    CLOCK_RATE,
-    all_ended,
+from tests.telephony.sip_support import (
+    BYE_200,
+    SIPP_PCAPS,
     in_dialog,
     invite_scenario,
     request,
     scenario,
     sdp,
-    send,
+    sipp,
 )
+from tests.telephony.test_sip import CLOCK_RATE, all_ended
 
 # The SIP tests' rig (a gateway on the shared fakes, SIP servers), and the stt and
 # oracle capacity registries of the admission tests.
@@ -311,12 +311,6 @@ async def test_a_gateway_at_capacity_gets_the_ringing_phone_503_with_retry_after
 
 
 # ---- vanished phones ----------------------------------------------------------------
-
-BYE_200 = send(
-    "SIP/2.0 200 OK",
-    ["[last_Via:]", "[last_From:]", "[last_To:]", "[last_Call-ID:]", "[last_CSeq:]"],
-    retrans=False,
-)
 
 
 async def test_a_phone_that_stops_sending_rtp_is_hung_up_with_bye(rig, tmp_path):
