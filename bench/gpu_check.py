@@ -70,7 +70,7 @@ from kame_cli.bench.conversation import frame_lag_stats, frame_lags
 from kame_cli.bench.metrics import parse_histogram
 from kame_cli.bench.questions import load_questions
 from kame_cli.bench.stacks import BenchStack
-from kame_cli.stack import Ports, StackOptions, free_ports
+from kame_cli.stack_options import Ports, StackOptions, free_ports
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
 from services.frontend.engines.kame.batch import SlotBatch
 from services.frontend.engines.kame.checkpoint import parse_dtype

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from kame_cli import llm_server
 from kame_cli.bench.report import print_table, write_json
-from kame_cli.stack import free_ports
+from kame_cli.stack_options import free_ports
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.session import SessionFactory

@@ -43,7 +43,7 @@ from typing import Any
 
 from kame_cli import llm_server, talk
 from kame_cli.bench.questions import heard, words
-from kame_cli.stack import free_ports
+from kame_cli.stack_options import free_ports
 from kame_common.audio import SAMPLE_RATE, resample
 
 OUT_DIR = Path(__file__).resolve().parent / "questions" / "espeak"

@@ -44,7 +44,7 @@ from kame_cli.bench.baresip import Baresip, caller_wav
 from kame_cli.bench.questions import Question, load_questions
 from kame_cli.bench.report import write_json
 from kame_cli.bench.stacks import BenchStack
-from kame_cli.stack import Ports, add_arguments, free_ports, options_from_args
+from kame_cli.stack_options import Ports, add_arguments, free_ports, options_from_args
 from kame_common.audio import SAMPLE_RATE
 from kamepb import gateway_pb2
 from services.telephony.call import PhoneCall

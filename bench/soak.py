@@ -54,7 +54,8 @@ from kame_cli.bench.conversation import frame_lag_stats, frame_lags
 from kame_cli.bench.questions import Question, load_questions
 from kame_cli.bench.report import write_json
 from kame_cli.bench.stacks import BenchStack
-from kame_cli.stack import Ports, Stack, add_arguments, free_ports, options_from_args
+from kame_cli.stack import Stack
+from kame_cli.stack_options import Ports, add_arguments, free_ports, options_from_args
 from kame_cli.supervise import Supervisor
 from kame_common.audio import SAMPLE_RATE
 

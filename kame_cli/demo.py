@@ -14,7 +14,8 @@ import asyncio
 from pathlib import Path
 
 from kame_cli import say, talk
-from kame_cli.stack import Ports, Stack, StackOptions
+from kame_cli.stack import Stack
+from kame_cli.stack_options import Ports, StackOptions
 from kame_common.audio import SAMPLE_RATE
 
 QUESTION = "What is the capital of France?"

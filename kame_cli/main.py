@@ -16,7 +16,7 @@ import traceback
 from kame_cli.errors import INTERRUPTED, USAGE, exit_code, one_line
 
 COMMANDS = {
-    "up": ("kame_cli.stack", "run the whole stack as processes on loopback"),
+    "up": ("kame_cli.up", "run the whole stack as processes on loopback"),
     "status": ("kame_cli.status", "health, load and latency of a running stack"),
     "say": ("kame_cli.say", "synthesize a spoken question with the piper voice"),
     "talk": ("kame_cli.talk", "stream a WAV to the gateway and save the agent's answer"),

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from kame_cli.errors import USAGE, CliError, one_line
-from kame_cli.stack import add_dtype_argument
+from kame_cli.stack_options import add_dtype_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

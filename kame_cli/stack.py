@@ -1,21 +1,5 @@
-"""`kame up`: the whole stack as processes on loopback, until Ctrl-C.
-
-Starts Redis (unless one answers on the Redis port, or --redis-url names
-one), the embedded LLM server (`kame llm-server`, unless --llm-base-url points
-at another OpenAI-compatible server or --llm-backend anthropic uses the
-Anthropic API; API keys come from OPENAI_API_KEY / ANTHROPIC_API_KEY in the
-environment, which the oracle inherits), then stt, oracle, frontend and gateway
-(`python -m services.<name>`), configured through their KAME_<SVC>_* variables
-to find each other on 127.0.0.1, and the web service (the browser page, a
-client of the gateway). It waits until every one is ready (gRPC
-health SERVING, which the oracle reports only after warming up its LLM's
-prompt; the LLM server's ready line, which it prints after its own warm-up;
-the web service's /healthz; Redis PING; and the gateway reports SERVING only
-once stt, the oracle and a frontend do: services/gateway/readiness.py), prints
-the endpoints and the page's URL, restarts any process that dies (with
-backoff, printed: kame_cli.supervise), and on Ctrl-C
-or SIGTERM stops them all (SIGTERM to each process group, SIGKILL after a
-timeout). Each child's output goes to a log file in --log-dir.
+"""The stack as processes on loopback (`Stack`): what `kame up` runs, and
+`kame demo`, `kame bench` and the tests, on free ports.
 
 Before it starts anything it checks that every port it needs (each service's
 gRPC and metrics port, the LLM server's, Redis's when it starts Redis) is
@@ -29,53 +13,33 @@ The side services (stt, oracle and the embedded LLM server) run at a lower
 CPU priority (niceness --side-nice, 10 by default) than gateway and frontend:
 on a small machine Whisper and the LLM would otherwise take the cores the
 voice path needs to deliver every agent frame on time. That holds only while
-the children share our session (see Child.start).
-
-`Stack` is also what `kame demo` uses, with free ports.
+the children share our session (see kame_cli.child.Child.start).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Protocol
-
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kame_cli import llm_server
-from kame_cli.errors import USAGE, CliError
-from kame_cli.listeners import describe_holder, holders, port_is_free, process_group
-from kame_cli.supervise import Supervisor
-from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
+from kame_cli.child import Child, StackError, grpc_serving, http_ok, redis_answers
+from kame_cli.listeners import describe_holder, port_is_free
+from kame_cli.stack_options import LOOPBACK, StackOptions
 from kame_common.store import redacted_url
-from services.frontend.config import DTYPES
 
-LOOPBACK = "127.0.0.1"
 SERVICES = ("stt", "oracle", "frontend", "gateway")
 SIDE_PROCESSES = ("llm", "stt", "oracle")  # off the voice path: they may wait for a core
 REDIS_MAXMEMORY = "256mb"  # the Redis kame up starts: far above what 64 calls keep
 UDP_PORTS = ("sip",)  # the rest of the ports are TCP
 INGRESS = ("web", "telephony")  # HTTP services in front of the gateway
-
-
-class StackError(CliError):
-    """A port is taken, or a process did not start or answer; the message says
-    which and where its log is."""
 
 
 def stack_file(gateway_port: int) -> Path:
@@ -84,186 +48,9 @@ def stack_file(gateway_port: int) -> Path:
     return Path(tempfile.gettempdir()) / f"kame-{os.getuid()}" / f"stack-{gateway_port}.json"
 
 
-@dataclass
-class Ports:
-    gateway: int = SERVICE_PORTS["gateway"].grpc
-    frontend: int = SERVICE_PORTS["frontend"].grpc
-    stt: int = SERVICE_PORTS["stt"].grpc
-    oracle: int = SERVICE_PORTS["oracle"].grpc
-    llm: int = LLM_PORT
-    redis: int = REDIS_PORT
-    gateway_metrics: int = SERVICE_PORTS["gateway"].metrics
-    frontend_metrics: int = SERVICE_PORTS["frontend"].metrics
-    stt_metrics: int = SERVICE_PORTS["stt"].metrics
-    oracle_metrics: int = SERVICE_PORTS["oracle"].metrics
-    web: int = WEB_PORTS.http
-    web_metrics: int = WEB_PORTS.metrics
-    telephony: int = TELEPHONY_PORTS.http
-    telephony_metrics: int = TELEPHONY_PORTS.metrics
-    sip: int = TELEPHONY_PORTS.sip  # UDP
-    audiosocket: int = TELEPHONY_PORTS.audiosocket
-
-    @classmethod
-    def free(cls, redis: int = 6379) -> Ports:
-        """Free ephemeral ports for everything but Redis (shared by design)."""
-        names = [f.name for f in fields(cls) if f.name != "redis"]
-        return cls(redis=redis, **dict(zip(names, free_ports(len(names)), strict=True)))
-
-
 def llm_threads() -> int:
     """CPU threads of the embedded LLM server: half the cores, at least one."""
     return max(1, (os.cpu_count() or 2) // 2)
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    for _ in range(count):
-        sock = socket.socket()
-        sock.bind((LOOPBACK, 0))
-        sockets.append(sock)
-    ports = [s.getsockname()[1] for s in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
-@dataclass
-class StackOptions:
-    ports: Ports = field(default_factory=Ports)
-    frontend_engine: str = "tts"
-    checkpoint: str = ""
-    device: str = "cpu"
-    dtype: str = "auto"  # bfloat16 on CUDA, float32 otherwise
-    redis_url: str = ""  # empty: 127.0.0.1:<ports.redis>, started if none answers
-    llm_base_url: str = ""  # empty: the embedded llm server (or the vendor API, anthropic)
-    llm_backend: str = ""
-    llm_model: str = ""
-    grace_s: float = 5.0
-    startup_timeout_s: float = 300.0
-    log_dir: Path | None = None
-    side_niceness: int = 10  # of SIDE_PROCESSES (0 = the same priority as the rest)
-    # stt and the oracle publish what they can serve; the gateway refuses calls beyond it.
-    capacity_admission: bool = True
-
-
-def redis_answers(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as reply:
-            return bool(reply.status == 200)
-    except OSError:
-        return False
-
-
-def grpc_serving(address: str, ca_pem: bytes | None = None) -> bool:
-    """Whether the gRPC server at `address` answers its health check SERVING
-    (over TLS verified with `ca_pem` when given)."""
-    channel = (
-        grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca_pem))
-        if ca_pem
-        else grpc.insecure_channel(address)
-    )
-    with channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=1.0
-            )
-        except grpc.RpcError:
-            return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-
-@dataclass
-class Child:
-    name: str
-    command: list[str]
-    env: dict[str, str]
-    ready: Callable[[], bool]
-    endpoint: str
-    ports: tuple[int, ...] = ()  # where it listens: must be its own sockets once ready
-    process: subprocess.Popen | None = None
-    log_path: Path | None = None
-    niceness: int = 0  # added to ours before the child starts, so all its threads inherit it
-    restarts: int = 0  # starts after the first (kame_cli.supervise)
-
-    def start(self, log_dir: Path) -> None:
-        self.log_path = log_dir / f"{self.name}.log"
-        # nice(1) execs the command at the niceness. Not preexec_fn: it makes Python
-        # fork (not vfork) and run Python code in the child of our threaded process
-        # (gRPC's), where a restarted oracle segfaulted before it could exec.
-        command = (
-            ["nice", "-n", str(self.niceness), *self.command] if self.niceness else self.command
-        )
-        # A restart appends: the log keeps why the process died.
-        with open(self.log_path, "ab" if self.process is not None else "wb") as log:
-            self.process = subprocess.Popen(
-                command,
-                env={**os.environ, **self.env},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                # Its own process group, so that Ctrl-C reaches `kame up` alone, which
-                # stops us in order; but our session, not a new one: with the kernel's
-                # autogroups (sched_autogroup_enabled) each session is scheduled as one
-                # group with an equal share, so a niceness would rank threads only
-                # within the child's own group, never against gateway and frontend.
-                process_group=0,
-            )
-
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def has_logged(self, prefix: str) -> bool:
-        """Whether a line of the child's output so far starts with `prefix`."""
-        if self.log_path is None or not self.log_path.exists():
-            return False
-        return any(
-            line.startswith(prefix)
-            for line in self.log_path.read_text(errors="replace").splitlines()
-        )
-
-    def log_tail(self, lines: int = 20) -> str:
-        """The last `lines` lines of the child's output (why a start failed)."""
-        if self.log_path is None or not self.log_path.exists():
-            return "(no log)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def last_log_line(self) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line]
-        return lines[-1].strip() if lines else ""
-
-    def exit_error(self) -> StackError:
-        assert self.process is not None
-        return StackError(
-            f"{self.name} exited with status {self.process.returncode}: "
-            f"{self.last_log_line() or '(no output)'} (log {self.log_path})"
-        )
-
-    def foreign_listener(self) -> str | None:
-        """What else listens on one of our ports ('port N: PID ...'), or None when
-        every socket there is this child's (its process group, which the servers
-        it spawns share)."""
-        assert self.process is not None
-        for port in self.ports:
-            for holder in holders(port):
-                if holder.pid is None or process_group(holder.pid) != self.process.pid:
-                    return f"port {port}: {holder}"
-        return None
-
-    def signal(self, signum: int) -> None:
-        if self.running():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signum)
 
 
 class Stack:
@@ -640,186 +427,3 @@ class Stack:
             )
         )
         return rows
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = Ports()
-    parser.add_argument(
-        "--frontend-engine",
-        choices=("tts", "kame", "moshi"),
-        default="tts",
-        help="tts (CPU, default) or kame/moshi with --checkpoint",
-    )
-    parser.add_argument(
-        "--checkpoint", default="", help="KAME/Moshi checkpoint directory (Hugging Face layout)"
-    )
-    parser.add_argument("--device", default="cpu", help="torch device of the kame/moshi engine")
-    add_dtype_argument(parser)
-    parser.add_argument("--redis-url", default="", help="use this Redis instead of 127.0.0.1")
-    parser.add_argument(
-        "--llm-base-url",
-        default="",
-        help="an OpenAI-compatible server to use instead of the embedded LLM",
-    )
-    parser.add_argument(
-        "--llm-backend",
-        choices=("", "openai", "anthropic"),
-        default="",
-        help="oracle back-end (anthropic: the Anthropic API unless "
-        "--llm-base-url; keys from OPENAI_API_KEY / ANTHROPIC_API_KEY)",
-    )
-    parser.add_argument("--llm-model", default="", help="model name for the oracle")
-    parser.add_argument(
-        "--free-ports", action="store_true", help="pick free ports instead of the defaults"
-    )
-    for name in (
-        "gateway",
-        "frontend",
-        "stt",
-        "oracle",
-        "llm",
-        "redis",
-        "web",
-        "telephony",
-        "sip",
-        "audiosocket",
-    ):
-        parser.add_argument(f"--{name}-port", type=int, default=getattr(defaults, name))
-    parser.add_argument(
-        "--log-dir",
-        type=Path,
-        default=None,
-        help="where each process logs (default: a new temp directory)",
-    )
-    parser.add_argument("--startup-timeout-s", type=float, default=300.0)
-    parser.add_argument(
-        "--side-nice",
-        type=int,
-        default=StackOptions.side_niceness,
-        choices=range(20),
-        metavar="0-19",
-        help="niceness of stt, oracle and the LLM server, so that gateway and frontend "
-        "keep the voice on time on a busy machine (0 = no difference)",
-    )
-    parser.add_argument(
-        "--no-capacity-admission",
-        dest="capacity_admission",
-        action="store_false",
-        help="admit every call: stt and the oracle do not publish what they can serve, "
-        "and the gateway does not refuse calls beyond it",
-    )
-
-
-DTYPE_HELP = (
-    "torch dtype of the kame/moshi engine (default auto: bfloat16 on CUDA, float32 otherwise)"
-)
-
-
-def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
-
-
-def ports_from_args(args: argparse.Namespace) -> Ports:
-    if args.free_ports:
-        return Ports.free(redis=args.redis_port)
-    return Ports(
-        gateway=args.gateway_port,
-        frontend=args.frontend_port,
-        stt=args.stt_port,
-        oracle=args.oracle_port,
-        llm=args.llm_port,
-        redis=args.redis_port,
-        web=args.web_port,
-        telephony=args.telephony_port,
-        sip=args.sip_port,
-        audiosocket=args.audiosocket_port,
-    )
-
-
-class SharedStackSettings(Protocol):
-    """The stack settings `kame up`'s flags (an argparse namespace) and `kame
-    bench`'s config (kame_cli.bench.config.BenchConfig) share, by name."""
-
-    @property
-    def checkpoint(self) -> str: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def redis_url(self) -> str: ...
-    @property
-    def llm_base_url(self) -> str: ...
-    @property
-    def llm_backend(self) -> str: ...
-    @property
-    def llm_model(self) -> str: ...
-    @property
-    def startup_timeout_s(self) -> float: ...
-    @property
-    def capacity_admission(self) -> bool: ...
-
-
-def options_from_args(
-    args: SharedStackSettings, ports: Ports, engine: str, log_dir: Path | None
-) -> StackOptions:
-    """A stack of `engine` on `ports` with the checkpoint, device, Redis and LLM
-    settings in `args`."""
-    return StackOptions(
-        ports=ports,
-        frontend_engine=engine,
-        checkpoint=args.checkpoint if engine != "tts" else "",
-        device=args.device,
-        dtype=args.dtype,
-        redis_url=args.redis_url,
-        llm_base_url=args.llm_base_url,
-        llm_backend=args.llm_backend,
-        llm_model=args.llm_model,
-        startup_timeout_s=args.startup_timeout_s,
-        log_dir=log_dir,
-        capacity_admission=args.capacity_admission,
-    )
-
-
-def _raise_interrupt(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.frontend_engine != "tts" and not args.checkpoint:
-        raise CliError(f"--frontend-engine {args.frontend_engine} needs --checkpoint DIR", USAGE)
-    # Explicit handlers: a shell that starts us in the background ignores SIGINT.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGINT, _raise_interrupt)
-    options = options_from_args(args, ports_from_args(args), args.frontend_engine, args.log_dir)
-    options.side_niceness = args.side_nice
-    stack = Stack(options)
-    stack.check_ports_free()  # before saying anything starts
-    print(
-        f"kame up: starting the stack (gateway {stack.gateway_address}, logs in "
-        f"{stack.log_dir}) ...",
-        flush=True,
-    )
-    try:
-        stack.start()
-        print("KAME stack is up:")
-        for name, endpoint in stack.endpoints():
-            print(f"  {name:<9} {endpoint}")
-        print(
-            f"Talk to it in a browser: open {stack.web_url}\n"
-            f"Call it from a phone: {stack.phone_endpoints} (README: Connect a phone)\n"
-            f"or stream a WAV: kame talk --wav q.wav --out a.wav --timeline t.json "
-            f"--gateway {stack.gateway_address}\n"
-            f"How it is doing: kame status --gateway {stack.gateway_address}\n"
-            "Ctrl-C stops everything.",
-            flush=True,
-        )
-        supervisor = Supervisor(stack, say=lambda line: print(line, flush=True))
-        while True:
-            time.sleep(0.5)
-            supervisor.poll()
-    except KeyboardInterrupt:
-        print("\nkame up: stopping ...", flush=True)
-        return 0
-    finally:
-        stack.stop()

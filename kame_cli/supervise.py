@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # kame_cli.stack runs the supervisor
-    from kame_cli.stack import Child, Stack
+if TYPE_CHECKING:  # kame_cli.up runs the supervisor
+    from kame_cli.child import Child
+    from kame_cli.stack import Stack
 
 
 @dataclass

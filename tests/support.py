@@ -24,7 +24,7 @@ def served_llm(**launch_options: Any) -> Iterator[str]:
     """Base URL of a real embedded LLM server (kame_cli.llm_server.launch on a free
     port, Gemma 3 270M), stopped when the block ends."""
     from kame_cli import llm_server
-    from kame_cli.stack import free_ports
+    from kame_cli.stack_options import free_ports
 
     port = free_ports(1)[0]
     process = llm_server.launch(port=port, quiet=True, **launch_options)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kame_cli.stack import free_ports
+from kame_cli.stack_options import free_ports
 
 BARESIP = shutil.which("baresip") or "baresip"
 RATE = 8000

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kame_cli.stack import DTYPE_HELP
+from kame_cli.stack_options import DTYPE_HELP
 from kame_common.audio import FRAME_SECONDS
 from services.frontend.config import DTYPES
 

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kame_cli.bench.runs import Run
 from kame_cli.bench.stats import rounded
-from kame_cli.stack import Ports
+from kame_cli.stack_options import Ports
 
 STEP_METRIC = "kame_frontend_step_seconds"
 ROUND_TRIP_METRIC = "kame_gateway_frame_round_trip_seconds"

@@ -31,7 +31,8 @@ from kame_cli.bench.questions import Question, heard
 from kame_cli.bench.runs import Run
 from kame_cli.bench.stacks import BenchStack, engine_stack, group_by_engine
 from kame_cli.bench.stats import percentile, rounded
-from kame_cli.stack import Stack, StackError
+from kame_cli.child import StackError
+from kame_cli.stack import Stack
 from kame_common.audio import SAMPLE_RATE
 
 CHUNK_MS = 80  # one internal frame per chunk, so client chunk k is gateway frame k

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from kame_cli.bench.config import BenchConfig
 from kame_cli.bench.runs import Run
-from kame_cli.stack import Ports, Stack, StackOptions, free_ports, options_from_args
+from kame_cli.stack import Stack
+from kame_cli.stack_options import Ports, StackOptions, free_ports, options_from_args
 
 MIN_FRONTEND_SLOTS = 4
 

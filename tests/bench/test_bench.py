@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from kame_cli import say, talk
 from kame_cli.bench import conversation, metrics, questions, runs
 from kame_cli.bench.config import BenchConfig, parse_config
-from kame_cli.stack import Ports, options_from_args
+from kame_cli.stack_options import Ports, options_from_args
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
 from kame_common.metrics import FRAME_BUCKETS
 

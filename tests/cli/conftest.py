@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kame_cli.child import grpc_serving
 from kame_cli.say import write_wav
-from kame_cli.stack import free_ports, grpc_serving
+from kame_cli.stack_options import free_ports
 from tests.security.certs import CertificateAuthority
 
 ROOT = Path(__file__).resolve().parents[2]

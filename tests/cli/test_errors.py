@@ -10,7 +10,7 @@ import wave
 import pytest
 
 from kame_cli.errors import exit_code, one_line
-from kame_cli.stack import free_ports
+from kame_cli.stack_options import free_ports
 from kame_common.config import ConfigError
 from tests.cli.conftest import assert_fails_in_one_line, kame
 

@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
+from kame_cli.child import Child, StackError
 from kame_cli.listeners import describe_holder, holders, port_is_free
-from kame_cli.stack import Child, Ports, Stack, StackError, StackOptions, free_ports
+from kame_cli.stack import Stack
+from kame_cli.stack_options import Ports, StackOptions, free_ports
 
 SHARING_SERVER = """
 import socket, sys, time

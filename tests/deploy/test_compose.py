@@ -29,7 +29,8 @@ from cryptography import x509
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kame_cli import llm_server
-from kame_cli.stack import Stack, StackOptions
+from kame_cli.stack import Stack
+from kame_cli.stack_options import StackOptions
 from kame_common.ports import LLM_PORT, REDIS_PORT
 from services.telephony.config import TelephonySettings
 from tests.deploy.conftest import (

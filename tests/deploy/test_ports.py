@@ -13,7 +13,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from kame_cli.stack import Ports, Stack, StackError, StackOptions, stack_file
+from kame_cli.child import StackError
+from kame_cli.stack import Stack, stack_file
+from kame_cli.stack_options import Ports, StackOptions
 from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
 from tests.deploy.conftest import (
     CHART,

@@ -32,7 +32,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from kame_cli.stack import free_ports
+from kame_cli.stack_options import free_ports
 from kame_common import store, tracing
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
 from kame_common.converse import ConverseClient

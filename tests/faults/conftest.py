@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kame_cli.stack import Child, Ports, Stack, StackOptions
+from kame_cli.child import Child
+from kame_cli.stack import Stack
+from kame_cli.stack_options import Ports, StackOptions
 from kame_cli.supervise import Supervisor
 from tests.e2e.conftest import with_db
 

@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 
 from kame_cli.bench.conversation import frame_lags
-from kame_cli.stack import Ports, Stack, StackOptions
+from kame_cli.stack import Stack
+from kame_cli.stack_options import Ports, StackOptions
 from kame_cli.talk import TalkOptions, TalkResult, talk
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, float_to_pcm16
 from kamepb import gateway_pb2

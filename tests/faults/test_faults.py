@@ -25,7 +25,8 @@ import pytest
 
 from kame_cli import talk
 from kame_cli.bench.conversation import frame_lags
-from kame_cli.stack import Child, free_ports, grpc_serving
+from kame_cli.child import Child, grpc_serving
+from kame_cli.stack_options import free_ports
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
 from tests.faults.conftest import child, restart
 from tests.support import conversation, word_recall

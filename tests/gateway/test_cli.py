@@ -13,8 +13,10 @@ import wave
 import numpy as np
 import pytest
 
+from kame_cli.child import Child, StackError
 from kame_cli.main import main
-from kame_cli.stack import SERVICES, Child, Ports, Stack, StackError, StackOptions
+from kame_cli.stack import SERVICES, Stack
+from kame_cli.stack_options import Ports, StackOptions
 from kame_cli.talk import read_wav, speech_region
 from kame_common.audio import SAMPLE_RATE, resample
 

@@ -18,7 +18,8 @@ import torch
 from moshi.models import loaders
 from safetensors.torch import load_file
 
-from kame_cli.stack import Stack, StackOptions
+from kame_cli.stack import Stack
+from kame_cli.stack_options import StackOptions
 from services.frontend.config import DTYPES, FrontendSettings
 from services.frontend.engines.base import SessionParams
 from services.frontend.engines.kame import checkpoint
@@ -276,7 +277,7 @@ def test_dtype_auto_is_bfloat16_on_cuda_and_float32_elsewhere():
 @pytest.mark.parametrize(
     ("module", "required"),
     [
-        ("kame_cli.stack", []),
+        ("kame_cli.up", []),
         ("kame_cli.bench", []),
         ("kame_cli.replay", ["--checkpoint", "c", "--trace", "t", "--out", "o"]),
     ],

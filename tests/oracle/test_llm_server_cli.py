@@ -14,7 +14,8 @@ import urllib.request
 import pytest
 
 from kame_cli import llm_server
-from kame_cli.stack import Ports, Stack, StackOptions, free_ports
+from kame_cli.stack import Stack
+from kame_cli.stack_options import Ports, StackOptions, free_ports
 from services.oracle.prompts import gemma_prefix, warm_up_chat_messages
 
 

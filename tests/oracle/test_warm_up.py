@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kame_cli.stack import free_ports
+from kame_cli.stack_options import free_ports
 from kamepb import oracle_pb2
 from services.oracle.prompts import (
     AGENT,

@@ -20,7 +20,7 @@ import redis
 import redis.asyncio as redis_asyncio
 from redis.exceptions import AuthenticationError, ResponseError
 
-from kame_cli.stack import free_ports
+from kame_cli.stack_options import free_ports
 from kame_cli.talk import TalkOptions, talk
 from kame_common import store
 from kame_common.audio import SAMPLE_RATE

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from kame_cli.stack import free_ports
+from kame_cli.stack_options import free_ports
 from kame_common import store
 from kame_common.config import ConfigError, ServiceSettings
 from kame_common.server import ServiceRuntime

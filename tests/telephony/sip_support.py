@@ -13,7 +13,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from kame_cli.stack import free_ports
+from kame_cli.stack_options import free_ports
 
 SIPP = shutil.which("sipp") or "sipp"
 SIPP_PCAPS = Path("/usr/share/sip-tester")
@@ -69,7 +69,7 @@ async def sipp(
         f"{int(timeout_s)}s",
         "-timeout_error",
         "-nostdin",
-        "-bg" if False else "-trace_err",
+        "-trace_err",  # the errors log, which sipp_errors() reads
         *extra,
     ]
     process = await asyncio.create_subprocess_exec(
@@ -155,6 +155,18 @@ CANCEL = send(
     ["[last_Via:]", FROM, TO_AGENT, CALL_ID, "CSeq: 1 CANCEL"],
     retrans=False,
 )
+
+
+def answered(invite: str = "", ok: str = '  <recv response="200" rrs="true"/>\n') -> list[str]:
+    """A call's opening steps: the INVITE (`invite`, or one offering sdp()), its
+    provisional responses, our 200 OK (`ok`: the step receiving it) and the ACK."""
+    return [
+        invite or request("INVITE", sdp()),
+        '  <recv response="100" optional="true"/>\n',
+        '  <recv response="180" optional="true"/>\n',
+        ok,
+        in_dialog("ACK", 1),
+    ]
 
 
 def scenario(*steps: str) -> str:

@@ -1,0 +1,213 @@
+"""What a stack is made of (`StackOptions`, with its `Ports`) and `kame up`'s
+flags that set it (`add_arguments`, `options_from_args`), whose stack
+settings kame bench's config shares by name (`SharedStackSettings`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Protocol
+
+from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
+from services.frontend.config import DTYPES
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class Ports:
+    gateway: int = SERVICE_PORTS["gateway"].grpc
+    frontend: int = SERVICE_PORTS["frontend"].grpc
+    stt: int = SERVICE_PORTS["stt"].grpc
+    oracle: int = SERVICE_PORTS["oracle"].grpc
+    llm: int = LLM_PORT
+    redis: int = REDIS_PORT
+    gateway_metrics: int = SERVICE_PORTS["gateway"].metrics
+    frontend_metrics: int = SERVICE_PORTS["frontend"].metrics
+    stt_metrics: int = SERVICE_PORTS["stt"].metrics
+    oracle_metrics: int = SERVICE_PORTS["oracle"].metrics
+    web: int = WEB_PORTS.http
+    web_metrics: int = WEB_PORTS.metrics
+    telephony: int = TELEPHONY_PORTS.http
+    telephony_metrics: int = TELEPHONY_PORTS.metrics
+    sip: int = TELEPHONY_PORTS.sip  # UDP
+    audiosocket: int = TELEPHONY_PORTS.audiosocket
+
+    @classmethod
+    def free(cls, redis: int = 6379) -> Ports:
+        """Free ephemeral ports for everything but Redis (shared by design)."""
+        names = [f.name for f in fields(cls) if f.name != "redis"]
+        return cls(redis=redis, **dict(zip(names, free_ports(len(names)), strict=True)))
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.bind((LOOPBACK, 0))
+        sockets.append(sock)
+    ports = [s.getsockname()[1] for s in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+@dataclass
+class StackOptions:
+    ports: Ports = field(default_factory=Ports)
+    frontend_engine: str = "tts"
+    checkpoint: str = ""
+    device: str = "cpu"
+    dtype: str = "auto"  # bfloat16 on CUDA, float32 otherwise
+    redis_url: str = ""  # empty: 127.0.0.1:<ports.redis>, started if none answers
+    llm_base_url: str = ""  # empty: the embedded llm server (or the vendor API, anthropic)
+    llm_backend: str = ""
+    llm_model: str = ""
+    grace_s: float = 5.0
+    startup_timeout_s: float = 300.0
+    log_dir: Path | None = None
+    side_niceness: int = 10  # of SIDE_PROCESSES (0 = the same priority as the rest)
+    # stt and the oracle publish what they can serve; the gateway refuses calls beyond it.
+    capacity_admission: bool = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = Ports()
+    parser.add_argument(
+        "--frontend-engine",
+        choices=("tts", "kame", "moshi"),
+        default="tts",
+        help="tts (CPU, default) or kame/moshi with --checkpoint",
+    )
+    parser.add_argument(
+        "--checkpoint", default="", help="KAME/Moshi checkpoint directory (Hugging Face layout)"
+    )
+    parser.add_argument("--device", default="cpu", help="torch device of the kame/moshi engine")
+    add_dtype_argument(parser)
+    parser.add_argument("--redis-url", default="", help="use this Redis instead of 127.0.0.1")
+    parser.add_argument(
+        "--llm-base-url",
+        default="",
+        help="an OpenAI-compatible server to use instead of the embedded LLM",
+    )
+    parser.add_argument(
+        "--llm-backend",
+        choices=("", "openai", "anthropic"),
+        default="",
+        help="oracle back-end (anthropic: the Anthropic API unless "
+        "--llm-base-url; keys from OPENAI_API_KEY / ANTHROPIC_API_KEY)",
+    )
+    parser.add_argument("--llm-model", default="", help="model name for the oracle")
+    parser.add_argument(
+        "--free-ports", action="store_true", help="pick free ports instead of the defaults"
+    )
+    for name in (
+        "gateway",
+        "frontend",
+        "stt",
+        "oracle",
+        "llm",
+        "redis",
+        "web",
+        "telephony",
+        "sip",
+        "audiosocket",
+    ):
+        parser.add_argument(f"--{name}-port", type=int, default=getattr(defaults, name))
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="where each process logs (default: a new temp directory)",
+    )
+    parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+    parser.add_argument(
+        "--side-nice",
+        type=int,
+        default=StackOptions.side_niceness,
+        choices=range(20),
+        metavar="0-19",
+        help="niceness of stt, oracle and the LLM server, so that gateway and frontend "
+        "keep the voice on time on a busy machine (0 = no difference)",
+    )
+    parser.add_argument(
+        "--no-capacity-admission",
+        dest="capacity_admission",
+        action="store_false",
+        help="admit every call: stt and the oracle do not publish what they can serve, "
+        "and the gateway does not refuse calls beyond it",
+    )
+
+
+DTYPE_HELP = (
+    "torch dtype of the kame/moshi engine (default auto: bfloat16 on CUDA, float32 otherwise)"
+)
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
+
+
+def ports_from_args(args: argparse.Namespace) -> Ports:
+    if args.free_ports:
+        return Ports.free(redis=args.redis_port)
+    return Ports(
+        gateway=args.gateway_port,
+        frontend=args.frontend_port,
+        stt=args.stt_port,
+        oracle=args.oracle_port,
+        llm=args.llm_port,
+        redis=args.redis_port,
+        web=args.web_port,
+        telephony=args.telephony_port,
+        sip=args.sip_port,
+        audiosocket=args.audiosocket_port,
+    )
+
+
+class SharedStackSettings(Protocol):
+    """The stack settings `kame up`'s flags (an argparse namespace) and `kame
+    bench`'s config (kame_cli.bench.config.BenchConfig) share, by name."""
+
+    @property
+    def checkpoint(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def redis_url(self) -> str: ...
+    @property
+    def llm_base_url(self) -> str: ...
+    @property
+    def llm_backend(self) -> str: ...
+    @property
+    def llm_model(self) -> str: ...
+    @property
+    def startup_timeout_s(self) -> float: ...
+    @property
+    def capacity_admission(self) -> bool: ...
+
+
+def options_from_args(
+    args: SharedStackSettings, ports: Ports, engine: str, log_dir: Path | None
+) -> StackOptions:
+    """A stack of `engine` on `ports` with the checkpoint, device, Redis and LLM
+    settings in `args`."""
+    return StackOptions(
+        ports=ports,
+        frontend_engine=engine,
+        checkpoint=args.checkpoint if engine != "tts" else "",
+        device=args.device,
+        dtype=args.dtype,
+        redis_url=args.redis_url,
+        llm_base_url=args.llm_base_url,
+        llm_backend=args.llm_backend,
+        llm_model=args.llm_model,
+        startup_timeout_s=args.startup_timeout_s,
+        log_dir=log_dir,
+        capacity_admission=args.capacity_admission,
+    )
