@@ -46,6 +46,7 @@ from tests.telephony.sip_support import (
     CANCEL,
     SIPP_PCAPS,
     SippResult,
+    answered,
     in_dialog,
     invite_scenario,
     request,
@@ -354,11 +355,7 @@ async def test_keys_from_sipp_reach_the_session_once_each(rig, tmp_path):
         for pcap in pcaps
     )
     xml = scenario(
-        request("INVITE", sdp()),
-        '  <recv response="100" optional="true"/>\n',
-        '  <recv response="180" optional="true"/>\n',
-        '  <recv response="200" rrs="true"/>\n',
-        in_dialog("ACK", 1),
+        *answered(),
         play,
         '  <pause milliseconds="300"/>\n',
         in_dialog("BYE", 2),

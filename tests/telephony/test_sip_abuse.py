@@ -33,6 +33,7 @@ from tests.telephony.phone_support import refused, sample
 from tests.telephony.sip_support import (
     BYE_200,
     SIPP_PCAPS,
+    answered,
     in_dialog,
     invite_scenario,
     request,
@@ -175,11 +176,7 @@ async def test_a_stranger_spraying_rtp_at_a_live_call_is_not_heard(rig, tmp_path
     call's RTP port with loud speech and key 9. The gateway hears neither."""
     sip = await rig.sip()
     xml = scenario(
-        request("INVITE", sdp()),
-        '  <recv response="100" optional="true"/>\n',
-        '  <recv response="180" optional="true"/>\n',
-        '  <recv response="200" rrs="true"/>\n',
-        in_dialog("ACK", 1),
+        *answered(),
         '  <pause milliseconds="3000"/>\n',
         in_dialog("BYE", 2),
         '  <recv response="200"/>\n',
@@ -318,11 +315,7 @@ async def test_a_phone_that_stops_sending_rtp_is_hung_up_with_bye(rig, tmp_path)
     1, our BYE comes about a second after its last packet."""
     sip = await rig.sip(rtp_timeout_s=1.0)
     xml = scenario(
-        request("INVITE", sdp()),
-        '  <recv response="100" optional="true"/>\n',
-        '  <recv response="180" optional="true"/>\n',
-        '  <recv response="200" rrs="true"/>\n',
-        in_dialog("ACK", 1),
+        *answered(),
         f'  <nop><action><exec play_pcap_audio="{SIPP_PCAPS / "dtmf_2833_1.pcap"}"/>'
         "</action></nop>\n",
         '  <recv request="BYE" timeout="6000"/>\n',
@@ -339,11 +332,7 @@ async def test_a_call_on_hold_is_not_hung_up_for_its_silence(rig, tmp_path):
     sip = await rig.sip(rtp_timeout_s=0.5)
     held = sdp().replace("a=sendrecv", "a=inactive")
     xml = scenario(
-        request("INVITE", sdp()),
-        '  <recv response="100" optional="true"/>\n',
-        '  <recv response="180" optional="true"/>\n',
-        '  <recv response="200" rrs="true"/>\n',
-        in_dialog("ACK", 1),
+        *answered(),
         in_dialog("INVITE", 2, held),
         '  <recv response="200"/>\n',
         in_dialog("ACK", 2),
@@ -372,11 +361,7 @@ async def test_a_session_timer_nobody_refreshes_ends_the_call_with_bye(rig, tmp_
         "  </recv>\n"
     )
     xml = scenario(
-        invite,
-        '  <recv response="100" optional="true"/>\n',
-        '  <recv response="180" optional="true"/>\n',
-        check,
-        in_dialog("ACK", 1),
+        *answered(invite, check),
         '  <recv request="BYE" timeout="8000"/>\n',
         BYE_200,
     )
