@@ -12,6 +12,7 @@ TurnSummaries that became ready leave with them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -50,6 +51,11 @@ class ClientOutput:
 
     async def put(self, item: ClientItem) -> None:
         await self.queue.put(item)
+
+    def offer(self, item: ClientItem) -> None:
+        """Queue `item` without waiting; dropped when the queue is full."""
+        with contextlib.suppress(asyncio.QueueFull):
+            self.queue.put_nowait(item)
 
     async def next_item(self, supervisor: asyncio.Task[None]) -> ClientItem:
         """The next item for the caller; raises the supervisor's failure at once."""

@@ -53,7 +53,6 @@ half-closed (it writes the last agent turn to Redis) and ends -> done.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -199,9 +198,8 @@ class GatewaySession:
             if self.settings.resume_secret
             else "the gateway is shutting down: reconnect to start a new call"
         )
-        reconnect = notice(Notice.RECONNECT, message)
-        with contextlib.suppress(asyncio.QueueFull):  # a full queue: the call is ending anyway
-            self._output.queue.put_nowait(reconnect)
+        # Not waiting: with the queue full the call is ending anyway.
+        self._output.offer(notice(Notice.RECONNECT, message))
 
     # ---- opening --------------------------------------------------------------
 
