@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+import functools
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -39,12 +41,21 @@ class StreamLog:
     opened: int = 0
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: str = ""  # "finished" (the RPC ended normally) or "cancelled" (by the gateway)
-    # How long the handler waits, after the last request, for a cancellation to show.
-    cancel_wait_s: float = 0.2
+    # How long the handler waits, after the last request, for a cancellation to
+    # show: every normally ending stream pays it, so it is short unless a test
+    # looks at the outcome (expect_normal_end, expect_cancellation).
+    cancel_wait_s: float = 0.02
     _cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
     def of(self, kind: str) -> list:
         return [getattr(r, kind) for r in self.requests if r.WhichOneof("msg") == kind]
+
+    def expect_normal_end(self) -> None:
+        """A test that asserts this stream ended normally: its handler takes 0.2 s
+        to end after the last request, so a gateway that cancels the stream
+        instead of letting it end is seen doing so (grpc.aio shows a cancellation
+        to the handler only, and only while it still runs)."""
+        self.cancel_wait_s = 0.2
 
     def expect_cancellation(self) -> None:
         """A test that expects the gateway to cancel this stream: wait up to 5 s for
@@ -92,6 +103,27 @@ async def _pause_for_cancellation(log: StreamLog) -> None:
         raise
 
 
+Handler = Callable[[Any, AsyncIterator, grpc.aio.ServicerContext], AsyncIterator]
+
+
+def _marks_cancellation(handler: Handler) -> Handler:
+    """A fake's handler that records its stream's cancellation wherever it hits:
+    during the pause after the last request (see _log_requests), while it waits
+    for a request, or while grpc.aio sends one of its responses (the handler is
+    then closed where it yielded it)."""
+
+    @functools.wraps(handler)
+    async def handle(fake: Any, requests: AsyncIterator, context: grpc.aio.ServicerContext):
+        try:
+            async for response in handler(fake, requests, context):
+                yield response
+        except (asyncio.CancelledError, GeneratorExit):
+            fake.log.mark_cancelled()
+            raise
+
+    return handle
+
+
 class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
     """One agent frame per caller frame. `speak_at`: frames from this seq on are
     speaking; `words`: {seq: (text, generation)} agent words starting in that
@@ -113,6 +145,7 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
         self.refuse: grpc.StatusCode | None = None
         self.silent_start = False
 
+    @_marks_cancellation
     async def Stream(self, request_iterator, context):  # noqa: N802 (gRPC method name)
         self.log.watch(context)
         requests = _log_requests(request_iterator, self.log)
@@ -172,6 +205,7 @@ class FakeStt(stt_pb2_grpc.SttServicer):
         self.hang = False
         self.stall = False
 
+    @_marks_cancellation
     async def Transcribe(self, request_iterator, context):  # noqa: N802 (gRPC method name)
         self.log.watch(context)
         requests = _log_requests(request_iterator, self.log)
@@ -209,6 +243,7 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
         self.fail_after_first = False
         self.stall = False
 
+    @_marks_cancellation
     async def Guide(self, request_iterator, context):  # noqa: N802 (gRPC method name)
         self.log.watch(context)
         requests = _log_requests(request_iterator, self.log)
@@ -227,9 +262,6 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
                     await context.abort(grpc.StatusCode.INTERNAL, item)
                 yield item
             await _pause_for_cancellation(self.log)
-        except asyncio.CancelledError:
-            self.log.mark_cancelled()
-            raise
         finally:
             for task in tasks:
                 task.cancel()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -39,9 +40,15 @@ class Outcome:
     responses: list[gateway_pb2.ConverseResponse]
     code: grpc.StatusCode
     details: str
+    frames_sent: int = 0
 
     def of(self, kind: str) -> list:
         return [getattr(r, kind) for r in self.responses if r.WhichOneof("msg") == kind]
+
+
+# A call that goes on until the test has seen what it waits for ends after this
+# many frames at most (40 s of audio), so that a failing test does not hang.
+MAX_FRAMES_UNTIL = 500
 
 
 async def converse(
@@ -49,19 +56,30 @@ async def converse(
     frames: int,
     config: gateway_pb2.ConverseConfig | None = None,
     pace_s: float = 0.0,
+    until: threading.Event | None = None,
 ) -> Outcome:
     """A whole call: config, `frames` 80 ms frames (one every `pace_s`, or as fast
-    as flow control allows), half-close; every response and the final status. It
-    runs on the sync API in a thread (see `sync_converse`)."""
+    as flow control allows), half-close; every response and the final status.
+    With `until`, frames go on (paced) until the test sets it, then `frames`
+    more: the call lasts as long as what the test waits for takes, not a length
+    long enough for a slow machine. It runs on the sync API in a thread (see
+    `sync_converse`)."""
+    sent = 0
 
     def requests() -> Iterator[gateway_pb2.ConverseRequest]:
+        nonlocal sent
         yield gateway_pb2.ConverseRequest(config=config or Config(include_oracle_updates=True))
+        while until is not None and not until.is_set() and sent < MAX_FRAMES_UNTIL:
+            sent += 1
+            yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+            time.sleep(pace_s)
         for _ in range(frames):
+            sent += 1
             yield gateway_pb2.ConverseRequest(audio=frame_bytes())
             time.sleep(pace_s)
 
     code, details, responses = await asyncio.to_thread(sync_converse, address, requests())
-    return Outcome(responses, code, details)
+    return Outcome(responses, code, details, sent)
 
 
 async def held_open(
@@ -116,6 +134,8 @@ async def test_a_call_flows_through_every_upstream_and_ends_in_order(fakes):
     fakes.frontend.speak_at = 12
     fakes.frontend.words = {12: ("Hmm,", 0), 14: ("Paris", 1)}
     fakes.frontend.turn_end_at = 11
+    for fake in (fakes.frontend, fakes.stt, fakes.oracle):
+        fake.log.expect_normal_end()
     gateway = await fakes.gateway()
     outcome = await converse(gateway.address, frames=20, pace_s=0.04)
 
@@ -160,17 +180,19 @@ def notice_kinds(outcome: Outcome) -> list[int]:
 
 async def test_a_failed_stt_is_reopened_on_the_sessions_clock(fakes):
     fakes.stt.fail_at = 3
-    # Scripted by frame: whichever stream gets frame 30 sends these.
+    # Scripted by frame: whichever stream gets frame 15 sends these (the reopened
+    # one does, live or in its replay).
     fakes.stt.script = {
-        30: [
+        15: [
             activity(Activity.SPEECH_START, "s.1-1", 0.1),
             transcript("s.1-1", "hello again", True, 0.3),
         ]
     }
+    fakes.oracle.log.expect_normal_end()
     gateway = await fakes.gateway(**QUICK_REOPEN)
-    outcome = await converse(gateway.address, frames=40, pace_s=0.02)
+    outcome = await converse(gateway.address, frames=20, pace_s=0.02)
     assert outcome.code == grpc.StatusCode.OK
-    assert len(outcome.of("audio")) == 40
+    assert len(outcome.of("audio")) == 20
     assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE, Notice.ORACLE_RESTORED]
     assert "stt failed" in outcome.of("notice")[0].message
     assert no_internal_address(outcome)
@@ -188,7 +210,7 @@ async def test_a_failed_stt_is_reopened_on_the_sessions_clock(fakes):
     second = requests[reopened + 1]
     start_s = second.audio.seq * 0.08
     heard_again = [r.audio.seq for r in requests[reopened + 1 :] if r.WhichOneof("msg") == "audio"]
-    assert heard_again == list(range(second.audio.seq, 40)) and second.audio.seq <= 3
+    assert heard_again == list(range(second.audio.seq, 20)) and second.audio.seq <= 3
     (heard,) = fakes.frontend.log.of("user_transcript")
     assert heard.text == "hello again"
     assert heard.span.start_s == pytest.approx(start_s)
@@ -201,12 +223,13 @@ async def test_a_failed_oracle_is_reopened_and_answers_the_next_question(fakes):
     fakes.oracle.fail_after_first = True
     fakes.stt.script = {
         2: [transcript("s-1", "hello", False, 0.2)],
-        30: [transcript("s-2", "what is the capital", True, 2.4)],
+        15: [transcript("s-2", "what is the capital", True, 1.2)],
     }
+    fakes.stt.log.expect_normal_end()
     gateway = await fakes.gateway(**QUICK_REOPEN)
-    outcome = await converse(gateway.address, frames=40, pace_s=0.02)
+    outcome = await converse(gateway.address, frames=20, pace_s=0.02)
     assert outcome.code == grpc.StatusCode.OK
-    assert len(outcome.of("audio")) == 40
+    assert len(outcome.of("audio")) == 20
     assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE, Notice.ORACLE_RESTORED]
     assert "oracle failed" in outcome.of("notice")[0].message
     # The same session id again: a real oracle loads the conversation from Redis.
@@ -227,8 +250,18 @@ async def test_the_gateway_keeps_the_conversation_while_the_oracle_is_down(fakes
         6: [transcript("s-1", "hello there", True, 0.5)],  # while it is down
     }
     fakes.frontend.words = {8: ("Hi", 0), 9: ("again", 0)}
-    gateway = await fakes.gateway(side_backoff_s=1.0, side_backoff_max_s=1.0)
-    outcome = await converse(gateway.address, frames=90, pace_s=0.02)
+    # Reopened 0.4-0.6 s after it failed: well after frame 9 (0.18 s), so the final
+    # and the agent's words come while it is down.
+    gateway = await fakes.gateway(side_backoff_s=0.5, side_backoff_max_s=0.5)
+    answered = threading.Event()
+    call = asyncio.ensure_future(converse(gateway.address, 5, pace_s=0.02, until=answered))
+    await wait_until(
+        lambda: any(u.source.text == "hello there" for u in fakes.frontend.log.of("oracle")),
+        "the reopened oracle to answer",
+        5,
+    )
+    answered.set()
+    outcome = await call
     assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE, Notice.ORACLE_RESTORED]
     requests = fakes.oracle.log.requests
     reopened = max(i for i, r in enumerate(requests) if r.WhichOneof("msg") == "config")
@@ -244,14 +277,16 @@ async def test_the_gateway_keeps_the_conversation_while_the_oracle_is_down(fakes
 
 async def test_a_hung_stt_is_found_by_the_watchdog_and_reopened(fakes):
     fakes.stt.hang = True
-    gateway = await fakes.gateway(side_timeout_s=0.3, side_heartbeat_s=0.1, **QUICK_REOPEN)
-    call = asyncio.ensure_future(converse(gateway.address, frames=100, pace_s=0.02))
+    gateway = await fakes.gateway(side_timeout_s=0.2, side_heartbeat_s=0.1, **QUICK_REOPEN)
+    reopened = threading.Event()
+    call = asyncio.ensure_future(converse(gateway.address, 25, pace_s=0.02, until=reopened))
     # A hung stream is cancelled and a new one opened, again and again, while it hangs.
     await wait_until(lambda: fakes.stt.log.opened >= 2, "stt to be reopened", 5)
     fakes.stt.hang = False
+    reopened.set()  # 25 frames (0.5 s) more, for a stream to answer
     outcome = await call
     assert outcome.code == grpc.StatusCode.OK
-    assert len(outcome.of("audio")) == 100
+    assert len(outcome.of("audio")) == outcome.frames_sent
     assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE, Notice.ORACLE_RESTORED]
 
 
@@ -261,9 +296,9 @@ async def test_silence_from_the_caller_is_no_stall(fakes):
 
     async def requests() -> AsyncIterator[gateway_pb2.ConverseRequest]:
         yield gateway_pb2.ConverseRequest(config=Config())
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.6)  # three times side_timeout_s
 
-    gateway = await fakes.gateway(side_timeout_s=0.3, side_heartbeat_s=0.1, **QUICK_REOPEN)
+    gateway = await fakes.gateway(side_timeout_s=0.2, side_heartbeat_s=0.1, **QUICK_REOPEN)
     async with grpc.aio.insecure_channel(gateway.address) as channel:
         call = gateway_pb2_grpc.GatewayStub(channel).Converse(requests())
         responses = [response async for response in call]
@@ -274,11 +309,14 @@ async def test_silence_from_the_caller_is_no_stall(fakes):
 
 async def test_a_stalled_stt_costs_transcripts_not_frames(fakes):
     fakes.stt.stall = True
-    gateway = await fakes.gateway(queue_frames=2, drain_timeout_s=0.3, side_timeout_s=0)
+    # The stalled stream never ends: the call's end waits drain_timeout_s for it.
+    gateway = await fakes.gateway(queue_frames=2, drain_timeout_s=0.1, side_timeout_s=0)
     before = dropped_messages("stt")
-    outcome = await converse(gateway.address, frames=300)
+    # 8 s of audio as fast as flow control allows: the stalled stream's HTTP/2
+    # window and buffer are full after a few dozen frames.
+    outcome = await converse(gateway.address, frames=100)
     assert outcome.code == grpc.StatusCode.OK
-    assert len(outcome.of("audio")) == 300
+    assert len(outcome.of("audio")) == 100
     assert dropped_messages("stt") > before
 
 
@@ -295,13 +333,13 @@ async def test_a_stalled_oracle_costs_agent_text_not_frames(fakes):
     fakes.oracle.stall = True
     fakes.frontend.speak_at = 0
     # Long "words" fill the HTTP/2 window to the stalled oracle quickly.
-    fakes.frontend.words = {seq: ("w" * 50_000, 1) for seq in range(200)}
-    # 16 s of audio as fast as flow control allows.
-    gateway = await fakes.gateway(queue_frames=2, drain_timeout_s=0.3)
+    fakes.frontend.words = {seq: ("w" * 50_000, 1) for seq in range(100)}
+    # 8 s of audio as fast as flow control allows.
+    gateway = await fakes.gateway(queue_frames=2, drain_timeout_s=0.1)
     before = dropped_messages("oracle")
-    outcome = await converse(gateway.address, frames=200)
+    outcome = await converse(gateway.address, frames=100)
     assert outcome.code == grpc.StatusCode.OK
-    assert len(outcome.of("audio")) == 200 and len(outcome.of("agent_text")) == 200
+    assert len(outcome.of("audio")) == 100 and len(outcome.of("agent_text")) == 100
     assert dropped_messages("oracle") > before
 
 
@@ -367,18 +405,18 @@ async def test_a_refusing_frontend(fakes, refusal, code, message):
 
 async def test_a_frontend_that_never_gets_ready_times_out(fakes):
     fakes.frontend.silent_start = True
-    gateway = await fakes.gateway(connect_timeout_s=0.3)
+    gateway = await fakes.gateway(connect_timeout_s=0.1)
     outcome = await converse(gateway.address, frames=3)
     assert outcome.code == grpc.StatusCode.UNAVAILABLE
-    assert "did not start the session within 0.3 s" in outcome.details
+    assert "did not start the session within 0.1 s" in outcome.details
 
 
 async def test_a_side_service_that_is_down_is_one_notice_however_often_it_is_tried(fakes):
     # No readiness check: it would refuse the call while stt is down.
     gateway = await fakes.gateway(stt_address="127.0.0.1:1", readiness_interval_s=0, **QUICK_REOPEN)
     before = upstream_failures("stt")
-    outcome = await converse(gateway.address, frames=25, pace_s=0.02)
-    assert outcome.code == grpc.StatusCode.OK and len(outcome.of("audio")) == 25
+    outcome = await converse(gateway.address, frames=15, pace_s=0.02)
+    assert outcome.code == grpc.StatusCode.OK and len(outcome.of("audio")) == 15
     assert notice_kinds(outcome) == [Notice.ORACLE_UNAVAILABLE]
     assert no_internal_address(outcome)
     assert upstream_failures("stt") - before >= 2
