@@ -87,9 +87,10 @@ class ConnectionPolicy:
             # an idle channel would stop probing its connection.
             options.append(("grpc.http2.max_pings_without_data", 0))
         options.append(("grpc.lb_policy_name", "round_robin"))
+        # Not grpc.min_reconnect_backoff_ms: gRPC takes it as the connect timeout
+        # too (default 20 s), and a peer slow to finish its handshake would fail.
         options += [
             ("grpc.initial_reconnect_backoff_ms", _ms(self.reconnect_backoff_s)),
-            ("grpc.min_reconnect_backoff_ms", _ms(self.reconnect_backoff_s)),
             ("grpc.max_reconnect_backoff_ms", _ms(self.reconnect_backoff_max_s)),
         ]
         # Its own subchannels: one shared with an earlier channel to the same address

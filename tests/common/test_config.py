@@ -82,3 +82,4 @@ def test_connection_settings_are_checked_and_become_grpc_options():
     # A restarted upstream is dialled again within 2 s (gRPC's own backoff grows to 2 min).
     assert channel["grpc.initial_reconnect_backoff_ms"] == 250
     assert channel["grpc.max_reconnect_backoff_ms"] == 2000
+    assert "grpc.min_reconnect_backoff_ms" not in channel  # the connect timeout too
