@@ -15,6 +15,19 @@ from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, TELEPHONY_POR
 from services.frontend.config import DTYPES
 
 LOOPBACK = "127.0.0.1"
+# The ports with a --<name>-port flag; the metrics ports keep their defaults.
+PORT_FLAGS = (
+    "gateway",
+    "frontend",
+    "stt",
+    "oracle",
+    "llm",
+    "redis",
+    "web",
+    "telephony",
+    "sip",
+    "audiosocket",
+)
 
 
 @dataclass
@@ -37,7 +50,7 @@ class Ports:
     audiosocket: int = TELEPHONY_PORTS.audiosocket
 
     @classmethod
-    def free(cls, redis: int = 6379) -> Ports:
+    def free(cls, redis: int = REDIS_PORT) -> Ports:
         """Free ephemeral ports for everything but Redis (shared by design)."""
         names = [f.name for f in fields(cls) if f.name != "redis"]
         return cls(redis=redis, **dict(zip(names, free_ports(len(names)), strict=True)))
@@ -75,59 +88,54 @@ class StackOptions:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    defaults = Ports()
+    defaults = StackOptions()  # the one home of each default
     parser.add_argument(
         "--frontend-engine",
         choices=("tts", "kame", "moshi"),
-        default="tts",
+        default=defaults.frontend_engine,
         help="tts (CPU, default) or kame/moshi with --checkpoint",
     )
     parser.add_argument(
-        "--checkpoint", default="", help="KAME/Moshi checkpoint directory (Hugging Face layout)"
+        "--checkpoint",
+        default=defaults.checkpoint,
+        help="KAME/Moshi checkpoint directory (Hugging Face layout)",
     )
-    parser.add_argument("--device", default="cpu", help="torch device of the kame/moshi engine")
+    parser.add_argument(
+        "--device", default=defaults.device, help="torch device of the kame/moshi engine"
+    )
     add_dtype_argument(parser)
-    parser.add_argument("--redis-url", default="", help="use this Redis instead of 127.0.0.1")
+    parser.add_argument(
+        "--redis-url", default=defaults.redis_url, help="use this Redis instead of 127.0.0.1"
+    )
     parser.add_argument(
         "--llm-base-url",
-        default="",
+        default=defaults.llm_base_url,
         help="an OpenAI-compatible server to use instead of the embedded LLM",
     )
     parser.add_argument(
         "--llm-backend",
         choices=("", "openai", "anthropic"),
-        default="",
+        default=defaults.llm_backend,
         help="oracle back-end (anthropic: the Anthropic API unless "
         "--llm-base-url; keys from OPENAI_API_KEY / ANTHROPIC_API_KEY)",
     )
-    parser.add_argument("--llm-model", default="", help="model name for the oracle")
+    parser.add_argument("--llm-model", default=defaults.llm_model, help="model name for the oracle")
     parser.add_argument(
         "--free-ports", action="store_true", help="pick free ports instead of the defaults"
     )
-    for name in (
-        "gateway",
-        "frontend",
-        "stt",
-        "oracle",
-        "llm",
-        "redis",
-        "web",
-        "telephony",
-        "sip",
-        "audiosocket",
-    ):
-        parser.add_argument(f"--{name}-port", type=int, default=getattr(defaults, name))
+    for name in PORT_FLAGS:
+        parser.add_argument(f"--{name}-port", type=int, default=getattr(defaults.ports, name))
     parser.add_argument(
         "--log-dir",
         type=Path,
-        default=None,
+        default=defaults.log_dir,
         help="where each process logs (default: a new temp directory)",
     )
-    parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+    parser.add_argument("--startup-timeout-s", type=float, default=defaults.startup_timeout_s)
     parser.add_argument(
         "--side-nice",
         type=int,
-        default=StackOptions.side_niceness,
+        default=defaults.side_niceness,
         choices=range(20),
         metavar="0-19",
         help="niceness of stt, oracle and the LLM server, so that gateway and frontend "
@@ -148,24 +156,13 @@ DTYPE_HELP = (
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dtype", choices=DTYPES, default="auto", help=DTYPE_HELP)
+    parser.add_argument("--dtype", choices=DTYPES, default=StackOptions.dtype, help=DTYPE_HELP)
 
 
 def ports_from_args(args: argparse.Namespace) -> Ports:
     if args.free_ports:
         return Ports.free(redis=args.redis_port)
-    return Ports(
-        gateway=args.gateway_port,
-        frontend=args.frontend_port,
-        stt=args.stt_port,
-        oracle=args.oracle_port,
-        llm=args.llm_port,
-        redis=args.redis_port,
-        web=args.web_port,
-        telephony=args.telephony_port,
-        sip=args.sip_port,
-        audiosocket=args.audiosocket_port,
-    )
+    return Ports(**{name: getattr(args, f"{name}_port") for name in PORT_FLAGS})
 
 
 class SharedStackSettings(Protocol):
