@@ -29,13 +29,12 @@ from kame_common.server import ServiceRuntime
 from services.telephony.config import TelephonySettings
 from services.telephony.playout import PCMA, PCMU
 from services.telephony.service import Telephony
-from services.telephony.sip import (
+from services.telephony.sip import SipCall, SipServer
+from services.telephony.sip_media import (
     CLOCK_RATE,
     G711Passthrough,
     MediaChoice,
     PhoneRtp,
-    SipCall,
-    SipServer,
     choose_media,
     on_hold,
 )

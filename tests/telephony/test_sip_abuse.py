@@ -25,7 +25,8 @@ import aiortp
 import numpy as np
 
 from kame_common.audio import pcm16_to_float, rms_dbfs
-from services.telephony.sip import PhoneRtp, SipCall, SipServer
+from services.telephony.sip import SipCall, SipServer
+from services.telephony.sip_media import CLOCK_RATE, G711Passthrough, PhoneRtp
 from tests.gateway import test_admission
 from tests.support import wait_until
 from tests.telephony import test_sip
@@ -41,7 +42,7 @@ from tests.telephony.sip_support import (
     sdp,
     sipp,
 )
-from tests.telephony.test_sip import CLOCK_RATE, all_ended
+from tests.telephony.test_sip import all_ended
 
 # The SIP tests' rig (a gateway on the shared fakes, SIP servers), and the stt and
 # oracle capacity registries of the admission tests.
@@ -216,7 +217,7 @@ async def test_another_ssrc_from_the_phones_own_address_is_dropped_until_a_reinv
         local_addr=target,
         remote_addr=phone.getsockname(),
         payload_type=0,
-        codec=test_sip.G711Passthrough("PCMU"),
+        codec=G711Passthrough("PCMU"),
         jitter_prefetch=1,
         skip_audio_gaps=True,
         plc=False,
