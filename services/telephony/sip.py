@@ -15,9 +15,9 @@ events); services/telephony/README.md says why these. Per INVITE:
   that is answered and hung up at once; with Retry-After when the gateway
   said when to retry);
 - caller RTP only from the address and port the SDP named, with one SSRC
-  (MediaGate; anyone else's packets are dropped), through aiortp's jitter
-  buffer (in order, lost packets skipped) to `caller_audio`, each telephone
-  event once (at its end) to `caller_dtmf`;
+  (sip_media's MediaGate; anyone else's packets are dropped), through aiortp's
+  jitter buffer (in order, lost packets skipped) to `caller_audio`, each
+  telephone event once (at its end) to `caller_dtmf`;
 - a phone that sends no RTP for rtp_timeout_s while not holding the call,
   or (session timers, RFC 4028) does not refresh the session in time, is gone:
   BYE;
@@ -36,7 +36,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
 
 import aiortp
 from aiosipua import (
@@ -46,7 +45,6 @@ from aiosipua import (
     SipRequest,
     SipResponse,
     SipUAS,
-    negotiate_sdp,
 )
 
 from kame_common.aio import cancel_and_wait
@@ -56,11 +54,14 @@ from services.telephony.service import Telephony
 from services.telephony.sip_adapter import UdpTransport, check_private_names, restore_dialog
 from services.telephony.sip_media import (
     CLOCK_RATE,
-    G711Passthrough,
     MediaChoice,
     PhoneRtp,
     choose_media,
+    describe_stats,
+    media_moves_to,
+    media_refusal,
     on_hold,
+    sdp_answer,
 )
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,6 @@ REFUSALS = {
     "codec": (488, "Not Acceptable Here"),
     "media": (488, "Not Acceptable Here"),
 }
-# The jitter buffer: 16 packets (320 ms) of room for reordering, audio handed on
-# once two packets are in (40 ms), a gap skipped once a later packet proves it lost.
-JITTER_CAPACITY = 16
-JITTER_PREFETCH = 2
 # BYE over UDP is retransmitted from T1 doubling up to T2 until answered, for at
 # most 64 * T1 (RFC 3261 17.1.2.2).
 T1_S, T2_S = 0.5, 4.0
@@ -161,17 +158,9 @@ class SipCall:
 
     def answer(self, offer: SdpMessage) -> None:
         """200 OK with our answer to `offer` (the INVITE's or a re-INVITE's)."""
-        answer, _ = negotiate_sdp(
-            offer=offer,
-            local_ip=self.server.telephony.settings.advertised_ip,
-            rtp_port=self.rtp_port,
-            supported_codecs=[self.media.payload_type],
-            dtmf_payload_type=self.media.dtmf_payload_type,
-            session_id=str(self.rtp_port),
-        )
         self._sdp_version += 1
-        answer.origin.session_version = str(self._sdp_version)
-        self.invite.accept(answer)
+        local = (self.server.settings.advertised_ip, self.rtp_port)
+        self.invite.accept(sdp_answer(offer, self.media, local, self._sdp_version))
         self.answered = True
         self._media_expected_since = time.monotonic()  # RTP is due from now (a resume too)
 
@@ -181,9 +170,7 @@ class SipCall:
         if offer is None or self.rtp is None:
             self.invite.accept(self.invite.sdp_answer)  # no offer: the last answer stands
             return
-        held, address = on_hold(offer), offer.rtp_address
-        # Where the media goes from now: a held call's address is not used.
-        moving_to = address if not held and address is not None and address[1] else None
+        held, moving_to = on_hold(offer), media_moves_to(offer)
         if moving_to is not None and not self.server.settings.caller_allowed(moving_to[0]):
             log.warning("sip call %s: re-INVITE to media at %s refused", self.call_id, moving_to)
             self.server.reject(self.invite, 488, "Not Acceptable Here", end_dialog=False)
@@ -335,7 +322,7 @@ class SipServer:
             self._refuse(invite, reason)
             return
         media = choose_media(invite.sdp_offer, self.settings.codec_choices)
-        if reason := self._media_refusal(invite.sdp_offer, media):
+        if reason := media_refusal(invite.sdp_offer, media, self.settings.caller_allowed):
             self.telephony.release()  # the slot admit() took
             self.telephony.refused(PROVIDER, reason)
             self._refuse(invite, reason)
@@ -352,16 +339,6 @@ class SipServer:
         status, phrase = REFUSALS.get(reason, (503, "Service Unavailable"))
         log.info("sip: refused %s from %s: %s", invite.call_id, invite.source_addr[0], reason)
         invite.reject(status, phrase)
-
-    def _media_refusal(self, offer: SdpMessage | None, media: MediaChoice | None) -> str:
-        """Why an INVITE's offer is refused ("" = taken): "codec" without G.711;
-        "media" when its media address is outside allowed_networks: we send RTP
-        there, and a spoofed INVITE must not aim it at a third party."""
-        if media is None or offer is None or offer.rtp_address is None:
-            return "codec"
-        if not self.settings.caller_allowed(offer.rtp_address[0]):
-            return "media"
-        return ""
 
     def _on_reinvite(self, invite: IncomingCall) -> None:
         sip_call = self.calls.get(invite.call_id)
@@ -432,7 +409,7 @@ class SipServer:
         finally:
             self.calls.pop(sip_call.call_id, None)
             if sip_call.rtp is not None:
-                log.info("sip call %s: rtp %s", sip_call.call_id, describe(sip_call.rtp.stats))
+                log.info("sip call %s: rtp %s", sip_call.call_id, describe_stats(sip_call.rtp))
                 await sip_call.rtp.close()
             await self._ports.release(sip_call.rtp_port)
 
@@ -440,21 +417,8 @@ class SipServer:
         invite, media = sip_call.invite, sip_call.media
         offer = invite.sdp_offer
         assert offer is not None and offer.rtp_address is not None
-        rtp = await PhoneRtp.create(
-            local_addr=(self.settings.host, sip_call.rtp_port),
-            remote_addr=offer.rtp_address,
-            payload_type=media.payload_type,
-            codec=G711Passthrough(media.codec.name),
-            clock_rate=CLOCK_RATE,
-            dtmf_payload_type=media.dtmf_payload_type,
-            jitter_capacity=JITTER_CAPACITY,
-            jitter_prefetch=JITTER_PREFETCH,
-            skip_audio_gaps=True,
-            plc=False,  # concealment works on PCM; we pass G.711 through
-        )
-        assert isinstance(rtp, PhoneRtp)
-        rtp.gate.call_id = invite.call_id
-        rtp.gate.expect(offer.rtp_address)
+        local = (self.settings.host, sip_call.rtp_port)
+        rtp = await PhoneRtp.for_call(invite.call_id, media, local, offer.rtp_address)
         sip_call.rtp = rtp
         info = CallInfo(
             provider=PROVIDER,
@@ -542,8 +506,3 @@ def honour_min_se(invite: IncomingCall) -> None:
     min_se = raw.split(";")[0].strip()
     if invite.session_interval and min_se.isascii() and min_se.isdigit():
         invite.session_interval = max(invite.session_interval, int(min_se))
-
-
-def describe(stats: dict[str, Any]) -> str:
-    """One line of an RTP session's statistics, for the log."""
-    return ", ".join(f"{key} {value}" for key, value in sorted(stats.items()))

@@ -1,8 +1,9 @@
 """A SIP call's media: what the phone offers and what we take from it.
 
 - `choose_media`: the codec (PCMU or PCMA, in the order of sip_codecs) and the
-  payload types both ways from the phone's SDP offer; `on_hold` whether an
-  offer holds the call;
+  payload types both ways from the phone's SDP offer; `media_refusal` why an
+  INVITE's offer is refused; `sdp_answer` our answer; `on_hold` and
+  `media_moves_to` what a re-INVITE's offer does;
 - `MediaGate` / `PhoneRtp`: RTP only from the address, port and SSRC the phone
   is known by, RTCP only from its host; the rest dropped and counted;
 - `G711Passthrough`: the "codec" that hands aiortp's payloads on unchanged (the
@@ -16,11 +17,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiortp
-from aiosipua import SdpMessage
+from aiosipua import SdpMessage, negotiate_sdp
 
 from services.telephony import metrics
 from services.telephony.playout import PCMA, PCMU, PhoneCodec
@@ -35,6 +37,10 @@ CODECS = {"PCMU": PCMU, "PCMA": PCMA}
 DEFAULT_DTMF_PAYLOAD_TYPE = 101
 CLOCK_RATE = 8000
 SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz
+# The jitter buffer: 16 packets (320 ms) of room for reordering, audio handed on
+# once two packets are in (40 ms), a gap skipped once a later packet proves it lost.
+JITTER_CAPACITY = 16
+JITTER_PREFETCH = 2
 # The RTP header's SSRC (RFC 3550 5.1): bytes 8..12 of the 12 it has at least.
 RTP_HEADER_BYTES = 12
 
@@ -151,6 +157,33 @@ class PhoneRtp(FilteredRtpSession):
     def accepts_rtcp(self, data: bytes, addr: tuple[str, int]) -> bool:
         return self.gate.takes_rtcp(addr)
 
+    @classmethod
+    async def for_call(
+        cls,
+        call_id: str,
+        media: MediaChoice,
+        local_addr: tuple[str, int],
+        phone_addr: tuple[str, int],
+    ) -> PhoneRtp:
+        """The RTP session of a call: bound to `local_addr`, to and from the phone
+        at `phone_addr` (its SDP's), G.711 passed through."""
+        rtp = await cls.create(
+            local_addr=local_addr,
+            remote_addr=phone_addr,
+            payload_type=media.payload_type,
+            codec=G711Passthrough(media.codec.name),
+            clock_rate=CLOCK_RATE,
+            dtmf_payload_type=media.dtmf_payload_type,
+            jitter_capacity=JITTER_CAPACITY,
+            jitter_prefetch=JITTER_PREFETCH,
+            skip_audio_gaps=True,
+            plc=False,  # concealment works on PCM; we pass G.711 through
+        )
+        assert isinstance(rtp, PhoneRtp)
+        rtp.gate.call_id = call_id
+        rtp.gate.expect(phone_addr)
+        return rtp
+
     def update_remote(self, addr: tuple[str, int]) -> None:
         """Media to and from a new address (a re-INVITE's), its SSRC learnt anew."""
         super().update_remote(addr)
@@ -200,3 +233,50 @@ def on_hold(offer: SdpMessage) -> bool:
     return audio.direction in ("sendonly", "inactive") or (
         address is not None and address[0] in ("0.0.0.0", "::")
     )
+
+
+def media_moves_to(offer: SdpMessage) -> tuple[str, int] | None:
+    """Where a re-INVITE's offer moves the media: its address, unless the offer
+    holds the call (a held call's address is not used) or names no port."""
+    address = offer.rtp_address
+    if on_hold(offer) or address is None or not address[1]:
+        return None
+    return address
+
+
+def media_refusal(
+    offer: SdpMessage | None, media: MediaChoice | None, allowed: Callable[[str], bool]
+) -> str:
+    """Why an INVITE's offer is refused ("" = taken): "codec" without G.711;
+    "media" when its media address is not `allowed` (outside allowed_networks):
+    we send RTP there, and a spoofed INVITE must not aim it at a third party."""
+    if media is None or offer is None or offer.rtp_address is None:
+        return "codec"
+    if not allowed(offer.rtp_address[0]):
+        return "media"
+    return ""
+
+
+def sdp_answer(
+    offer: SdpMessage, media: MediaChoice, local_addr: tuple[str, int], version: int
+) -> SdpMessage:
+    """Our answer to `offer` (the INVITE's or a re-INVITE's): the call's codec and
+    telephone events at `local_addr`; `version` goes up with each answer in the
+    dialog, as RFC 3264 8 asks of a changed one. aiosipua's SdpNegotiationError
+    when the offer no longer carries the call's codec."""
+    ip, rtp_port = local_addr
+    answer, _ = negotiate_sdp(
+        offer=offer,
+        local_ip=ip,
+        rtp_port=rtp_port,
+        supported_codecs=[media.payload_type],
+        dtmf_payload_type=media.dtmf_payload_type,
+        session_id=str(rtp_port),
+    )
+    answer.origin.session_version = str(version)
+    return answer
+
+
+def describe_stats(rtp: aiortp.RTPSession) -> str:
+    """One line of an RTP session's statistics, for the log."""
+    return ", ".join(f"{key} {value}" for key, value in sorted(rtp.stats.items()))
