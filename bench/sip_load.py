@@ -209,15 +209,7 @@ async def run_levels(
     target = args.sip
     if not target:
         assert gateway_address is not None
-        settings = TelephonySettings(
-            host="127.0.0.1",
-            port=0,
-            metrics_port=0,
-            sip_port=0,
-            audiosocket_port=-1,
-            gateway_address=gateway_address,
-        )
-        server = TelephonyServer(settings)
+        server = TelephonyServer(TelephonySettings.loopback_sip(gateway_address))
         await server.start()
         assert server.sip is not None
         target = f"127.0.0.1:{server.sip.port}"

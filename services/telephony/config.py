@@ -96,6 +96,20 @@ class TelephonySettings(ServiceSettings, GatewayClientSettings):
     )
     dtmf_burst: int = setting(20, "keys a call may press at once before dtmf_rate_per_s applies")
 
+    @classmethod
+    def loopback_sip(cls, gateway_address: str) -> TelephonySettings:
+        """A SIP service on 127.0.0.1 for phones on this machine (baresip, SIPp: a
+        test's or a bench's), in front of the gateway at `gateway_address`: SIP
+        and HTTP on ports the system picks, no metrics port, no AudioSocket."""
+        return cls(
+            host="127.0.0.1",
+            port=0,
+            metrics_port=0,
+            sip_port=0,
+            audiosocket_port=-1,
+            gateway_address=gateway_address,
+        )
+
     @property
     def networks(self) -> list[Network]:
         return [

@@ -51,15 +51,7 @@ async def gateway_sessions_are(metrics_url: str, value: float) -> bool:
 
 
 async def start_telephony(stack) -> TelephonyServer:  # noqa: F811 (the fixture's value)
-    settings = TelephonySettings(
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        sip_port=0,
-        audiosocket_port=-1,
-        gateway_address=stack.gateway.address,
-    )
-    server = TelephonyServer(settings)
+    server = TelephonyServer(TelephonySettings.loopback_sip(stack.gateway.address))
     await server.start()
     return server
 
