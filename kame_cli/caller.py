@@ -35,6 +35,7 @@ import numpy as np
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import SAMPLE_RATE
 from kame_common.converse import AgentAudioEvent, ConverseClient
+from kame_common.llm import backend_value
 from kame_common.ports import loopback_address
 from kame_common.tls import ClientTls
 from kamepb import gateway_pb2
@@ -106,7 +107,7 @@ class TalkOptions:
         if self.llm_backend or self.llm_model or self.llm_base_url or self.llm_api_key:
             config.llm.CopyFrom(
                 gateway_pb2.LlmOverride(
-                    backend=self.llm_backend,
+                    backend=backend_value(self.llm_backend),
                     model=self.llm_model,
                     base_url=self.llm_base_url,
                     api_key=self.llm_api_key,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Protocol
 
+from kame_common.llm import BACKEND_NAMES
 from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
 from services.frontend.config import DTYPES
 
@@ -114,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--llm-backend",
-        choices=("", "openai", "anthropic"),
+        choices=("", *BACKEND_NAMES),
         default=defaults.llm_backend,
         help="oracle back-end (anthropic: the Anthropic API unless "
         "--llm-base-url; keys from OPENAI_API_KEY / ANTHROPIC_API_KEY)",

@@ -44,6 +44,7 @@ from kame_cli.errors import USAGE, CliError, file_error, from_rpc_error
 from kame_cli.say import write_wav
 from kame_cli.timeline import plot_timeline
 from kame_common.audio import SAMPLE_RATE, pcm16_to_float, resample
+from kame_common.llm import BACKEND_NAMES
 from kame_common.ports import loopback_address
 
 # What the benchmarks, demo and tests use of a talk, importable from here as before.
@@ -135,7 +136,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-oracle-updates", action="store_true", help="do not ask the gateway for oracle updates"
     )
-    parser.add_argument("--llm-backend", default="", help="oracle back-end override")
+    parser.add_argument(
+        "--llm-backend", default="", choices=("", *BACKEND_NAMES), help="oracle back-end override"
+    )
     parser.add_argument("--llm-model", default="", help="oracle model override")
     parser.add_argument("--llm-base-url", default="", help="OpenAI-compatible base URL override")
 

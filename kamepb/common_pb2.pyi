@@ -23,6 +23,32 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _LlmBackend:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _LlmBackendEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_LlmBackend.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    LLM_BACKEND_UNSPECIFIED: _LlmBackend.ValueType  # 0
+    """The oracle's own default back-end."""
+    LLM_BACKEND_OPENAI: _LlmBackend.ValueType  # 1
+    """Any OpenAI-compatible server (vLLM, Ollama, llama.cpp, OpenAI)."""
+    LLM_BACKEND_ANTHROPIC: _LlmBackend.ValueType  # 2
+    """Anthropic's Messages API."""
+
+class LlmBackend(_LlmBackend, metaclass=_LlmBackendEnumTypeWrapper):
+    """The LLM back-ends the oracle speaks to: the one list of them. Settings and
+    flags spell one as its name after LLM_BACKEND_, in lower case ("openai").
+    """
+
+LLM_BACKEND_UNSPECIFIED: LlmBackend.ValueType  # 0
+"""The oracle's own default back-end."""
+LLM_BACKEND_OPENAI: LlmBackend.ValueType  # 1
+"""Any OpenAI-compatible server (vLLM, Ollama, llama.cpp, OpenAI)."""
+LLM_BACKEND_ANTHROPIC: LlmBackend.ValueType  # 2
+"""Anthropic's Messages API."""
+Global___LlmBackend: _TypeAlias = LlmBackend  # noqa: Y015
+
 @_typing.final
 class AudioFrame(_message.Message):
     """One frame of audio. The gateway stamps `seq` and `capture_time_us` when the

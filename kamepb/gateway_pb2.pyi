@@ -80,15 +80,14 @@ class LlmOverride(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     BASE_URL_FIELD_NUMBER: _builtins.int
     API_KEY_FIELD_NUMBER: _builtins.int
-    backend: _builtins.str
-    """"openai" or "anthropic"."""
+    backend: _common_pb2.LlmBackend.ValueType
     model: _builtins.str
     base_url: _builtins.str
     api_key: _builtins.str
     def __init__(
         self,
         *,
-        backend: _builtins.str = ...,
+        backend: _common_pb2.LlmBackend.ValueType = ...,
         model: _builtins.str = ...,
         base_url: _builtins.str = ...,
         api_key: _builtins.str = ...,

@@ -72,8 +72,8 @@ class OracleConfig(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
-    backend: _builtins.str
-    """"openai" (any OpenAI-compatible server) or "anthropic"; empty = service default."""
+    backend: _common_pb2.LlmBackend.ValueType
+    """UNSPECIFIED = the service's default back-end."""
     model: _builtins.str
     """Empty = service default (for another back-end: the vendor default)."""
     base_url: _builtins.str
@@ -105,7 +105,7 @@ class OracleConfig(_message.Message):
         self,
         *,
         session_id: _builtins.str = ...,
-        backend: _builtins.str = ...,
+        backend: _common_pb2.LlmBackend.ValueType = ...,
         model: _builtins.str = ...,
         base_url: _builtins.str = ...,
         api_key: _builtins.str = ...,

@@ -12,6 +12,7 @@ from typing import Any
 
 from kame_cli.stack_options import DTYPE_HELP
 from kame_common.audio import FRAME_SECONDS
+from kame_common.llm import BACKEND_NAMES
 from services.frontend.config import DTYPES
 
 
@@ -100,7 +101,9 @@ class BenchConfig:
     llm_base_url: str = field(
         default="", metadata=_flag("an OpenAI-compatible server instead of the embedded LLM")
     )
-    llm_backend: str = field(default="", metadata=_flag("oracle back-end: openai or anthropic"))
+    llm_backend: str = field(
+        default="", metadata=_flag("oracle back-end", choices=("", *BACKEND_NAMES))
+    )
     llm_model: str = field(default="", metadata=_flag("model name for the oracle"))
     startup_timeout_s: float = field(default=300.0, metadata=_flag(type=float))
     capacity_admission: bool = field(

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import grpc
 
+from kame_common.llm import backend_name
 from kamepb import gateway_pb2
 from services.gateway.codecs import AudioFormat, CodecError, resolve_format
 from services.gateway.config import GatewaySettings
 
 ProtoMode = gateway_pb2.ConverseConfig.Mode
-LLM_BACKENDS = ("", "openai", "anthropic")
 
 
 class SessionError(Exception):
@@ -111,11 +111,11 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
     except CodecError as exc:
         raise SessionError(invalid, str(exc)) from None
     llm = llm_override(config)
-    if llm is not None and llm.backend not in LLM_BACKENDS:
-        raise SessionError(
-            invalid,
-            f"llm.backend: unknown back-end {llm.backend!r}; choose 'openai' or 'anthropic'",
-        )
+    if llm is not None:
+        try:
+            backend_name(llm.backend)
+        except ValueError as exc:
+            raise SessionError(invalid, f"llm.backend: {exc}") from None
     if not 0 <= config.hold.max_s < math.inf:  # NaN fails too
         raise SessionError(invalid, f"hold.max_s: must be >= 0 and finite, got {config.hold.max_s}")
     for name in CALL_INFO_FIELDS:

@@ -45,6 +45,7 @@ import anthropic
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
+from kame_common.llm import BACKEND_NAMES
 from services.oracle.prompts import (
     GEMMA_HEADER,
     Turn,
@@ -57,7 +58,6 @@ from services.oracle.prompts import (
 
 log = logging.getLogger(__name__)
 
-BACKEND_NAMES = ("openai", "anthropic")
 OPENAI_API_BASE_URL = "https://api.openai.com/v1"
 ANTHROPIC_API_BASE_URL = "https://api.anthropic.com"
 # Vendor APIs always want a key; other servers (vLLM, Ollama, llama.cpp) may not.
@@ -408,5 +408,5 @@ def create_backend(settings: BackendSettings) -> LLMBackend:
         return OpenAIBackend(settings, few_shot=is_gemma_270m_base(settings.model))
     if settings.backend == "anthropic":
         return AnthropicBackend(settings)
-    allowed = ", ".join(repr(b) for b in BACKEND_NAMES)
-    raise BackendConfigError(f"backend {settings.backend!r} is unknown; choose one of {allowed}")
+    choices = ", ".join(repr(name) for name in BACKEND_NAMES)
+    raise BackendConfigError(f"backend {settings.backend!r} is unknown; choose one of {choices}")

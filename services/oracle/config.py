@@ -34,11 +34,11 @@ from kame_common.config import (
     MeasuredCapacitySettings,
     setting,
 )
+from kame_common.llm import BACKEND_NAMES, backend_name
 from kame_common.ports import LOCAL_LLM_URL, LOCAL_REDIS_URL
 from kamepb import oracle_pb2
 from services.oracle.backends import (
     ANTHROPIC_API_BASE_URL,
-    BACKEND_NAMES,
     OPENAI_API_BASE_URL,
     BackendSettings,
     is_vendor_api,
@@ -312,10 +312,10 @@ def _endpoint(
 def _backend(
     config: oracle_pb2.OracleConfig, service: OracleSettings, keys: ApiKeys
 ) -> BackendSettings:
-    backend = config.backend or service.backend
-    if backend not in BACKEND_NAMES:
-        allowed = ", ".join(repr(b) for b in BACKEND_NAMES)
-        raise InvalidSessionConfig(f"backend {backend!r} is unknown; choose one of {allowed}")
+    try:
+        backend = backend_name(config.backend) or service.backend
+    except ValueError as exc:
+        raise InvalidSessionConfig(f"backend: {exc}") from None
     _check_backend(backend, service)
     model = _model(config, service, backend)
     base_url, api_key = _endpoint(config, service, backend, keys)

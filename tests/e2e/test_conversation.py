@@ -23,6 +23,7 @@ from kame_cli.talk import TalkOptions, talk
 from kame_common.audio import FRAME_SAMPLES, SAMPLE_RATE, rms_dbfs
 from kame_common.words import normalize_words
 from kamepb import gateway_pb2
+from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
 from tests.e2e.conftest import (
     QUESTION,
     SPAN_EXPORTER,
@@ -402,7 +403,9 @@ async def test_s2s_runs_without_oracle_and_the_gateway_logs_the_conversation(sta
 
 
 async def test_a_rejected_llm_override_ends_the_session_with_invalid_argument(stack):
-    config = converse_config(llm=gateway_pb2.LlmOverride(backend="anthropic"))  # and no key
+    config = converse_config(
+        llm=gateway_pb2.LlmOverride(backend=LLM_BACKEND_ANTHROPIC)
+    )  # and no key
     call = await LiveCall(stack.gateway.address, config).start()
     try:
         await call.stream(np.zeros(SAMPLE_RATE, np.float32))

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 
 from kame_common import store
 from kamepb import gateway_pb2, gateway_pb2_grpc
+from kamepb.common_pb2 import LLM_BACKEND_OPENAI
 from tests.gateway.test_session import converse, frame_bytes, held_open
 
 Config = gateway_pb2.ConverseConfig
@@ -119,7 +120,7 @@ async def test_the_oracle_counts_only_calls_on_its_own_llm(fakes, registries):
     "llm",
     [
         gateway_pb2.LlmOverride(),  # present, every field empty: the oracle's own LLM
-        gateway_pb2.LlmOverride(backend="openai"),  # the oracle's server, by another name
+        gateway_pb2.LlmOverride(backend=LLM_BACKEND_OPENAI),  # the oracle's server, by another name
         gateway_pb2.LlmOverride(model="gemma-3-270m"),
         gateway_pb2.LlmOverride(base_url="https://llm.example.com/v1"),  # no key: the service's
     ],

@@ -8,6 +8,7 @@ import pytest
 
 from kame_common.config import ConfigError, load_settings
 from kamepb import gateway_pb2
+from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
 from services.gateway.config import GatewaySettings
 from services.gateway.plan import Mode, SessionError, plan_session
 
@@ -27,13 +28,13 @@ def test_defaults_fill_in():
 def test_modes_and_overrides():
     config = Config(
         mode=Config.S2S,
-        llm=gateway_pb2.LlmOverride(backend="anthropic"),
+        llm=gateway_pb2.LlmOverride(backend=LLM_BACKEND_ANTHROPIC),
         input_format=gateway_pb2.AudioFormat(codec=gateway_pb2.AudioFormat.MULAW),
     )
     plan = plan_session(config, GatewaySettings(default_mode="cascade"))
     assert plan.mode is Mode.S2S and not plan.mode.uses_oracle
     assert plan.input_format.sample_rate == 8_000
-    assert plan.llm.backend == "anthropic"
+    assert plan.llm.backend == LLM_BACKEND_ANTHROPIC
     assert plan_session(Config(), GatewaySettings(default_mode="cascade")).mode is Mode.CASCADE
 
 
@@ -56,9 +57,9 @@ def test_modes_and_overrides():
             "input_format.sample_rate_hz",
         ),
         (
-            Config(llm=gateway_pb2.LlmOverride(backend="gemini")),
+            Config(llm=gateway_pb2.LlmOverride(backend=9)),  # type: ignore[arg-type]
             grpc.StatusCode.INVALID_ARGUMENT,
-            "llm.backend: unknown back-end 'gemini'",
+            "llm.backend: unknown back-end 9; choose one of 'openai', 'anthropic'",
         ),
         *(
             (

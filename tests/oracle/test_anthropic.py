@@ -14,6 +14,7 @@ import grpc
 from prometheus_client import REGISTRY
 
 from kamepb import common_pb2, oracle_pb2
+from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
 from services.oracle.prompts import KAME_SYSTEM_PROMPT
 
 Event = oracle_pb2.OracleEvent
@@ -116,7 +117,7 @@ async def test_anthropic_messages_stream_becomes_oracle_updates(
     client = guide_client(runtime.port)
     await client.config(
         session_id=session_id,
-        backend="anthropic",
+        backend=LLM_BACKEND_ANTHROPIC,
         base_url=url,
         api_key="sk-ant-test",
         model="claude-stub",

@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from kamepb import common_pb2, oracle_pb2
+from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC, LLM_BACKEND_OPENAI
 from services.oracle.config import ApiKeys
 
 
@@ -21,9 +22,9 @@ def closed_port_url() -> str:
 
 
 BAD_CONFIGS = [
-    (dict(backend="gemini"), "backend 'gemini' is unknown; choose one of 'openai', 'anthropic'"),
-    (dict(backend="openai", base_url="https://api.openai.com/v1"), "set OPENAI_API_KEY"),
-    (dict(backend="anthropic"), "backend 'anthropic' is not allowed"),  # allowed_backends
+    (dict(backend=9), "backend: unknown back-end 9; choose one of 'openai', 'anthropic'"),
+    (dict(backend=LLM_BACKEND_OPENAI, base_url="https://api.openai.com/v1"), "set OPENAI_API_KEY"),
+    (dict(backend=LLM_BACKEND_ANTHROPIC), "backend 'anthropic' is not allowed"),  # allowed_backends
     (dict(base_url=closed_port_url()), "is not allowed: sessions may choose only URLs listed"),
     (dict(model="gpt-4o"), "model 'gpt-4o' is not allowed"),
     (dict(policy=oracle_pb2.OraclePolicy(name="eager")), "policy 'eager' is unknown"),

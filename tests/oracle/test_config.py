@@ -6,6 +6,7 @@ import pytest
 
 from kame_common.config import ConfigError, load_settings
 from kamepb import oracle_pb2
+from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
 from services.oracle.config import (
     VENDOR_DEFAULT_MODELS,
     ApiKeys,
@@ -95,7 +96,7 @@ def test_another_backend_than_the_default_uses_the_vendor_api_and_the_service_ke
         },
     )
     session = resolve_session(
-        oracle_pb2.OracleConfig(session_id="s", backend="anthropic"),
+        oracle_pb2.OracleConfig(session_id="s", backend=LLM_BACKEND_ANTHROPIC),
         service,
         ApiKeys(anthropic="sk-a"),
     )

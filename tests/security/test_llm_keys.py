@@ -18,6 +18,7 @@ import pytest
 
 from kame_common.config import ConfigError, load_settings
 from kamepb import common_pb2, oracle_pb2, oracle_pb2_grpc
+from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC, LLM_BACKEND_OPENAI
 from services.oracle.config import (
     ApiKeys,
     InvalidSessionConfig,
@@ -101,7 +102,7 @@ def assert_no_service_key(capture) -> None:
 # -- refused before any request ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["openai", "anthropic"])
+@pytest.mark.parametrize("backend", [LLM_BACKEND_OPENAI, LLM_BACKEND_ANTHROPIC])
 @pytest.mark.parametrize("api_key", ["", CALLER_KEY])
 async def test_without_an_allow_list_a_caller_url_is_refused_and_never_contacted(
     oracle, capture, backend, api_key
@@ -198,7 +199,7 @@ async def test_an_anthropic_session_at_an_allowed_url_never_sends_the_anthropic_
         allowed_base_urls=capture.url, allowed_backends="openai,anthropic", allowed_models="*"
     )
     code, _, events = await guide(
-        port, ask="Hello?", backend="anthropic", base_url=capture.url, api_key=CALLER_KEY
+        port, ask="Hello?", backend=LLM_BACKEND_ANTHROPIC, base_url=capture.url, api_key=CALLER_KEY
     )
     assert code == grpc.StatusCode.OK
     assert Event.ERROR in events  # the capture server answers /v1/messages with 404
@@ -279,7 +280,7 @@ async def test_a_caller_cannot_spend_the_key_of_a_backend_the_operator_did_not_c
     """The attack: `backend: anthropic` on a stack that runs a local OpenAI-compatible
     LLM used the operator's Anthropic key (it is in the environment for a reason)."""
     port = await oracle(base_url=f"{capture.url}/v1")
-    code, details, _ = await guide(port, backend="anthropic")
+    code, details, _ = await guide(port, backend=LLM_BACKEND_ANTHROPIC)
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert "backend 'anthropic' is not allowed" in details and "allowed_backends" in details
     assert capture.requests == []
@@ -306,7 +307,7 @@ async def test_credentials_in_the_base_url_stay_out_of_the_log(oracle, capture, 
 
 
 def test_another_backend_and_its_default_model_need_the_operators_leave():
-    config = oracle_pb2.OracleConfig(session_id="s", backend="anthropic")
+    config = oracle_pb2.OracleConfig(session_id="s", backend=LLM_BACKEND_ANTHROPIC)
     with pytest.raises(InvalidSessionConfig, match="allowed_backends"):
         resolve_session(config, _service(), SERVICE_KEYS)
     allowed = _service(allowed_backends="openai,anthropic")
@@ -332,10 +333,10 @@ def test_a_key_never_goes_to_another_backends_url():
     )
     for config in (
         oracle_pb2.OracleConfig(
-            session_id="s", backend="anthropic", base_url="http://llm.internal:8080/v1"
+            session_id="s", backend=LLM_BACKEND_ANTHROPIC, base_url="http://llm.internal:8080/v1"
         ),
         oracle_pb2.OracleConfig(
-            session_id="s", backend="anthropic", base_url="https://api.openai.com/v1"
+            session_id="s", backend=LLM_BACKEND_ANTHROPIC, base_url="https://api.openai.com/v1"
         ),
     ):
         with pytest.raises(InvalidSessionConfig, match="allowed_base_urls"):
@@ -346,7 +347,7 @@ def test_the_vendor_url_of_the_backend_may_be_named_and_gets_the_service_key():
     service = _service(allowed_backends="anthropic", allowed_models="claude-haiku-4-5")
     session = resolve_session(
         oracle_pb2.OracleConfig(
-            session_id="s", backend="anthropic", base_url="HTTPS://api.anthropic.com/"
+            session_id="s", backend=LLM_BACKEND_ANTHROPIC, base_url="HTTPS://api.anthropic.com/"
         ),
         service,
         SERVICE_KEYS,
