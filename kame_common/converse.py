@@ -38,6 +38,9 @@ from kame_common.tls import ClientTls
 from kamepb import gateway_pb2, gateway_pb2_grpc
 
 Response = gateway_pb2.ConverseResponse
+# The keys of a phone: the only digits a Dtmf message may carry (the gateway ends
+# a call that sends another).
+DTMF_KEYS = frozenset("0123456789*#ABCD")
 Request = gateway_pb2.ConverseRequest
 ConverseCall = grpc.aio.StreamStreamCall[Request, Response]
 

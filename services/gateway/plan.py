@@ -58,7 +58,6 @@ _FROM_PROTO = {
 # CallInfo's fields, each kept in the session's Redis record when set.
 CALL_INFO_FIELDS = ("provider", "caller", "callee", "provider_call_id")
 MAX_CALL_INFO_CHARS = 256
-DTMF_DIGITS = frozenset("0123456789*#ABCD")
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ from kame_common.audio import (
     float_to_pcm16,
     pcm16_to_float,
 )
+from kame_common.converse import DTMF_KEYS
 from kame_common.store import Replica
 from kamepb import common_pb2, frontend_pb2, gateway_pb2, oracle_pb2, stt_pb2
 from services.gateway import metrics, resume
@@ -82,7 +83,6 @@ from services.gateway.opening import SideOpeners, open_frontend, side_policy
 from services.gateway.oracle_health import OracleHealth, notice
 from services.gateway.plan import (
     CALL_INFO_FIELDS,
-    DTMF_DIGITS,
     MAX_CALL_INFO_CHARS,
     Mode,
     SessionError,
@@ -343,7 +343,7 @@ class GatewaySession:
         client, into the conversation (the oracle's, or the gateway's own record
         while no oracle is open). The record keeps the last keys, each a '*'
         unless dtmf_in_records: they may be a PIN."""
-        if dtmf.digit not in DTMF_DIGITS:
+        if dtmf.digit not in DTMF_KEYS:
             raise SessionError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"dtmf.digit: one of 0-9, *, #, A-D, got {dtmf.digit!r}",

@@ -33,7 +33,7 @@ import grpc
 
 from kame_common import converse
 from kame_common.aio import cancel_and_wait
-from kame_common.converse import ConverseClient, ConverseEvent
+from kame_common.converse import DTMF_KEYS, ConverseClient, ConverseEvent
 from kamepb import common_pb2, gateway_pb2
 from services.telephony import metrics
 from services.telephony.playout import PhoneCodec, Playout
@@ -47,8 +47,6 @@ CALLER_QUEUE_PACKETS = 100
 # After a hang-up the Converse call is half-closed, so the gateway finishes the
 # session (stt's last final, the oracle's log); past this it is cancelled.
 HANG_UP_GRACE_S = 3.0
-# The keys of a phone, the only Dtmf digits the gateway takes.
-DTMF_KEYS = frozenset("0123456789*#ABCD")
 # The refusals a gateway sends with a hint of when to try again (kame_common.converse).
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 # A longer hint than this is taken for this (a phone network's retry header

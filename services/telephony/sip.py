@@ -48,6 +48,7 @@ from aiosipua import (
 )
 
 from kame_common.aio import cancel_and_wait
+from kame_common.converse import DTMF_KEYS
 from services.telephony.call import CallInfo, PhoneCall
 from services.telephony.playout import PACKET_S
 from services.telephony.service import Telephony
@@ -68,7 +69,6 @@ log = logging.getLogger(__name__)
 
 PROVIDER = "sip"
 USER_AGENT = "kame-telephony"
-DTMF_DIGITS = frozenset("0123456789*#ABCD")
 # Caller audio this late is taken for missing, and silence goes in its place.
 CALLER_GAP_S = 0.1
 # What a refused INVITE is answered with, by Telephony.refusal's reason.
@@ -229,7 +229,7 @@ class SipCall:
     def on_dtmf(self, digit: str, duration: int) -> None:
         """An RFC 4733 event has ended (aiortp reports each once, whatever number
         of end packets repeat it); its duration is in timestamp units."""
-        if self.call is not None and digit in DTMF_DIGITS:
+        if self.call is not None and digit in DTMF_KEYS:
             self.call.caller_dtmf(digit, duration * 1000 // CLOCK_RATE)
 
 
