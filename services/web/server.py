@@ -4,6 +4,8 @@
 - GET /config.json what the page may offer: modes and LLM models (the settings)
 - GET /healthz     200 while serving, 503 once draining (the probes' check)
 - WS  /converse    one conversation, bridged to Gateway.Converse (bridge.py)
+- WS  /v1/realtime the OpenAI Realtime protocol over Gateway.Converse
+                   (realtime.py, realtime_bridge.py); `?model=kame-<mode>`
 
 Who may talk through the bridge:
 - a request whose Host is not one of `allowed_hosts` (the loopback names and
@@ -13,6 +15,9 @@ Who may talk through the bridge:
 - a WebSocket without an Origin, or from another origin than the page's own
   (or one of `allowed_origins`), is refused with 403, so a third-party site
   cannot talk through a visitor's browser;
+- /v1/realtime is an API for programs, which send no Origin: there the
+  caller's bearer token (`Authorization: Bearer`, the gateway's to check) is
+  the gate, and an Origin, when a browser sends one, must be allowed as above;
 - a conversation counts against `max_sessions` only once its start message
   came; a socket that sends none within `start_timeout_s` is closed (1008).
 Every response carries a Content-Security-Policy that lets the page load only
@@ -24,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -42,6 +47,8 @@ from kame_common.http_server import HttpServer
 from kame_common.server import ACTIVE_SESSIONS, service_main, until_signal
 from services.web.bridge import Bridge, Start, StartError, error_event, parse_start, send_json
 from services.web.config import WebSettings
+from services.web.realtime import lone_error
+from services.web.realtime_bridge import RealtimeBridge, bearer_token
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
@@ -85,12 +92,13 @@ def host_name(netloc: str | None) -> str:
         return ""
 
 
-def origin_refusal(websocket: WebSocket, allowed: Sequence[str]) -> str:
+def origin_refusal(websocket: WebSocket, allowed: Sequence[str], api: bool = False) -> str:
     """Why the page that opened `websocket` may not use it ("" if it may): it must
-    be a browser page (Origin set) of the page's own origin or one the operator listed."""
+    be a browser page (Origin set) of the page's own origin or one the operator listed.
+    `api`: a program (no Origin) may too."""
     origin = websocket.headers.get("origin")
     if origin is None:
-        return "no Origin: only the page may open this socket"
+        return "" if api else "no Origin: only the page may open this socket"
     if origin in allowed or urlsplit(origin).netloc == websocket.headers.get("host"):
         return ""
     return "origin not allowed"
@@ -102,6 +110,7 @@ class WebApp:
     def __init__(self, settings: WebSettings) -> None:
         self.settings = settings
         self.bridge = Bridge(settings)
+        self.realtime_bridge = RealtimeBridge(settings)
         self.active_sessions = 0
         self.idle = asyncio.Event()  # set while no conversation is open
         self.idle.set()
@@ -115,6 +124,7 @@ class WebApp:
                 Route("/healthz", self.healthz),
                 Route("/favicon.ico", no_icon),
                 WebSocketRoute("/converse", self.converse),
+                WebSocketRoute("/v1/realtime", self.realtime),
                 Mount("/static", StaticFiles(directory=STATIC), name="static"),
             ],
             middleware=[Middleware(BaseHTTPMiddleware, dispatch=self.guard_http)],
@@ -158,11 +168,37 @@ class WebApp:
             code, reason = await self._conversation(StarletteSocket(websocket))
             await websocket.close(code=code, reason=reason)
 
-    def socket_refusal(self, websocket: WebSocket) -> str:
+    def socket_refusal(self, websocket: WebSocket, api: bool = False) -> str:
         """Why `websocket` may not be opened ("" if it may)."""
         if not self.host_allowed(websocket.headers.get("host")):
             return "host not allowed"
-        return origin_refusal(websocket, self.settings.origins)
+        return origin_refusal(websocket, self.settings.origins, api)
+
+    async def realtime(self, websocket: WebSocket) -> None:
+        """An OpenAI Realtime session (realtime_bridge.py)."""
+        refusal = self.socket_refusal(websocket, api=True)
+        if refusal:
+            log.info("realtime websocket refused: %s", refusal)
+            await websocket.close(code=POLICY_VIOLATION, reason=refusal)
+            return
+        await websocket.accept()
+        socket = StarletteSocket(websocket)
+        model = websocket.query_params.get("model", "")
+        token = bearer_token(websocket.headers.get("authorization")) or self.relayed_token
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client went away
+            if refusal := self.session_refusal():
+                await send_json(socket, lone_error("server_busy", refusal, "server_error"))
+            else:
+                async with self.counted():
+                    await self.realtime_bridge.run(socket, model, token)
+            await websocket.close(code=NORMAL_CLOSURE)
+
+    @property
+    def relayed_token(self) -> str:
+        """The operator's own token, for callers without one where they said their
+        login guards the service (as for the page)."""
+        settings = self.settings
+        return settings.gateway_auth_token if settings.relay_token_behind_login else ""
 
     async def _conversation(self, page: StarletteSocket) -> tuple[int, str]:
         """The page's start message, then its conversation; the code and reason to
@@ -193,11 +229,17 @@ class WebApp:
         return ""
 
     async def _bridged(self, page: StarletteSocket, start: Start) -> None:
+        async with self.counted():
+            await self.bridge.run(page, start)
+
+    @contextlib.asynccontextmanager
+    async def counted(self) -> AsyncIterator[None]:
+        """One open conversation, against `max_sessions`, while inside."""
         self.active_sessions += 1
         self._gauge.set(self.active_sessions)
         self.idle.clear()
         try:
-            await self.bridge.run(page, start)
+            yield
         finally:
             self.active_sessions -= 1
             self._gauge.set(self.active_sessions)

@@ -1,0 +1,239 @@
+"""A Realtime WebSocket (services/web/realtime.py's protocol) carried over one
+Gateway.Converse call (kame_common/converse.py's client).
+
+The call opens with the first input_audio_buffer.append, in the formats and
+voice the session has then (session.update may set them before). The gateway
+wants caller audio as a phone sends it: at real time, 80 ms at least every
+`idle_timeout_s`, never far ahead of the clock, at most a second a message.
+Realtime clients send it as they like (a microphone's chunks, or a whole file
+at once, then nothing while they listen), so `Pacer` stands between them: it
+sends what the client appended as soon as the clock allows, cut in pieces the
+gateway takes, and silence while the client sends nothing, so that the
+full-duplex agent, whose frames follow the caller's, goes on talking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from kame_common.aio import cancel_and_wait, wait_first
+from kame_common.converse import ConverseClient
+from services.web import bridge
+from services.web.bridge import PageSocket
+from services.web.config import WebSettings
+from services.web.realtime import RealtimeSession, lone_error
+from services.web.realtime_config import AudioCoding, ClientError, Event, error_event
+
+log = logging.getLogger(__name__)
+
+# How far the audio sent may run ahead of the clock (the gateway refuses more
+# than its input_burst_s, 2 s by default, ahead).
+LEAD_S = 1.0
+# How long the client may send nothing before silence stands in for it.
+SLACK_S = 0.1
+MAX_PIECE_S = 0.5  # the most one message to the gateway carries (its max_chunk_s: 1 s)
+MAX_BACKLOG_S = 60.0  # appended audio not sent yet; more is refused
+# The gateway's statuses as the protocol's error types (else server_error).
+CLIENT_STATUSES = {"UNAUTHENTICATED", "INVALID_ARGUMENT", "PERMISSION_DENIED", "OUT_OF_RANGE"}
+
+
+class Pacer:
+    """Caller audio to the gateway at real time (see the module's docstring)."""
+
+    def __init__(
+        self,
+        coding: AudioCoding,
+        send: Callable[[bytes], Awaitable[bool]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.coding = coding
+        self.send = send
+        self.clock = clock
+        self.backlog = bytearray()
+        self.sent_s = 0.0
+        self._arrived = asyncio.Event()
+
+    @property
+    def backlog_s(self) -> float:
+        return self.coding.seconds(bytes(self.backlog))
+
+    def push(self, data: bytes) -> None:
+        self.backlog += data
+        self._arrived.set()
+
+    def clear(self) -> None:
+        self.backlog.clear()
+
+    async def run(self) -> None:
+        """Until the call is over (a send returns False)."""
+        start = self.clock()
+        while True:
+            self._arrived.clear()  # before looking: a push from now on wakes the wait
+            elapsed = self.clock() - start
+            piece = self._next_piece(elapsed)
+            if piece:
+                if not await self.send(piece):
+                    return
+                self.sent_s += self.coding.seconds(piece)
+                continue
+            # Wake when the clock lets the backlog go on, or silence is due.
+            wake_s = self.sent_s - LEAD_S if self.backlog else self.sent_s + SLACK_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), max(0.0, wake_s - elapsed))
+
+    def _next_piece(self, elapsed: float) -> bytes:
+        """What to send now: appended audio the clock allows, or silence where the
+        client fell behind; b"" if nothing yet."""
+        if self.backlog:
+            allowed_s = min(MAX_PIECE_S, elapsed + LEAD_S - self.sent_s)
+            size = self._whole_samples(allowed_s)
+            piece = bytes(self.backlog[:size])
+            del self.backlog[:size]
+            return piece
+        if self.sent_s < elapsed - SLACK_S:
+            return self.coding.silence(min(MAX_PIECE_S, elapsed - self.sent_s))
+        return b""
+
+    def _whole_samples(self, seconds: float) -> int:
+        if seconds <= 0:
+            return 0
+        step = self.coding.bytes_per_sample
+        return int(seconds * self.coding.rate) * step
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token of an `Authorization: Bearer <token>` header ("" if none)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def call_error(exc: grpc.aio.AioRpcError, channel: grpc.aio.Channel) -> Event:
+    """How the gateway ended the call, as the protocol's error (the web page's
+    words for it: services/web/bridge.py, internal addresses redacted)."""
+    code = exc.code().name
+    connected = channel.get_state() == grpc.ChannelConnectivity.READY
+    retry_after_s = bridge.retry_after(exc)
+    if code == "UNAVAILABLE" and not connected and retry_after_s is None:
+        page = bridge.unreachable_event()
+    else:
+        page = bridge.error_event(code, exc.details() or "", retry_after_s)
+    kind = "invalid_request_error" if code in CLIENT_STATUSES else "server_error"
+    return error_event(code.lower(), page["message"], kind)
+
+
+class RealtimeBridge:
+    """Carries Realtime sockets over calls to the gateway named in the settings."""
+
+    def __init__(self, settings: WebSettings) -> None:
+        self.settings = settings
+
+    async def run(self, socket: PageSocket, model: str, token: str) -> None:
+        """One session: client events until the client goes or the gateway ends
+        the call. A model the web service does not offer: an error, and no session."""
+        try:
+            session = RealtimeSession(model, self.settings.mode_choices)
+        except ClientError as exc:
+            await bridge.send_json(socket, lone_error(exc.code, exc.message))
+            return
+        link = RealtimeLink(self.settings, socket, session, token)
+        await link.send(session.opening())
+        try:
+            await link.run()
+        finally:
+            await link.close()
+
+
+class RealtimeLink:
+    """One Realtime socket and, once audio flows, its gateway call."""
+
+    def __init__(
+        self, settings: WebSettings, socket: PageSocket, session: RealtimeSession, token: str
+    ) -> None:
+        self.settings = settings
+        self.socket = socket
+        self.session = session
+        self.token = token
+        self.pacer: Pacer | None = None
+        self.client: ConverseClient | None = None
+        self.call: asyncio.Future[None] | None = None
+        self.call_over = asyncio.Event()
+        self._sending = asyncio.Lock()
+
+    async def send(self, events: list[Event]) -> None:
+        async with self._sending:  # the reader and the call both answer
+            for event in events:
+                await bridge.send_json(self.socket, event)
+
+    async def run(self) -> None:
+        """Until the client goes or the call is over."""
+        reader = asyncio.ensure_future(self._read_client())
+        try:
+            await wait_first(reader, self.call_over)
+        finally:
+            await cancel_and_wait([reader])
+
+    async def _read_client(self) -> None:
+        while (raw := await self.socket.receive()) is not None:
+            reply = self.session.on_client(raw)
+            if reply.clear_audio and self.pacer:
+                self.pacer.clear()
+            if reply.audio:
+                reply.events += self._queue_audio(reply.audio)
+            await self.send(reply.events)
+
+    def _queue_audio(self, data: bytes) -> list[Event]:
+        if self.pacer is None:
+            self._open_call()
+        assert self.pacer is not None
+        if self.pacer.backlog_s > MAX_BACKLOG_S:
+            message = (
+                f"more than {MAX_BACKLOG_S:g} s of audio waits to be sent; append at real time"
+            )
+            return self.session.stamp([error_event("input_audio_buffer_full", message)])
+        self.pacer.push(data)
+        return []
+
+    def _open_call(self) -> None:
+        channel = self.settings.gateway_channel(self.settings.connection_policy())
+        self.client = ConverseClient(channel, self.token, own_channel=True)
+        self.pacer = Pacer(self.session.config.input, self.client.send_audio)
+        self.call = asyncio.ensure_future(self._call(self.client, self.pacer))
+
+    async def _call(self, client: ConverseClient, pacer: Pacer) -> None:
+        """The config, the paced audio once the session started, and the gateway's
+        events to the client until the call ends."""
+        downlink = asyncio.ensure_future(self._downlink(client))
+        pacing: asyncio.Future[None] | None = None
+        try:
+            await client.start(self.session.config.converse_config(self.session.mode))
+            # Audio only once started: the client then hears the gateway's own refusal.
+            await client.wait_started(downlink)
+            pacing = asyncio.ensure_future(pacer.run())
+            await downlink
+        finally:
+            await cancel_and_wait([downlink, *([pacing] if pacing else [])])
+            self.call_over.set()
+
+    async def _downlink(self, client: ConverseClient) -> None:
+        error = None
+        try:
+            async for event in client.events():
+                await self.send(self.session.on_converse(event))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                return  # the client went away: nobody to tell
+            log.info("realtime call ended: %s: %s", exc.code().name, exc.details())
+            error = call_error(exc, client.channel)
+        await self.send(self.session.on_call_end(error))
+
+    async def close(self) -> None:
+        if self.call is not None:
+            await cancel_and_wait([self.call])
+        if self.client is not None:
+            await self.client.close()

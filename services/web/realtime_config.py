@@ -1,0 +1,207 @@
+"""What a Realtime session may choose (services/web/realtime.py): the mode its
+`?model=` names, its audio formats and voice in session.update, and the
+protocol's error for a choice it may not make."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kamepb import gateway_pb2
+
+Event = dict[str, Any]
+Codec = gateway_pb2.AudioFormat
+# The modes a client names as `?model=` (each only if the web service offers it).
+MODEL_PREFIX = "kame-"
+# OpenAI's built-in voices: a client that names one (most send "alloy" or
+# "marin" by default) gets the stack's default voice; any other name is passed
+# to the gateway, which refuses a voice the frontend does not serve.
+OPENAI_VOICES = frozenset(
+    ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar")
+)
+
+
+@dataclass(frozen=True)
+class AudioCoding:
+    """One Realtime audio format, as the gateway codes it."""
+
+    name: str
+    codec: gateway_pb2.AudioFormat.Codec.ValueType
+    rate: int
+    bytes_per_sample: int
+    silent_byte: bytes
+
+    @property
+    def bytes_per_s(self) -> int:
+        return self.rate * self.bytes_per_sample
+
+    def seconds(self, data: bytes) -> float:
+        return len(data) / self.bytes_per_s
+
+    def silence(self, seconds: float) -> bytes:
+        return self.silent_byte * (int(seconds * self.rate) * self.bytes_per_sample)
+
+    def gateway_format(self) -> gateway_pb2.AudioFormat:
+        return gateway_pb2.AudioFormat(codec=self.codec, sample_rate_hz=self.rate)
+
+    def described(self) -> Event:
+        return (
+            {"type": self.name, "rate": self.rate}
+            if self.name == "audio/pcm"
+            else {"type": self.name}
+        )
+
+
+CODINGS = {
+    coding.name: coding
+    for coding in (
+        AudioCoding("audio/pcm", Codec.PCM16, 24000, 2, b"\x00"),
+        AudioCoding("audio/pcmu", Codec.MULAW, 8000, 1, b"\xff"),
+        AudioCoding("audio/pcma", Codec.ALAW, 8000, 1, b"\xd5"),
+    )
+}
+
+
+class ClientError(ValueError):
+    """A client event the session cannot honour: the protocol's `error` event."""
+
+    def __init__(self, code: str, message: str, param: str = "") -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+def error_event(
+    code: str, message: str, error_type: str = "invalid_request_error", **fields: Any
+) -> Event:
+    """An `error` server event (no event_id yet: `RealtimeSession.stamp` adds it);
+    `fields`: the client event_id and param it is about, when known."""
+    error = {"type": error_type, "code": code, "message": message}
+    error.update({name: value for name, value in fields.items() if value})
+    return {"type": "error", "error": error}
+
+
+def mode_of_model(model: str, offered: list[str]) -> str:
+    """The gateway mode `?model=` names; ClientError if the web service offers none such."""
+    mode = model.removeprefix(MODEL_PREFIX) if model.startswith(MODEL_PREFIX) else ""
+    if mode not in offered:
+        names = ", ".join(MODEL_PREFIX + m for m in offered)
+        raise ClientError("model_not_found", f"model {model!r} is not served here; choose {names}")
+    return mode
+
+
+def _field(session: dict[str, Any], path: str) -> Any:
+    """session["a"]["b"] for "a.b"; None where a level is missing."""
+    value: Any = session
+    for name in path.split("."):
+        value = value.get(name) if isinstance(value, dict) else None
+    return value
+
+
+@dataclass
+class SessionConfig:
+    """What the client chose in session.update, within what the stack does."""
+
+    input: AudioCoding = CODINGS["audio/pcm"]
+    output: AudioCoding = CODINGS["audio/pcm"]
+    voice: str = "alloy"
+    # Kept and shown back, not yet given to the agent (the gateway's config has no field).
+    instructions: str = ""
+
+    def updated(self, session: Any, locked: bool) -> SessionConfig:
+        """This config with `session`'s fields applied; ClientError (nothing
+        applied) if one cannot be. `locked`: audio flowed, so the formats and
+        the voice the call was opened with stay."""
+        if not isinstance(session, dict):
+            raise ClientError("invalid_value", "session must be an object", "session")
+        if session.get("type", "realtime") != "realtime":
+            raise ClientError("invalid_value", "only realtime sessions are served", "session.type")
+        new = SessionConfig(
+            input=self._coding(session, "audio.input.format", self.input),
+            output=self._coding(session, "audio.output.format", self.output),
+            voice=self._voice(session),
+            instructions=session.get("instructions", self.instructions),
+        )
+        if not isinstance(new.instructions, str):
+            raise ClientError(
+                "invalid_type", "instructions must be a string", "session.instructions"
+            )
+        audio = session.get("audio") or {}
+        if "turn_detection" in (audio.get("input") or {}):
+            self._check_turn_detection(audio["input"]["turn_detection"])
+        if session.get("tools"):
+            raise ClientError("unsupported_value", "tools are not served yet", "session.tools")
+        call_fixed = (new.input, new.output, new.voice) != (self.input, self.output, self.voice)
+        if locked and call_fixed:
+            raise ClientError(
+                "session_locked",
+                "the audio formats and the voice cannot change once audio has flowed",
+                "session.audio",
+            )
+        return new
+
+    @staticmethod
+    def _coding(session: dict[str, Any], path: str, current: AudioCoding) -> AudioCoding:
+        described = _field(session, path)
+        if described is None:
+            return current
+        name = described.get("type") if isinstance(described, dict) else None
+        coding = CODINGS.get(name) if isinstance(name, str) else None
+        if coding is None:
+            raise ClientError(
+                "invalid_value", f"{path}: one of {', '.join(CODINGS)}", f"session.{path}"
+            )
+        if described.get("rate", coding.rate) != coding.rate:
+            raise ClientError(
+                "invalid_value", f"{path}: {name} is at {coding.rate} Hz", f"session.{path}.rate"
+            )
+        return coding
+
+    def _voice(self, session: dict[str, Any]) -> str:
+        voice = _field(session, "audio.output.voice")
+        if isinstance(voice, dict):
+            voice = voice.get("id")
+        if voice is None:
+            return self.voice
+        if not isinstance(voice, str) or not voice:
+            raise ClientError("invalid_value", "voice must be a name", "session.audio.output.voice")
+        return voice
+
+    @staticmethod
+    def _check_turn_detection(turn_detection: Any) -> None:
+        kind = turn_detection.get("type") if isinstance(turn_detection, dict) else None
+        if kind not in ("server_vad", "semantic_vad"):
+            raise ClientError(
+                "unsupported_value",
+                "turn detection is the stack's own (server_vad or semantic_vad); "
+                "push-to-talk (null) is not served yet",
+                "session.audio.input.turn_detection",
+            )
+
+    def described(self, model: str) -> Event:
+        """The session object of session.created/updated."""
+        return {
+            "type": "realtime",
+            "object": "realtime.session",
+            "model": model,
+            "output_modalities": ["audio"],
+            "instructions": self.instructions,
+            "tools": [],
+            "tool_choice": "auto",
+            "audio": {
+                "input": {
+                    "format": self.input.described(),
+                    "transcription": None,
+                    "noise_reduction": None,
+                    "turn_detection": {"type": "server_vad"},
+                },
+                "output": {"format": self.output.described(), "voice": self.voice},
+            },
+        }
+
+    def converse_config(self, mode: str) -> gateway_pb2.ConverseConfig:
+        return gateway_pb2.ConverseConfig(
+            mode=gateway_pb2.ConverseConfig.Mode.Value(mode.upper()),
+            input_format=self.input.gateway_format(),
+            output_format=self.output.gateway_format(),
+            voice="" if self.voice in OPENAI_VOICES else self.voice,
+        )

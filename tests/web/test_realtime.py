@@ -1,0 +1,162 @@
+"""The OpenAI Realtime endpoint, /v1/realtime, driven by the official `openai`
+SDK as its users drive it (`AsyncOpenAI(base_url=...).realtime.connect`),
+against the web service and a real gateway in front of the scripted fake
+upstreams (tests/gateway/fakes.py): the session's events, a spoken turn and the
+agent's answer as a response with its whole lifecycle, a barge-in that cancels
+it, and the protocol's errors for bad events and an unknown model."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import pytest
+from openai import AsyncOpenAI
+from websockets.exceptions import ConnectionClosed
+
+from services.web.config import WebSettings
+from services.web.server import serve
+from tests.gateway.fakes import transcript
+
+ONE_SECOND = bytes(2 * 24000)  # PCM16 at 24 kHz, silent: the fakes do not listen
+# The response lifecycle a client asserts, in order (deltas left out).
+OPENED = [
+    "response.created",
+    "response.output_item.added",
+    "conversation.item.added",
+    "response.content_part.added",
+]
+CLOSED = [
+    "response.output_audio.done",
+    "response.output_audio_transcript.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+]
+DELTAS = ("response.output_audio.delta", "response.output_audio_transcript.delta")
+
+
+@pytest.fixture
+async def web(fakes):
+    gateway = await fakes.gateway()
+    settings = WebSettings(
+        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
+    )
+    server = await serve(settings)
+    yield server
+    await server.stop()
+
+
+def connect(web, model: str = "kame-tandem"):
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{web.port}/v1", api_key="no-auth-here")
+    return client.realtime.connect(model=model)
+
+
+async def events_until(connection, last: str, timeout_s: float = 10.0) -> list:
+    """The events received up to the first of type `last`, that one included."""
+    seen = []
+    async with asyncio.timeout(timeout_s):
+        while not seen or seen[-1].type != last:
+            seen.append(await connection.recv())
+    return seen
+
+
+def kinds(events: list, leave_out: tuple[str, ...] = DELTAS) -> list[str]:
+    return [e.type for e in events if e.type not in leave_out]
+
+
+async def test_a_spoken_turn_gets_the_agents_answer_as_a_whole_response(web, fakes):
+    fakes.stt.script = {
+        3: [transcript("u-1", "what is the", False, 0.2)],
+        6: [transcript("u-1", "what is the capital", True, 0.4)],
+    }
+    fakes.frontend.speak_at = 9
+    fakes.frontend.words = {10: ("Paris", 1)}
+    async with connect(web) as connection:
+        created = await connection.recv()
+        assert created.type == "session.created" and created.session.model == "kame-tandem"
+        await connection.session.update(
+            session={
+                "type": "realtime",
+                "instructions": "Be brief.",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}},
+            }
+        )
+        updated = await connection.recv()
+        assert updated.type == "session.updated" and updated.session.instructions == "Be brief."
+
+        # A second of the caller at once, then nothing: the endpoint goes on with
+        # silence, so the agent, whose frames follow the caller's, answers.
+        await connection.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        seen = await events_until(connection, "response.output_audio_transcript.delta")
+        fakes.frontend.speak_at = None  # the agent falls silent: its response ends
+        seen += await events_until(connection, "response.done")
+
+    assert kinds(seen) == [
+        "input_audio_buffer.speech_started",
+        "conversation.item.input_audio_transcription.delta",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.input_audio_transcription.completed",
+        "conversation.item.done",
+        *OPENED,
+        *CLOSED,
+    ]
+    heard = next(e for e in seen if e.type.endswith("transcription.completed"))
+    assert heard.transcript == "what is the capital"
+    audio = [base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta"]
+    assert audio and all(len(chunk) % 2 == 0 for chunk in audio)
+    done = seen[-1].response
+    assert done.status == "completed"
+    assert done.output[0].content[0].transcript == "Paris"
+
+
+async def test_a_barge_in_cancels_the_response_under_way(web, fakes):
+    fakes.frontend.speak_at = 2
+    fakes.frontend.barge_in_at = 8
+    async with connect(web) as connection:
+        await connection.recv()  # session.created
+        await connection.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        seen = await events_until(connection, "response.done")
+
+    assert kinds(seen) == [*OPENED, "input_audio_buffer.speech_started", *CLOSED]
+    done = seen[-1].response
+    assert (done.status, done.status_details.reason) == ("cancelled", "turn_detected")
+
+
+async def test_bad_events_get_the_protocols_errors_and_the_session_goes_on(web):
+    async with connect(web) as connection:
+        await connection.recv()  # session.created
+        await connection.send_raw("{not json")
+        await connection.send_raw('{"type": "no.such.event", "event_id": "mine-1"}')
+        too_long = base64.b64encode(11 * ONE_SECOND).decode()
+        await connection.input_audio_buffer.append(audio=too_long)
+        await connection.send_raw(
+            '{"type": "session.update", "session": {"audio": '
+            '{"output": {"format": {"type": "audio/opus"}}}}}'
+        )
+        errors = [await connection.recv() for _ in range(4)]
+        await connection.session.update(session={"type": "realtime", "instructions": "Hi."})
+        still = await connection.recv()
+
+    assert [e.type for e in errors] == ["error"] * 4
+    assert [e.error.code for e in errors] == [
+        "invalid_json",
+        "invalid_value",
+        "audio_too_long",
+        "invalid_value",
+    ]
+    assert errors[1].error.event_id == "mine-1"
+    assert all(e.error.type == "invalid_request_error" and e.event_id for e in errors)
+    assert still.type == "session.updated"
+
+
+async def test_an_unknown_model_is_refused_with_the_protocols_error(web):
+    async with connect(web, model="gpt-realtime") as connection:
+        refused = await connection.recv()
+        with pytest.raises(ConnectionClosed):  # and the socket closes
+            await connection.recv()
+    assert refused.type == "error" and refused.error.code == "model_not_found"
+    assert "kame-tandem" in refused.error.message
