@@ -12,12 +12,13 @@ import base64
 
 import pytest
 from openai import AsyncOpenAI
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from services.web.config import WebSettings
 from services.web.server import serve
 from tests.gateway.fakes import transcript
 
+TOKEN = "realtime-test-token-0123456789"
 ONE_SECOND = bytes(2 * 24000)  # PCM16 at 24 kHz, silent: the fakes do not listen
 # The response lifecycle a client asserts, in order (deltas left out).
 OPENED = [
@@ -39,7 +40,7 @@ DELTAS = ("response.output_audio.delta", "response.output_audio_transcript.delta
 
 @pytest.fixture
 async def web(fakes):
-    gateway = await fakes.gateway()
+    gateway = await fakes.gateway(auth_tokens=TOKEN)
     settings = WebSettings(
         host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
     )
@@ -48,9 +49,10 @@ async def web(fakes):
     await server.stop()
 
 
-def connect(web, model: str = "kame-tandem"):
-    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{web.port}/v1", api_key="no-auth-here")
-    return client.realtime.connect(model=model)
+def connect(web, model: str = "kame-tandem", token: str = TOKEN, **headers: str):
+    """The SDK's connection, as its users open it (the gateway's token is the API key)."""
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{web.port}/v1", api_key=token)
+    return client.realtime.connect(model=model, extra_headers=headers)
 
 
 async def events_until(connection, last: str, timeout_s: float = 10.0) -> list:
@@ -160,3 +162,20 @@ async def test_an_unknown_model_is_refused_with_the_protocols_error(web):
             await connection.recv()
     assert refused.type == "error" and refused.error.code == "model_not_found"
     assert "kame-tandem" in refused.error.message
+
+
+async def test_the_gateway_token_is_the_key_and_a_foreign_page_is_refused(web):
+    async with connect(web, token="wrong-token") as connection:
+        await connection.recv()  # session.created: the gateway hears the token with the audio
+        await connection.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        refused = await connection.recv()
+        with pytest.raises(ConnectionClosed):
+            await connection.recv()
+    assert refused.type == "error" and refused.error.code == "unauthenticated"
+    assert refused.error.type == "invalid_request_error"
+
+    # A browser page of another site (it sends an Origin) may not use a visitor's network.
+    with pytest.raises(InvalidStatus) as refused_upgrade:
+        async with connect(web, Origin="https://evil.example"):
+            pass
+    assert refused_upgrade.value.response.status_code == 403

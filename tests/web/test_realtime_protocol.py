@@ -1,0 +1,191 @@
+"""The Realtime protocol without a network (services/web/realtime.py,
+realtime_config.py, realtime_bridge.py's Pacer): what session.update may
+choose and the Converse config it makes, the gateway's events as Realtime
+server events, and the caller's audio paced for the gateway."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from kamepb import gateway_pb2
+from services.web.realtime import RESPONSE_GAP_S, RealtimeSession
+from services.web.realtime_bridge import LEAD_S, MAX_PIECE_S, SLACK_S, Pacer, bearer_token
+from services.web.realtime_config import CODINGS, ClientError, SessionConfig, mode_of_model
+
+Codec = gateway_pb2.AudioFormat
+FRAME = bytes(2 * 1920)  # 80 ms of PCM16 at 24 kHz
+MODES = ["tandem", "cascade", "s2s"]
+
+
+def session() -> RealtimeSession:
+    return RealtimeSession("kame-tandem", MODES)
+
+
+def sent(realtime: RealtimeSession, **event) -> list[dict]:
+    return realtime.on_client(json.dumps(event)).events
+
+
+def agent(realtime: RealtimeSession, speaking: bool, frames: int = 1) -> list[dict]:
+    events: list[dict] = []
+    for _ in range(frames):
+        event = {"type": "agent_audio", "seq": 0, "speaking": speaking, "data": FRAME}
+        events += realtime.on_converse(event)
+    return events
+
+
+def test_session_update_chooses_g711_and_a_voice_of_the_stack():
+    update = {
+        "type": "realtime",
+        "audio": {
+            "input": {"format": {"type": "audio/pcmu"}, "turn_detection": {"type": "server_vad"}},
+            "output": {"format": {"type": "audio/pcma"}, "voice": "alloy"},
+        },
+        "tools": [],
+    }
+    config = SessionConfig().updated(update, locked=False).converse_config("cascade")
+    assert config.mode == gateway_pb2.ConverseConfig.CASCADE
+    assert (config.input_format.codec, config.input_format.sample_rate_hz) == (Codec.MULAW, 8000)
+    assert (config.output_format.codec, config.output_format.sample_rate_hz) == (Codec.ALAW, 8000)
+    assert config.voice == ""  # OpenAI's voices are the stack's default
+    ours = SessionConfig().updated({"audio": {"output": {"voice": {"id": "amy"}}}}, locked=False)
+    assert ours.converse_config("tandem").voice == "amy"
+
+
+@pytest.mark.parametrize(
+    ("update", "code", "param"),
+    [
+        ({"type": "transcription"}, "invalid_value", "session.type"),
+        (
+            {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+            "invalid_value",
+            "session.audio.input.format.rate",
+        ),
+        (
+            {"audio": {"input": {"turn_detection": None}}},
+            "unsupported_value",
+            "session.audio.input.turn_detection",
+        ),
+        ({"tools": [{"type": "function", "name": "f"}]}, "unsupported_value", "session.tools"),
+        ({"instructions": 3}, "invalid_type", "session.instructions"),
+    ],
+)
+def test_a_session_update_the_stack_cannot_honour_is_refused_naming_the_field(update, code, param):
+    with pytest.raises(ClientError) as refused:
+        SessionConfig().updated(update, locked=False)
+    assert (refused.value.code, refused.value.param) == (code, param)
+
+
+def test_the_formats_and_voice_stay_once_audio_has_flowed():
+    locked = SessionConfig()
+    assert locked.updated({"instructions": "Be brief."}, locked=True).instructions == "Be brief."
+    with pytest.raises(ClientError, match="once audio has flowed"):
+        locked.updated({"audio": {"output": {"format": {"type": "audio/pcmu"}}}}, locked=True)
+
+
+def test_the_model_names_an_offered_mode():
+    assert mode_of_model("kame-s2s", MODES) == "s2s"
+    for model in ("kame-s2s", "tandem", "gpt-realtime"):
+        with pytest.raises(ClientError, match="kame-tandem"):
+            mode_of_model(model, ["tandem"])
+
+
+def test_silence_within_a_stretch_is_sent_with_the_next_speech_and_a_gap_ends_it():
+    realtime = session()
+    opened = agent(realtime, speaking=True)
+    assert [e["type"] for e in opened][-1] == "response.output_audio.delta"
+    assert agent(realtime, speaking=False, frames=2) == []  # a pause: held
+    (delta,) = agent(realtime, speaking=True)
+    assert len(base64.b64decode(delta["delta"])) == 3 * len(FRAME)
+    frames_in_gap = round(RESPONSE_GAP_S / 0.08 + 0.5)
+    closing = agent(realtime, speaking=False, frames=frames_in_gap)
+    assert closing[-1]["type"] == "response.done"
+    assert closing[-1]["response"]["status"] == "completed"
+    ids = [e["event_id"] for e in [*opened, delta, *closing]]
+    assert len(set(ids)) == len(ids)
+
+
+def test_response_cancel_ends_the_response_and_drops_the_rest_of_the_stretch():
+    realtime = session()
+    (refused,) = sent(realtime, type="response.cancel", event_id="c-1")
+    assert refused["error"]["code"] == "response_cancel_not_active"
+    assert refused["error"]["event_id"] == "c-1"
+    agent(realtime, speaking=True)
+    cancelled = sent(realtime, type="response.cancel")
+    assert cancelled[-1]["response"]["status_details"]["reason"] == "client_cancelled"
+    assert agent(realtime, speaking=True, frames=3) == []  # the same stretch: dropped
+    agent(realtime, speaking=False, frames=round(RESPONSE_GAP_S / 0.08 + 0.5))
+    assert agent(realtime, speaking=True)[0]["type"] == "response.created"  # the next one
+
+
+def test_partial_transcripts_are_deltas_of_what_was_not_said_yet():
+    realtime = session()
+
+    def heard(kind: str, text: str) -> list[dict]:
+        event = {
+            "type": kind,
+            "utterance_id": "u",
+            "text": text,
+            "stable_text": "",
+            "stability": 0.0,
+            "lag_s": 0.0,
+        }
+        return realtime.on_converse(event)
+
+    started, first = heard("user_partial", "what is")
+    assert started["type"] == "input_audio_buffer.speech_started"
+    assert first["delta"] == "what is"
+    assert heard("user_partial", "what is the")[0]["delta"] == " the"
+    assert heard("user_partial", "what was the") == []  # revised: the final says it
+    final = heard("user_final", "what was the capital")
+    completed = next(e for e in final if e["type"].endswith("transcription.completed"))
+    assert completed["transcript"] == "what was the capital"
+    assert final[0]["item_id"] == started["item_id"]
+
+
+def test_appended_audio_must_be_base64_of_whole_samples():
+    realtime = session()
+    for audio, message in (("%%%", "base64"), (base64.b64encode(b"\x00").decode(), "whole")):
+        (error,) = sent(realtime, type="input_audio_buffer.append", audio=audio)
+        assert message in error["error"]["message"]
+    reply = realtime.on_client(
+        json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(FRAME).decode()})
+    )
+    assert reply.audio == FRAME and reply.events == []
+
+
+def test_the_bearer_token_is_read_from_the_authorization_header():
+    assert bearer_token("Bearer tok-1") == "tok-1"
+    assert bearer_token("bearer  tok-1 ") == "tok-1"
+    assert bearer_token("Basic dXNlcg==") == bearer_token(None) == ""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_pacer_sends_at_most_a_lead_ahead_of_the_clock_and_silence_when_starved():
+    async def never(_data: bytes) -> bool:
+        return True
+
+    clock = Clock()
+    pcm = CODINGS["audio/pcm"]
+    pacer = Pacer(pcm, never, clock)
+    pacer.push(bytes(pcm.bytes_per_s * 5))  # five seconds at once
+    pieces = []
+    while piece := pacer._next_piece(clock.now):
+        pieces.append(pcm.seconds(piece))
+        pacer.sent_s += pieces[-1]
+    assert max(pieces) <= MAX_PIECE_S and sum(pieces) == pytest.approx(LEAD_S)
+    clock.now = 10.0  # the backlog went out long ago; the client sends nothing
+    pacer.clear()
+    silence = pacer._next_piece(clock.now)
+    assert silence == bytes(len(silence)) and pcm.seconds(silence) == MAX_PIECE_S
+    pacer.sent_s = clock.now - SLACK_S / 2
+    assert pacer._next_piece(clock.now) == b""  # not starved yet
