@@ -12,7 +12,8 @@ health SERVING, which the oracle reports only after warming up its LLM's
 prompt; the LLM server's ready line, which it prints after its own warm-up;
 the web service's /healthz; Redis PING; and the gateway reports SERVING only
 once stt, the oracle and a frontend do: services/gateway/readiness.py), prints
-the endpoints and the page's URL, restarts any process that dies (with
+the endpoints (the OpenAI Realtime one on a line of its own) and the page's
+URL, restarts any process that dies (with
 backoff, printed: kame_cli.supervise), and on Ctrl-C
 or SIGTERM stops them all (SIGTERM to each process group, SIGKILL after a
 timeout). Each child's output goes to a log file in --log-dir.
@@ -33,6 +34,11 @@ from kame_cli.stack_options import add_arguments, options_from_args, ports_from_
 from kame_cli.supervise import Supervisor
 
 __all__ = ["add_arguments", "run"]  # what kame_cli.main calls
+
+
+def realtime_url(web_url: str) -> str:
+    """The web service's OpenAI Realtime endpoint (services/web/realtime.py)."""
+    return "ws" + web_url.removeprefix("http") + "v1/realtime"
 
 
 def _raise_interrupt(_signum: int, _frame: object) -> None:
@@ -59,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         print("KAME stack is up:")
         for name, endpoint in stack.endpoints():
             print(f"  {name:<9} {endpoint}")
+        print(f"  {'realtime':<9} {realtime_url(stack.web_url)} (OpenAI Realtime API)")
         print(
             f"Talk to it in a browser: open {stack.web_url}\n"
             f"Call it from a phone: {stack.phone_endpoints} (README: Connect a phone)\n"

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from kame_cli.up import realtime_url
 from kamepb import gateway_pb2
 from services.web.realtime import RESPONSE_GAP_S, RealtimeSession
 from services.web.realtime_bridge import LEAD_S, MAX_PIECE_S, SLACK_S, Pacer, bearer_token
@@ -189,3 +190,7 @@ def test_the_pacer_sends_at_most_a_lead_ahead_of_the_clock_and_silence_when_star
     assert silence == bytes(len(silence)) and pcm.seconds(silence) == MAX_PIECE_S
     pacer.sent_s = clock.now - SLACK_S / 2
     assert pacer._next_piece(clock.now) == b""  # not starved yet
+
+
+def test_kame_up_names_the_endpoint_by_the_web_services_address():
+    assert realtime_url("http://127.0.0.1:8088/") == "ws://127.0.0.1:8088/v1/realtime"

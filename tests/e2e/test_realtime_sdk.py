@@ -1,0 +1,70 @@
+"""The official `openai` SDK holds a spoken conversation with the whole stack (the
+e2e stack of this folder's conftest) through the web service's OpenAI Realtime
+endpoint, as README's "Use it from the OpenAI SDK" shows: a piper question
+appended at once, the agent's answer back as responses, and that audio,
+transcribed by our STT, has the answer in it."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import pytest
+import pytest_asyncio
+from openai import AsyncOpenAI
+
+from kame_common.audio import float_to_pcm16, pcm16_to_float
+from services.web.config import WebSettings
+from services.web.server import serve
+from tests.e2e.conftest import QUESTION
+from tests.support import word_recall, words_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+ANSWER_TIMEOUT_S = 90.0
+HOLD_MAX_S = 10.0  # a loaded test machine may take longer than the default 5 s to answer
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def web(stack):
+    gateway = await stack.services.gateway(
+        stack.stt, stack.oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S
+    )
+    settings = WebSettings(
+        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
+    )
+    server = await serve(settings)
+    yield server
+    await server.stop()
+
+
+async def test_the_openai_sdk_asks_a_spoken_question_and_hears_the_answer(web, speak, transcribe):
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{web.port}/v1", api_key="no-auth-here")
+    question = float_to_pcm16(speak(QUESTION))  # PCM16 at 24 kHz: the session's default
+    heard_question, said, audio = "", [], []
+    async with client.realtime.connect(model="kame-tandem") as connection:
+        await connection.input_audio_buffer.append(audio=base64.b64encode(question).decode())
+        async with asyncio.timeout(ANSWER_TIMEOUT_S):
+            async for event in connection:
+                if event.type == "conversation.item.input_audio_transcription.completed":
+                    heard_question = event.transcript
+                elif event.type == "response.output_audio.delta":
+                    audio.append(base64.b64decode(event.delta))
+                elif event.type == "response.done":
+                    said.append(event.response.output[0].content[0].transcript)
+                if answered(heard_question, " ".join(said)):
+                    break
+
+    assert word_recall(QUESTION, heard_question) >= 0.6, heard_question
+    agent = pcm16_to_float(b"".join(audio))
+    heard = await asyncio.to_thread(transcribe, agent)
+    assert word_recall(" ".join(said), heard) >= 0.5, (said, heard)
+    if "france" in words_of(heard_question):  # else the model cannot know
+        assert word_recall("Paris", heard) == 1.0, (said, heard)
+
+
+def answered(question: str, said: str) -> bool:
+    """The agent has answered `question`: Paris, if it heard "France"; anything else."""
+    if not question or not said:
+        return False
+    return "france" not in words_of(question) or "paris" in words_of(said)
