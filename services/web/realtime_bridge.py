@@ -61,7 +61,7 @@ class Pacer:
 
     @property
     def backlog_s(self) -> float:
-        return self.coding.seconds(bytes(self.backlog))
+        return len(self.backlog) / self.coding.bytes_per_s
 
     def push(self, data: bytes) -> None:
         self.backlog += data

@@ -73,8 +73,10 @@ async def test_a_spoken_turn_gets_the_agents_answer_as_a_whole_response(web, fak
         3: [transcript("u-1", "what is the", False, 0.2)],
         6: [transcript("u-1", "what is the capital", True, 0.4)],
     }
-    fakes.frontend.speak_at = 9
-    fakes.frontend.words = {10: ("Paris", 1)}
+    # The agent speaks from frame 20, well after the final (stt's and the frontend's
+    # answers reach the gateway on streams of their own, in no set order).
+    fakes.frontend.speak_at = 20
+    fakes.frontend.words = {21: ("Paris", 1)}
     async with connect(web) as connection:
         created = await connection.recv()
         assert created.type == "session.created" and created.session.model == "kame-tandem"
@@ -126,6 +128,23 @@ async def test_a_barge_in_cancels_the_response_under_way(web, fakes):
     assert kinds(seen) == [*OPENED, "input_audio_buffer.speech_started", *CLOSED]
     done = seen[-1].response
     assert (done.status, done.status_details.reason) == ("cancelled", "turn_detected")
+
+
+async def test_g711_both_ways_at_8_khz(web, fakes):
+    fakes.frontend.speak_at = 0  # the fake agent says back what it hears
+    g711 = {"format": {"type": "audio/pcmu"}}
+    async with connect(web) as connection:
+        await connection.recv()  # session.created
+        await connection.session.update(
+            session={"type": "realtime", "audio": {"input": g711, "output": g711}}
+        )
+        updated = await connection.recv()
+        assert updated.session.audio.output.format.type == "audio/pcmu"
+        mulaw_silence = b"\xff" * 8000  # a second
+        await connection.input_audio_buffer.append(audio=base64.b64encode(mulaw_silence).decode())
+        seen = await events_until(connection, "response.output_audio.delta")
+    agent = base64.b64decode(seen[-1].delta)
+    assert agent and set(agent) <= {0xFF, 0x7F}  # mu-law's two silences, a byte a sample
 
 
 async def test_bad_events_get_the_protocols_errors_and_the_session_goes_on(web):
