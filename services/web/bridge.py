@@ -115,9 +115,7 @@ def parse_start(raw: str | bytes | None, settings: WebSettings) -> Start:
         if llm not in settings.llm_choices:
             raise StartError(f"llm: {llm!r} is not offered; choose {settings.llm_choices}")
         config.llm.CopyFrom(gateway_pb2.LlmOverride(model=llm))
-    # The operator's own token stands in only where they said their login guards the page.
-    relayed = settings.gateway_auth_token if settings.relay_token_behind_login else ""
-    token = message.get("token") or relayed
+    token = message.get("token") or settings.relayed_token
     return Start(config, token if isinstance(token, str) else "")
 
 

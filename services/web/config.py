@@ -71,6 +71,12 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
         return entries(self.llm_models)
 
     @property
+    def relayed_token(self) -> str:
+        """The token sent for a caller who brings none: the operator's own, only where
+        they said a login of theirs guards the service."""
+        return self.gateway_auth_token if self.relay_token_behind_login else ""
+
+    @property
     def origins(self) -> list[str]:
         return entries(self.allowed_origins)
 

@@ -184,7 +184,7 @@ class WebApp:
         await websocket.accept()
         socket = StarletteSocket(websocket)
         model = websocket.query_params.get("model", "")
-        token = bearer_token(websocket.headers.get("authorization")) or self.relayed_token
+        token = bearer_token(websocket.headers.get("authorization")) or self.settings.relayed_token
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client went away
             if refusal := self.session_refusal():
                 await send_json(socket, lone_error("server_busy", refusal, "server_error"))
@@ -192,13 +192,6 @@ class WebApp:
                 async with self.counted():
                     await self.realtime_bridge.run(socket, model, token)
             await websocket.close(code=NORMAL_CLOSURE)
-
-    @property
-    def relayed_token(self) -> str:
-        """The operator's own token, for callers without one where they said their
-        login guards the service (as for the page)."""
-        settings = self.settings
-        return settings.gateway_auth_token if settings.relay_token_behind_login else ""
 
     async def _conversation(self, page: StarletteSocket) -> tuple[int, str]:
         """The page's start message, then its conversation; the code and reason to
