@@ -137,6 +137,7 @@ class RealtimeSession:
         self.last_item_id: str | None = None
         self.muted = False  # the agent's stretch was cancelled: drop its audio
         self.silent_s = 0.0  # agent silence since its last speaking frame
+        self.early_words: list[str] = []  # the agent's words that came before its audio
         self.appended_s = 0.0  # caller audio appended, for audio_start_ms/audio_end_ms
         self._event_numbers = itertools.count(1)
         self.id = new_id("sess")
@@ -257,15 +258,28 @@ class RealtimeSession:
         ]
 
     def _agent_text(self, event: AgentTextEvent) -> list[Event]:
-        if self.response is None or not event["text"]:
+        text = event["text"]
+        if self.muted or not text:
             return []  # words of a cancelled stretch
-        delta = event["text"] if not self.response.words else " " + event["text"]
-        self.response.words.append(event["text"])
-        where = self.response.where()
-        return [{"type": "response.output_audio_transcript.delta", **where, "delta": delta}]
+        if self.response is None:
+            self.early_words.append(text)  # its audio is still to come
+            return []
+        return [self._said(self.response, text)]
+
+    @staticmethod
+    def _said(response: AgentResponse, text: str) -> Event:
+        delta = text if not response.words else " " + text
+        response.words.append(text)
+        return {
+            "type": "response.output_audio_transcript.delta",
+            **response.where(),
+            "delta": delta,
+        }
 
     def _opened(self) -> list[Event]:
         response = self.response = AgentResponse()
+        early = [self._said(response, " ".join(self.early_words))] if self.early_words else []
+        self.early_words.clear()
         return [
             {"type": "response.created", "response": self._response_object("in_progress")},
             {
@@ -280,6 +294,7 @@ class RealtimeSession:
                 **response.where(),
                 "part": {"type": "audio", "transcript": ""},
             },
+            *early,
         ]
 
     def _closed(self, status: str, reason: str = "") -> list[Event]:

@@ -121,6 +121,31 @@ def test_response_cancel_ends_the_response_and_drops_the_rest_of_the_stretch():
     assert agent(realtime, speaking=True)[0]["type"] == "response.created"  # the next one
 
 
+def test_words_that_come_before_their_audio_open_the_responses_transcript():
+    realtime = session()
+
+    def word(text: str) -> list[dict]:
+        event = {
+            "type": "agent_text",
+            "text": text,
+            "start_s": 0.0,
+            "end_s": 0.2,
+            "generation": 1,
+            "filler": False,
+        }
+        return realtime.on_converse(event)
+
+    assert word("Paris") == []
+    opened = agent(realtime, speaking=True)
+    assert [e["type"] for e in opened][-2:] == [
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+    ]
+    assert word("is")[0]["delta"] == " is"
+    closed = agent(realtime, speaking=False, frames=round(RESPONSE_GAP_S / 0.08 + 0.5))
+    assert closed[1]["transcript"] == "Paris is"
+
+
 def test_partial_transcripts_are_deltas_of_what_was_not_said_yet():
     realtime = session()
 
