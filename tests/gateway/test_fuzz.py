@@ -32,6 +32,7 @@ from kamepb import (
     oracle_pb2_grpc,
     stt_pb2_grpc,
 )
+from kamepb.common_pb2 import LlmBackend
 from services.gateway.codecs import AudioFormat, CodecError, Decoder
 from services.gateway.config import GatewaySettings
 from services.gateway.pacing import InputGuard, InputLimits, audio_seconds
@@ -170,7 +171,7 @@ def _converse_configs(wild: bool) -> st.SearchStrategy[gateway_pb2.ConverseConfi
     text = st.text(max_size=80)
     llm = st.builds(
         gateway_pb2.LlmOverride,
-        backend=either(["", "openai", "anthropic"], text, wild),
+        backend=either(list(LlmBackend.values()), st.integers(-(2**31), 2**31 - 1), wild),
         model=text,
         base_url=text,
         api_key=text,
