@@ -8,9 +8,10 @@ in the logs.
 
 The client keeps to the order the gateway needs:
 
-- the config first (`start`); audio and keys only once the session started
-  (`wait_started`): a write under way when the gateway refuses the call (a bad
-  token, config or resume token, no capacity) makes grpc.aio report INTERNAL
+- the config first (`start`); audio, keys, turn controls and typed text only
+  once the session started (`wait_started`): a write under way when the
+  gateway refuses the call (a bad token, config or resume token, no
+  capacity) makes grpc.aio report INTERNAL
   "Internal error from Core" instead of the gateway's status (grpc/grpc#36066);
 - writes do not raise: once the call is over they return False, and reading
   (`responses`, `events`) raises the call's status, the one place that says
@@ -35,13 +36,14 @@ from kame_common.aio import wait_first
 from kame_common.auth import bearer_metadata
 from kame_common.grpc_options import ConnectionPolicy
 from kame_common.tls import ClientTls
-from kamepb import gateway_pb2, gateway_pb2_grpc
+from kamepb import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 Response = gateway_pb2.ConverseResponse
 # The keys of a phone: the only digits a Dtmf message may carry (the gateway ends
 # a call that sends another).
 DTMF_KEYS = frozenset("0123456789*#ABCD")
 Request = gateway_pb2.ConverseRequest
+TurnAction = common_pb2.TurnControl.Action
 ConverseCall = grpc.aio.StreamStreamCall[Request, Response]
 
 # What a write raises once the gateway has ended the call (or it was cancelled).
@@ -109,7 +111,7 @@ class TurnEvent(TypedDict):
 
 class NoticeEvent(TypedDict):
     type: Literal["notice"]
-    kind: str  # the Notice.Kind's name: ORACLE_UNAVAILABLE, RECONNECT, ...
+    kind: str  # the Notice.Kind's name: ORACLE_UNAVAILABLE, RECONNECT, REFUSED, ...
     message: str
 
 
@@ -122,6 +124,7 @@ class DtmfEvent(TypedDict):
 class BargeInEvent(TypedDict):
     type: Literal["barge_in"]
     seq: int  # the caller frame on which the agent was cut
+    cancelled: bool  # the caller's cancel_response() cut it, not the caller's speech
 
 
 class UnknownEvent(TypedDict):
@@ -222,7 +225,8 @@ def _dtmf(response: Response) -> DtmfEvent:
 
 
 def _barge_in(response: Response) -> BargeInEvent:
-    return {"type": "barge_in", "seq": response.barge_in.seq}
+    barge_in = response.barge_in
+    return {"type": "barge_in", "seq": barge_in.seq, "cancelled": barge_in.cancelled}
 
 
 # One reader per ConverseResponse kind (tests/common/test_converse.py checks it has them all).
@@ -310,6 +314,31 @@ class ConverseClient:
     async def send_audio(self, data: bytes) -> bool:
         """Caller audio in the configured codec; False once the call is over."""
         return await self.send(Request(audio=data))
+
+    async def end_turn(self) -> bool:
+        """The caller's turn is over now (push-to-talk: the button is released);
+        False once the call is over."""
+        return await self._turn_control(TurnAction.END_TURN)
+
+    async def respond(self) -> bool:
+        """Ask for the answer to the caller's last turn now (with MANUAL turn
+        detection the only way an answer starts); False once the call is over."""
+        return await self._turn_control(TurnAction.RESPOND)
+
+    async def cancel_response(self) -> bool:
+        """Stop the agent's current speech (a `barge_in` event with `cancelled`
+        follows if it was speaking); False once the call is over."""
+        return await self._turn_control(TurnAction.CANCEL)
+
+    async def send_text(self, text: str) -> bool:
+        """A message the caller typed: a caller turn of its own, answered like a
+        spoken one (keep sending audio, silence included, for the agent to speak
+        in); False once the call is over. A blank or too long text gets a notice
+        REFUSED and the call goes on."""
+        return await self.send(Request(user_text=gateway_pb2.UserText(text=text)))
+
+    async def _turn_control(self, action: common_pb2.TurnControl.Action.ValueType) -> bool:
+        return await self.send(Request(turn_control=common_pb2.TurnControl(action=action)))
 
     async def send(self, request: Request) -> bool:
         """Any request (a key: `Request(dtmf=...)`); False once the call is over."""

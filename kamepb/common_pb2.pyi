@@ -372,20 +372,95 @@ class BargeIn(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SEQ_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """The caller frame on which the agent was cut."""
+    cancelled: _builtins.bool
+    """The caller asked for it (TurnControl CANCEL) rather than spoke over the agent."""
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
+        cancelled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "seq", b"seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BargeIn: _TypeAlias = BargeIn  # noqa: Y015
+
+@_typing.final
+class TurnControl(_message.Message):
+    """Push-to-talk: the caller, not a turn detector, says when its turn is over and
+    when the agent answers (ConverseConfig.turn_detection MANUAL), and may stop
+    the agent at any time. The gateway relays each to stt and the front-end.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Action:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _ActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[TurnControl._Action.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        ACTION_UNSPECIFIED: TurnControl._Action.ValueType  # 0
+        END_TURN: TurnControl._Action.ValueType  # 1
+        """The caller's turn is over now: stt finalizes the open utterance at once
+        and the oracle answers its final. In auto mode the agent then answers
+        as at a detected turn end; in MANUAL mode it waits for RESPOND. With no
+        caller speech since the last turn end it does nothing.
+        """
+        RESPOND: TurnControl._Action.ValueType  # 2
+        """Speak the answer to the caller's last turn now (ending the turn first if
+        it is still open). In MANUAL mode the only way an answer starts; in auto
+        mode it ends an open turn and is otherwise harmless. Once the turn is
+        answered (or with nothing said) it does nothing: a second RESPOND to
+        the same turn is a no-op.
+        """
+        CANCEL: TurnControl._Action.ValueType  # 3
+        """Stop the agent's current speech now (and an answer it is holding the
+        floor for), like a barge-in: the front-end sends BargeIn with cancelled
+        set. With the agent silent it does nothing.
+        """
+
+    class Action(_Action, metaclass=_ActionEnumTypeWrapper): ...
+    ACTION_UNSPECIFIED: TurnControl.Action.ValueType  # 0
+    END_TURN: TurnControl.Action.ValueType  # 1
+    """The caller's turn is over now: stt finalizes the open utterance at once
+    and the oracle answers its final. In auto mode the agent then answers
+    as at a detected turn end; in MANUAL mode it waits for RESPOND. With no
+    caller speech since the last turn end it does nothing.
+    """
+    RESPOND: TurnControl.Action.ValueType  # 2
+    """Speak the answer to the caller's last turn now (ending the turn first if
+    it is still open). In MANUAL mode the only way an answer starts; in auto
+    mode it ends an open turn and is otherwise harmless. Once the turn is
+    answered (or with nothing said) it does nothing: a second RESPOND to
+    the same turn is a no-op.
+    """
+    CANCEL: TurnControl.Action.ValueType  # 3
+    """Stop the agent's current speech now (and an answer it is holding the
+    floor for), like a barge-in: the front-end sends BargeIn with cancelled
+    set. With the agent silent it does nothing.
+    """
+
+    ACTION_FIELD_NUMBER: _builtins.int
+    action: Global___TurnControl.Action.ValueType
+    def __init__(
+        self,
+        *,
+        action: Global___TurnControl.Action.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnControl: _TypeAlias = TurnControl  # noqa: Y015
 
 @_typing.final
 class AgentText(_message.Message):

@@ -29,6 +29,7 @@ class FrontendConfig(_message.Message):
     TURN_END_SILENCE_S_FIELD_NUMBER: _builtins.int
     HOLD_PHRASES_FIELD_NUMBER: _builtins.int
     HOLD_MAX_S_FIELD_NUMBER: _builtins.int
+    MANUAL_TURNS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     engine: _builtins.str
     """"tts", "kame" or "moshi"; must be one the replica serves. Empty = the replica's engine."""
@@ -40,6 +41,12 @@ class FrontendConfig(_message.Message):
     """
     hold_max_s: _builtins.float
     """... for at most this long (0 = default 5 s); then it gives the floor back."""
+    manual_turns: _builtins.bool
+    """Push-to-talk: the caller ends turns and asks for answers (TurnControl);
+    the engine never ends a caller turn or starts an answer by itself (caller
+    speech still cuts the agent, as it does in auto mode). The tts engine
+    only: kame and moshi take turns themselves and refuse it (INVALID_ARGUMENT).
+    """
     @_builtins.property
     def hold_phrases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """tts engine: when the caller's turn ends and no candidate answers what the
@@ -56,10 +63,11 @@ class FrontendConfig(_message.Message):
         turn_end_silence_s: _builtins.float = ...,
         hold_phrases: _abc.Iterable[_builtins.str] | None = ...,
         hold_max_s: _builtins.float = ...,
+        manual_turns: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "hold_max_s", b"hold_max_s", "hold_phrases", b"hold_phrases", "session_id", b"session_id", "turn_end_silence_s", b"turn_end_silence_s", "voice", b"voice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "hold_max_s", b"hold_max_s", "hold_phrases", b"hold_phrases", "manual_turns", b"manual_turns", "session_id", b"session_id", "turn_end_silence_s", b"turn_end_silence_s", "voice", b"voice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -73,6 +81,8 @@ class FrontendRequest(_message.Message):
     AUDIO_FIELD_NUMBER: _builtins.int
     ORACLE_FIELD_NUMBER: _builtins.int
     USER_TRANSCRIPT_FIELD_NUMBER: _builtins.int
+    TURN_CONTROL_FIELD_NUMBER: _builtins.int
+    USER_TEXT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def config(self) -> Global___FrontendConfig: ...
     @_builtins.property
@@ -85,6 +95,22 @@ class FrontendRequest(_message.Message):
         checks candidates against them; other engines may ignore them).
         """
 
+    @_builtins.property
+    def turn_control(self) -> _common_pb2.TurnControl:
+        """END_TURN, RESPOND or CANCEL, as the caller sent it (see TurnControl).
+        kame/moshi: CANCEL silences the agent's current stretch of speech;
+        END_TURN and RESPOND do nothing (the speech LM takes turns itself).
+        """
+
+    @_builtins.property
+    def user_text(self) -> _common_pb2.TranscriptEvent:
+        """A message the caller typed, as a final transcript of an utterance of its
+        own: a whole caller turn that starts and ends here (it cuts the agent
+        as caller speech would). The tts engine answers it as it answers a
+        spoken turn: at once in auto mode, at RESPOND in manual mode. kame and
+        moshi ignore it (the oracle still hears it).
+        """
+
     def __init__(
         self,
         *,
@@ -92,12 +118,14 @@ class FrontendRequest(_message.Message):
         audio: _common_pb2.AudioFrame | None = ...,
         oracle: _common_pb2.OracleUpdate | None = ...,
         user_transcript: _common_pb2.TranscriptEvent | None = ...,
+        turn_control: _common_pb2.TurnControl | None = ...,
+        user_text: _common_pb2.TranscriptEvent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "msg", b"msg", "oracle", b"oracle", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "msg", b"msg", "oracle", b"oracle", "turn_control", b"turn_control", "user_text", b"user_text", "user_transcript", b"user_transcript"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "msg", b"msg", "oracle", b"oracle", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "msg", b"msg", "oracle", b"oracle", "turn_control", b"turn_control", "user_text", b"user_text", "user_transcript", b"user_transcript"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "audio", "oracle", "user_transcript"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "audio", "oracle", "user_transcript", "turn_control", "user_text"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 

@@ -52,7 +52,9 @@ class FrontendServicer:
         Status codes:
         INVALID_ARGUMENT   frames or oracle updates before the config, a second
         config, a frame that is not 1920 samples at 24000 Hz,
-        an unknown engine or voice.
+        an unknown engine or voice, manual_turns for an
+        engine that takes turns itself, a TurnControl with
+        no action.
         RESOURCE_EXHAUSTED every batch slot of the engine is busy.
         UNAVAILABLE        the service is draining for shutdown.
         """

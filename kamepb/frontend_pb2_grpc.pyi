@@ -39,7 +39,9 @@ class FrontendStub:
     Status codes:
       INVALID_ARGUMENT   frames or oracle updates before the config, a second
                          config, a frame that is not 1920 samples at 24000 Hz,
-                         an unknown engine or voice.
+                         an unknown engine or voice, manual_turns for an
+                         engine that takes turns itself, a TurnControl with
+                         no action.
       RESOURCE_EXHAUSTED every batch slot of the engine is busy.
       UNAVAILABLE        the service is draining for shutdown.
     """
@@ -55,7 +57,9 @@ class FrontendAsyncStub(FrontendStub):
     Status codes:
       INVALID_ARGUMENT   frames or oracle updates before the config, a second
                          config, a frame that is not 1920 samples at 24000 Hz,
-                         an unknown engine or voice.
+                         an unknown engine or voice, manual_turns for an
+                         engine that takes turns itself, a TurnControl with
+                         no action.
       RESOURCE_EXHAUSTED every batch slot of the engine is busy.
       UNAVAILABLE        the service is draining for shutdown.
     """
@@ -74,7 +78,9 @@ class FrontendServicer(metaclass=_abc_1.ABCMeta):
         Status codes:
           INVALID_ARGUMENT   frames or oracle updates before the config, a second
                              config, a frame that is not 1920 samples at 24000 Hz,
-                             an unknown engine or voice.
+                             an unknown engine or voice, manual_turns for an
+                             engine that takes turns itself, a TurnControl with
+                             no action.
           RESOURCE_EXHAUSTED every batch slot of the engine is busy.
           UNAVAILABLE        the service is draining for shutdown.
         """

@@ -166,6 +166,37 @@ class ConverseConfig(_message.Message):
     S2S: ConverseConfig.Mode.ValueType  # 3
     """Speech LM only, no oracle."""
 
+    class _TurnDetection:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _TurnDetectionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[ConverseConfig._TurnDetection.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        TURN_DETECTION_UNSPECIFIED: ConverseConfig._TurnDetection.ValueType  # 0
+        """The stack's own turn detection ends the caller's turns and starts the
+        agent's answers (TurnControl still works: END_TURN and RESPOND end a
+        turn early, CANCEL stops the agent).
+        """
+        MANUAL: ConverseConfig._TurnDetection.ValueType  # 1
+        """Push-to-talk: the caller ends its turns (TurnControl END_TURN) and asks
+        for each answer (RESPOND); the agent never starts one by itself. Caller
+        speech still stops the agent. The tts engine only (INVALID_ARGUMENT
+        with kame or moshi, which take turns themselves).
+        """
+
+    class TurnDetection(_TurnDetection, metaclass=_TurnDetectionEnumTypeWrapper): ...
+    TURN_DETECTION_UNSPECIFIED: ConverseConfig.TurnDetection.ValueType  # 0
+    """The stack's own turn detection ends the caller's turns and starts the
+    agent's answers (TurnControl still works: END_TURN and RESPOND end a
+    turn early, CANCEL stops the agent).
+    """
+    MANUAL: ConverseConfig.TurnDetection.ValueType  # 1
+    """Push-to-talk: the caller ends its turns (TurnControl END_TURN) and asks
+    for each answer (RESPOND); the agent never starts one by itself. Caller
+    speech still stops the agent. The tts engine only (INVALID_ARGUMENT
+    with kame or moshi, which take turns themselves).
+    """
+
     MODE_FIELD_NUMBER: _builtins.int
     INPUT_FORMAT_FIELD_NUMBER: _builtins.int
     OUTPUT_FORMAT_FIELD_NUMBER: _builtins.int
@@ -176,6 +207,8 @@ class ConverseConfig(_message.Message):
     HOLD_FIELD_NUMBER: _builtins.int
     RESUME_TOKEN_FIELD_NUMBER: _builtins.int
     CALL_FIELD_NUMBER: _builtins.int
+    TURN_DETECTION_FIELD_NUMBER: _builtins.int
+    INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     mode: Global___ConverseConfig.Mode.ValueType
     voice: _builtins.str
     include_oracle_updates: _builtins.bool
@@ -186,6 +219,13 @@ class ConverseConfig(_message.Message):
     of the session's last sign of life): the conversation goes on with its
     history. The rest of the config applies as in a new call; the mode must
     be the session's.
+    """
+    turn_detection: Global___ConverseConfig.TurnDetection.ValueType
+    instructions: _builtins.str
+    """The app's own instructions to the agent ("answer in French", "you are the
+    front desk of ..."): added to the oracle's system prompt. Only if the
+    operator allows it (the gateway's allow_instructions, else
+    PERMISSION_DENIED), at most instructions_max_chars (else INVALID_ARGUMENT).
     """
     @_builtins.property
     def input_format(self) -> Global___AudioFormat: ...
@@ -218,10 +258,12 @@ class ConverseConfig(_message.Message):
         hold: Global___HoldConfig | None = ...,
         resume_token: _builtins.str = ...,
         call: Global___CallInfo | None = ...,
+        turn_detection: Global___ConverseConfig.TurnDetection.ValueType = ...,
+        instructions: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "hold", b"hold", "input_format", b"input_format", "llm", b"llm", "output_format", b"output_format"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "hold", b"hold", "include_oracle_updates", b"include_oracle_updates", "input_format", b"input_format", "language", b"language", "llm", b"llm", "mode", b"mode", "output_format", b"output_format", "resume_token", b"resume_token", "voice", b"voice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "hold", b"hold", "include_oracle_updates", b"include_oracle_updates", "input_format", b"input_format", "instructions", b"instructions", "language", b"language", "llm", b"llm", "mode", b"mode", "output_format", b"output_format", "resume_token", b"resume_token", "turn_detection", b"turn_detection", "voice", b"voice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -266,6 +308,8 @@ class ConverseRequest(_message.Message):
     CONFIG_FIELD_NUMBER: _builtins.int
     AUDIO_FIELD_NUMBER: _builtins.int
     DTMF_FIELD_NUMBER: _builtins.int
+    TURN_CONTROL_FIELD_NUMBER: _builtins.int
+    USER_TEXT_FIELD_NUMBER: _builtins.int
     audio: _builtins.bytes
     @_builtins.property
     def config(self) -> Global___ConverseConfig: ...
@@ -275,22 +319,62 @@ class ConverseRequest(_message.Message):
         as part of the conversation. A digit outside 0-9*#A-D is INVALID_ARGUMENT.
         """
 
+    @_builtins.property
+    def turn_control(self) -> _common_pb2.TurnControl:
+        """End the caller's turn, ask for the answer, or stop the agent now (see
+        TurnControl); what a front-end engine makes of it: frontend.proto.
+        """
+
+    @_builtins.property
+    def user_text(self) -> Global___UserText:
+        """A message the caller typed instead of saying it."""
+
     def __init__(
         self,
         *,
         config: Global___ConverseConfig | None = ...,
         audio: _builtins.bytes = ...,
         dtmf: _common_pb2.Dtmf | None = ...,
+        turn_control: _common_pb2.TurnControl | None = ...,
+        user_text: Global___UserText | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "msg", b"msg"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "msg", b"msg", "turn_control", b"turn_control", "user_text", b"user_text"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "msg", b"msg"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "msg", b"msg", "turn_control", b"turn_control", "user_text", b"user_text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "audio", "dtmf"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "audio", "dtmf", "turn_control", "user_text"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
 Global___ConverseRequest: _TypeAlias = ConverseRequest  # noqa: Y015
+
+@_typing.final
+class UserText(_message.Message):
+    """A typed caller message: a caller turn of its own, as if said. It is echoed
+    as a final user_transcript (utterance_id "<session_id>-text-<n>"), goes to
+    the oracle and into the conversation record, and is answered like a spoken
+    turn: at once in auto mode, at RESPOND in MANUAL mode. It cuts the agent as
+    caller speech would. Blank, or over the gateway's user_text_max_chars:
+    Notice REFUSED, and the call goes on. The agent speaks only while caller
+    audio flows (one agent frame per caller frame): send silence while waiting.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserText: _TypeAlias = UserText  # noqa: Y015
 
 @_typing.final
 class SessionStarted(_message.Message):
@@ -419,6 +503,10 @@ class Notice(_message.Message):
         """The gateway is shutting down: open a new call with the resume token (any
         replica takes it) before this one ends.
         """
+        REFUSED: Notice._Kind.ValueType  # 5
+        """A request the gateway did not act on (message: which and why); the call
+        goes on.
+        """
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
     KIND_UNSPECIFIED: Notice.Kind.ValueType  # 0
@@ -432,6 +520,10 @@ class Notice(_message.Message):
     RECONNECT: Notice.Kind.ValueType  # 4
     """The gateway is shutting down: open a new call with the resume token (any
     replica takes it) before this one ends.
+    """
+    REFUSED: Notice.Kind.ValueType  # 5
+    """A request the gateway did not act on (message: which and why); the call
+    goes on.
     """
 
     KIND_FIELD_NUMBER: _builtins.int

@@ -53,14 +53,22 @@ class GatewayServicer:
         Status codes:
         INVALID_ARGUMENT   audio before the config, a second config, an unknown
         mode or codec, audio that does not decode, a bad
-        override (the message names the field).
+        override, instructions over the gateway's
+        instructions_max_chars, MANUAL turn detection with a
+        front-end engine that takes turns itself (kame,
+        moshi) (the message names the field).
         UNAUTHENTICATED    the gateway requires a bearer token (metadata
         `authorization: Bearer <token>`) and it is missing/wrong.
         RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.
         UNAVAILABLE        the gateway is draining, or the front-end failed.
         OUT_OF_RANGE       the session reached its length cap.
         NOT_FOUND          a resume_token whose session has expired.
-        PERMISSION_DENIED  a resume_token this gateway did not issue.
+        PERMISSION_DENIED  a resume_token this gateway did not issue; instructions
+        while the gateway's allow_instructions is off.
+
+        A request the gateway does not act on but that need not end the call (a
+        typed message that is empty or too long, a TurnControl without an action)
+        gets Notice REFUSED saying why, and the call goes on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -40,14 +40,22 @@ class GatewayStub:
     Status codes:
       INVALID_ARGUMENT   audio before the config, a second config, an unknown
                          mode or codec, audio that does not decode, a bad
-                         override (the message names the field).
+                         override, instructions over the gateway's
+                         instructions_max_chars, MANUAL turn detection with a
+                         front-end engine that takes turns itself (kame,
+                         moshi) (the message names the field).
       UNAUTHENTICATED    the gateway requires a bearer token (metadata
                          `authorization: Bearer <token>`) and it is missing/wrong.
       RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.
       UNAVAILABLE        the gateway is draining, or the front-end failed.
       OUT_OF_RANGE       the session reached its length cap.
       NOT_FOUND          a resume_token whose session has expired.
-      PERMISSION_DENIED  a resume_token this gateway did not issue.
+      PERMISSION_DENIED  a resume_token this gateway did not issue; instructions
+                         while the gateway's allow_instructions is off.
+
+    A request the gateway does not act on but that need not end the call (a
+    typed message that is empty or too long, a TurnControl without an action)
+    gets Notice REFUSED saying why, and the call goes on.
     """
 
 @_typing.type_check_only
@@ -62,14 +70,22 @@ class GatewayAsyncStub(GatewayStub):
     Status codes:
       INVALID_ARGUMENT   audio before the config, a second config, an unknown
                          mode or codec, audio that does not decode, a bad
-                         override (the message names the field).
+                         override, instructions over the gateway's
+                         instructions_max_chars, MANUAL turn detection with a
+                         front-end engine that takes turns itself (kame,
+                         moshi) (the message names the field).
       UNAUTHENTICATED    the gateway requires a bearer token (metadata
                          `authorization: Bearer <token>`) and it is missing/wrong.
       RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.
       UNAVAILABLE        the gateway is draining, or the front-end failed.
       OUT_OF_RANGE       the session reached its length cap.
       NOT_FOUND          a resume_token whose session has expired.
-      PERMISSION_DENIED  a resume_token this gateway did not issue.
+      PERMISSION_DENIED  a resume_token this gateway did not issue; instructions
+                         while the gateway's allow_instructions is off.
+
+    A request the gateway does not act on but that need not end the call (a
+    typed message that is empty or too long, a TurnControl without an action)
+    gets Notice REFUSED saying why, and the call goes on.
     """
 
 class GatewayServicer(metaclass=_abc_1.ABCMeta):
@@ -87,14 +103,22 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         Status codes:
           INVALID_ARGUMENT   audio before the config, a second config, an unknown
                              mode or codec, audio that does not decode, a bad
-                             override (the message names the field).
+                             override, instructions over the gateway's
+                             instructions_max_chars, MANUAL turn detection with a
+                             front-end engine that takes turns itself (kame,
+                             moshi) (the message names the field).
           UNAUTHENTICATED    the gateway requires a bearer token (metadata
                              `authorization: Bearer <token>`) and it is missing/wrong.
           RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.
           UNAVAILABLE        the gateway is draining, or the front-end failed.
           OUT_OF_RANGE       the session reached its length cap.
           NOT_FOUND          a resume_token whose session has expired.
-          PERMISSION_DENIED  a resume_token this gateway did not issue.
+          PERMISSION_DENIED  a resume_token this gateway did not issue; instructions
+                             while the gateway's allow_instructions is off.
+
+        A request the gateway does not act on but that need not end the call (a
+        typed message that is empty or too long, a TurnControl without an action)
+        gets Notice REFUSED saying why, and the call goes on.
         """
 
 def add_GatewayServicer_to_server(servicer: GatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -71,6 +71,7 @@ class OracleConfig(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
     TEMPERATURE_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     backend: _common_pb2.LlmBackend.ValueType
     """UNSPECIFIED = the service's default back-end."""
@@ -99,6 +100,11 @@ class OracleConfig(_message.Message):
     """Send a HEARTBEAT event this often, so that a client can tell a live
     session from a hung service while nothing else happens. 0 = none.
     """
+    instructions: _builtins.str
+    """The caller's app's own instructions (ConverseConfig.instructions, as the
+    gateway let them through): added after the system prompt, whichever it
+    is (system_prompt, the KAME reference prompt or the few-shot header).
+    """
     @_builtins.property
     def policy(self) -> Global___OraclePolicy: ...
     def __init__(
@@ -115,10 +121,11 @@ class OracleConfig(_message.Message):
         max_tokens: _builtins.int = ...,
         temperature: _builtins.float = ...,
         heartbeat_interval_s: _builtins.float = ...,
+        instructions: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "heartbeat_interval_s", b"heartbeat_interval_s", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "heartbeat_interval_s", b"heartbeat_interval_s", "instructions", b"instructions", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -135,7 +135,10 @@ EXAMPLES = [
         Response(dtmf=common_pb2.Dtmf(digit="5", duration_ms=120)),
         {"type": "dtmf", "digit": "5", "duration_ms": 120},
     ),
-    (Response(barge_in=common_pb2.BargeIn(seq=41)), {"type": "barge_in", "seq": 41}),
+    (
+        Response(barge_in=common_pb2.BargeIn(seq=41)),
+        {"type": "barge_in", "seq": 41, "cancelled": False},
+    ),
     (Response(), {"type": "unknown"}),
 ]
 
