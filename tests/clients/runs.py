@@ -1,0 +1,108 @@
+"""Running an example of examples/ (a third-party client's program) in its own
+venv (tests/clients/venvs.py), from an asyncio test whose loop also serves the
+stack: the venv is built in a thread and the example runs as a subprocess, so
+the stack's servers keep answering meanwhile.
+
+The examples print what each side said as JSON lines, {"you": ...},
+{"agent": ...} and {"error": ...}; `ClientRun` holds them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import wave
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kame_common.audio import SAMPLE_RATE, float_to_pcm16, pcm16_to_float
+from tests.clients.venvs import client_venv
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+
+
+@dataclass
+class ClientRun:
+    """What an example printed and saved."""
+
+    returncode: int
+    stderr: str
+    answer: np.ndarray  # the agent's voice, float32 at 24 kHz
+    seconds: float
+    you: list[str] = field(default_factory=list)
+    agent: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def heard_question(self) -> str:
+        return " ".join(self.you)
+
+    @property
+    def said(self) -> str:
+        return " ".join(self.agent)
+
+    def __str__(self) -> str:  # what an assertion shows when it fails
+        return (
+            f"exit {self.returncode} after {self.seconds:.0f} s; you={self.you} "
+            f"agent={self.agent} errors={self.errors}; stderr's end:\n{self.stderr[-3000:]}"
+        )
+
+
+def write_wav(path: Path, samples: np.ndarray) -> Path:
+    """`samples` (float32 at 24 kHz) as the 16-bit mono WAV the examples read."""
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(SAMPLE_RATE)
+        out.writeframes(float_to_pcm16(samples))
+    return path
+
+
+def read_wav(path: Path) -> np.ndarray:
+    """The 16-bit mono WAV at 24 kHz an example saved; nothing if it saved none."""
+    if not path.exists():
+        return np.zeros(0, np.float32)
+    with wave.open(str(path)) as wav:
+        assert (wav.getframerate(), wav.getsampwidth(), wav.getnchannels()) == (SAMPLE_RATE, 2, 1)
+        return pcm16_to_float(wav.readframes(wav.getnframes()))
+
+
+async def run_example(
+    client: str, example: str, args: list[str], out: Path, timeout_s: float
+) -> ClientRun:
+    """`examples/<example>` run by client `client`'s venv python with `args`
+    (which name `out` as its --out); killed after timeout_s."""
+    python = await asyncio.to_thread(client_venv, client)
+    # Nothing of the stack's own environment leaks into the client's venv.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        str(python),
+        str(EXAMPLES / example),
+        *args,
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout_s)
+    except TimeoutError:
+        process.kill()
+        stdout, stderr = await process.communicate()
+    run = ClientRun(
+        returncode=process.returncode if process.returncode is not None else -1,
+        stderr=stderr.decode(errors="replace"),
+        answer=read_wav(out),
+        seconds=time.monotonic() - started,
+    )
+    for line in stdout.decode(errors="replace").splitlines():
+        said = json.loads(line) if line.startswith("{") else {}
+        run.you += [said["you"]] if "you" in said else []
+        run.agent += [said["agent"]] if "agent" in said else []
+        run.errors += [said["error"]] if "error" in said else []
+    return run

@@ -1,0 +1,87 @@
+"""Third-party Realtime clients that nobody here wrote hold a spoken conversation
+with the whole stack (the e2e stack of this folder's conftest) through the web
+service's OpenAI Realtime endpoint: each example of examples/ runs in a venv of
+its own (tests/clients/venvs.py: Pipecat pins protobuf 6, the stack 7), asks
+a piper question from a WAV, and the answer it saved, transcribed by our STT,
+has the answer in it.
+
+One stack and web service for the module: starting the stack is the expensive
+part. The venvs are built on first use and cached in ~/.cache/kame/client-venvs
+(about a minute each, the first time)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import pytest_asyncio
+
+from services.web.config import WebSettings
+from services.web.server import serve
+from tests.clients.runs import ClientRun, run_example, write_wav
+from tests.e2e.conftest import QUESTION
+from tests.support import word_recall, words_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+HOLD_MAX_S = 10.0  # a loaded test machine may take longer than the default 5 s to answer
+QUIET_S = 6.0  # the examples stop once the agent has been quiet this long
+MAX_S = 75.0  # ... or after this long anyway
+# A cached venv builds in seconds; a first build downloads the client.
+RUN_TIMEOUT_S = MAX_S + 240.0
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def web(stack):
+    gateway = await stack.services.gateway(
+        stack.stt, stack.oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S
+    )
+    settings = WebSettings(
+        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
+    )
+    server = await serve(settings)
+    yield server
+    await server.stop()
+
+
+@pytest.fixture(scope="module")
+def question_wav(speak, tmp_path_factory):
+    return write_wav(tmp_path_factory.mktemp("clients") / "question.wav", speak(QUESTION))
+
+
+async def ask(client: str, example: str, url: str, question_wav, tmp_path) -> ClientRun:
+    out = tmp_path / "answer.wav"
+    args = ["--url", url, "--wav", str(question_wav), "--out", str(out)]
+    args += ["--quiet-s", str(QUIET_S), "--max-s", str(MAX_S)]
+    run = await run_example(client, example, args, out, RUN_TIMEOUT_S)
+    print(f"{client}: {run.seconds:.0f} s, you={run.you} agent={run.agent}")
+    return run
+
+
+async def assert_answered(run: ClientRun, transcribe) -> None:
+    """The question heard, no protocol error, and the agent's saved voice says
+    what its transcript says: Paris, if the stack heard "France"."""
+    assert run.returncode == 0, run
+    assert run.errors == [], run
+    assert word_recall(QUESTION, run.heard_question) >= 0.6, run
+    assert run.said and len(run.answer) > 0, run
+    heard = await asyncio.to_thread(transcribe, run.answer)
+    assert word_recall(run.said, heard) >= 0.5, (heard, str(run))
+    if "france" in words_of(run.heard_question):  # else the model cannot know
+        assert word_recall("Paris", heard) == 1.0, (heard, str(run))
+
+
+async def test_pipecat_asks_a_spoken_question_and_hears_the_answer(
+    web, question_wav, transcribe, tmp_path
+):
+    url = f"ws://127.0.0.1:{web.port}/v1/realtime"  # Pipecat adds ?model=
+    run = await ask("pipecat", "pipecat_realtime.py", url, question_wav, tmp_path)
+    await assert_answered(run, transcribe)
+
+
+async def test_the_openai_agents_sdk_asks_a_spoken_question_and_hears_the_answer(
+    web, question_wav, transcribe, tmp_path
+):
+    url = f"ws://127.0.0.1:{web.port}/v1/realtime?model=kame-tandem"
+    run = await ask("openai_agents", "openai_agents_realtime.py", url, question_wav, tmp_path)
+    await assert_answered(run, transcribe)
