@@ -56,6 +56,7 @@ class WavMicrophone(FrameProcessor):
     def __init__(self, pcm: bytes) -> None:
         super().__init__()
         self.pcm = pcm
+        self.playing: asyncio.Task | None = None
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -63,7 +64,12 @@ class WavMicrophone(FrameProcessor):
             say(you=frame.text)
         await self.push_frame(frame, direction)
         if isinstance(frame, StartFrame):
-            self.create_task(self.play())
+            self.playing = self.create_task(self.play())
+
+    async def cleanup(self) -> None:
+        await super().cleanup()
+        if self.playing is not None:  # the pipeline ended before the question did
+            await self.cancel_task(self.playing)
 
     async def play(self) -> None:
         loop = asyncio.get_running_loop()
@@ -123,9 +129,12 @@ async def converse(url: str, api_key: str, question: bytes, quiet_s: float, max_
         pipeline, params=PipelineParams(audio_in_sample_rate=RATE, audio_out_sample_rate=RATE)
     )
 
+    errors: list[str] = []
+
     @worker.event_handler("on_pipeline_error")
     async def on_error(worker: PipelineWorker, frame: ErrorFrame) -> None:
         say(error=frame.error)
+        errors.append(frame.error)
         await worker.stop_when_done()
 
     stopping = asyncio.create_task(stop_when_quiet(worker, recorder, quiet_s, max_s))
@@ -133,6 +142,8 @@ async def converse(url: str, api_key: str, question: bytes, quiet_s: float, max_
     await runner.add_workers(worker)
     await runner.run()  # until the pipeline ends
     stopping.cancel()
+    if errors:
+        raise SystemExit(f"the conversation failed: {errors[0]}")
     return bytes(recorder.audio)
 
 
