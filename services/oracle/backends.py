@@ -9,6 +9,12 @@ client (and with it its HTTP connection pool), closed with the session.
   base model, text completions with a few-shot prompt and a newline stop.
 - `anthropic`: Messages streaming through the `anthropic` SDK.
 
+Both chat paths take tools (services/oracle/tools/wire.py has their wire
+shapes): `stream_with_tools` yields the answer's text and, at its end, the
+tool calls the model asked for; the caller runs them and asks again with the
+earlier rounds (`exchanges`) replayed. The few-shot path offers no tools (a
+base model cannot call them).
+
 Redirects are not followed: a 307 or 308 would send the conversation (and the
 key) to whatever origin the server names, so each SDK gets an HTTP client that
 follows none (a redirect answer is an HTTP status error). Base URLs reach the
@@ -38,7 +44,7 @@ import logging
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import anthropic
@@ -48,12 +54,23 @@ from openai.types.chat import ChatCompletionMessageParam
 from kame_common.llm import BACKEND_NAMES
 from services.oracle.prompts import (
     GEMMA_HEADER,
+    KAME_SYSTEM_PROMPT,
+    TOOLS_PROMPT,
     Turn,
     chat_messages,
     gemma_prefix,
     gemma_prompt,
     is_gemma_270m_base,
     warm_up_chat_messages,
+)
+from services.oracle.tools.spec import ToolCall, ToolExchange, ToolSpec
+from services.oracle.tools.wire import (
+    AnthropicToolUseBlocks,
+    OpenAIToolCallPieces,
+    anthropic_rounds,
+    anthropic_tools,
+    openai_rounds,
+    openai_tools,
 )
 
 log = logging.getLogger(__name__)
@@ -182,9 +199,20 @@ class LLMBackend(abc.ABC):
     def name(self) -> str:
         return self.settings.backend
 
+    @property
+    def supports_tools(self) -> bool:
+        return True
+
     @abc.abstractmethod
-    def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncGenerator[str, None]:
-        """One request: yields text chunks as the model produces them."""
+    def _stream_once(
+        self,
+        turns: Sequence[Turn],
+        stats: StreamStats,
+        tools: Sequence[ToolSpec],
+        exchanges: Sequence[ToolExchange],
+    ) -> AsyncGenerator[str | ToolCall, None]:
+        """One request: yields text chunks as the model produces them, then the tool
+        calls it asked for."""
 
     async def _list_models(self, timeout_s: float) -> None:
         """A cheap authenticated GET, to check the base URL and key."""
@@ -248,11 +276,27 @@ class LLMBackend(abc.ABC):
                 raise BackendError("status", _status_message(self.name, exc)) from exc
 
     async def stream(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncGenerator[str, None]:
-        """Text chunks of one answer; one retry on a connection error before the first chunk."""
+        """Text chunks of one answer, with no tools offered."""
+        async with contextlib.aclosing(self.stream_with_tools(turns, stats, (), ())) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, str):
+                    yield chunk
+
+    async def stream_with_tools(
+        self,
+        turns: Sequence[Turn],
+        stats: StreamStats,
+        tools: Sequence[ToolSpec],
+        exchanges: Sequence[ToolExchange],
+    ) -> AsyncGenerator[str | ToolCall, None]:
+        """Text chunks of one answer, then the tool calls the model asked for (none
+        unless `tools` are offered); `exchanges` replay the earlier rounds of the
+        tool loop. One retry on a connection error before the first chunk."""
         for attempt in (1, 2):
             produced = False
             try:
-                async with contextlib.aclosing(self._stream_once(turns, stats)) as chunks:
+                stream = self._stream_once(turns, stats, tools, exchanges)
+                async with contextlib.aclosing(stream) as chunks:
                     async for chunk in chunks:
                         produced = True
                         yield chunk
@@ -295,6 +339,10 @@ class OpenAIBackend(LLMBackend):
     def _header(self) -> str:
         return self.settings.system_prompt or GEMMA_HEADER
 
+    @property
+    def supports_tools(self) -> bool:
+        return not self.few_shot
+
     async def _warm_up_once(self) -> None:
         if self.few_shot:
             await self.client.completions.create(
@@ -311,8 +359,16 @@ class OpenAIBackend(LLMBackend):
                 temperature=0.0,
             )
 
-    def _stream_once(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncGenerator[str, None]:
-        return self._complete(turns, stats) if self.few_shot else self._chat(turns, stats)
+    def _stream_once(
+        self,
+        turns: Sequence[Turn],
+        stats: StreamStats,
+        tools: Sequence[ToolSpec],
+        exchanges: Sequence[ToolExchange],
+    ) -> AsyncGenerator[str | ToolCall, None]:
+        if self.few_shot:
+            return self._complete(turns, stats)
+        return self._chat(turns, stats, tools, exchanges)
 
     async def _complete(
         self, turns: Sequence[Turn], stats: StreamStats
@@ -332,20 +388,37 @@ class OpenAIBackend(LLMBackend):
                     stats.output_tokens += 1  # servers send one token per chunk
                     yield text
 
-    async def _chat(self, turns: Sequence[Turn], stats: StreamStats) -> AsyncGenerator[str, None]:
+    async def _chat(
+        self,
+        turns: Sequence[Turn],
+        stats: StreamStats,
+        tools: Sequence[ToolSpec],
+        exchanges: Sequence[ToolExchange],
+    ) -> AsyncGenerator[str | ToolCall, None]:
+        messages = _openai_chat(chat_messages(turns, _system_prompt(self.settings, tools)))
+        # Offered only when there are some: a server without tool support may refuse the field.
+        with_tools: dict[str, Any] = {"tools": openai_tools(tools)} if tools else {}
         stream = await self.client.chat.completions.create(
             model=self.settings.model,
-            messages=_openai_chat(chat_messages(turns, self.settings.system_prompt)),
+            messages=[*messages, *cast(list[ChatCompletionMessageParam], openai_rounds(exchanges))],
             max_tokens=self.settings.max_tokens,
             temperature=self.settings.temperature,
             stream=True,
+            **with_tools,
         )
+        calls = OpenAIToolCallPieces()
         async with stream:
             async for chunk in stream:
-                text = chunk.choices[0].delta.content if chunk.choices else None
-                if text:
+                delta = chunk.choices[0].delta if chunk.choices else None
+                if delta is None:
+                    continue
+                if delta.tool_calls:
+                    calls.add(delta.tool_calls)
+                if delta.content:
                     stats.output_tokens += 1
-                    yield text
+                    yield delta.content
+        for call in calls.calls():
+            yield call
 
 
 def _openai_chat(messages: Sequence[Mapping[str, str]]) -> list[ChatCompletionMessageParam]:
@@ -384,22 +457,45 @@ class AnthropicBackend(LLMBackend):
         )
 
     async def _stream_once(
-        self, turns: Sequence[Turn], stats: StreamStats
-    ) -> AsyncGenerator[str, None]:
-        system, user = chat_messages(turns, self.settings.system_prompt)
+        self,
+        turns: Sequence[Turn],
+        stats: StreamStats,
+        tools: Sequence[ToolSpec],
+        exchanges: Sequence[ToolExchange],
+    ) -> AsyncGenerator[str | ToolCall, None]:
+        system, user = chat_messages(turns, _system_prompt(self.settings, tools))
+        messages = [{"role": "user", "content": user["content"]}, *anthropic_rounds(exchanges)]
+        with_tools: dict[str, Any] = {"tools": anthropic_tools(tools)} if tools else {}
         stream = await self.client.messages.create(
             model=self.settings.model,
             system=system["content"],
-            messages=[{"role": "user", "content": user["content"]}],
+            messages=cast(list[anthropic.types.MessageParam], messages),
             max_tokens=self.settings.max_tokens,
             stream=True,
+            **with_tools,
         )
+        uses = AnthropicToolUseBlocks()
         async with stream:
             async for event in stream:
                 if event.type == "content_block_delta" and event.delta.type == "text_delta":
                     yield event.delta.text
+                elif event.type == "content_block_start":
+                    uses.start(event.index, event.content_block)
+                elif event.type == "content_block_delta":
+                    uses.delta(event.index, event.delta)
+                elif event.type == "content_block_stop":
+                    call = uses.stop(event.index)
+                    if call is not None:
+                        yield call
                 elif event.type == "message_delta":
                     stats.output_tokens = event.usage.output_tokens
+
+
+def _system_prompt(settings: BackendSettings, tools: Sequence[ToolSpec]) -> str:
+    """The session's system prompt (empty: KAME's), told how to use tools when offered."""
+    if not tools:
+        return settings.system_prompt
+    return f"{settings.system_prompt or KAME_SYSTEM_PROMPT}\n{TOOLS_PROMPT}"
 
 
 def create_backend(settings: BackendSettings) -> LLMBackend:

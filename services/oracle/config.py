@@ -44,6 +44,7 @@ from services.oracle.backends import (
     is_vendor_api,
 )
 from services.oracle.policy import POLICY_NAMES, PolicyParams
+from services.oracle.tools.settings import parse_allowed, parse_servers
 
 # Models used when a session picks a back-end other than the service default
 # and names no model.
@@ -106,6 +107,22 @@ class OracleSettings(MeasuredCapacitySettings):
         "comma-separated back-ends a session may choose, with the service's key for it "
         "(empty = only the configured backend)",
     )
+    mcp_servers: str = setting(
+        "",
+        "MCP servers whose tools the LLM may call, ';'-separated NAME=COMMAND (stdio) or "
+        "NAME=URL (streamable HTTP); only tools listed in tools_allowed are offered",
+    )
+    tools_allowed: str = setting(
+        "",
+        "tools the LLM may call, comma-separated SERVER.TOOL or SERVER.* (all of a server), "
+        "each optionally with :readonly (may run on partial transcripts) and :SECONDS (its "
+        "timeout)",
+    )
+    tool_timeout_s: float = setting(5.0, "limit on one tool call, unless tools_allowed sets one")
+    tool_budget: int = setting(4, "tool calls the LLM may start per caller turn")
+    mcp_connect_timeout_s: float = setting(
+        10.0, "limit on connecting an MCP server and listing its tools at start"
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -126,6 +143,15 @@ class OracleSettings(MeasuredCapacitySettings):
                     f"allowed_backends: {backend!r} is unknown; choose from "
                     + ", ".join(BACKEND_NAMES)
                 )
+        for name, parse in (("mcp_servers", parse_servers), ("tools_allowed", parse_allowed)):
+            try:
+                parse(getattr(self, name))
+            except ValueError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+        if self.tool_timeout_s <= 0 or self.mcp_connect_timeout_s <= 0:
+            raise ConfigError("tool_timeout_s and mcp_connect_timeout_s: must be above 0")
+        if self.tool_budget < 0:
+            raise ConfigError(f"tool_budget: must be at least 0, got {self.tool_budget}")
         if self.history_max_turns < max(self.history_turns, 1):
             raise ConfigError(
                 f"history_max_turns: must be at least history_turns ({self.history_turns}), "
@@ -152,6 +178,7 @@ class SessionSettings:
     history_turns: int
     heartbeat_interval_s: float = 0.0  # 0: no HEARTBEAT events
     dtmf_to_llm: bool = False  # keys pressed are named in the prompt and the log
+    tool_budget: int = 4  # tool calls per caller turn
 
 
 # OracleConfig.heartbeat_interval_s when set (0 = no heartbeats).
@@ -363,4 +390,5 @@ def resolve_session(
         history_turns=service.history_turns,
         heartbeat_interval_s=config.heartbeat_interval_s,
         dtmf_to_llm=service.dtmf_to_llm,
+        tool_budget=service.tool_budget,
     )

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 USER = "user"
 AGENT = "agent"
+TOOL = "tool"  # a tool call the agent made and its result (services/oracle/tools)
 
 # The reference KAME prompt, in our words: a spoken, confident answer of at
 # most 30 words that predicts the user's intent from a partial transcript.
@@ -44,6 +45,13 @@ give correct information.
 Your words will be read aloud, so use no symbols, lists or markup that cannot \
 be pronounced."""
 
+# Added to the system prompt when tools are offered.
+TOOLS_PROMPT = """\
+You can call the tools offered to look things up or act for the user: when the \
+answer depends on one, call it, then say its result in your own words. Tool lines \
+in the transcript are calls made earlier in the conversation. If a tool reports \
+an error, say briefly that you could not reach it, and go on."""
+
 GEMMA_HEADER = """\
 Below are conversations with a helpful voice assistant. The user may still be \
 speaking, so the transcript can stop mid-sentence: the assistant guesses what \
@@ -58,7 +66,7 @@ GEMMA_EXAMPLES = (
     ("Who wrote Romeo and Juliet?", "William Shakespeare wrote Romeo and Juliet."),
 )
 
-_LABELS = {USER: "User", AGENT: "Assistant"}
+_LABELS = {USER: "User", AGENT: "Assistant", TOOL: "Tool"}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from kamepb import oracle_pb2, oracle_pb2_grpc
 from services.oracle.backends import loggable_url
 from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleSettings
 from services.oracle.session import OracleSession, SessionFactory
+from services.oracle.tools.mcp_toolbox import McpToolbox
+from services.oracle.tools.settings import parse_allowed, parse_servers
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,8 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
 async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> ServiceRuntime:
     """Start the Oracle service; `api_keys` default to OPENAI_API_KEY / ANTHROPIC_API_KEY.
     An empty `redis_url` runs without conversation history. The default back-end is
-    warmed up before the server listens, so health reports SERVING only after it."""
+    warmed up before the server listens, so health reports SERVING only after it; the
+    operator's MCP servers are connected before it too."""
     runtime = ServiceRuntime(settings, [GRPC_SERVICE])
     session_store = None
     if settings.redis_url:
@@ -102,7 +105,17 @@ async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> Se
             redis_client, ttl_s=settings.history_ttl_s, max_turns=settings.history_max_turns
         )
     keys = api_keys if api_keys is not None else ApiKeys.from_env()
-    factory = SessionFactory(settings, keys, session_store)
+    toolbox = None
+    if settings.mcp_servers:
+        toolbox = McpToolbox(
+            parse_servers(settings.mcp_servers),
+            parse_allowed(settings.tools_allowed),
+            settings.tool_timeout_s,
+            settings.mcp_connect_timeout_s,
+        )
+        runtime.on_close(toolbox.aclose)
+        await toolbox.start()
+    factory = SessionFactory(settings, keys, session_store, toolbox)
     await factory.warm_up()
     servicer = OracleServicer(runtime, factory)
     start_publishing = publish_measured_capacity(

@@ -21,6 +21,12 @@ new LLM stream, and runs at most one LLM stream at a time:
 - DONE when the stream ends, ERROR when it fails (with a message safe for
   callers: no URL, no key): the session goes on, and the next start tries again.
 
+With the operator's tools (services/oracle/tools), a candidate may call them
+between LLM rounds (services/oracle/candidate.py): read-only tools already on
+partial transcripts, tools with side effects only on the final, once per
+caller turn. The calls a final's candidate used join the conversation as
+`tool` turns, after the user turn they answer.
+
 With heartbeat_interval_s set, a HEARTBEAT event goes out that often, whatever
 else happens: the client's sign that the session is alive.
 
@@ -54,7 +60,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -74,10 +79,10 @@ from services.oracle.backends import (
     BackendConfigError,
     BackendError,
     LLMBackend,
-    StreamStats,
     create_backend,
     describe,
 )
+from services.oracle.candidate import Candidate, Generation
 from services.oracle.config import (
     ApiKeys,
     InvalidSessionConfig,
@@ -86,7 +91,9 @@ from services.oracle.config import (
     resolve_session,
 )
 from services.oracle.policy import RestartPolicy, StartReason
-from services.oracle.prompts import AGENT, USER, Turn, build_turns
+from services.oracle.prompts import AGENT, TOOL, USER, Turn, build_turns
+from services.oracle.tools.spec import ToolCall, ToolResult
+from services.oracle.tools.turn import SessionTools, Toolbox, tool_turn_text
 
 log = logging.getLogger(__name__)
 _tracer = tracer("kame.oracle")
@@ -94,18 +101,6 @@ _tracer = tracer("kame.oracle")
 Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate
 
-TIME_TO_FIRST_TOKEN = Histogram(
-    "kame_oracle_time_to_first_token_seconds",
-    "LLM stream start -> first non-blank chunk",
-    ["backend"],
-    buckets=TURN_BUCKETS,
-)
-TOKENS_PER_SECOND = Histogram(
-    "kame_oracle_tokens_per_second",
-    "Decode rate of finished LLM streams: tokens after the first, per second after it",
-    ["backend"],
-    buckets=(5, 10, 20, 30, 50, 75, 100, 150, 250, 500),
-)
 RESTARTS = Counter(
     "kame_oracle_restarts",
     "LLM streams started by the policy (reason: first_text, new_words, final)",
@@ -127,8 +122,6 @@ FINALS_KEPT = Counter(
     "started from the same words",
 )
 
-# The last run of whitespace and the (possibly unfinished) word after it.
-_LAST_GAP = re.compile(r"\s+(\S*)$")
 # On close, how long pending Redis writes may take before they are dropped.
 _HISTORY_FLUSH_S = 5.0
 
@@ -145,50 +138,6 @@ class SpokenWord:
     text: str
 
 
-@dataclass
-class Generation:
-    """One LLM stream and what it answers."""
-
-    number: int
-    source: common_pb2.CandidateSource
-    running: bool = True
-    failed: bool = False
-    words_sent: bool = False  # its RESET went out
-
-    def answers(self, utterance_id: str, text: str) -> bool:
-        """Whether this candidate already answers a final: it was started from the
-        same utterance with the same words, and it is still streaming or ended
-        with words."""
-        return (
-            not self.failed
-            and (self.running or self.words_sent)
-            and self.source.utterance_id == utterance_id
-            and normalize_words(self.source.text) == normalize_words(text)
-        )
-
-
-class WordCutter:
-    """Cuts streamed text into whole words: everything up to the last whitespace
-    goes out, the piece after it waits (it may be half a word)."""
-
-    def __init__(self) -> None:
-        self._pending = ""
-
-    def feed(self, chunk: str) -> str:
-        """Whole words completed by `chunk`, single-spaced ("" if none yet)."""
-        self._pending += chunk
-        last_gap = _LAST_GAP.search(self._pending)
-        if last_gap is None:
-            return ""
-        ready, self._pending = self._pending[: last_gap.start()], last_gap.group(1)
-        return " ".join(ready.split())
-
-    def flush(self) -> str:
-        """The held-back rest, at the end of the stream."""
-        rest, self._pending = " ".join(self._pending.split()), ""
-        return rest
-
-
 class OracleSession:
     def __init__(
         self,
@@ -197,9 +146,16 @@ class OracleSession:
         history: list[Turn],
         store: SessionStore | None,
         llm_load: LoadMeter | None = None,
+        toolbox: Toolbox | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
+        # The operator's tools and the calls of the caller's current turn (none: no tools).
+        self._tools = (
+            SessionTools(toolbox, settings.tool_budget, settings.session_id, self._record_tool)
+            if toolbox is not None and toolbox.specs
+            else None
+        )
         # The service's own LLM, busy while this session streams from it (its capacity);
         # None when the session uses another back-end.
         self._llm_load = llm_load
@@ -239,6 +195,8 @@ class OracleSession:
     def user_transcript(self, event: common_pb2.TranscriptEvent) -> None:
         self._last_event_at = time.monotonic()
         text = " ".join(event.text.split())
+        if text and self._tools is not None:
+            self._tools.on_user_utterance(event.utterance_id)
         if text:
             self._latest = common_pb2.CandidateSource(
                 utterance_id=event.utterance_id, is_final=event.is_final, text=text
@@ -282,6 +240,8 @@ class OracleSession:
         text = " ".join(event.text.split())
         if text and not event.filler:
             self._agent_words.append(SpokenWord(event.start_s, text))
+            if self._tools is not None:
+                self._tools.on_agent_words()
 
     # -- outputs --------------------------------------------------------------
 
@@ -302,6 +262,8 @@ class OracleSession:
             if task is not None:
                 await cancel_and_wait(task)
         await self._cancel_stream()
+        if self._tools is not None:
+            await self._tools.close()
         self._save_agent_words()
         self._end_key_run()
         if self._writer_task is not None:
@@ -325,6 +287,10 @@ class OracleSession:
             del self._history[: -self.settings.history_turns]
         if self._store is not None:
             self._writes.put_nowait(turn)
+
+    def _record_tool(self, call: ToolCall, result: ToolResult) -> None:
+        """A tool call a final's candidate used joins the conversation (history and log)."""
+        self._commit(Turn(TOOL, tool_turn_text(call, result)))
 
     def _end_key_run(self) -> None:
         """Write the run of keys pressed (the last history turn) as its one turn."""
@@ -426,7 +392,7 @@ class OracleSession:
         with _tracer.start_as_current_span("oracle.llm_stream", attributes=attributes) as span:
             try:
                 with self._llm_load.busy() if self._llm_load else contextlib.nullcontext():
-                    await self._stream_updates(generation, turns, trigger_at)
+                    await self._candidate(generation, trigger_at).run(turns)
             except asyncio.CancelledError:
                 CANCELLATIONS.inc()
                 span.set_attribute("kame.cancelled", True)
@@ -453,32 +419,15 @@ class OracleSession:
             finally:
                 generation.running = False
 
-    async def _stream_updates(
-        self, generation: Generation, turns: list[Turn], trigger_at: float | None
-    ) -> None:
-        stats = StreamStats()
-        cutter = WordCutter()
-        started_at = time.monotonic()
-        first_at: float | None = None
-        async with contextlib.aclosing(self.backend.stream(turns, stats)) as chunks:
-            async for chunk in chunks:
-                if first_at is None:
-                    if not chunk.strip():
-                        continue
-                    first_at = time.monotonic()
-                    TIME_TO_FIRST_TOKEN.labels(backend=self.backend.name).observe(
-                        first_at - started_at
-                    )
-                    self._emit_event(Event.FIRST_TOKEN, generation.number)
-                self._send_words(generation, cutter.feed(chunk), trigger_at)
-        self._send_words(generation, cutter.flush(), trigger_at)
-        if first_at is not None and stats.output_tokens > 1:
-            elapsed = time.monotonic() - first_at
-            if elapsed > 0:
-                TOKENS_PER_SECOND.labels(backend=self.backend.name).observe(
-                    (stats.output_tokens - 1) / elapsed
-                )
-        self._emit_event(Event.DONE, generation.number)
+    def _candidate(self, generation: Generation, trigger_at: float | None) -> Candidate:
+        return Candidate(
+            generation,
+            self.backend,
+            self._tools.turn if self._tools is not None else None,
+            self._tools.specs if self._tools is not None else (),
+            self._emit_event,
+            lambda generation, words: self._send_words(generation, words, trigger_at),
+        )
 
     def _send_words(self, generation: Generation, words: str, trigger_at: float | None) -> None:
         """The candidate's first words go out in its RESET (with its source), the rest
@@ -518,10 +467,17 @@ class SessionFactory:
     """Opens sessions: resolves the OracleConfig (refusing, before any request,
     what the operator does not allow), checks the back-end, loads history."""
 
-    def __init__(self, service: OracleSettings, keys: ApiKeys, store: SessionStore | None) -> None:
+    def __init__(
+        self,
+        service: OracleSettings,
+        keys: ApiKeys,
+        store: SessionStore | None,
+        toolbox: Toolbox | None = None,
+    ) -> None:
         self.service = service
         self.keys = keys
         self.store = store
+        self.toolbox = toolbox  # the operator's tools, shared by the sessions
         # How busy the default back-end is: the service's capacity (kame_common.capacity).
         self.llm_load = LoadMeter(parallelism=service.llm_parallel)
 
@@ -584,7 +540,12 @@ class SessionFactory:
             self.service.base_url,
         )
         session = OracleSession(
-            settings, backend, history, self.store, self.llm_load if on_service_llm else None
+            settings,
+            backend,
+            history,
+            self.store,
+            self.llm_load if on_service_llm else None,
+            self.toolbox,
         )
         session.start()
         return session
@@ -599,4 +560,4 @@ class SessionFactory:
         except (RedisError, OSError) as exc:
             log.warning("session %s: no history, Redis failed: %s", session_id, exc)
             return []
-        return [Turn(t["role"], t["text"]) for t in turns if t.get("role") in (USER, AGENT)]
+        return [Turn(t["role"], t["text"]) for t in turns if t.get("role") in (USER, AGENT, TOOL)]

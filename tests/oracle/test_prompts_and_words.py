@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kame_common.words import normalize_words
+from services.oracle.candidate import WordCutter
 from services.oracle.prompts import (
     AGENT,
     GEMMA_HEADER,
@@ -13,7 +14,6 @@ from services.oracle.prompts import (
     gemma_prompt,
     is_gemma_270m_base,
 )
-from services.oracle.session import WordCutter
 
 
 def cut(chunks: list[str]) -> list[str]:

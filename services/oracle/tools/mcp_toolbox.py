@@ -1,0 +1,201 @@
+"""Tools from the operator's MCP servers, through the `mcp` SDK's Client.
+
+One toolbox per oracle process, shared by its sessions: each server is
+connected once at start (a stdio server is one subprocess for the service),
+its tools are listed and those on the operator's allow-list are kept. A
+server that cannot be reached at start is logged and its tools are not
+offered; the oracle serves without them.
+
+Each connection lives in a task of its own: the SDK's client enters anyio
+task groups that must be left by the task that entered them, and sessions
+call tools from their own tasks.
+
+A call never raises: a timeout, a lost server or an MCP error becomes an
+error result in words the model can turn into an apology ("I couldn't reach
+the booking system"). Its details go to the log, not to the model: a server's
+free text may name internal hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import mcp
+from mcp_types import CallToolResult, TextContent, Tool
+
+from kame_common.aio import cancel_and_wait
+from services.oracle.tools.settings import AllowEntry, McpServerEntry, allowance
+from services.oracle.tools.spec import ToolResult, ToolSpec
+
+log = logging.getLogger(__name__)
+
+# Longest tool output the model reads (the rest would only slow the answer).
+MAX_RESULT_CHARS = 4000
+# Pages of tools/list read from one server at most (a paginator that never ends).
+_MAX_PAGES = 20
+# How long the connections get to close at shutdown.
+_CLOSE_S = 5.0
+
+
+def result_text(result: CallToolResult) -> str:
+    """The words of a tool result: its text blocks, else its structured content as JSON."""
+    texts = [block.text for block in result.content if isinstance(block, TextContent)]
+    if texts:
+        text = "\n".join(texts)
+    elif result.structured_content is not None:
+        text = json.dumps(result.structured_content, ensure_ascii=False)
+    else:
+        text = "(no output)"
+    return text[:MAX_RESULT_CHARS]
+
+
+def _is_read_only(tool: Tool, allowed: AllowEntry) -> bool:
+    hinted = tool.annotations is not None and tool.annotations.read_only_hint is True
+    return allowed.read_only or hinted
+
+
+class McpToolbox:
+    """The allowed tools of the operator's MCP servers; `call` runs one."""
+
+    def __init__(
+        self,
+        servers: Sequence[McpServerEntry],
+        allowed: list[AllowEntry],
+        timeout_s: float,
+        connect_timeout_s: float,
+    ) -> None:
+        self._servers = list(servers)
+        self._allowed = allowed
+        self._timeout_s = timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._specs: dict[str, ToolSpec] = {}
+        self._clients: dict[str, mcp.Client] = {}
+        self._holders: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        return list(self._specs.values())
+
+    def spec(self, name: str) -> ToolSpec | None:
+        return self._specs.get(name)
+
+    async def start(self) -> None:
+        """Connect every server at once and keep its allowed tools."""
+        await asyncio.gather(*(self._connect(entry) for entry in self._servers))
+        log.info(
+            "oracle: tools %s",
+            ", ".join(
+                f"{s.server}.{s.name}{' (read-only)' if s.read_only else ''}"
+                for s in self._specs.values()
+            )
+            or "none",
+        )
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        if not self._holders:
+            return
+        _done, pending = await asyncio.wait(self._holders, timeout=_CLOSE_S)
+        await cancel_and_wait(pending)
+
+    async def _connect(self, entry: McpServerEntry) -> None:
+        ready: asyncio.Future[list[Tool]] = asyncio.get_running_loop().create_future()
+        holder = asyncio.create_task(self._hold(entry, ready))
+        self._holders.append(holder)
+        try:
+            tools = await asyncio.wait_for(asyncio.shield(ready), self._connect_timeout_s)
+        except Exception as exc:  # unreachable, not MCP, timed out: serve without it
+            log.error("oracle: MCP server %s left out: %s", entry.name, _describe(exc))
+            await cancel_and_wait(holder)
+            return
+        for tool in tools:
+            self._add(entry.name, tool)
+
+    async def _hold(self, entry: McpServerEntry, ready: asyncio.Future[list[Tool]]) -> None:
+        """Keep one server's connection open until the toolbox closes."""
+        target: str | mcp.StdioServerParameters
+        if entry.is_url:
+            target = entry.target
+        else:
+            command, *args = entry.command()
+            target = mcp.StdioServerParameters(command=command, args=args)
+        try:
+            async with mcp.Client(target, client_info=None) as client:
+                tools = await _list_tools(client)
+                self._clients[entry.name] = client
+                ready.set_result(tools)
+                await self._stop.wait()
+        except Exception as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            else:
+                log.error("oracle: MCP server %s: connection lost: %s", entry.name, _describe(exc))
+        finally:
+            self._clients.pop(entry.name, None)
+
+    def _add(self, server: str, tool: Tool) -> None:
+        allowed = allowance(self._allowed, server, tool.name)
+        if allowed is None:
+            return
+        taken = self._specs.get(tool.name)
+        if taken is not None:
+            log.error(
+                "oracle: tool %s of MCP server %s left out: %s offers one of that name",
+                tool.name,
+                server,
+                taken.server,
+            )
+            return
+        self._specs[tool.name] = ToolSpec(
+            name=tool.name,
+            description=tool.description or tool.title or tool.name,
+            parameters=tool.input_schema,
+            read_only=_is_read_only(tool, allowed),
+            timeout_s=allowed.timeout_s or self._timeout_s,
+            server=server,
+        )
+
+    async def call(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolResult:
+        """Run one tool; every failure is an error result (see the module doc)."""
+        client = self._clients.get(spec.server)
+        if client is None:
+            return ToolResult(f"error: {spec.name} is unavailable (its server is down)", True)
+        try:
+            async with asyncio.timeout(spec.timeout_s):
+                # The SDK's own limit is a backstop, later: ours names the timeout.
+                result = await client.call_tool(
+                    spec.name, arguments, read_timeout_seconds=spec.timeout_s + 1
+                )
+        except TimeoutError:
+            log.warning("oracle: tool %s timed out after %g s", spec.name, spec.timeout_s)
+            return ToolResult(
+                f"error: {spec.name} did not answer within {spec.timeout_s:g} s", True
+            )
+        except Exception as exc:
+            log.warning("oracle: tool %s of %s failed: %s", spec.name, spec.server, _describe(exc))
+            return ToolResult(f"error: {spec.name} failed ({type(exc).__name__})", True)
+        return ToolResult(result_text(result), result.is_error)
+
+
+async def _list_tools(client: mcp.Client) -> list[Tool]:
+    tools: list[Tool] = []
+    cursor: str | None = None
+    for _ in range(_MAX_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception for the log; the leaves of an exception group (anyio raises them)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"

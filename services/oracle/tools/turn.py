@@ -1,0 +1,209 @@
+"""KAME's timing rules for tools, per caller turn.
+
+The oracle starts candidate answers on partial transcripts, so a model may ask
+for the same tool many times while the caller is still speaking. Within one
+caller turn (from the caller's first words until they speak again after the
+agent has spoken):
+
+- a READ-ONLY tool runs on a partial transcript; its call is kept for the
+  turn, and a later candidate (the final's) asking for the same tool with the
+  same arguments gets the same result (awaiting it if it is still running)
+  instead of a second call;
+- a tool with SIDE EFFECTS runs only for a candidate started from the final
+  transcript, at most once per turn for the same arguments (a candidate
+  restarted on the same final reuses the first call's result). On a partial
+  transcript it is not run: the candidate ends there and the final's
+  candidate asks again;
+- at most `budget` calls start per turn; beyond it the model reads an error
+  result and answers with what it has.
+
+Calls run in tasks of their own, shielded from the candidate that asked: a
+candidate cancelled by a restart does not cancel a call another candidate
+will want. Each call is timed into a histogram and an OpenTelemetry span; the
+calls a final's candidate used go into the conversation as `tool` turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from opentelemetry import trace
+from prometheus_client import Histogram
+
+from kame_common.aio import cancel_and_wait
+from kame_common.metrics import TURN_BUCKETS
+from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
+from services.oracle.tools.spec import ToolCall, ToolResult, ToolSpec, canonical_arguments
+
+_tracer = tracer("kame.oracle")
+
+TOOL_SECONDS = Histogram(
+    "kame_oracle_tool_seconds",
+    "Tool calls, from start to result (outcome: ok, error)",
+    ["tool", "outcome"],
+    buckets=TURN_BUCKETS,
+)
+
+
+class Toolbox(Protocol):
+    @property
+    def specs(self) -> list[ToolSpec]: ...
+
+    def spec(self, name: str) -> ToolSpec | None: ...
+
+    async def call(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolResult: ...
+
+
+def tool_turn_text(call: ToolCall, result: ToolResult) -> str:
+    """A tool call as the conversation record keeps it: call, result, time."""
+    outcome = "failed: " if result.is_error else ""
+    return (
+        f"{call.name}({call.arguments_json or '{}'}) -> {outcome}{result.text} "
+        f"[{result.elapsed_s:.2f} s]"
+    )
+
+
+class TurnTools:
+    """The tool calls of one caller turn (see the module doc)."""
+
+    def __init__(
+        self,
+        toolbox: Toolbox,
+        budget: int,
+        session_id: str,
+        record: Callable[[ToolCall, ToolResult], None],
+    ) -> None:
+        self._toolbox = toolbox
+        self.budget = budget
+        self._session_id = session_id
+        self._record = record
+        self._calls: dict[tuple[str, str], asyncio.Task[ToolResult]] = {}
+        self._recorded: set[tuple[str, str]] = set()
+
+    @property
+    def started(self) -> int:
+        """Calls started this turn (the budget counts these)."""
+        return len(self._calls)
+
+    async def run_all(self, calls: Sequence[ToolCall], final: bool) -> list[ToolResult] | None:
+        """The results of one round's calls, in order; None when a call has side
+        effects and the transcript is partial (the read-only calls of the round
+        are started anyway: the final's candidate will want them)."""
+        if not final and any(self._has_side_effects(call) for call in calls):
+            for call in calls:
+                if not self._has_side_effects(call):
+                    self._start(call)
+            return None
+        return list(await asyncio.gather(*(self._result(call, final) for call in calls)))
+
+    def _has_side_effects(self, call: ToolCall) -> bool:
+        spec = self._toolbox.spec(call.name)
+        return spec is not None and not spec.read_only
+
+    def _start(
+        self, call: ToolCall
+    ) -> tuple[tuple[str, str], asyncio.Task[ToolResult]] | ToolResult:
+        """The call's key and task (started now, or earlier this turn with the same
+        arguments), or an error result when it cannot run."""
+        spec = self._toolbox.spec(call.name)
+        if spec is None:
+            return ToolResult(f"error: there is no tool named {call.name}", True)
+        arguments = call.arguments()
+        if arguments is None:
+            return ToolResult(f"error: the arguments of {call.name} must be a JSON object", True)
+        key = (spec.name, canonical_arguments(arguments))
+        task = self._calls.get(key)
+        if task is None:
+            if len(self._calls) >= self.budget:
+                return ToolResult(
+                    f"error: no more tool calls this turn (at most {self.budget}); "
+                    "answer with what you have",
+                    True,
+                )
+            task = asyncio.create_task(self._timed(spec, arguments))
+            self._calls[key] = task
+        return key, task
+
+    async def _result(self, call: ToolCall, final: bool) -> ToolResult:
+        started = self._start(call)
+        if isinstance(started, ToolResult):
+            return started
+        key, task = started
+        result = await asyncio.shield(task)
+        if final and key not in self._recorded:
+            self._recorded.add(key)
+            self._record(call, result)
+        return result
+
+    async def _timed(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolResult:
+        attributes: dict[str, str | bool] = {
+            "kame.session_id": self._session_id,
+            "tool.name": spec.name,
+            "tool.server": spec.server,
+            "tool.read_only": spec.read_only,
+        }
+        if TRANSCRIPTS_IN_SPANS:  # arguments may carry what the caller said
+            attributes["tool.arguments"] = canonical_arguments(arguments)
+        with _tracer.start_as_current_span("oracle.tool_call", attributes=attributes) as span:
+            started = time.monotonic()
+            result = await self._toolbox.call(spec, arguments)
+            elapsed = time.monotonic() - started
+            outcome = "error" if result.is_error else "ok"
+            TOOL_SECONDS.labels(tool=spec.name, outcome=outcome).observe(elapsed)
+            span.set_attribute("tool.elapsed_s", elapsed)
+            if result.is_error:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, result.text))
+        return ToolResult(result.text, result.is_error, elapsed)
+
+    def running(self) -> bool:
+        return any(not task.done() for task in self._calls.values())
+
+    async def close(self) -> None:
+        """Cancel the calls still running (the session is ending)."""
+        await cancel_and_wait(list(self._calls.values()))
+
+
+class SessionTools:
+    """A session's tools: the current turn's calls, and when a new turn begins
+    (the caller speaks a new utterance after the agent has spoken). A finished
+    turn's calls still running are left to end on their own (within their
+    timeout): a side effect half done is not cancelled."""
+
+    def __init__(
+        self,
+        toolbox: Toolbox,
+        budget: int,
+        session_id: str,
+        record: Callable[[ToolCall, ToolResult], None],
+    ) -> None:
+        self._toolbox = toolbox
+        self._budget = budget
+        self._session_id = session_id
+        self._record = record
+        self.specs = toolbox.specs
+        self.turn = self._new_turn()
+        self._earlier: list[TurnTools] = []
+        self._utterance_id = ""
+        self._agent_spoke = False
+
+    def _new_turn(self) -> TurnTools:
+        return TurnTools(self._toolbox, self._budget, self._session_id, self._record)
+
+    def on_user_utterance(self, utterance_id: str) -> None:
+        if utterance_id == self._utterance_id:
+            return
+        if self._agent_spoke:
+            self._earlier = [t for t in [*self._earlier, self.turn] if t.running()]
+            self.turn = self._new_turn()
+            self._agent_spoke = False
+        self._utterance_id = utterance_id
+
+    def on_agent_words(self) -> None:
+        self._agent_spoke = True
+
+    async def close(self) -> None:
+        for turn in [*self._earlier, self.turn]:
+            await turn.close()

@@ -1,0 +1,260 @@
+"""Tools in the oracle: the LLM asks, the oracle runs the tool on the operator's
+MCP server, feeds the result back and streams the answer as usual.
+
+OpenAI and Anthropic cannot be reached from here: a local HTTP server written
+in the test (tool_support.py, on conftest's stub_http) stands in for both,
+speaking their streaming wire formats with tool calls (OpenAI's
+`delta.tool_calls`, Anthropic's `tool_use` blocks). The MCP server is written
+in the test with the `mcp` SDK (mcp_tool_server.py), run as a stdio
+subprocess or served on streamable HTTP; it answers with a value no model
+could guess, made up by each test.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from kame_common import store
+from kamepb import oracle_pb2
+from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
+from services.oracle.prompts import TOOLS_PROMPT
+from tests.oracle import mcp_tool_server
+from tests.oracle.mcp_tool_server import recorded_calls
+from tests.oracle.tool_support import (
+    APOLOGY,
+    FAKE_LLM_ROUTES,
+    HOLD,
+    anthropic_models,
+    mcp_over_http,
+)
+
+Event = oracle_pb2.OracleEvent
+# Each partial restarts the LLM: the start window must not hold any back.
+POLICY = oracle_pb2.OraclePolicy(poll_interval_s=0.05, max_starts=50)
+
+
+@pytest.fixture
+def secret() -> str:
+    return f"zq-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def calls_file(tmp_path) -> Path:
+    return tmp_path / "calls.jsonl"
+
+
+@pytest.fixture
+async def mcp_http(secret, calls_file):
+    """The test MCP server on streamable HTTP (request it before oracle_service: the
+    oracle then stops first, while its MCP server still answers)."""
+    async with mcp_over_http(secret, calls_file) as url:
+        yield url
+
+
+def tool_seconds_count(tool: str, outcome: str) -> float:
+    labels = {"tool": tool, "outcome": outcome}
+    return REGISTRY.get_sample_value("kame_oracle_tool_seconds_count", labels) or 0.0
+
+
+async def openai_session(
+    stub_http, oracle_service, guide_client, session_id, mcp_servers, tools_allowed
+):
+    llm, url = await stub_http(FAKE_LLM_ROUTES)
+    runtime = await oracle_service(
+        base_url=f"{url}/v1",
+        model="stub-model",
+        mcp_servers=mcp_servers,
+        tools_allowed=tools_allowed,
+    )
+    client = guide_client(runtime.port)
+    await client.config(session_id=session_id, policy=POLICY)
+    return llm, client
+
+
+async def test_openai_tool_calls_answer_from_a_stdio_mcp_server(
+    secret, calls_file, stub_http, oracle_service, guide_client, session_id, redis_client
+):
+    command = shlex.join([sys.executable, mcp_tool_server.__file__, secret, str(calls_file)])
+    llm, client = await openai_session(
+        stub_http,
+        oracle_service,
+        guide_client,
+        session_id,
+        mcp_servers=f"vault={command}",
+        tools_allowed="vault.door_code,vault.book_table",  # not order_status
+    )
+    timed_before = tool_seconds_count("door_code", "ok")
+    await client.user("What is the door code of the Paris office?", final=True)
+    await client.wait_event(Event.DONE, 1, timeout_s=30)
+
+    assert client.answer(1) == f"{HOLD} Here you go: The door code of the Paris office is {secret}."
+    client.assert_update_protocol()
+    asked, answered = (post.json() for post in llm.posts())
+    assert {tool["function"]["name"] for tool in asked["tools"]} == {"door_code", "book_table"}
+    assert asked["messages"][0]["content"].endswith(TOOLS_PROMPT)
+    call, result = answered["messages"][-2:]
+    assert call["role"] == "assistant" and call["content"] == HOLD
+    assert [c["function"]["name"] for c in call["tool_calls"]] == ["door_code"]
+    assert result["role"] == "tool" and result["tool_call_id"] == call["tool_calls"][0]["id"]
+    assert secret in result["content"]
+    assert [(c["tool"], c["arguments"]) for c in recorded_calls(calls_file)] == [
+        ("door_code", {"office": "Paris"})
+    ]
+    assert tool_seconds_count("door_code", "ok") == timed_before + 1
+    assert await client.finish() == grpc.StatusCode.OK
+
+    # The call, its arguments, result and time are in the conversation record.
+    conversation = await store.SessionStore(redis_client).conversation(session_id)
+    assert [turn["role"] for turn in conversation] == ["user", "tool"]
+    assert conversation[1]["text"].startswith(
+        f'door_code({{"office": "Paris"}}) -> The door code of the Paris office is {secret}. ['
+    )
+
+
+async def test_anthropic_tool_use_with_a_streamable_http_mcp_server(
+    mcp_http, secret, calls_file, stub_http, oracle_service, guide_client, session_id
+):
+    llm, url = await stub_http({**FAKE_LLM_ROUTES, ("GET", "/v1/models"): anthropic_models})
+    runtime = await oracle_service(
+        allowed_base_urls=url,
+        allowed_models="claude-stub",
+        allowed_backends="openai,anthropic",
+        mcp_servers=f"vault={mcp_http}",
+        tools_allowed="vault.*",
+    )
+    client = guide_client(runtime.port)
+    await client.config(
+        session_id=session_id,
+        backend=LLM_BACKEND_ANTHROPIC,
+        base_url=url,
+        api_key="sk-ant-test",
+        model="claude-stub",
+        policy=POLICY,
+    )
+    await client.user("What is the door code of the Paris office?", final=True)
+    await client.wait_event(Event.DONE, 1, timeout_s=30)
+
+    assert client.answer(1) == f"{HOLD} Here you go: The door code of the Paris office is {secret}."
+    asked, answered = (post.json() for post in llm.posts())
+    assert {t["name"] for t in asked["tools"]} == {"door_code", "book_table", "order_status"}
+    assert asked["system"].endswith(TOOLS_PROMPT)
+    said, results = answered["messages"][-2:]
+    assert said["role"] == "assistant"
+    assert said["content"][0] == {"type": "text", "text": HOLD}
+    use = said["content"][1]
+    assert (use["type"], use["name"], use["input"]) == (
+        "tool_use",
+        "door_code",
+        {"office": "Paris"},
+    )
+    (result,) = results["content"]
+    assert result["tool_use_id"] == use["id"] and secret in result["content"]
+    assert result["is_error"] is False
+    assert len(recorded_calls(calls_file)) == 1
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def partials_then_final(client, words: list[str], calls_file: Path) -> float:
+    """Five growing partials of one utterance, each answered (its candidate DONE)
+    before the next, then the final: the wall-clock time the final was sent."""
+    for n in range(1, 6):
+        await client.user(" ".join(words[: 1 + 2 * n]))
+        await client.wait_event(Event.DONE, n, timeout_s=30)
+    sent_at = time.time()
+    await client.user(" ".join(words), final=True)
+    await client.wait_event(Event.DONE, 6, timeout_s=30)
+    return sent_at
+
+
+async def test_a_side_effect_tool_runs_once_and_only_after_the_final(
+    mcp_http, secret, calls_file, stub_http, oracle_service, guide_client, session_id
+):
+    llm, client = await openai_session(
+        stub_http, oracle_service, guide_client, session_id, f"vault={mcp_http}", "vault.*"
+    )
+    words = "Please book a table for two in Paris tonight at eight thanks".split()
+    final_at = await partials_then_final(client, words, calls_file)
+
+    # Every partial's candidate asked for the booking; none ran it.
+    assert len(llm.posts()) == 5 + 2
+    for n in range(1, 6):
+        assert client.answer(n) == HOLD
+    booked = f"Booked a table in Paris, reference {secret}."
+    assert client.answer(6) == f"{HOLD} Here you go: {booked}"
+    (booking,) = recorded_calls(calls_file)
+    assert booking["tool"] == "book_table" and booking["at"] >= final_at
+
+    # The caller goes on before the agent speaks: the same turn, so the same booking
+    # is not made twice; its result is reused.
+    await client.user("Yes, please book it", final=True, utterance_id="u2")
+    await client.wait_event(Event.DONE, 7, timeout_s=30)
+    assert client.answer(7) == f"{HOLD} Here you go: {booked}"
+    assert len(recorded_calls(calls_file)) == 1
+
+    # Once the agent has answered, a new request is a new turn: it books again.
+    await client.agent(f"Here you go: {booked}", start_s=1.0)
+    await client.user("Please book one more", final=True, utterance_id="u3")
+    await client.wait_event(Event.DONE, 8, timeout_s=30)
+    assert [c["tool"] for c in recorded_calls(calls_file)] == ["book_table", "book_table"]
+    client.assert_update_protocol()
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_a_read_only_tool_runs_on_a_partial_and_its_result_is_reused(
+    mcp_http, secret, calls_file, stub_http, oracle_service, guide_client, session_id, redis_client
+):
+    _llm, client = await openai_session(
+        stub_http, oracle_service, guide_client, session_id, f"vault={mcp_http}", "vault.*"
+    )
+    words = "The door code of the Paris office for the visit today please".split()
+    final_at = await partials_then_final(client, words, calls_file)
+
+    (lookup,) = recorded_calls(calls_file)
+    assert lookup["tool"] == "door_code" and lookup["at"] < final_at
+    for n in range(1, 7):
+        assert secret in client.answer(n)
+    assert await client.finish() == grpc.StatusCode.OK
+    conversation = await store.SessionStore(redis_client).conversation(session_id)
+    assert [turn["role"] for turn in conversation] == ["user", "tool"]
+
+
+async def test_a_hanging_tool_becomes_an_apology_and_the_call_goes_on(
+    mcp_http, secret, calls_file, stub_http, oracle_service, guide_client, session_id
+):
+    llm, client = await openai_session(
+        stub_http,
+        oracle_service,
+        guide_client,
+        session_id,
+        f"vault={mcp_http}",
+        "vault.order_status:readonly:1, vault.door_code",
+    )
+    errors_before = tool_seconds_count("order_status", "error")
+    started = time.monotonic()
+    await client.user("Where is my order?", final=True)
+    await client.wait_event(Event.DONE, 1, timeout_s=30)
+    took = time.monotonic() - started
+
+    assert client.answer(1) == f"{HOLD} {APOLOGY}"
+    assert 1.0 <= took < 6.0  # the 1 s timeout, and not much more on a loaded machine
+    result = llm.posts()[1].json()["messages"][-1]
+    assert result == {
+        "role": "tool",
+        "tool_call_id": result["tool_call_id"],
+        "content": "error: order_status did not answer within 1 s",
+    }
+    assert tool_seconds_count("order_status", "error") == errors_before + 1
+
+    await client.agent(f"{HOLD} {APOLOGY}", start_s=1.0)
+    await client.user("And the door code of the Paris office?", final=True, utterance_id="u2")
+    await client.wait_event(Event.DONE, 2, timeout_s=30)
+    assert secret in client.answer(2)
+    assert await client.finish() == grpc.StatusCode.OK
