@@ -16,8 +16,9 @@ after 0.5 s without audio; the stack sends audio all along, silence
 included, so here one lasts the call). The agent's voice is saved to --out
 once it has been quiet for --quiet-s, and its words are printed as JSON
 lines: {"agent": "..."} (the Moshi protocol carries no caller transcript).
-The plugin adds `/api/chat?voice_prompt=...&text_prompt=...` to --url; the
-stack takes its own voice and persona.
+The plugin adds `/api/chat?voice_prompt=...&text_prompt=...` to --url (the
+stack keeps its own voice and persona); the gateway's caller token, if it
+wants one, goes as the HTTP session's `Authorization` header.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ async def join(stream) -> str:
 async def converse(args: argparse.Namespace) -> bytes:
     """The agent's voice (PCM16 at 24 kHz) in answer to the question in args.wav."""
     answer, hearing = Answer(), set()
-    async with aiohttp.ClientSession() as http:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    async with aiohttp.ClientSession(headers=headers) as http:
         model = realtime.RealtimeModel(base_url=args.url, http_session=http)
         session = model.session()
 
@@ -120,6 +122,7 @@ async def converse(args: argparse.Namespace) -> bytes:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="ws://127.0.0.1:8088", help="the stack's web service")
+    parser.add_argument("--api-key", default="", help="the gateway's caller token, if any")
     parser.add_argument("--wav", required=True, help="the question: a 16-bit WAV")
     parser.add_argument("--out", required=True, help="where to save the agent's voice")
     parser.add_argument("--quiet-s", type=float, default=5.0, help="stop after this much quiet")
