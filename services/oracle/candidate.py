@@ -125,10 +125,11 @@ class Candidate:
         started_at = time.monotonic()
         exchanges: list[ToolExchange] = []
         budget = self._tools.budget if self._tools is not None else 0
-        for _ in range(budget + _EXTRA_ROUNDS if self._specs else 1):
+        rounds = budget + _EXTRA_ROUNDS if self._specs else 1
+        for round_number in range(1, rounds + 1):
             said, calls = await self._round(turns, stats, exchanges, started_at)
-            if not calls:
-                break
+            if not calls or round_number == rounds:
+                break  # the answer, or a model that would not stop asking
             assert self._tools is not None  # calls come only when tools are offered
             results = await self._tools.run_all(calls, final=self.generation.source.is_final)
             if results is None:

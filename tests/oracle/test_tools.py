@@ -22,6 +22,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from kame_cli.stack_options import free_ports
 from kame_common import store
 from kamepb import oracle_pb2
 from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
@@ -32,6 +33,7 @@ from tests.oracle.tool_support import (
     APOLOGY,
     FAKE_LLM_ROUTES,
     HOLD,
+    UNSURE,
     anthropic_models,
     mcp_over_http,
 )
@@ -65,14 +67,16 @@ def tool_seconds_count(tool: str, outcome: str) -> float:
 
 
 async def openai_session(
-    stub_http, oracle_service, guide_client, session_id, mcp_servers, tools_allowed
+    stub_http, oracle_service, guide_client, session_id, mcp_servers, tools_allowed, **settings
 ):
+    """A Guide stream on an oracle whose LLM is the fake one (OpenAI wire format)."""
     llm, url = await stub_http(FAKE_LLM_ROUTES)
     runtime = await oracle_service(
         base_url=f"{url}/v1",
         model="stub-model",
         mcp_servers=mcp_servers,
         tools_allowed=tools_allowed,
+        **settings,
     )
     client = guide_client(runtime.port)
     await client.config(session_id=session_id, policy=POLICY)
@@ -257,4 +261,48 @@ async def test_a_hanging_tool_becomes_an_apology_and_the_call_goes_on(
     await client.user("And the door code of the Paris office?", final=True, utterance_id="u2")
     await client.wait_event(Event.DONE, 2, timeout_s=30)
     assert secret in client.answer(2)
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_an_unreachable_mcp_server_leaves_its_tools_out_and_the_oracle_serves(
+    stub_http, oracle_service, guide_client, session_id
+):
+    (port,) = free_ports(1)  # nothing listens there
+    llm, client = await openai_session(
+        stub_http,
+        oracle_service,
+        guide_client,
+        session_id,
+        f"gone=http://127.0.0.1:{port}/mcp",
+        "gone.*",
+        mcp_connect_timeout_s=3.0,
+    )
+    await client.user("What is the door code of the Paris office?", final=True)
+    await client.wait_event(Event.DONE, 1, timeout_s=30)
+    assert client.answer(1) == UNSURE
+    assert "tools" not in llm.posts()[0].json()  # no tools: the field is not sent at all
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_the_turn_budget_stops_tool_calls(
+    mcp_http, calls_file, stub_http, oracle_service, guide_client, session_id
+):
+    llm, client = await openai_session(
+        stub_http,
+        oracle_service,
+        guide_client,
+        session_id,
+        f"vault={mcp_http}",
+        "vault.*",
+        tool_budget=0,
+    )
+    await client.user("What is the door code of the Paris office?", final=True)
+    await client.wait_event(Event.DONE, 1, timeout_s=30)
+    assert client.answer(1) == f"{HOLD} {APOLOGY}"
+    assert (
+        llm.posts()[1]
+        .json()["messages"][-1]["content"]
+        .startswith("error: no more tool calls this turn (at most 0)")
+    )
+    assert recorded_calls(calls_file) == []
     assert await client.finish() == grpc.StatusCode.OK

@@ -125,7 +125,7 @@ class McpToolbox:
             command, *args = entry.command()
             target = mcp.StdioServerParameters(command=command, args=args)
         try:
-            async with mcp.Client(target, client_info=None) as client:
+            async with mcp.Client(target) as client:
                 tools = await _list_tools(client)
                 self._clients[entry.name] = client
                 ready.set_result(tools)

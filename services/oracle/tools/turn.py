@@ -26,6 +26,7 @@ calls a final's candidate used go into the conversation as `tool` turns.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -38,6 +39,7 @@ from kame_common.metrics import TURN_BUCKETS
 from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
 from services.oracle.tools.spec import ToolCall, ToolResult, ToolSpec, canonical_arguments
 
+log = logging.getLogger(__name__)
 _tracer = tracer("kame.oracle")
 
 TOOL_SECONDS = Histogram(
@@ -149,7 +151,11 @@ class TurnTools:
             attributes["tool.arguments"] = canonical_arguments(arguments)
         with _tracer.start_as_current_span("oracle.tool_call", attributes=attributes) as span:
             started = time.monotonic()
-            result = await self._toolbox.call(spec, arguments)
+            try:
+                result = await self._toolbox.call(spec, arguments)
+            except Exception:  # a bug must not fail every candidate that reuses this call
+                log.exception("session %s: tool %s failed", self._session_id, spec.name)
+                result = ToolResult(f"error: {spec.name} failed", True)
             elapsed = time.monotonic() - started
             outcome = "error" if result.is_error else "ok"
             TOOL_SECONDS.labels(tool=spec.name, outcome=outcome).observe(elapsed)
