@@ -88,6 +88,11 @@ class RestartPolicy:
         self._final_words += words
         self._final_pending = self._final_pending or (words > 0 and not answered)
 
+    def on_answer_deferred(self) -> None:
+        """The candidate a final was kept for (already answered) stopped short of a
+        tool with side effects, which waits for a candidate of the final: start one."""
+        self._final_pending = True
+
     @property
     def user_words(self) -> int:
         """Committed final words plus the longest partial of every open utterance."""

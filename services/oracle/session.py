@@ -418,6 +418,21 @@ class OracleSession:
                 self._emit_event(Event.ERROR, number, f"{backend}: internal error in the oracle")
             finally:
                 generation.running = False
+                if generation.deferred:
+                    self._start_for_kept_final(generation)
+
+    def _start_for_kept_final(self, generation: Generation) -> None:
+        """A final with this candidate's words may have landed while it still ran and
+        been kept for it; it stopped short of a side-effect tool instead, so the
+        final needs a candidate of its own (which may run the tool)."""
+        latest = self._latest
+        if (
+            generation is self._current
+            and latest.is_final
+            and latest.utterance_id == generation.source.utterance_id
+        ):
+            self.policy.on_answer_deferred()
+            self._final_landed.set()
 
     def _candidate(self, generation: Generation, trigger_at: float | None) -> Candidate:
         return Candidate(

@@ -36,6 +36,7 @@ from tests.oracle.tool_support import (
     UNSURE,
     anthropic_models,
     mcp_over_http,
+    slow_openai_routes,
 )
 
 Event = oracle_pb2.OracleEvent
@@ -67,10 +68,17 @@ def tool_seconds_count(tool: str, outcome: str) -> float:
 
 
 async def openai_session(
-    stub_http, oracle_service, guide_client, session_id, mcp_servers, tools_allowed, **settings
+    stub_http,
+    oracle_service,
+    guide_client,
+    session_id,
+    mcp_servers,
+    tools_allowed,
+    routes=FAKE_LLM_ROUTES,
+    **settings,
 ):
     """A Guide stream on an oracle whose LLM is the fake one (OpenAI wire format)."""
-    llm, url = await stub_http(FAKE_LLM_ROUTES)
+    llm, url = await stub_http(routes)
     runtime = await oracle_service(
         base_url=f"{url}/v1",
         model="stub-model",
@@ -209,6 +217,34 @@ async def test_a_side_effect_tool_runs_once_and_only_after_the_final(
     await client.wait_event(Event.DONE, 8, timeout_s=30)
     assert [c["tool"] for c in recorded_calls(calls_file)] == ["book_table", "book_table"]
     client.assert_update_protocol()
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_a_final_kept_for_a_partial_candidate_still_gets_its_side_effect(
+    mcp_http, secret, calls_file, stub_http, oracle_service, guide_client, session_id
+):
+    """The final has the words of the partial whose candidate is still running, so it
+    is kept for that candidate; which then stops short of the booking (a partial's):
+    the final gets a candidate of its own, which books."""
+    _llm, client = await openai_session(
+        stub_http,
+        oracle_service,
+        guide_client,
+        session_id,
+        f"vault={mcp_http}",
+        "vault.*",
+        routes=slow_openai_routes(0.5),
+    )
+    kept_before = REGISTRY.get_sample_value("kame_oracle_finals_kept_total") or 0.0
+    question = "Please book a table in Paris"
+    await client.user(question)
+    await client.wait_event(Event.FIRST_TOKEN, 1, timeout_s=30)  # words out, no call yet
+    await client.user(question, final=True)
+    await client.wait_event(Event.DONE, 2, timeout_s=10)
+    assert REGISTRY.get_sample_value("kame_oracle_finals_kept_total") == kept_before + 1
+    assert client.answer(1) == HOLD
+    assert client.answer(2) == f"{HOLD} Here you go: Booked a table in Paris, reference {secret}."
+    assert [c["tool"] for c in recorded_calls(calls_file)] == ["book_table"]
     assert await client.finish() == grpc.StatusCode.OK
 
 

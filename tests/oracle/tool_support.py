@@ -65,8 +65,9 @@ def _openai_chunk(delta: dict[str, Any], finish_reason: str | None = None) -> di
     }
 
 
-async def openai_chat(request, respond) -> None:
-    """POST /v1/chat/completions with streamed `tool_calls`."""
+async def openai_chat(request, respond, pause_before_call_s: float = 0.0) -> None:
+    """POST /v1/chat/completions with streamed `tool_calls` (after a pause, if given:
+    the model thinking between its words and its call)."""
     body = request.json()
     # A tool message carries no error flag: the oracle's error results say "error:".
     results = [
@@ -80,6 +81,7 @@ async def openai_chat(request, respond) -> None:
     for piece in pieces(text):
         await respond.sse(_openai_chunk({"content": piece}))
     if call is not None:
+        await asyncio.sleep(pause_before_call_s)
         name, arguments = call
         encoded = json.dumps(arguments)
         first = {"index": 0, "id": f"call_{len(request.body)}", "type": "function"}
@@ -184,6 +186,15 @@ FAKE_LLM_ROUTES = {
     ("POST", "/v1/chat/completions"): openai_chat,
     ("POST", "/v1/messages"): anthropic_messages,
 }
+
+
+def slow_openai_routes(pause_before_call_s: float):
+    """The fake LLM's OpenAI route, pausing between its words and its tool call."""
+
+    async def chat(request, respond) -> None:
+        await openai_chat(request, respond, pause_before_call_s)
+
+    return {("POST", "/v1/chat/completions"): chat}
 
 
 @contextlib.asynccontextmanager
