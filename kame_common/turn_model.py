@@ -101,7 +101,8 @@ def mel_filters() -> npt.NDArray[np.float32]:
     falling = (upper - bins_hz[None, :]) / (upper - centre)
     triangles = np.maximum(0.0, np.minimum(rising, falling))
     area = 2.0 / (upper - lower)
-    return (triangles * area).astype(np.float32)
+    filters: npt.NDArray[np.float32] = (triangles * area).astype(np.float32)
+    return filters
 
 
 @functools.cache
