@@ -2,7 +2,8 @@
 
 Run as a script it serves stdio, the way the oracle starts an operator's
 stdio server: `python mcp_tool_server.py SECRET CALLS_FILE`. `build()` makes
-the same server for streamable HTTP inside the test's process. SECRET is a
+the same server for streamable HTTP inside the test's process (without the
+tool that ends the server's process). SECRET is a
 value no model could guess (the test makes it up); every call is appended to
 CALLS_FILE as a JSON line {"tool", "arguments", "at": wall-clock seconds}, so
 a test can count calls and tell when they ran.
@@ -11,6 +12,7 @@ a test can count calls and tell when they ran.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,7 +28,7 @@ def recorded_calls(calls_file: Path) -> list[dict]:
     return [json.loads(line) for line in calls_file.read_text().splitlines() if line]
 
 
-def build(secret: str, calls_file: Path) -> MCPServer:
+def build(secret: str, calls_file: Path, crashable: bool = False) -> MCPServer:
     server = MCPServer("kame-test-tools")
 
     def record(tool: str, **arguments: str) -> None:
@@ -53,8 +55,16 @@ def build(secret: str, calls_file: Path) -> MCPServer:
         await anyio.sleep(3600)
         return "shipped"
 
+    if crashable:
+
+        @server.tool()
+        def crash_server() -> str:
+            """End this server's process at once, as a crashing server would."""
+            record("crash_server")
+            os._exit(1)
+
     return server
 
 
 if __name__ == "__main__":
-    build(sys.argv[1], Path(sys.argv[2])).run()
+    build(sys.argv[1], Path(sys.argv[2]), crashable=True).run()

@@ -27,6 +27,7 @@ from kame_common import store
 from kamepb import oracle_pb2
 from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
 from services.oracle.prompts import TOOLS_PROMPT
+from services.oracle.tools import mcp_toolbox
 from tests.oracle import mcp_tool_server
 from tests.oracle.mcp_tool_server import recorded_calls
 from tests.oracle.tool_support import (
@@ -297,6 +298,33 @@ async def test_a_hanging_tool_becomes_an_apology_and_the_call_goes_on(
     await client.user("And the door code of the Paris office?", final=True, utterance_id="u2")
     await client.wait_event(Event.DONE, 2, timeout_s=30)
     assert secret in client.answer(2)
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_a_stdio_server_that_died_is_started_again_by_the_next_call(
+    secret, calls_file, stub_http, oracle_service, guide_client, session_id, monkeypatch
+):
+    monkeypatch.setattr(mcp_toolbox, "RECONNECT_S", 0.0)  # at once, however soon after start
+    command = shlex.join([sys.executable, mcp_tool_server.__file__, secret, str(calls_file)])
+    llm, client = await openai_session(
+        stub_http,
+        oracle_service,
+        guide_client,
+        session_id,
+        f"vault={command}",
+        "vault.crash_server, vault.door_code",
+    )
+    await client.user("Please crash the server", final=True)
+    await client.wait_event(Event.DONE, 1, timeout_s=30)
+    assert client.answer(1) == f"{HOLD} {APOLOGY}"
+    lost = llm.posts()[1].json()["messages"][-1]["content"]
+    assert lost == "error: crash_server is unavailable (its server is down)"
+
+    await client.agent(f"{HOLD} {APOLOGY}", start_s=1.0)
+    await client.user("And the door code of the Paris office?", final=True, utterance_id="u2")
+    await client.wait_event(Event.DONE, 2, timeout_s=30)
+    assert secret in client.answer(2)
+    assert [c["tool"] for c in recorded_calls(calls_file)] == ["crash_server", "door_code"]
     assert await client.finish() == grpc.StatusCode.OK
 
 

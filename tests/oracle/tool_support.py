@@ -29,6 +29,7 @@ RULES = (
     ("book", "book_table", {"city": "Paris"}),
     ("code", "door_code", {"office": "Paris"}),
     ("order", "order_status", {"order": "A7"}),
+    ("crash", "crash_server", {}),
 )
 HOLD = "One moment."
 APOLOGY = "Sorry, I couldn't reach that system just now."

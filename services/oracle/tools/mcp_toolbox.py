@@ -4,7 +4,10 @@ One toolbox per oracle process, shared by its sessions: each server is
 connected once at start (a stdio server is one subprocess for the service),
 its tools are listed and those on the operator's allow-list are kept. A
 server that cannot be reached at start is logged and its tools are not
-offered; the oracle serves without them.
+offered; the oracle serves without them. A connection lost later (a stdio
+server that exited, an HTTP server gone) is opened again by the next call
+of one of its tools (at most once every RECONNECT_S), within that call's
+timeout.
 
 Each connection lives in a task of its own: the SDK's client enters anyio
 task groups that must be left by the task that entered them, and sessions
@@ -21,11 +24,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import mcp
-from mcp_types import CallToolResult, TextContent, Tool
+from mcp_types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
 
 from kame_common.aio import cancel_and_wait
 from services.oracle.tools.settings import AllowEntry, McpServerEntry, allowance
@@ -39,6 +45,8 @@ MAX_RESULT_CHARS = 4000
 _MAX_PAGES = 20
 # How long the connections get to close at shutdown.
 _CLOSE_S = 5.0
+# Least time between two attempts to connect one server.
+RECONNECT_S = 1.0
 
 
 def result_text(result: CallToolResult) -> str:
@@ -58,6 +66,17 @@ def _is_read_only(tool: Tool, allowed: AllowEntry) -> bool:
     return allowed.read_only or hinted
 
 
+@dataclass
+class _Connection:
+    """One server's connection, held open by `holder` while `client` is set."""
+
+    entry: McpServerEntry
+    client: mcp.Client | None = None
+    holder: asyncio.Task[None] | None = None
+    last_try: float = -math.inf
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
 class McpToolbox:
     """The allowed tools of the operator's MCP servers; `call` runs one."""
 
@@ -68,13 +87,11 @@ class McpToolbox:
         timeout_s: float,
         connect_timeout_s: float,
     ) -> None:
-        self._servers = list(servers)
+        self._connections = {entry.name: _Connection(entry) for entry in servers}
         self._allowed = allowed
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._specs: dict[str, ToolSpec] = {}
-        self._clients: dict[str, mcp.Client] = {}
-        self._holders: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
 
     @property
@@ -86,7 +103,10 @@ class McpToolbox:
 
     async def start(self) -> None:
         """Connect every server at once and keep its allowed tools."""
-        await asyncio.gather(*(self._connect(entry) for entry in self._servers))
+        listed = await asyncio.gather(*(self._open(c) for c in self._connections.values()))
+        for connection, tools in zip(self._connections.values(), listed, strict=True):
+            for tool in tools or []:
+                self._add(connection.entry.name, tool)
         log.info(
             "oracle: tools %s",
             ", ".join(
@@ -98,26 +118,29 @@ class McpToolbox:
 
     async def aclose(self) -> None:
         self._stop.set()
-        if not self._holders:
+        holders = [c.holder for c in self._connections.values() if c.holder is not None]
+        if not holders:
             return
-        _done, pending = await asyncio.wait(self._holders, timeout=_CLOSE_S)
+        _done, pending = await asyncio.wait(holders, timeout=_CLOSE_S)
         await cancel_and_wait(pending)
 
-    async def _connect(self, entry: McpServerEntry) -> None:
+    async def _open(self, connection: _Connection) -> list[Tool] | None:
+        """Connect one server: its tools, or None (logged) when it cannot be reached."""
+        name = connection.entry.name
+        connection.last_try = time.monotonic()
         ready: asyncio.Future[list[Tool]] = asyncio.get_running_loop().create_future()
-        holder = asyncio.create_task(self._hold(entry, ready))
-        self._holders.append(holder)
+        holder = asyncio.create_task(self._hold(connection, ready), name=f"mcp-{name}")
+        connection.holder = holder
         try:
-            tools = await asyncio.wait_for(asyncio.shield(ready), self._connect_timeout_s)
-        except Exception as exc:  # unreachable, not MCP, timed out: serve without it
-            log.error("oracle: MCP server %s left out: %s", entry.name, _describe(exc))
+            return await asyncio.wait_for(asyncio.shield(ready), self._connect_timeout_s)
+        except Exception as exc:  # unreachable, not MCP, timed out: go on without it
+            log.error("oracle: MCP server %s unavailable: %s", name, _describe(exc))
             await cancel_and_wait(holder)
-            return
-        for tool in tools:
-            self._add(entry.name, tool)
+            return None
 
-    async def _hold(self, entry: McpServerEntry, ready: asyncio.Future[list[Tool]]) -> None:
-        """Keep one server's connection open until the toolbox closes."""
+    async def _hold(self, connection: _Connection, ready: asyncio.Future[list[Tool]]) -> None:
+        """Keep one server's connection open until the toolbox closes (or it is lost)."""
+        entry = connection.entry
         target: str | mcp.StdioServerParameters
         if entry.is_url:
             target = entry.target
@@ -127,7 +150,7 @@ class McpToolbox:
         try:
             async with mcp.Client(target) as client:
                 tools = await _list_tools(client)
-                self._clients[entry.name] = client
+                connection.client = client
                 ready.set_result(tools)
                 await self._stop.wait()
         except Exception as exc:
@@ -136,7 +159,24 @@ class McpToolbox:
             else:
                 log.error("oracle: MCP server %s: connection lost: %s", entry.name, _describe(exc))
         finally:
-            self._clients.pop(entry.name, None)
+            if connection.holder is asyncio.current_task():
+                connection.client = None
+
+    async def _client(self, connection: _Connection) -> mcp.Client | None:
+        """The server's client, connecting again if the connection was lost."""
+        async with connection.lock:
+            if connection.client is None and (
+                time.monotonic() - connection.last_try >= RECONNECT_S
+            ):
+                log.info("oracle: connecting MCP server %s again", connection.entry.name)
+                await self._open(connection)
+            return connection.client
+
+    async def _drop(self, connection: _Connection) -> None:
+        """Forget a connection found broken; the next call connects again."""
+        holder, connection.holder, connection.client = connection.holder, None, None
+        if holder is not None:
+            await cancel_and_wait(holder)
 
     def _add(self, server: str, tool: Tool) -> None:
         allowed = allowance(self._allowed, server, tool.name)
@@ -162,11 +202,13 @@ class McpToolbox:
 
     async def call(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolResult:
         """Run one tool; every failure is an error result (see the module doc)."""
-        client = self._clients.get(spec.server)
-        if client is None:
-            return ToolResult(f"error: {spec.name} is unavailable (its server is down)", True)
+        connection = self._connections[spec.server]
+        unavailable = ToolResult(f"error: {spec.name} is unavailable (its server is down)", True)
         try:
             async with asyncio.timeout(spec.timeout_s):
+                client = await self._client(connection)
+                if client is None:
+                    return unavailable
                 # The SDK's own limit is a backstop, later: ours names the timeout.
                 result = await client.call_tool(
                     spec.name, arguments, read_timeout_seconds=spec.timeout_s + 1
@@ -178,6 +220,11 @@ class McpToolbox:
             )
         except Exception as exc:
             log.warning("oracle: tool %s of %s failed: %s", spec.name, spec.server, _describe(exc))
+            # An error the server answered leaves the connection as it is; anything else
+            # (the connection closed, the transport failed) means it is lost.
+            if not isinstance(exc, mcp.MCPError) or exc.code == CONNECTION_CLOSED:
+                await self._drop(connection)
+                return unavailable
             return ToolResult(f"error: {spec.name} failed ({type(exc).__name__})", True)
         return ToolResult(result_text(result), result.is_error)
 
