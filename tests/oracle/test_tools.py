@@ -20,10 +20,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
 from kame_cli.stack_options import free_ports
-from kame_common import store
+from kame_common import store, tracing
 from kamepb import oracle_pb2
 from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
 from services.oracle.prompts import TOOLS_PROMPT
@@ -43,6 +46,17 @@ from tests.oracle.tool_support import (
 Event = oracle_pb2.OracleEvent
 # Each partial restarts the LLM: the start window must not hold any back.
 POLICY = oracle_pb2.OraclePolicy(poll_interval_s=0.05, max_starts=50)
+
+
+SPANS = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module")
+def spans():
+    """Finished spans of this process (the tracer provider is global: installed once)."""
+    tracing.setup_tracing("oracle-tools-test")
+    trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(SPANS))
+    return SPANS
 
 
 @pytest.fixture
@@ -93,7 +107,7 @@ async def openai_session(
 
 
 async def test_openai_tool_calls_answer_from_a_stdio_mcp_server(
-    secret, calls_file, stub_http, oracle_service, guide_client, session_id, redis_client
+    secret, calls_file, stub_http, oracle_service, guide_client, session_id, redis_client, spans
 ):
     command = shlex.join([sys.executable, mcp_tool_server.__file__, secret, str(calls_file)])
     llm, client = await openai_session(
@@ -123,6 +137,17 @@ async def test_openai_tool_calls_answer_from_a_stdio_mcp_server(
     ]
     assert tool_seconds_count("door_code", "ok") == timed_before + 1
     assert await client.finish() == grpc.StatusCode.OK
+
+    # One span for the call, inside the span of the candidate's LLM stream.
+    finished = [
+        s for s in spans.get_finished_spans() if s.attributes.get("kame.session_id") == session_id
+    ]
+    (tool_span,) = [s for s in finished if s.name == "oracle.tool_call"]
+    assert tool_span.attributes["tool.name"] == "door_code"
+    assert tool_span.attributes["tool.server"] == "vault"
+    assert tool_span.attributes["tool.read_only"] is True
+    (stream_span,) = [s for s in finished if s.name == "oracle.llm_stream"]
+    assert tool_span.parent.span_id == stream_span.context.span_id
 
     # The call, its arguments, result and time are in the conversation record.
     conversation = await store.SessionStore(redis_client).conversation(session_id)
