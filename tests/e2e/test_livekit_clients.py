@@ -1,0 +1,94 @@
+"""LiveKit Agents' realtime plugins, run as their users run them, hold a spoken
+conversation with the whole stack (the e2e stack of this folder's conftest):
+examples/livekit_realtime.py (the OpenAI Realtime plugin, through the web
+service's /v1/realtime) and examples/livekit_personaplex.py (NVIDIA's
+PersonaPlex plugin, the Moshi protocol, through /api/chat), each in the
+"livekit" venv (tests/clients/venvs.py), each session driven without a LiveKit
+server. Each asks a piper question from a WAV, and the agent's voice it saved,
+transcribed by our STT, has the answer in it.
+
+A stack of its own for this module (test_ecosystem_clients.py has another):
+one start serves both plugins. The venv is built on first use and cached in
+~/.cache/kame/client-venvs (about 40 s the first time)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import pytest_asyncio
+
+from services.web.config import WebSettings
+from services.web.server import serve
+from tests.clients.runs import ClientRun, run_example, write_wav
+from tests.e2e.conftest import QUESTION
+from tests.support import word_recall, words_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+HOLD_MAX_S = 10.0  # a loaded test machine may take longer than the default 5 s to answer
+QUIET_S = 6.0  # the examples stop once the agent has been quiet this long
+MAX_S = 75.0  # ... or after this long anyway
+# A cached venv builds in seconds; a first build downloads the client.
+RUN_TIMEOUT_S = MAX_S + 240.0
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def web(stack):
+    gateway = await stack.services.gateway(
+        stack.stt, stack.oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S
+    )
+    settings = WebSettings(
+        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
+    )
+    server = await serve(settings)
+    yield server
+    await server.stop()
+
+
+@pytest.fixture(scope="module")
+def question_wav(speak, tmp_path_factory):
+    return write_wav(tmp_path_factory.mktemp("livekit") / "question.wav", speak(QUESTION))
+
+
+async def ask(example: str, url: str, question_wav, tmp_path) -> ClientRun:
+    out = tmp_path / "answer.wav"
+    args = ["--url", url, "--wav", str(question_wav), "--out", str(out)]
+    args += ["--quiet-s", str(QUIET_S), "--max-s", str(MAX_S)]
+    run = await run_example("livekit", example, args, out, RUN_TIMEOUT_S)
+    print(f"{example}: {run.seconds:.0f} s, you={run.you} agent={run.agent}")
+    return run
+
+
+async def heard_answer(run: ClientRun, transcribe) -> str:
+    """What our STT hears in the agent's saved voice, once the run is known to be
+    clean and to have words that voice should carry."""
+    assert run.returncode == 0, run
+    assert run.errors == [], run
+    assert run.said and len(run.answer) > 0, run
+    heard = await asyncio.to_thread(transcribe, run.answer)
+    assert word_recall(run.said, heard) >= 0.5, (heard, str(run))
+    return heard
+
+
+async def test_livekit_openai_realtime_plugin_asks_a_spoken_question_and_hears_the_answer(
+    web, question_wav, transcribe, tmp_path
+):
+    url = f"http://127.0.0.1:{web.port}/v1"  # the plugin adds /realtime?model=
+    run = await ask("livekit_realtime.py", url, question_wav, tmp_path)
+    heard = await heard_answer(run, transcribe)
+    assert word_recall(QUESTION, run.heard_question) >= 0.6, run
+    if "france" in words_of(run.heard_question):  # else the model cannot know
+        assert word_recall("Paris", heard) == 1.0, (heard, str(run))
+
+
+async def test_livekit_personaplex_plugin_asks_a_spoken_question_and_hears_the_answer(
+    web, question_wav, transcribe, tmp_path
+):
+    url = f"ws://127.0.0.1:{web.port}"  # the plugin adds /api/chat?voice_prompt=...
+    run = await ask("livekit_personaplex.py", url, question_wav, tmp_path)
+    heard = await heard_answer(run, transcribe)
+    # The Moshi protocol carries no caller transcript, so no misheard question can
+    # excuse a wrong answer here: piper's question, without its noise, is heard right.
+    assert "paris" in words_of(run.said), run
+    assert word_recall("Paris", heard) == 1.0, (heard, str(run))
