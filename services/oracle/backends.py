@@ -219,8 +219,9 @@ class LLMBackend(abc.ABC):
         await self.client.models.list(timeout=timeout_s)
 
     @abc.abstractmethod
-    async def _warm_up_once(self) -> None:
-        """One request of the fixed prompt prefix with max_tokens 1."""
+    async def _warm_up_once(self, tools: Sequence[ToolSpec]) -> None:
+        """One request of the fixed prompt prefix with max_tokens 1 (and the tools
+        the sessions will be offered: chat templates put them before the prompt)."""
 
     async def aclose(self) -> None:
         """Close the SDK client and its connection pool."""
@@ -248,13 +249,13 @@ class LLMBackend(abc.ABC):
         except self._status_error:
             pass
 
-    async def warm_up(self, timeout_s: float) -> None:
+    async def warm_up(self, timeout_s: float, tools: Sequence[ToolSpec] = ()) -> None:
         """Have the server evaluate the fixed prompt prefix once, within `timeout_s`
         in all. A server that does not answer yet (still starting) is tried again.
         Raises BackendError."""
         try:
             async with asyncio.timeout(timeout_s):
-                await self._warm_up_until_answered()
+                await self._warm_up_until_answered(tools)
         except TimeoutError as exc:
             raise BackendError("timeout", f"{self.name}: no answer within {timeout_s:g} s") from exc
 
@@ -263,10 +264,10 @@ class LLMBackend(abc.ABC):
             "timeout", f"{self.name}: no answer within {self.settings.request_timeout_s:g} s"
         )
 
-    async def _warm_up_until_answered(self) -> None:
+    async def _warm_up_until_answered(self, tools: Sequence[ToolSpec]) -> None:
         while True:
             try:
-                await self._warm_up_once()
+                await self._warm_up_once(tools)
                 return
             except self._timeout_error as exc:
                 raise self._request_timed_out() from exc
@@ -343,7 +344,7 @@ class OpenAIBackend(LLMBackend):
     def supports_tools(self) -> bool:
         return not self.few_shot
 
-    async def _warm_up_once(self) -> None:
+    async def _warm_up_once(self, tools: Sequence[ToolSpec]) -> None:
         if self.few_shot:
             await self.client.completions.create(
                 model=self.settings.model,
@@ -352,11 +353,13 @@ class OpenAIBackend(LLMBackend):
                 temperature=0.0,
             )
         else:
+            with_tools: dict[str, Any] = {"tools": openai_tools(tools)} if tools else {}
             await self.client.chat.completions.create(
                 model=self.settings.model,
-                messages=_openai_chat(warm_up_chat_messages(self.settings.system_prompt)),
+                messages=_openai_chat(warm_up_chat_messages(_system_prompt(self.settings, tools))),
                 max_tokens=1,
                 temperature=0.0,
+                **with_tools,
             )
 
     def _stream_once(
@@ -447,13 +450,15 @@ class AnthropicBackend(LLMBackend):
             http_client=anthropic.DefaultAsyncHttpxClient(follow_redirects=False),
         )
 
-    async def _warm_up_once(self) -> None:
-        system, opening = warm_up_chat_messages(self.settings.system_prompt)
+    async def _warm_up_once(self, tools: Sequence[ToolSpec]) -> None:
+        system, opening = warm_up_chat_messages(_system_prompt(self.settings, tools))
+        with_tools: dict[str, Any] = {"tools": anthropic_tools(tools)} if tools else {}
         await self.client.messages.create(
             model=self.settings.model,
             system=system["content"],
             messages=[{"role": "user", "content": opening["content"]}],
             max_tokens=1,
+            **with_tools,
         )
 
     async def _stream_once(

@@ -512,9 +512,10 @@ class SessionFactory:
             log.warning("oracle: no warm-up: %s", exc)
             return
         backend = create_backend(settings.backend)
+        tools = self.toolbox.specs if self.toolbox is not None and backend.supports_tools else []
         started = time.monotonic()
         try:
-            await backend.warm_up(timeout_s)
+            await backend.warm_up(timeout_s, tools)
         except BackendError as exc:
             log.warning(
                 "oracle: warm-up of %s model %s at %s failed: %s (%s)",

@@ -395,3 +395,35 @@ async def test_the_turn_budget_stops_tool_calls(
     )
     assert recorded_calls(calls_file) == []
     assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_the_warm_up_sends_the_tools_the_sessions_are_offered(
+    mcp_http, stub_http, oracle_service, guide_client, session_id
+):
+    """A chat template renders the tools before the prompt: warming without them would
+    leave the first caller's prompt cold from the system prompt on."""
+
+    async def warm_or_answer(request, respond):
+        if request.json()["max_tokens"] == 1:
+            await respond.json(200, {"choices": []})
+        else:
+            await FAKE_LLM_ROUTES[("POST", "/v1/chat/completions")](request, respond)
+
+    llm, client = await openai_session(
+        stub_http,
+        oracle_service,
+        guide_client,
+        session_id,
+        f"vault={mcp_http}",
+        "vault.door_code",
+        routes={("POST", "/v1/chat/completions"): warm_or_answer},
+        warmup_timeout_s=10.0,
+    )
+    await client.user("What is the door code of the Paris office?", final=True)
+    await client.wait_event(Event.DONE, 1, timeout_s=30)
+    warm_up, first_call = (post.json() for post in llm.posts()[:2])
+    assert warm_up["max_tokens"] == 1
+    assert warm_up["tools"] == first_call["tools"]
+    assert [t["function"]["name"] for t in warm_up["tools"]] == ["door_code"]
+    assert warm_up["messages"][0] == first_call["messages"][0]  # the system prompt, tools told
+    assert await client.finish() == grpc.StatusCode.OK
