@@ -236,6 +236,9 @@ async def test_a_side_effect_tool_runs_once_and_only_after_the_final(
     await client.wait_event(Event.DONE, 7, timeout_s=30)
     assert client.answer(7) == f"{HOLD} Here you go: {booked}"
     assert len(recorded_calls(calls_file)) == 1
+    # The booking is in the conversation the model reads next.
+    transcript = llm.posts()[-1].json()["messages"][1]["content"]
+    assert f'Tool: book_table({{"city": "Paris"}}) -> {booked} [' in transcript
 
     # Once the agent has answered, a new request is a new turn: it books again.
     await client.agent(f"Here you go: {booked}", start_s=1.0)
