@@ -56,6 +56,11 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
     start_timeout_s: float = setting(
         10.0, "seconds a new WebSocket gets to send its start message before it is closed"
     )
+    realtime_idle_timeout_s: float = setting(
+        300.0,
+        "seconds a /v1/realtime socket may send no event before it is closed with an error "
+        "(idle_timeout), so a forgotten client holds no slot",
+    )
     relay_token_behind_login: bool = setting(
         False,
         "relay gateway_auth_token for pages that bring no token: set it only when a login of "
@@ -102,6 +107,10 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
             raise ConfigError("health_port: the web service answers probes on GET /healthz")
         if not self.start_timeout_s > 0:
             raise ConfigError(f"start_timeout_s: must be above 0, got {self.start_timeout_s}")
+        if not self.realtime_idle_timeout_s > 0:
+            raise ConfigError(
+                f"realtime_idle_timeout_s: must be above 0, got {self.realtime_idle_timeout_s}"
+            )
         if self.gateway_auth_token and not self.relay_token_behind_login:
             raise ConfigError(
                 "gateway_auth_token: the bridge would hand it to anyone who reaches the page; "

@@ -29,10 +29,10 @@ import base64
 import binascii
 import itertools
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kame_common.audio import FRAME_SECONDS
 from kame_common.converse import (
     AgentAudioEvent,
     AgentTextEvent,
@@ -46,21 +46,25 @@ from services.web.realtime_config import (
     error_event,
     mode_of_model,
 )
+from services.web.realtime_items import AgentResponse, History, UserMessage, new_id
 
 # Seconds of agent silence that end a response (a shorter pause is within it).
 RESPONSE_GAP_S = 0.5
-# The most audio one input_audio_buffer.append may carry (WebSocket messages are
-# capped at 1 MiB anyway: kame_common/http_server.py).
-MAX_APPEND_S = 10.0
-# Client events this first cut does not serve yet (push-to-talk, typed messages,
-# tools, history edits): an error names them, and the session goes on.
+# The most audio one input_audio_buffer.append may carry: as much as may wait
+# to be sent (realtime_bridge.MAX_BACKLOG_S). A WebSocket message may be larger
+# (server.py takes what OpenAI takes, 15 MiB), so a longer append is this
+# protocol's error, not a closed socket.
+MAX_APPEND_S = 60.0
+# The conversation's items (services/web/realtime_items.py).
+ITEM_EDITS = frozenset(
+    ("conversation.item.retrieve", "conversation.item.delete", "conversation.item.truncate")
+)
+# Client events not served yet (push-to-talk, typed messages, tools; WebRTC's
+# output buffer): an error names them, and the session goes on.
 NOT_YET = frozenset(
     (
         "input_audio_buffer.commit",
         "conversation.item.create",
-        "conversation.item.truncate",
-        "conversation.item.delete",
-        "conversation.item.retrieve",
         "response.create",
         "output_audio_buffer.clear",
     )
@@ -74,44 +78,6 @@ class Reply:
     events: list[Event] = field(default_factory=list)
     audio: bytes = b""
     clear_audio: bool = False  # input_audio_buffer.clear: drop what is not sent yet
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
-
-
-@dataclass
-class AgentResponse:
-    """One stretch of agent speech, as a Realtime response."""
-
-    id: str = field(default_factory=lambda: new_id("resp"))
-    item_id: str = field(default_factory=lambda: new_id("item"))
-    words: list[str] = field(default_factory=list)
-    held_silence: list[bytes] = field(default_factory=list)  # sent if speech resumes
-
-    @property
-    def transcript(self) -> str:
-        return " ".join(self.words)
-
-    def where(self) -> Event:
-        """The fields that place an event in this response's one audio part."""
-        return {
-            "response_id": self.id,
-            "item_id": self.item_id,
-            "output_index": 0,
-            "content_index": 0,
-        }
-
-    def item(self, status: str) -> Event:
-        content = {"type": "output_audio", "transcript": self.transcript}
-        return {
-            "id": self.item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "assistant",
-            "status": status,
-            "content": [content],
-        }
 
 
 @dataclass
@@ -132,12 +98,13 @@ class RealtimeSession:
         self.model = model
         self.config = SessionConfig()
         self.audio_flowed = False  # the gateway call is opened with the config of then
+        self.history = History()
         self.response: AgentResponse | None = None
         self.user: UserTurn | None = None
-        self.last_item_id: str | None = None
         self.muted = False  # the agent's stretch was cancelled: drop its audio
         self.silent_s = 0.0  # agent silence since its last speaking frame
-        self.early_words: list[str] = []  # the agent's words that came before its audio
+        # The agent's words that came before their audio, with their start_s.
+        self.early_words: list[tuple[str, float]] = []
         self.appended_s = 0.0  # caller audio appended, for audio_start_ms/audio_end_ms
         self._event_numbers = itertools.count(1)
         self.id = new_id("sess")
@@ -190,6 +157,8 @@ class RealtimeSession:
             return Reply([{"type": "input_audio_buffer.cleared"}], clear_audio=True)
         if kind == "response.cancel":
             return Reply(self._cancelled("client_cancelled"))
+        if kind in ITEM_EDITS:
+            return Reply(self._item_edit(kind, event))
         if kind in NOT_YET:
             raise ClientError("unsupported_event", f"{kind} is not served yet", "type")
         raise ClientError("invalid_value", f"unknown event type {kind!r}", "type")
@@ -197,20 +166,40 @@ class RealtimeSession:
     def _appended(self, audio: Any) -> bytes:
         if not isinstance(audio, str):
             raise ClientError("invalid_value", "audio must be base64 text", "audio")
+        coding = self.config.input
+        if len(audio) * 3 // 4 > MAX_APPEND_S * coding.bytes_per_s:  # before decoding it
+            raise ClientError(
+                "audio_too_long", f"one append carries at most {MAX_APPEND_S:g} s of audio", "audio"
+            )
         try:
             data = base64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError):
             raise ClientError("invalid_value", "audio is not valid base64", "audio") from None
-        coding = self.config.input
         if len(data) % coding.bytes_per_sample:
             raise ClientError("invalid_value", f"{coding.name} audio is whole samples", "audio")
-        if coding.seconds(data) > MAX_APPEND_S:
-            raise ClientError(
-                "audio_too_long", f"one append carries at most {MAX_APPEND_S:g} s of audio", "audio"
-            )
         self.audio_flowed = True
         self.appended_s += coding.seconds(data)
         return data
+
+    def _item_edit(self, kind: str, event: dict[str, Any]) -> list[Event]:
+        """conversation.item.retrieve, .delete or .truncate. Deleting or truncating
+        the response under way ends it first (cancelled): the client is done
+        playing it."""
+        item_id = event.get("item_id")
+        if kind == "conversation.item.retrieve":
+            return [self.history.retrieve(item_id)]
+        if kind == "conversation.item.delete":
+            self.history.get(item_id)  # an unknown item: the error, and nothing ends
+            return [*self._ended_if_under_way(item_id), self.history.delete(item_id)]
+        content_index, audio_end_ms = event.get("content_index"), event.get("audio_end_ms")
+        self.history.truncatable(item_id, content_index, audio_end_ms)
+        ended = self._ended_if_under_way(item_id)
+        return [*ended, self.history.truncate(item_id, content_index, audio_end_ms)]
+
+    def _ended_if_under_way(self, item_id: Any) -> list[Event]:
+        if self.response is not None and self.response.item_id == item_id:
+            return self._cancelled("client_cancelled")
+        return []
 
     # Gateway events.
 
@@ -246,15 +235,20 @@ class RealtimeSession:
         self.silent_s = 0.0
         if self.muted:
             return []
-        events = [] if self.response else self._opened()
+        events = [] if self.response else self._opened(event["seq"] * FRAME_SECONDS)
         response = self.response
         assert response is not None
         chunks = [*response.held_silence, event["data"]]
         response.held_silence.clear()
-        audio = base64.b64encode(b"".join(chunks)).decode()
+        audio = b"".join(chunks)
+        response.audio_s += self.config.output.seconds(audio)
         return [
             *events,
-            {"type": "response.output_audio.delta", **response.where(), "delta": audio},
+            {
+                "type": "response.output_audio.delta",
+                **response.where(),
+                "delta": base64.b64encode(audio).decode(),
+            },
         ]
 
     def _agent_text(self, event: AgentTextEvent) -> list[Event]:
@@ -262,23 +256,13 @@ class RealtimeSession:
         if self.muted or not text:
             return []  # words of a cancelled stretch
         if self.response is None:
-            self.early_words.append(text)  # its audio is still to come
+            self.early_words.append((text, event["start_s"]))  # its audio is still to come
             return []
-        return [self._said(self.response, text)]
+        return [self.response.said(text, event["start_s"])]
 
-    @staticmethod
-    def _said(response: AgentResponse, text: str) -> Event:
-        delta = text if not response.words else " " + text
-        response.words.append(text)
-        return {
-            "type": "response.output_audio_transcript.delta",
-            **response.where(),
-            "delta": delta,
-        }
-
-    def _opened(self) -> list[Event]:
-        response = self.response = AgentResponse()
-        early = [self._said(response, " ".join(self.early_words))] if self.early_words else []
+    def _opened(self, stream_start_s: float) -> list[Event]:
+        response = self.response = AgentResponse(stream_start_s)
+        early = [response.said(text, start_s) for text, start_s in self.early_words]
         self.early_words.clear()
         return [
             {"type": "response.created", "response": self._response_object("in_progress")},
@@ -286,9 +270,9 @@ class RealtimeSession:
                 "type": "response.output_item.added",
                 "response_id": response.id,
                 "output_index": 0,
-                "item": response.item("in_progress"),
+                "item": response.item(),
             },
-            self._item_added(response.item("in_progress")),
+            self.history.add(response),
             {
                 "type": "response.content_part.added",
                 **response.where(),
@@ -301,8 +285,10 @@ class RealtimeSession:
         """The response under way ends: `status` completed, cancelled or failed."""
         response = self.response
         assert response is not None
+        response.status = "completed" if status == "completed" else "incomplete"
+        response.held_silence.clear()  # silence after the last speech is not sent
         where = response.where()
-        item = response.item("completed" if status == "completed" else "incomplete")
+        item = response.item()
         events = [
             {"type": "response.output_audio.done", **where},
             {
@@ -344,15 +330,6 @@ class RealtimeSession:
             "usage": None,
         }
 
-    def _item_added(self, item: Event) -> Event:
-        event = {
-            "type": "conversation.item.added",
-            "previous_item_id": self.last_item_id,
-            "item": item,
-        }
-        self.last_item_id = item["id"]
-        return event
-
     def _cancelled(self, reason: str, quiet: bool = False) -> list[Event]:
         """Ends the response under way as cancelled, and drops the rest of its
         stretch. None under way: an error, unless `quiet` (a barge-in)."""
@@ -390,14 +367,7 @@ class RealtimeSession:
         return [*events, *self._user_said(user, event["text"])]
 
     def _user_said(self, user: UserTurn, text: str) -> list[Event]:
-        item = {
-            "id": user.item_id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_audio", "transcript": text}],
-        }
+        message = UserMessage(user.item_id, [{"type": "input_audio", "transcript": text}])
         return [
             {
                 "type": "input_audio_buffer.speech_stopped",
@@ -406,14 +376,14 @@ class RealtimeSession:
             },
             {
                 "type": "input_audio_buffer.committed",
-                "previous_item_id": self.last_item_id,
+                "previous_item_id": self.history.last_id,
                 "item_id": user.item_id,
             },
-            self._item_added(item),
+            self.history.add(message),
             self._transcription(
                 "completed", user.item_id, transcript=text, usage={"type": "duration", "seconds": 0}
             ),
-            {"type": "conversation.item.done", "item": item},
+            {"type": "conversation.item.done", "item": message.item()},
         ]
 
     @staticmethod

@@ -39,6 +39,10 @@ LEAD_S = 1.0
 SLACK_S = 0.1
 MAX_PIECE_S = 0.5  # the most one message to the gateway carries (its max_chunk_s: 1 s)
 MAX_BACKLOG_S = 60.0  # appended audio not sent yet; more is refused
+# The largest WebSocket message the web service takes (server.py): OpenAI takes
+# 15 MiB, so a client's oversize append reaches the session and is refused
+# there with the protocol's error, the socket open; beyond this the socket closes (1009).
+MAX_MESSAGE_BYTES = 16 << 20
 # The gateway's statuses as the protocol's error types (else server_error).
 CLIENT_STATUSES = {"UNAUTHENTICATED", "INVALID_ARGUMENT", "PERMISSION_DENIED", "OUT_OF_RANGE"}
 
@@ -179,7 +183,21 @@ class RealtimeLink:
             await cancel_and_wait([reader])
 
     async def _read_client(self) -> None:
-        while (raw := await self.socket.receive()) is not None:
+        """Until the client goes, or sends nothing for `realtime_idle_timeout_s`:
+        then an error says so and the session ends (the socket would otherwise
+        hold a web service slot, and once audio flowed a gateway call fed with
+        silence, for as long as the client kept it open)."""
+        idle_s = self.settings.realtime_idle_timeout_s
+        while True:
+            try:
+                async with asyncio.timeout(idle_s):
+                    raw = await self.socket.receive()
+            except TimeoutError:
+                message = f"no client event for {idle_s:g} s: the session ends"
+                await self.send(self.session.stamp([error_event("idle_timeout", message)]))
+                return
+            if raw is None:
+                return
             reply = self.session.on_client(raw)
             if reply.clear_audio and self.pacer:
                 self.pacer.clear()

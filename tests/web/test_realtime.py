@@ -64,6 +64,12 @@ async def events_until(connection, last: str, timeout_s: float = 10.0) -> list:
     return seen
 
 
+async def received(connection, count: int, timeout_s: float = 10.0) -> list:
+    """The next `count` events (a test that expects more than come fails, not hangs)."""
+    async with asyncio.timeout(timeout_s):
+        return [await connection.recv() for _ in range(count)]
+
+
 def kinds(events: list, leave_out: tuple[str, ...] = DELTAS) -> list[str]:
     return [e.type for e in events if e.type not in leave_out]
 
@@ -152,22 +158,33 @@ async def test_bad_events_get_the_protocols_errors_and_the_session_goes_on(web):
         await connection.recv()  # session.created
         await connection.send_raw("{not json")
         await connection.send_raw('{"type": "no.such.event", "event_id": "mine-1"}')
-        too_long = base64.b64encode(11 * ONE_SECOND).decode()
+        # 61 s at once: about 4 MB of base64, past a 1 MiB WebSocket cap, so the
+        # session itself must see it and refuse it.
+        too_long = base64.b64encode(61 * ONE_SECOND).decode()
         await connection.input_audio_buffer.append(audio=too_long)
         await connection.send_raw(
             '{"type": "session.update", "session": {"audio": '
             '{"output": {"format": {"type": "audio/opus"}}}}}'
         )
-        errors = [await connection.recv() for _ in range(4)]
+        await connection.session.update(
+            session={
+                "type": "realtime",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}},
+            }
+        )
+        await connection.send_raw('{"type": "input_audio_buffer.append", "audio": "AAA"}')
+        errors = await received(connection, 6)
         await connection.session.update(session={"type": "realtime", "instructions": "Hi."})
-        still = await connection.recv()
+        (still,) = await received(connection, 1)
 
-    assert [e.type for e in errors] == ["error"] * 4
-    assert [e.error.code for e in errors] == [
-        "invalid_json",
-        "invalid_value",
-        "audio_too_long",
-        "invalid_value",
+    assert [e.type for e in errors] == ["error"] * 6
+    assert [(e.error.code, e.error.param) for e in errors] == [
+        ("invalid_json", None),
+        ("invalid_value", "type"),
+        ("audio_too_long", "audio"),
+        ("invalid_value", "session.audio.output.format"),
+        ("invalid_value", "session.audio.input.format.rate"),
+        ("invalid_value", "audio"),  # not base64 of whole PCM16 samples
     ]
     assert errors[1].error.event_id == "mine-1"
     assert all(e.error.type == "invalid_request_error" and e.event_id for e in errors)

@@ -1,0 +1,189 @@
+"""The conversation of a Realtime session as its client sees it (services/web/
+realtime.py): the caller's messages and the agent's responses as items, and a
+bounded list of them that conversation.item.retrieve, .delete and .truncate
+act on.
+
+The list is the endpoint's record of what was said, not the agent's memory:
+the agent (the oracle's conversation, the frontend's) keeps its own, and the
+gateway protocol has no call that edits it. So deleting or truncating an item
+changes what the client reads back, not what the agent remembers. A
+truncation does mark the words the caller did not hear: they leave the item's
+transcript and the audio it counts ends where the client says playback
+stopped.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.web.realtime_config import ClientError, Event
+
+# Items a session keeps for retrieve/delete/truncate; older ones are forgotten
+# (a long call would otherwise grow without end: one item a turn each way).
+MAX_ITEMS = 200
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+@dataclass
+class AgentResponse:
+    """One stretch of agent speech, as a Realtime response and its assistant item.
+
+    `stream_start_s` is where its first audio sits in the agent's output stream
+    (the frame's seq), the clock the agent's words are timed on: a word's
+    start in this response's audio is its `start_s` less that."""
+
+    stream_start_s: float = 0.0
+    id: str = field(default_factory=lambda: new_id("resp"))
+    item_id: str = field(default_factory=lambda: new_id("item"))
+    status: str = "in_progress"  # the item's: completed or incomplete once it ends
+    words: list[str] = field(default_factory=list)
+    word_starts: list[float] = field(default_factory=list)  # seconds into this audio
+    audio_s: float = 0.0  # audio sent to the client (or kept, after a truncation)
+    held_silence: list[bytes] = field(default_factory=list)  # sent if speech resumes
+
+    @property
+    def transcript(self) -> str:
+        return " ".join(self.words)
+
+    def where(self) -> Event:
+        """The fields that place an event in this response's one audio part."""
+        return {
+            "response_id": self.id,
+            "item_id": self.item_id,
+            "output_index": 0,
+            "content_index": 0,
+        }
+
+    def item(self) -> Event:
+        content = {"type": "output_audio", "transcript": self.transcript}
+        return {
+            "id": self.item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "assistant",
+            "status": self.status,
+            "content": [content],
+        }
+
+    def said(self, text: str, start_s: float) -> Event:
+        """The agent said `text` from `start_s` in its output stream: a transcript delta."""
+        delta = text if not self.words else " " + text
+        self.words.append(text)
+        self.word_starts.append(max(0.0, start_s - self.stream_start_s))
+        return {"type": "response.output_audio_transcript.delta", **self.where(), "delta": delta}
+
+    def truncated(self, audio_end_s: float) -> None:
+        """The client played this much of the audio: the words after it go."""
+        kept = sum(1 for start in self.word_starts if start < audio_end_s)
+        del self.words[kept:], self.word_starts[kept:]
+        self.audio_s = audio_end_s
+
+
+@dataclass
+class UserMessage:
+    """What the caller said (`input_audio`, with its transcript) or typed (`input_text`)."""
+
+    item_id: str = field(default_factory=lambda: new_id("item"))
+    content: list[Event] = field(default_factory=list)
+
+    def item(self) -> Event:
+        return {
+            "id": self.item_id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": "user",
+            "status": "completed",
+            "content": self.content,
+        }
+
+
+Item = AgentResponse | UserMessage
+
+
+class History:
+    """The session's last MAX_ITEMS items, oldest first."""
+
+    def __init__(self, limit: int = MAX_ITEMS) -> None:
+        self.limit = limit
+        self._items: OrderedDict[str, Item] = OrderedDict()
+
+    @property
+    def last_id(self) -> str | None:
+        """The newest item's id: an added item's previous_item_id."""
+        return next(reversed(self._items), None)
+
+    def add(self, item: Item) -> Event:
+        """`item` joins the conversation: its conversation.item.added."""
+        previous = self.last_id
+        self._items[item.item_id] = item
+        while len(self._items) > self.limit:
+            self._items.popitem(last=False)
+        return {
+            "type": "conversation.item.added",
+            "previous_item_id": previous,
+            "item": item.item(),
+        }
+
+    def __contains__(self, item_id: str) -> bool:
+        return item_id in self._items
+
+    def get(self, item_id: Any) -> Item:
+        if not isinstance(item_id, str) or not item_id:
+            raise ClientError("invalid_value", "item_id must be an item's id", "item_id")
+        item = self._items.get(item_id)
+        if item is None:
+            raise ClientError(
+                "item_not_found", f"no item {item_id!r} in this conversation", "item_id"
+            )
+        return item
+
+    def retrieve(self, item_id: Any) -> Event:
+        return {"type": "conversation.item.retrieved", "item": self.get(item_id).item()}
+
+    def delete(self, item_id: Any) -> Event:
+        del self._items[self.get(item_id).item_id]
+        return {"type": "conversation.item.deleted", "item_id": item_id}
+
+    def truncatable(self, item_id: Any, content_index: Any, audio_end_ms: Any) -> AgentResponse:
+        """The agent's item a conversation.item.truncate may cut there; ClientError if none."""
+        item = self.get(item_id)
+        if not isinstance(item, AgentResponse):
+            raise ClientError(
+                "unsupported_content_type",
+                "only the agent's audio messages can be truncated",
+                "item_id",
+            )
+        if content_index != 0 or isinstance(content_index, bool):
+            raise ClientError(
+                "invalid_value", "content_index: an audio item has part 0 only", "content_index"
+            )
+        if not isinstance(audio_end_ms, int) or isinstance(audio_end_ms, bool) or audio_end_ms < 0:
+            raise ClientError(
+                "invalid_value", "audio_end_ms: a whole number of ms, 0 or more", "audio_end_ms"
+            )
+        audio_ms = round(item.audio_s * 1000)
+        if audio_end_ms > audio_ms:
+            raise ClientError(
+                "invalid_value",
+                f"audio content of {audio_ms} ms is already shorter than {audio_end_ms} ms",
+                "audio_end_ms",
+            )
+        return item
+
+    def truncate(self, item_id: Any, content_index: Any, audio_end_ms: Any) -> Event:
+        """The agent's audio in `item_id` cut at `audio_end_ms` (what the client
+        played), its transcript with it: conversation.item.truncated."""
+        item = self.truncatable(item_id, content_index, audio_end_ms)
+        item.truncated(audio_end_ms / 1000)
+        return {
+            "type": "conversation.item.truncated",
+            "item_id": item.item_id,
+            "content_index": 0,
+            "audio_end_ms": audio_end_ms,
+        }
