@@ -48,7 +48,7 @@ from kame_common.server import ACTIVE_SESSIONS, service_main, until_signal
 from services.web.bridge import Bridge, Start, StartError, error_event, parse_start, send_json
 from services.web.config import WebSettings
 from services.web.realtime import lone_error
-from services.web.realtime_bridge import RealtimeBridge, bearer_token
+from services.web.realtime_bridge import MAX_MESSAGE_BYTES, RealtimeBridge, bearer_token
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
@@ -248,6 +248,9 @@ async def no_icon(_request: Request) -> Response:
 class WebServer(HttpServer):
     def __init__(self, web: WebApp) -> None:
         super().__init__(web.app, web.settings, "web")
+        # Realtime clients may send what OpenAI takes (an append of up to 15 MiB):
+        # one too long for us is then the protocol's error, not a closed socket.
+        self.config.ws_max_size = MAX_MESSAGE_BYTES
         self.web = web
 
     async def stop(self, grace_s: float = 0.0) -> None:
