@@ -49,6 +49,13 @@ def build(secret: str, calls_file: Path, crashable: bool = False) -> MCPServer:
         return f"Booked a table in {city}, reference {secret}."
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def next_train(city: str) -> str:
+        """When the next train to a city leaves. (It takes 300 ms to find out.)"""
+        record("next_train", city=city)
+        await anyio.sleep(0.3)
+        return f"The next train to {city} leaves from platform {secret}."
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
     async def order_status(order: str) -> str:
         """Where the caller's order is. (This one hangs, as a broken system would.)"""
         record("order_status", order=order)

@@ -30,6 +30,7 @@ RULES = (
     ("code", "door_code", {"office": "Paris"}),
     ("order", "order_status", {"order": "A7"}),
     ("crash", "crash_server", {}),
+    ("train", "next_train", {"city": "Paris"}),
 )
 HOLD = "One moment."
 APOLOGY = "Sorry, I couldn't reach that system just now."
