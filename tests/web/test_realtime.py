@@ -3,19 +3,26 @@ SDK as its users drive it (`AsyncOpenAI(base_url=...).realtime.connect`),
 against the web service and a real gateway in front of the scripted fake
 upstreams (tests/gateway/fakes.py): the session's events, a spoken turn and the
 agent's answer as a response with its whole lifecycle, a barge-in that cancels
-it, and the protocol's errors for bad events and an unknown model."""
+it, the agent's item truncated to what was played, retrieved and deleted, and
+the protocol's errors (bad events, events out of order, an unknown model, a
+missing or wrong token, an idle socket) with another session at the same time
+untouched."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator
 
 import pytest
+import websockets
 from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from services.web.config import WebSettings
-from services.web.server import serve
+from services.web.server import WebServer, serve
 from tests.gateway.fakes import transcript
 
 TOKEN = "realtime-test-token-0123456789"
@@ -38,15 +45,25 @@ CLOSED = [
 DELTAS = ("response.output_audio.delta", "response.output_audio_transcript.delta")
 
 
+@contextlib.asynccontextmanager
+async def web_service(fakes, **settings) -> AsyncIterator[WebServer]:
+    """The web service (with `settings`) before a gateway that takes TOKEN."""
+    gateway = await fakes.gateway(auth_tokens=TOKEN)
+    server = await serve(
+        WebSettings(
+            host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address, **settings
+        )
+    )
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
 @pytest.fixture
 async def web(fakes):
-    gateway = await fakes.gateway(auth_tokens=TOKEN)
-    settings = WebSettings(
-        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
-    )
-    server = await serve(settings)
-    yield server
-    await server.stop()
+    async with web_service(fakes) as server:
+        yield server
 
 
 def connect(web, model: str = "kame-tandem", token: str = TOKEN, **headers: str):
@@ -215,3 +232,121 @@ async def test_the_gateway_token_is_the_key_and_a_foreign_page_is_refused(web):
         async with connect(web, Origin="https://evil.example"):
             pass
     assert refused_upgrade.value.response.status_code == 403
+
+
+async def test_the_agents_item_is_truncated_to_what_was_played_retrieved_and_deleted(web, fakes):
+    # The agent speaks from frame 2 (0.16 s into its stream): "Paris" 0.1 s into
+    # the response's audio, "is" 0.66 s in.
+    fakes.frontend.speak_at = 2
+    fakes.frontend.words = {3: ("Paris", 1), 10: ("is", 1)}
+    async with connect(web) as connection:
+        await connection.recv()  # session.created
+        await connection.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        seen = await events_until(connection, "response.output_audio_transcript.delta")
+        seen += await events_until(connection, "response.output_audio_transcript.delta")
+        fakes.frontend.speak_at = None
+        seen += await events_until(connection, "response.done")
+        item_id = seen[-1].response.output[0].id
+        played_ms = sum(
+            len(base64.b64decode(e.delta)) // 48 for e in seen if e.type.endswith("audio.delta")
+        )
+        assert played_ms >= 720  # frames 2 to 10 at least
+
+        await connection.conversation.item.truncate(
+            item_id=item_id, content_index=0, audio_end_ms=played_ms + 1, event_id="cut-1"
+        )
+        await connection.conversation.item.truncate(
+            item_id=item_id, content_index=0, audio_end_ms=400
+        )
+        await connection.conversation.item.retrieve(item_id=item_id)
+        await connection.conversation.item.delete(item_id=item_id)
+        await connection.conversation.item.retrieve(item_id=item_id, event_id="again")
+        too_long, truncated, retrieved, deleted, gone = await received(connection, 5)
+
+    assert (too_long.error.code, too_long.error.param) == ("invalid_value", "audio_end_ms")
+    assert too_long.error.event_id == "cut-1" and f"{played_ms} ms" in too_long.error.message
+    assert (truncated.type, truncated.item_id, truncated.audio_end_ms) == (
+        "conversation.item.truncated",
+        item_id,
+        400,
+    )
+    assert retrieved.type == "conversation.item.retrieved"
+    assert retrieved.item.content[0].transcript == "Paris"  # "is" came after 400 ms
+    assert (deleted.type, deleted.item_id) == ("conversation.item.deleted", item_id)
+    assert (gone.error.code, gone.error.event_id) == ("item_not_found", "again")
+
+
+async def test_a_bad_session_leaves_another_at_the_same_time_untouched(web, fakes):
+    fakes.frontend.speak_at = 4
+    fakes.frontend.words = {5: ("Paris", 1)}
+    async with connect(web) as good, connect(web, token="wrong-token") as bad:
+        await good.recv(), await bad.recv()  # session.created, both
+        await good.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        await bad.send_raw("{not json")
+        await bad.send_raw(b"\x00\x01")  # a binary message: not an event
+        await bad.send_raw('{"type": "response.cancel"}')  # none under way
+        await bad.input_audio_buffer.append(audio=base64.b64encode(61 * ONE_SECOND).decode())
+        await bad.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        refusals = await received(bad, 5)
+        with pytest.raises(ConnectionClosed):  # the gateway refused its token
+            await received(bad, 1)
+        answer = await events_until(good, "response.output_audio_transcript.delta")
+
+    assert [e.error.code for e in refusals] == [
+        "invalid_json",
+        "invalid_json",
+        "response_cancel_not_active",
+        "audio_too_long",
+        "unauthenticated",
+    ]
+    assert kinds(answer)[:4] == OPENED
+    assert answer[-1].delta == "Paris"
+
+
+async def test_events_out_of_order_get_errors_and_change_nothing(web, fakes):
+    fakes.frontend.speak_at = 0
+    async with connect(web) as connection:
+        await connection.recv()  # session.created
+        await connection.conversation.item.truncate(
+            item_id="item_unknown", content_index=0, audio_end_ms=0
+        )
+        await connection.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        opened = await events_until(connection, "response.content_part.added")
+        # The call has its formats: a new one now is refused, the response goes on.
+        await connection.session.update(
+            session={"type": "realtime", "audio": {"output": {"format": {"type": "audio/pcmu"}}}}
+        )
+        after = await events_until(connection, "error")
+
+    refused, locked = opened[0], after[-1]
+    assert (refused.type, refused.error.code) == ("error", "item_not_found")
+    assert (locked.error.code, locked.error.param) == ("session_locked", "session.audio")
+    assert set(kinds(after[:-1], ())) <= {"response.output_audio.delta"}
+
+
+async def test_a_missing_token_is_refused_by_the_gateway(web):
+    # The SDK will not connect without a key: a plain WebSocket client sends none.
+    url = f"ws://127.0.0.1:{web.port}/v1/realtime?model=kame-tandem"
+    append = {"type": "input_audio_buffer.append", "audio": base64.b64encode(ONE_SECOND).decode()}
+    async with websockets.connect(url) as socket:
+        created = json.loads(await socket.recv())
+        await socket.send(json.dumps(append))
+        async with asyncio.timeout(10):
+            refused = json.loads(await socket.recv())
+            with pytest.raises(ConnectionClosed):
+                await socket.recv()
+    assert created["type"] == "session.created"
+    assert (refused["error"]["code"], refused["error"]["type"]) == (
+        "unauthenticated",
+        "invalid_request_error",
+    )
+
+
+async def test_a_socket_that_sends_nothing_is_closed_with_an_error(fakes):
+    async with web_service(fakes, realtime_idle_timeout_s=0.5) as web, connect(web) as connection:
+        await connection.recv()  # session.created
+        (idle,) = await received(connection, 1, timeout_s=5.0)
+        with pytest.raises(ConnectionClosed):
+            await received(connection, 1)
+        assert web.web.active_sessions == 0  # its slot is free again
+    assert (idle.error.code, idle.error.type) == ("idle_timeout", "invalid_request_error")

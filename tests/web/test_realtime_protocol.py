@@ -1,7 +1,8 @@
 """The Realtime protocol without a network (services/web/realtime.py,
-realtime_config.py, realtime_bridge.py's Pacer): what session.update may
-choose and the Converse config it makes, the gateway's events as Realtime
-server events, and the caller's audio paced for the gateway."""
+realtime_items.py, realtime_config.py, realtime_bridge.py's Pacer): what
+session.update may choose and the Converse config it makes, the gateway's
+events as Realtime server events, the conversation's items (truncated to what
+was played, retrieved, deleted), and the caller's audio paced for the gateway."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from kamepb import gateway_pb2
 from services.web.realtime import RESPONSE_GAP_S, RealtimeSession
 from services.web.realtime_bridge import LEAD_S, MAX_PIECE_S, SLACK_S, Pacer, bearer_token
 from services.web.realtime_config import CODINGS, ClientError, SessionConfig, mode_of_model
+from services.web.realtime_items import History, UserMessage
 
 Codec = gateway_pb2.AudioFormat
 FRAME = bytes(2 * 1920)  # 80 ms of PCM16 at 24 kHz
@@ -29,12 +31,24 @@ def sent(realtime: RealtimeSession, **event) -> list[dict]:
     return realtime.on_client(json.dumps(event)).events
 
 
-def agent(realtime: RealtimeSession, speaking: bool, frames: int = 1) -> list[dict]:
+def agent(realtime: RealtimeSession, speaking: bool, frames: int = 1, seq: int = 0) -> list[dict]:
     events: list[dict] = []
-    for _ in range(frames):
-        event = {"type": "agent_audio", "seq": 0, "speaking": speaking, "data": FRAME}
+    for n in range(frames):
+        event = {"type": "agent_audio", "seq": seq + n, "speaking": speaking, "data": FRAME}
         events += realtime.on_converse(event)
     return events
+
+
+def said(realtime: RealtimeSession, text: str, start_s: float) -> list[dict]:
+    event = {
+        "type": "agent_text",
+        "text": text,
+        "start_s": start_s,
+        "end_s": start_s + 0.2,
+        "generation": 1,
+        "filler": False,
+    }
+    return realtime.on_converse(event)
 
 
 def test_session_update_chooses_g711_and_a_voice_of_the_stack():
@@ -123,27 +137,126 @@ def test_response_cancel_ends_the_response_and_drops_the_rest_of_the_stretch():
 
 def test_words_that_come_before_their_audio_open_the_responses_transcript():
     realtime = session()
-
-    def word(text: str) -> list[dict]:
-        event = {
-            "type": "agent_text",
-            "text": text,
-            "start_s": 0.0,
-            "end_s": 0.2,
-            "generation": 1,
-            "filler": False,
-        }
-        return realtime.on_converse(event)
-
-    assert word("Paris") == []
+    assert said(realtime, "Paris", 0.0) == []
     opened = agent(realtime, speaking=True)
     assert [e["type"] for e in opened][-2:] == [
         "response.output_audio_transcript.delta",
         "response.output_audio.delta",
     ]
-    assert word("is")[0]["delta"] == " is"
+    assert said(realtime, "is", 0.1)[0]["delta"] == " is"
     closed = agent(realtime, speaking=False, frames=round(RESPONSE_GAP_S / 0.08 + 0.5))
     assert closed[1]["transcript"] == "Paris is"
+
+
+def a_spoken_response(realtime: RealtimeSession) -> str:
+    """The agent speaks frames 10-19 (0.8 s into its stream on): "Paris" 0.1 s
+    into the response, "is" 0.5 s, "big" 0.75 s; then it falls silent. Its item's id."""
+    opened = agent(realtime, speaking=True, seq=10)
+    said(realtime, "Paris", 0.9)
+    agent(realtime, speaking=True, frames=9, seq=11)
+    said(realtime, "is", 1.3)
+    said(realtime, "big", 1.55)
+    return opened[2]["item"]["id"]
+
+
+def test_a_truncation_keeps_the_words_that_started_before_the_cut():
+    realtime = session()
+    item_id = a_spoken_response(realtime)
+    agent(realtime, speaking=False, frames=round(RESPONSE_GAP_S / 0.08 + 0.5))
+    (cut,) = sent(
+        realtime,
+        type="conversation.item.truncate",
+        item_id=item_id,
+        content_index=0,
+        audio_end_ms=600,
+    )
+    assert (cut["type"], cut["audio_end_ms"]) == ("conversation.item.truncated", 600)
+    (got,) = sent(realtime, type="conversation.item.retrieve", item_id=item_id)
+    assert got["item"]["content"][0]["transcript"] == "Paris is"
+    assert got["item"]["status"] == "completed"
+    # The item's audio is now 600 ms: a later cut must be within it.
+    (longer,) = sent(
+        realtime,
+        type="conversation.item.truncate",
+        item_id=item_id,
+        content_index=0,
+        audio_end_ms=601,
+    )
+    assert "600 ms is already shorter than 601 ms" in longer["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "param"),
+    [
+        ({"content_index": 1, "audio_end_ms": 0}, "invalid_value", "content_index"),
+        ({"content_index": 0, "audio_end_ms": -1}, "invalid_value", "audio_end_ms"),
+        ({"content_index": 0, "audio_end_ms": 0.5}, "invalid_value", "audio_end_ms"),
+        ({"content_index": 0, "audio_end_ms": 801}, "invalid_value", "audio_end_ms"),
+        ({"content_index": 0}, "invalid_value", "audio_end_ms"),
+    ],
+)
+def test_a_truncation_outside_the_items_audio_is_refused(fields, code, param):
+    realtime = session()
+    item_id = a_spoken_response(realtime)  # 800 ms of audio
+    (refused,) = sent(realtime, type="conversation.item.truncate", item_id=item_id, **fields)
+    assert (refused["error"]["code"], refused["error"]["param"]) == (code, param)
+    assert realtime.response is not None  # nothing ended
+
+
+def test_truncating_or_deleting_the_response_under_way_ends_it_first():
+    realtime = session()
+    item_id = a_spoken_response(realtime)
+    events = sent(
+        realtime,
+        type="conversation.item.truncate",
+        item_id=item_id,
+        content_index=0,
+        audio_end_ms=200,
+    )
+    assert [e["type"] for e in events][-2:] == ["response.done", "conversation.item.truncated"]
+    assert events[-2]["response"]["status_details"]["reason"] == "client_cancelled"
+    assert events[-2]["response"]["output"][0]["content"][0]["transcript"] == "Paris is big"
+    assert agent(realtime, speaking=True, frames=2, seq=20) == []  # its stretch: dropped
+    (got,) = sent(realtime, type="conversation.item.retrieve", item_id=item_id)
+    assert got["item"]["content"][0]["transcript"] == "Paris"
+    assert got["item"]["status"] == "incomplete"
+
+    again = session()
+    item_id = a_spoken_response(again)
+    events = sent(again, type="conversation.item.delete", item_id=item_id)
+    assert [e["type"] for e in events][-2:] == ["response.done", "conversation.item.deleted"]
+    (gone,) = sent(again, type="conversation.item.retrieve", item_id=item_id)
+    assert gone["error"]["code"] == "item_not_found"
+
+
+def test_only_the_agents_items_are_truncated_and_unknown_ones_are_errors():
+    realtime = session()
+    for kind, text in (("user_partial", "hello"), ("user_final", "hello there")):
+        event = {"type": kind, "utterance_id": "u", "text": text, "stable_text": ""}
+        events = realtime.on_converse(event | {"stability": 0.0, "lag_s": 0.0})
+    user_id = events[0]["item_id"]
+    (refused,) = sent(
+        realtime,
+        type="conversation.item.truncate",
+        item_id=user_id,
+        content_index=0,
+        audio_end_ms=0,
+    )
+    assert refused["error"]["code"] == "unsupported_content_type"
+    (got,) = sent(realtime, type="conversation.item.retrieve", item_id=user_id)
+    assert got["item"]["content"] == [{"type": "input_audio", "transcript": "hello there"}]
+    for item_id in ("item_unknown", "", 7):
+        (unknown,) = sent(realtime, type="conversation.item.delete", item_id=item_id)
+        assert unknown["error"]["param"] == "item_id"
+
+
+def test_the_history_keeps_the_newest_items_and_chains_them():
+    history = History(limit=3)
+    added = [history.add(UserMessage(f"item_{n}")) for n in range(5)]
+    assert [a["previous_item_id"] for a in added] == [None, "item_0", "item_1", "item_2", "item_3"]
+    assert "item_1" not in history and "item_2" in history
+    history.delete("item_4")
+    assert history.last_id == "item_3"
 
 
 def test_partial_transcripts_are_deltas_of_what_was_not_said_yet():
