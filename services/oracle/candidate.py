@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Histogram
 
+from kame_common.capacity import LoadMeter
 from kame_common.metrics import TURN_BUCKETS
 from kame_common.words import normalize_words
 from kamepb import common_pb2, oracle_pb2
@@ -110,9 +111,12 @@ class Candidate:
         specs: Sequence[ToolSpec],
         emit_event: Callable[[oracle_pb2.OracleEvent.Kind.ValueType, int], None],
         send_words: Callable[[Generation, str], None],
+        llm_load: LoadMeter | None = None,
     ) -> None:
         self.generation = generation
         self._backend = backend
+        # The service's LLM is busy during the rounds, not while a tool runs.
+        self._llm_load = llm_load
         self._tools = tools
         self._specs = list(specs) if tools is not None and backend.supports_tools else []
         self._emit_event = emit_event
@@ -158,19 +162,21 @@ class Candidate:
         said: list[str] = []
         calls: list[ToolCall] = []
         stream = self._backend.stream_with_tools(turns, stats, self._specs, exchanges)
-        async with contextlib.aclosing(stream) as chunks:
-            async for chunk in chunks:
-                if isinstance(chunk, ToolCall):
-                    calls.append(chunk)
-                    continue
-                said.append(chunk)
-                if self._first_at is None:
-                    if not chunk.strip():
+        busy = self._llm_load.busy() if self._llm_load else contextlib.nullcontext()
+        with busy:
+            async with contextlib.aclosing(stream) as chunks:
+                async for chunk in chunks:
+                    if isinstance(chunk, ToolCall):
+                        calls.append(chunk)
                         continue
-                    self._first_at = time.monotonic()
-                    TIME_TO_FIRST_TOKEN.labels(backend=self._backend.name).observe(
-                        self._first_at - started_at
-                    )
-                    self._emit_event(Event.FIRST_TOKEN, self.generation.number)
-                self._send_words(self.generation, self._cutter.feed(chunk))
+                    said.append(chunk)
+                    if self._first_at is None:
+                        if not chunk.strip():
+                            continue
+                        self._first_at = time.monotonic()
+                        TIME_TO_FIRST_TOKEN.labels(backend=self._backend.name).observe(
+                            self._first_at - started_at
+                        )
+                        self._emit_event(Event.FIRST_TOKEN, self.generation.number)
+                    self._send_words(self.generation, self._cutter.feed(chunk))
         return "".join(said), calls

@@ -391,8 +391,7 @@ class OracleSession:
             attributes["kame.user_text"] = turns[-1].text
         with _tracer.start_as_current_span("oracle.llm_stream", attributes=attributes) as span:
             try:
-                with self._llm_load.busy() if self._llm_load else contextlib.nullcontext():
-                    await self._candidate(generation, trigger_at).run(turns)
+                await self._candidate(generation, trigger_at).run(turns)
             except asyncio.CancelledError:
                 CANCELLATIONS.inc()
                 span.set_attribute("kame.cancelled", True)
@@ -442,6 +441,7 @@ class OracleSession:
             self._tools.specs if self._tools is not None else (),
             self._emit_event,
             lambda generation, words: self._send_words(generation, words, trigger_at),
+            self._llm_load,
         )
 
     def _send_words(self, generation: Generation, words: str, trigger_at: float | None) -> None:

@@ -17,15 +17,17 @@ BOOK = ToolSpec("book", "Book.", {"type": "object"}, False, 5.0, "test")
 
 
 class CountingToolbox:
-    """Each call takes `delay_s` and answers with its tool's name and arguments."""
+    """Each call takes `delay_s` and answers with its tool's name and arguments;
+    `names` are read-only tools it offers besides lookup and book."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self, delay_s: float = 0.0, names: tuple[str, ...] = ()) -> None:
         self.delay_s = delay_s
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self._more = [ToolSpec(name, name, {"type": "object"}, True, 5.0, "test") for name in names]
 
     @property
     def specs(self) -> list[ToolSpec]:
-        return [LOOKUP, BOOK]
+        return [LOOKUP, BOOK, *self._more]
 
     def spec(self, name: str) -> ToolSpec | None:
         return {s.name: s for s in self.specs}.get(name)

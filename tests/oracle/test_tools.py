@@ -28,12 +28,17 @@ from prometheus_client import REGISTRY
 
 from kame_cli.stack_options import free_ports
 from kame_common import store, tracing
-from kamepb import oracle_pb2
+from kame_common.capacity import LoadMeter
+from kamepb import common_pb2, oracle_pb2
 from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
-from services.oracle.prompts import TOOLS_PROMPT
+from services.oracle.backends import BackendSettings, create_backend
+from services.oracle.candidate import Candidate, Generation
+from services.oracle.prompts import TOOLS_PROMPT, USER, Turn
 from services.oracle.tools import mcp_toolbox
+from services.oracle.tools.turn import TurnTools
 from tests.oracle import mcp_tool_server
 from tests.oracle.mcp_tool_server import recorded_calls
+from tests.oracle.test_tool_rules import CountingToolbox
 from tests.oracle.tool_support import (
     APOLOGY,
     FAKE_LLM_ROUTES,
@@ -487,3 +492,32 @@ async def test_a_300_ms_tool_delays_the_answer_by_at_most_400_ms(
     )
     # The best of each: a loaded machine's stalls are not the oracle's cost.
     assert 0.3 <= min(with_tool) - min(plain) <= 0.4
+
+
+async def test_the_llm_is_not_counted_busy_while_a_tool_runs(stub_http):
+    """The oracle's capacity is its LLM's: a candidate waiting for a tool does not
+    keep the LLM busy (its load meter counts the LLM rounds only)."""
+    _llm, url = await stub_http(FAKE_LLM_ROUTES)
+    backend = create_backend(
+        BackendSettings("openai", "stub-model", f"{url}/v1", "", 10.0, 64, 0.0, "")
+    )
+    toolbox = CountingToolbox(delay_s=1.0, names=("next_train",))
+    load = LoadMeter(parallelism=1, window_s=1.0)  # about the candidate's time
+    source = common_pb2.CandidateSource(utterance_id="u1", is_final=True, text="next train?")
+    words: list[str] = []
+    candidate = Candidate(
+        Generation(1, source),
+        backend,
+        TurnTools(toolbox, 4, "s1", lambda call, result: None),
+        toolbox.specs,
+        lambda kind, generation: None,
+        lambda generation, text: words.append(text),
+        load,
+    )
+    try:
+        await candidate.run([Turn(USER, "When is the next train to Paris?")])
+    finally:
+        await backend.aclose()
+    assert toolbox.calls == [("next_train", {"city": "Paris"})]
+    assert " ".join(w for w in words if w).startswith(HOLD)
+    assert load.utilization() < 0.3  # two quick LLM rounds in a second and more
