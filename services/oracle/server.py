@@ -18,7 +18,6 @@ from kamepb import oracle_pb2, oracle_pb2_grpc
 from services.oracle.backends import loggable_url
 from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleSettings
 from services.oracle.session import OracleSession, SessionFactory
-from services.oracle.tools.mcp_toolbox import McpToolbox
 from services.oracle.tools.settings import parse_allowed, parse_servers
 
 log = logging.getLogger(__name__)
@@ -107,6 +106,9 @@ async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> Se
     keys = api_keys if api_keys is not None else ApiKeys.from_env()
     toolbox = None
     if settings.mcp_servers:
+        # Imported only when used: the mcp SDK adds half a second to the start.
+        from services.oracle.tools.mcp_toolbox import McpToolbox
+
         toolbox = McpToolbox(
             parse_servers(settings.mcp_servers),
             parse_allowed(settings.tools_allowed),
