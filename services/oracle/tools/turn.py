@@ -85,11 +85,6 @@ class TurnTools:
         self._calls: dict[tuple[str, str], asyncio.Task[ToolResult]] = {}
         self._recorded: set[tuple[str, str]] = set()
 
-    @property
-    def started(self) -> int:
-        """Calls started this turn (the budget counts these)."""
-        return len(self._calls)
-
     async def run_all(self, calls: Sequence[ToolCall], final: bool) -> list[ToolResult] | None:
         """The results of one round's calls, in order; None when a call has side
         effects and the transcript is partial (the read-only calls of the round
