@@ -29,6 +29,7 @@ import struct
 import uuid
 
 from services.telephony.call import CallInfo, PhoneCall
+from services.telephony.call_control import CallControlError
 from services.telephony.playout import SLIN
 from services.telephony.service import Telephony
 
@@ -186,6 +187,19 @@ class AudioSocketCall:
         log.info("audiosocket: call %s: hanging up: %s", self.call_id, reason)
         await self._send(packet(Kind.HANG_UP))
         await self._close()
+
+    # ---- call control (services/telephony/call_control.py) ------------------------
+
+    async def transfer(self, target_uri: str) -> str:
+        raise CallControlError(
+            "AudioSocket calls cannot be transferred: the protocol has audio, keys and "
+            "hang-up only (the dialplan after AudioSocket() can Dial())"
+        )
+
+    async def send_dtmf(self, digits: str) -> None:
+        raise CallControlError(
+            "AudioSocket calls cannot send keys: the protocol carries keys from Asterisk only"
+        )
 
     async def _send(self, data: bytes) -> None:
         if self._closed or self.writer.is_closing():

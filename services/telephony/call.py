@@ -179,6 +179,11 @@ class PhoneCall:
         self.dtmf_echoed: list[str] = []  # digits the gateway acknowledged
         self.barge_ins = 0
 
+    @property
+    def leg(self) -> PhoneLeg:
+        """The phone's side, as its protocol speaks it (call control acts on it)."""
+        return self._leg
+
     # ---- from the phone --------------------------------------------------------
 
     def caller_audio(self, payload: bytes) -> None:

@@ -18,6 +18,11 @@ from kame_common.ports import TELEPHONY_PORTS
 
 MODES = ("tandem", "cascade", "s2s")
 SIP_CODECS = ("PCMU", "PCMA")
+# What the agent may do to a call (services/telephony/call_control.py), each only
+# when the operator lists it in call_control.
+CALL_CONTROL_ACTIONS = ("hang_up", "transfer", "send_dtmf")
+# A transfer target's URI goes into a SIP header (Refer-To) or TwiML: none of these.
+URI_FORBIDDEN = frozenset(" \t\r\n<>\"',;")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -25,6 +30,34 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 def entries(value: str) -> list[str]:
     """The non-blank items of a comma-separated setting."""
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+@dataclass(frozen=True)
+class TransferTarget:
+    """Where the agent may transfer a call: the name it asks for, and the URI the
+    phone is sent to (SIP: Refer-To)."""
+
+    name: str
+    uri: str
+
+
+def transfer_targets(value: str) -> list[TransferTarget]:
+    """`NAME=URI` or `URI` entries of the transfer_targets setting (a bare URI is
+    its own name); ConfigError for one that is not a sip:, sips: or tel: URI."""
+    targets = []
+    for entry in entries(value):
+        # A name comes before the URI's scheme: "sales=sip:..." but not "sip:a=b".
+        named = "=" in entry.split(":")[0]
+        name, _, uri = entry.partition("=") if named else ("", "", entry)
+        name, uri = name.strip() or uri.strip(), uri.strip()
+        scheme = uri.split(":")[0].lower()
+        if scheme not in ("sip", "sips", "tel") or uri == scheme + ":" or URI_FORBIDDEN & set(uri):
+            raise ConfigError(
+                f"transfer_targets: {entry!r}: NAME=URI or URI, the URI sip:, sips: or tel: "
+                "without spaces, quotes, commas, semicolons or angle brackets"
+            )
+        targets.append(TransferTarget(name, uri))
+    return targets
 
 
 @dataclass
@@ -95,6 +128,16 @@ class TelephonySettings(ServiceSettings, GatewayClientSettings):
         10.0, "keys a call may press per second, sustained; more are dropped (0 = no limit)"
     )
     dtmf_burst: int = setting(20, "keys a call may press at once before dtmf_rate_per_s applies")
+    call_control: str = setting(
+        "",
+        "comma-separated call control the agent may use: hang_up, transfer, send_dtmf "
+        "(empty = none)",
+    )
+    transfer_targets: str = setting(
+        "",
+        "comma-separated NAME=URI (or URI) the agent may transfer a call to, e.g. "
+        "sales=sip:sales@pbx.example.net (empty = no transfers)",
+    )
 
     @classmethod
     def loopback_sip(cls, gateway_address: str) -> TelephonySettings:
@@ -119,6 +162,10 @@ class TelephonySettings(ServiceSettings, GatewayClientSettings):
     @property
     def codec_choices(self) -> list[str]:
         return [entry.upper() for entry in entries(self.sip_codecs)]
+
+    @property
+    def call_control_actions(self) -> frozenset[str]:
+        return frozenset(entry.lower() for entry in entries(self.call_control))
 
     @property
     def advertised_ip(self) -> str:
@@ -171,3 +218,13 @@ class TelephonySettings(ServiceSettings, GatewayClientSettings):
             raise ConfigError(f"dtmf_burst: 1 or more, got {self.dtmf_burst}")
         if self.public_url and not self.public_url.startswith(("https://", "http://")):
             raise ConfigError(f"public_url: an http(s):// URL, got {self.public_url!r}")
+        self._validate_call_control()
+
+    def _validate_call_control(self) -> None:
+        unknown = sorted(self.call_control_actions - set(CALL_CONTROL_ACTIONS))
+        if unknown:
+            allowed = ", ".join(CALL_CONTROL_ACTIONS)
+            raise ConfigError(f"call_control: {', '.join(unknown)}: list some of {allowed}")
+        targets = transfer_targets(self.transfer_targets)
+        if "transfer" in self.call_control_actions and not targets:
+            raise ConfigError("transfer_targets: call_control has transfer: list where to")

@@ -89,6 +89,11 @@ class Playout:
     def queued_ms(self) -> float:
         return 1000 * len(self._queue) / (self.codec.sample_rate_hz * self.codec.bytes_per_sample)
 
+    @property
+    def speech_queued(self) -> bool:
+        """Whether agent speech waits to be played (not only silence)."""
+        return bool(self._speech)
+
     def push(self, audio: bytes, speaking: bool) -> None:
         """Agent audio from the gateway, in the phone's codec."""
         if speaking and audio:

@@ -1,5 +1,6 @@
 """What the three protocols share on one replica: the channel to the gateway,
-who may call (admission), and the calls in progress (for the gauge and a drain)."""
+who may call (admission), the calls in progress (for the gauge and a drain), and
+what the agent may do to them (call control)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from kame_common.server import ACTIVE_SESSIONS
 from kamepb import gateway_pb2
 from services.telephony import metrics
 from services.telephony.call import CallInfo, CallSettings, Ended, PhoneCall, PhoneLeg
+from services.telephony.call_control import (
+    CallControlPolicy,
+    CallControlRequest,
+    CallControlResult,
+    act,
+)
 from services.telephony.config import TelephonySettings
 from services.telephony.playout import PhoneCodec
 
@@ -25,6 +32,7 @@ class Telephony:
             dtmf_rate_per_s=settings.dtmf_rate_per_s,
             dtmf_burst=settings.dtmf_burst,
         )
+        self.call_control = CallControlPolicy.from_settings(settings)
         self.calls: set[PhoneCall] = set()
         # Calls admitted and not yet over, whether or not their Converse call runs
         # yet: what max_sessions counts (see admit()).
@@ -82,6 +90,11 @@ class Telephony:
             self._gauge.set(len(self.calls))
             if not self.calls:
                 self.idle.set()
+
+    async def control(self, call: PhoneCall, request: CallControlRequest) -> CallControlResult:
+        """Do what the agent asks of `call` (end it, transfer it, press keys), if the
+        operator allows it; what came of it, in words."""
+        return await act(call, request, self.call_control)
 
     def hang_up_all(self, reason: str = "the telephony service is stopping") -> None:
         """Hang up every open call: each phone is told (SIP BYE, Twilio socket closed,

@@ -26,7 +26,10 @@ events); services/telephony/README.md says why these. Per INVITE:
   (a re-INVITE with sendonly or inactive);
 - a BYE from the phone ends the Converse call; our side ending it (the
   gateway's end, `stop()`) sends BYE, repeated until answered as RFC 3261 asks
-  of UDP.
+  of UDP;
+- call control (call_control.py): a transfer is a REFER to the phone
+  (sip_transfer.py: its answer and NOTIFYs; success, our BYE), keys the agent
+  presses are RFC 4733 events in place of audio packets (sip_dtmf.py).
 """
 
 from __future__ import annotations
@@ -44,15 +47,18 @@ from aiosipua import (
     SdpNegotiationError,
     SipRequest,
     SipResponse,
+    SipUAC,
     SipUAS,
 )
 
 from kame_common.aio import cancel_and_wait
 from kame_common.converse import DTMF_KEYS
 from services.telephony.call import CallInfo, PhoneCall
+from services.telephony.call_control import CallControlError
 from services.telephony.playout import PACKET_S
 from services.telephony.service import Telephony
 from services.telephony.sip_adapter import UdpTransport, check_private_names, restore_dialog
+from services.telephony.sip_dtmf import KeysOut, offers_telephone_events
 from services.telephony.sip_media import (
     CLOCK_RATE,
     MediaChoice,
@@ -64,6 +70,7 @@ from services.telephony.sip_media import (
     on_hold,
     sdp_answer,
 )
+from services.telephony.sip_transfer import Transfer
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +116,8 @@ class SipCall:
         self._caller_until = 0.0
         # Since when the phone is due to send RTP (the answer, a resume).
         self._media_expected_since = time.monotonic()
+        self.transfer_now: Transfer | None = None  # a REFER under way
+        self.keys_out = KeysOut()  # keys the agent presses, in place of audio
 
     @property
     def call_id(self) -> str:
@@ -123,6 +132,8 @@ class SipCall:
             self.rtp.skip_packet()
             self._restart = True
             return
+        if self.keys_out.pending and self._send_key_packet():
+            return
         marker = self._restart or (speaking and not self._talking)
         self._talking, self._restart = speaking, False
         self.rtp.send_packet(packet, marker)
@@ -131,9 +142,63 @@ class SipCall:
         """Nothing to do: RTP has no queue at the far end beyond its own small
         jitter buffer, and the playout was flushed."""
 
+    def _send_key_packet(self) -> bool:
+        """An RFC 4733 packet of a key the agent presses, sent in this packet time in
+        place of audio (whose time passes unsent); False: none is due now."""
+        assert self.rtp is not None
+        event = self.keys_out.next_packet(self.rtp.next_timestamp)
+        if event is None:
+            return False
+        pt, timestamp = self.media.dtmf_payload_type, self.keys_out.event_timestamp
+        self.rtp.send_event(pt, event.payload, timestamp, marker=event.starts)
+        self.rtp.skip_packet()
+        self._restart = True  # the audio after the key starts a talk spurt
+        return True
+
     async def hang_up(self, reason: str) -> None:
         log.info("sip call %s: hanging up: %s", self.call_id, reason)
         self.end_here()
+
+    # ---- call control -----------------------------------------------------------
+
+    def _in_progress(self) -> bool:
+        return self.answered and not (self.phone_gone or self.bye_sent) and self.call is not None
+
+    async def transfer(self, target_uri: str) -> str:
+        """REFER the phone to `target_uri` and wait for its outcome: success ends the
+        call here (BYE); anything else is a CallControlError, the call going on."""
+        if not self._in_progress():
+            raise CallControlError("the call is not in progress")
+        if self.transfer_now is not None:
+            raise CallControlError("a transfer is already under way")
+        transfer = self.transfer_now = Transfer(target_uri)
+        try:
+            self.server.send_refer(self, transfer)
+            outcome = await transfer.outcome()
+        finally:
+            self.transfer_now = None
+        log.info(
+            "sip call %s: transfer to %s: %s (progress %s)",
+            self.call_id,
+            target_uri,
+            outcome.describe(),
+            ", ".join(transfer.progress) or "none",
+        )
+        if not (outcome.succeeded or outcome.status == 0):
+            raise CallControlError(f"the transfer to {target_uri} failed: {outcome.describe()}")
+        assert self.call is not None
+        self.call.hang_up(f"transferred to {target_uri}")  # BYE, if the phone has not
+        return f"transferred to {target_uri} ({outcome.describe()})"
+
+    async def send_dtmf(self, digits: str) -> None:
+        """Press `digits` towards the phone as RFC 4733 events; back once sent."""
+        if not self._in_progress():
+            raise CallControlError("the call is not in progress")
+        if not offers_telephone_events(self.invite.sdp_offer):
+            raise CallControlError("the phone did not offer telephone-event (RFC 4733) keys")
+        await self.keys_out.press(digits)
+        if not self._in_progress():
+            raise CallControlError("the call ended before the keys were sent")
 
     # ---- the dialog -------------------------------------------------------------
 
@@ -142,6 +207,7 @@ class SipCall:
         Retry-After when the gateway refused the call for now and said when)."""
         if self.phone_gone or self.bye_sent:
             return
+        self.keys_out.cancel()
         if self.answered:
             self.bye_sent = True
             self.server.send_bye(self.invite)
@@ -153,6 +219,9 @@ class SipCall:
 
     def phone_hung_up(self) -> None:
         self.phone_gone = True
+        self.keys_out.cancel()
+        if self.transfer_now is not None:
+            self.transfer_now.phone_gone()
         if self.call is not None:
             self.call.caller_hung_up()
 
@@ -249,6 +318,7 @@ class SipServer:
         )
         self._transport: UdpTransport | None = None
         self._uas: SipUAS | None = None
+        self._uac: SipUAC | None = None  # builds our in-dialog REFERs
         # What the UAS does with a message (its handler, which its start() installed
         # as the transport's on_message): ours takes BYE responses first.
         self._uas_receive: Callable[[SipRequest | SipResponse, tuple[str, int]], None] | None = None
@@ -274,6 +344,7 @@ class SipServer:
         uas.on_cancel = self._on_cancel
         uas.on_ack_timeout = self._on_ack_timeout
         uas.on_session_expired = self._on_session_expired
+        uas.on_transfer_progress = self._on_transfer_progress
         await uas.start()
         self._uas = uas
         self._uas_receive = self._transport.on_message
@@ -282,6 +353,7 @@ class SipServer:
         self.port = self._transport.bound_port
         # Contact and Via name where phones reach us, not the address we bind.
         uas.advertised_addr = (self.settings.advertised_ip, self.port)
+        self._uac = SipUAC(self._transport, advertised_addr=uas.advertised_addr)
 
     async def stop(self) -> None:
         """Hang up every open call (BYE), then close the socket."""
@@ -297,13 +369,18 @@ class SipServer:
     # ---- requests ----------------------------------------------------------------
 
     def _on_message(self, message: SipRequest | SipResponse, addr: tuple[str, int]) -> None:
-        """Responses to our BYEs stop their retransmission; the UAS takes the rest."""
+        """Responses to our BYEs stop their retransmission, those to our REFERs go to
+        the transfer; the UAS takes the requests."""
         if isinstance(message, SipResponse):
-            cseq = message.cseq
-            if cseq is not None and cseq.method.upper() == "BYE" and message.status_code >= 200:
-                task = self._byes.pop(message.call_id or "", None)
+            method = message.cseq.method.upper() if message.cseq is not None else ""
+            call_id, status = message.call_id or "", message.status_code
+            if method == "BYE" and status >= 200:
+                task = self._byes.pop(call_id, None)
                 if task is not None:
                     task.cancel()
+            sip_call = self.calls.get(call_id)
+            if method == "REFER" and sip_call is not None and sip_call.transfer_now is not None:
+                sip_call.transfer_now.answered(status, message.reason_phrase)
             return
         assert self._uas_receive is not None
         self._uas_receive(message, addr)
@@ -374,6 +451,12 @@ class SipServer:
             log.warning("sip call %s: the session timer expired: BYE sent", invite.call_id)
             sip_call.bye_sent = True
             sip_call.call.hang_up("the session timer expired (no refresh from the phone)")
+
+    def _on_transfer_progress(self, call_id: str, status: int, reason: str) -> None:
+        # A NOTIFY's sipfrag (aiosipua has answered it 200).
+        sip_call = self.calls.get(call_id)
+        if sip_call is not None and sip_call.transfer_now is not None:
+            sip_call.transfer_now.notified(status, reason)
 
     def _on_ack_timeout(self, invite: IncomingCall) -> None:
         # Our 200 OK was never acknowledged: the phone is not there.
@@ -486,6 +569,17 @@ class SipServer:
         task = asyncio.ensure_future(self._repeat(bye, invite.source_addr))
         self._byes[invite.call_id] = task
         task.add_done_callback(lambda _: self._byes.pop(invite.call_id, None))
+
+    def send_refer(self, sip_call: SipCall, transfer: Transfer) -> None:
+        """The REFER of `transfer` in the call's dialog, repeated until answered."""
+        if self._uac is None or self._transport is None:
+            raise CallControlError("the SIP service is stopping")
+        invite = sip_call.invite
+        try:
+            refer = self._uac.send_refer(invite.dialog, transfer.target, invite.source_addr)
+        except ValueError as error:  # the dialog is not (or no longer) confirmed
+            raise CallControlError(f"the call cannot be transferred now: {error}") from None
+        transfer.retransmission = asyncio.ensure_future(self._repeat(refer, invite.source_addr))
 
     async def _repeat(self, request: SipRequest, addr: tuple[str, int]) -> None:
         """Retransmit `request` until its answer cancels this task, or give up."""

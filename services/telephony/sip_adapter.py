@@ -15,9 +15,13 @@ aiortp
   them so that a packet it refuses never reaches aiortp's parsing, jitter
   buffer or SSRC latching: aiortp takes RTP from anyone and has no filter.
 - `RTPSession._sender` (an `aiortp.sender.RtpSender`, used through its
-  `send_frame_auto(payload, marker, addr)` and `advance_timestamp()`):
-  send_audio_auto sets no marker bit and cannot let a packet's time pass
-  unsent (hold), which the sender itself can.
+  `send_frame_auto(payload, marker, addr)`, `advance_timestamp()`,
+  `send_raw(payload_type, payload, timestamp, marker, addr)` and
+  `current_timestamp`): send_audio_auto sets no marker bit and cannot let a
+  packet's time pass unsent (hold), which the sender itself can; and
+  RTPSession.send_dtmf sends a key's packets all at once with a timestamp of
+  its caller's choosing, where RFC 4733 wants them one per packet time,
+  stamped with the audio's clock.
 - `RTPSession._closed`, `RTPSession._remote_addr`: what send_audio_auto checks
   before sending, and where it sends (update_remote sets it).
 
@@ -85,6 +89,12 @@ GUARDED = [
     Guarded("aiortp.RTPSession", "_remote_addr", sample=_rtp_session),
     Guarded("aiortp.sender.RtpSender", "send_frame_auto", params=("payload", "marker", "addr")),
     Guarded("aiortp.sender.RtpSender", "advance_timestamp", params=()),
+    Guarded(
+        "aiortp.sender.RtpSender",
+        "send_raw",
+        params=("payload_type", "payload", "timestamp", "marker", "addr"),
+    ),
+    Guarded("aiortp.sender.RtpSender", "current_timestamp"),
     Guarded("aiosipua.UdpSipTransport", "_udp_transport"),
     Guarded("aiosipua.SipTransport", "_dispatch", params=("data", "addr")),
     Guarded("aiosipua.SipUAS", "_calls", sample=_uas),
@@ -177,6 +187,18 @@ class FilteredRtpSession(aiortp.RTPSession):
         """A packet's time passed unsent: the next one's timestamp shows the gap."""
         if self._sender is not None:
             self._sender.advance_timestamp()
+
+    @property
+    def next_timestamp(self) -> int:
+        """The RTP timestamp the next audio packet will carry."""
+        return self._sender.current_timestamp if self._sender is not None else 0
+
+    def send_event(self, payload_type: int, payload: bytes, timestamp: int, marker: bool) -> None:
+        """One packet of another payload type (an RFC 4733 event) in the call's
+        stream: its sequence number is the next, its timestamp `timestamp`."""
+        if self._sender is None or self._closed:
+            return
+        self._sender.send_raw(payload_type, payload, timestamp, int(marker), self._remote_addr)
 
 
 # ---- aiosipua ----------------------------------------------------------------------

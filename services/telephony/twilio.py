@@ -58,6 +58,7 @@ from twilio.twiml.voice_response import Connect, VoiceResponse
 from kame_common.auth import same_signature, sign
 from services.telephony import metrics
 from services.telephony.call import CallInfo, PhoneCall
+from services.telephony.call_control import CallControlError
 from services.telephony.config import TelephonySettings
 from services.telephony.playout import PCMU
 from services.telephony.service import Telephony
@@ -436,6 +437,17 @@ class TwilioStream:
     async def hang_up(self, reason: str) -> None:
         log.info("twilio: stream %s: hanging up: %s", self.stream_sid, reason)
         await self._close(CLOSE_NORMAL, "call ended")
+
+    # ---- call control (services/telephony/call_control.py) ------------------------
+
+    async def transfer(self, target_uri: str) -> str:
+        raise CallControlError(
+            "Twilio calls cannot be transferred from the stream: Media Streams has no "
+            "such message (it takes the REST API's call update with <Dial> TwiML)"
+        )
+
+    async def send_dtmf(self, digits: str) -> None:
+        raise CallControlError("Twilio calls cannot send keys: Media Streams has no such message")
 
     async def _send_mark(self) -> None:
         self._marks_sent += 1

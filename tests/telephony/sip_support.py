@@ -121,10 +121,16 @@ CALL_ID = "Call-ID: [call_id]"
 CONTACT = "Contact: <sip:sipp@[local_ip]:[local_port]>"
 
 
-def send(start_line: str, headers: list[str], body: str = "", retrans: bool = True) -> str:
+def send(
+    start_line: str,
+    headers: list[str],
+    body: str = "",
+    retrans: bool = True,
+    content_type: str = "application/sdp",
+) -> str:
     """A SIPp <send> of one request; `retrans` makes SIPp resend it until answered,
     as UDP needs. An ACK is never answered; these tests send a CANCEL once too."""
-    content = ["Content-Type: application/sdp"] if body else []
+    content = [f"Content-Type: {content_type}"] if body else []
     message = "\n".join(
         [start_line, *headers, "Max-Forwards: 70", *content, "Content-Length: [len]", "", body]
     )
@@ -192,3 +198,71 @@ BYE_200 = send(
     ["[last_Via:]", "[last_From:]", "[last_To:]", "[last_Call-ID:]", "[last_CSeq:]"],
     retrans=False,
 )
+
+
+# ---- a transferee (RFC 3515): SIPp as the phone our REFER goes to -----------------
+
+
+def reply(status: str) -> str:
+    """A response to the request just received (a REFER, our BYE)."""
+    return send(
+        f"SIP/2.0 {status}",
+        ["[last_Via:]", "[last_From:]", "[last_To:]", "[last_Call-ID:]", "[last_CSeq:]"],
+        retrans=False,
+    )
+
+
+# Our 200 OK, its To (the service's address and tag) kept in $1 for the NOTIFYs.
+OK_KEEPING_TO = (
+    '  <recv response="200" rrs="true">\n'
+    '    <action><ereg regexp=".*" search_in="hdr" header="To:" assign_to="1"/></action>\n'
+    "  </recv>\n"
+)
+
+
+def notify_refer(cseq: int, sipfrag: str, final: bool) -> str:
+    """A NOTIFY of the REFER's implicit subscription: the sipfrag status line of the
+    transferee's call to the target (RFC 3515 2.4.4)."""
+    state = "terminated;reason=noresource" if final else "active;expires=60"
+    headers = [
+        VIA,
+        FROM,
+        "To:[$1]",
+        CALL_ID,
+        f"CSeq: {cseq} NOTIFY",
+        CONTACT,
+        "Event: refer",
+        f"Subscription-State: {state}",
+    ]
+    body = f"SIP/2.0 {sipfrag}\n"
+    return send("NOTIFY [next_url] SIP/2.0", headers, body, content_type="message/sipfrag")
+
+
+def transferee(refer_to: str, outcome: str) -> str:
+    """A call answered, then our REFER, whose Refer-To must match the regular
+    expression `refer_to`; 202 Accepted, NOTIFY 100 Trying and NOTIFY `outcome`
+    (e.g. "200 OK", "486 Busy Here"). After a 2xx outcome the service must send
+    BYE; after another it must not, and SIPp ends the call."""
+    check = (
+        f'  <recv request="REFER">\n    <action><ereg regexp="{refer_to}" search_in="hdr" '
+        'header="Refer-To:" check_it="true" assign_to="2"/></action>\n  </recv>\n'
+        '  <Reference variables="2"/>\n'  # only checked: SIPp wants it marked as used
+    )
+    steps = [
+        *answered(ok=OK_KEEPING_TO),
+        check,
+        reply("202 Accepted"),
+        notify_refer(2, "100 Trying", final=False),
+        '  <recv response="200"/>\n',
+        notify_refer(3, outcome, final=True),
+        '  <recv response="200"/>\n',
+    ]
+    if outcome.startswith("2"):
+        steps += ['  <recv request="BYE"/>\n', reply("200 OK")]
+    else:
+        steps += [
+            '  <pause milliseconds="500"/>\n',
+            in_dialog("BYE", 4),
+            '  <recv response="200"/>\n',
+        ]
+    return scenario(*steps)

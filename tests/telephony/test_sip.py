@@ -30,6 +30,7 @@ from services.telephony.config import TelephonySettings
 from services.telephony.playout import PCMA, PCMU
 from services.telephony.service import Telephony
 from services.telephony.sip import SipCall, SipServer
+from services.telephony.sip_dtmf import KeysOut
 from services.telephony.sip_media import (
     CLOCK_RATE,
     G711Passthrough,
@@ -423,6 +424,7 @@ async def test_agent_packets_are_rtp_with_marker_and_timestamps():
     leg = SipCall.__new__(SipCall)  # the leg's media half alone: no dialog
     leg.rtp, leg.answered, leg.held = rtp, True, False
     leg._talking, leg._restart = False, True
+    leg.keys_out = KeysOut()  # no keys pressed
     try:
         plan = [
             (b"\xd5", False),

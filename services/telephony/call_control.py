@@ -1,0 +1,161 @@
+"""Call control: the agent ends the call, transfers it, or presses keys (#33).
+
+The request comes from the gateway (the oracle's built-in tools); what it asks
+is a plain `CallControlRequest`, and `act` does it on one phone call, whatever
+its protocol, under the operator's `CallControlPolicy`:
+
+- each action only when the operator listed it in `call_control` (none by
+  default), and a transfer only to a target in `transfer_targets` (its name or
+  its URI; the phone is sent the operator's URI, never the request's words);
+- `hang_up`: the agent's last words play out first (bounded), then the call
+  ends as when the gateway ends it (SIP BYE, Twilio socket closed, AudioSocket
+  hang-up packet);
+- `transfer`: the protocol's leg does it (SIP: REFER, sip_transfer.py); the
+  result comes once the phone reported the outcome: success ends our side of
+  the call, a failure leaves the call going on;
+- `send_dtmf`: the leg presses the keys towards the phone (SIP: RFC 4733
+  events in the call's RTP).
+
+A refusal or failure is a `CallControlResult` with ok False and words the
+agent can say ("the transfer to sales failed: 486 Busy Here"); nothing raises
+out of `act`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from kame_common.converse import DTMF_KEYS
+from services.telephony.call import PhoneCall
+from services.telephony.config import TelephonySettings, TransferTarget, transfer_targets
+
+log = logging.getLogger(__name__)
+
+# Keys one request may press.
+MAX_DIGITS = 32
+# How long the agent's last words may play before a hang-up cuts them off, and
+# how long the playout must have held no agent speech for them to be over.
+HANG_UP_PLAYOUT_MAX_S = 5.0
+HANG_UP_QUIET_S = 0.3
+
+
+@dataclass(frozen=True)
+class CallControlRequest:
+    """What the agent asks of the call."""
+
+    action: str  # "hang_up", "transfer", "send_dtmf"
+    target: str = ""  # transfer: a name or URI from transfer_targets
+    digits: str = ""  # send_dtmf: keys 0-9, *, #, A-D
+    reason: str = ""  # hang_up: why, for the log
+
+
+@dataclass(frozen=True)
+class CallControlResult:
+    """What came of a request: `detail` says it in words (for the agent and the log)."""
+
+    ok: bool
+    detail: str
+
+
+class CallControlError(Exception):
+    """The call cannot do what was asked (its protocol has no such thing, the phone
+    refused, it failed); the call goes on."""
+
+
+@runtime_checkable
+class ControlledLeg(Protocol):
+    """What a protocol's leg does beyond hanging up."""
+
+    async def transfer(self, target_uri: str) -> str:
+        """Send the phone to `target_uri`; words for the outcome once the phone
+        reported success (the call then ends). CallControlError if it failed."""
+
+    async def send_dtmf(self, digits: str) -> None:
+        """Press `digits` towards the phone; returns once they are sent."""
+
+
+@dataclass(frozen=True)
+class CallControlPolicy:
+    """What the operator lets the agent do: `actions` (none by default) and where
+    a call may be transferred to."""
+
+    actions: frozenset[str] = frozenset()
+    targets: tuple[TransferTarget, ...] = ()
+
+    @classmethod
+    def from_settings(cls, settings: TelephonySettings) -> CallControlPolicy:
+        return cls(
+            settings.call_control_actions, tuple(transfer_targets(settings.transfer_targets))
+        )
+
+    def target(self, wanted: str) -> TransferTarget | None:
+        """The allowed target named or addressed by `wanted`, if any."""
+        wanted = wanted.strip()
+        return next((t for t in self.targets if wanted in (t.name, t.uri)), None)
+
+    def refusal(self, request: CallControlRequest) -> str:
+        """Why `request` is refused before anything is sent ("" = it may go on)."""
+        if request.action not in self.actions:
+            return f"{request.action or 'no action'} is not enabled on this line"
+        if request.action == "transfer" and self.target(request.target) is None:
+            names = ", ".join(t.name for t in self.targets)
+            return f"{request.target!r} is not a transfer target (allowed: {names})"
+        if request.action == "send_dtmf":
+            digits = request.digits.upper()
+            if not 0 < len(digits) <= MAX_DIGITS or not set(digits) <= DTMF_KEYS:
+                return f"{request.digits!r}: 1 to {MAX_DIGITS} keys of 0-9, *, #, A-D"
+        return ""
+
+
+async def act(
+    call: PhoneCall, request: CallControlRequest, policy: CallControlPolicy
+) -> CallControlResult:
+    """Do `request` on `call` if `policy` allows it; the result in words."""
+    name = f"{call.info.provider} call {call.info.provider_call_id}"
+    result = await _act(call, request, policy)
+    log.info("%s: call control %s: %s", name, request.action, result.detail)
+    return result
+
+
+async def _act(
+    call: PhoneCall, request: CallControlRequest, policy: CallControlPolicy
+) -> CallControlResult:
+    if refusal := policy.refusal(request):
+        return CallControlResult(False, f"refused: {refusal}")
+    if not call.started.is_set() or call.ended is not None:
+        return CallControlResult(False, "refused: the call is not in progress")
+    try:
+        if request.action == "hang_up":
+            await hang_up_after_playout(call, request.reason or "the agent hung up")
+            return CallControlResult(True, "hung up")
+        leg = call.leg
+        if request.action == "transfer":
+            target = policy.target(request.target)
+            assert target is not None  # refusal() checked it
+            if not isinstance(leg, ControlledLeg):
+                raise CallControlError(f"{call.info.provider} calls cannot be transferred")
+            return CallControlResult(True, await leg.transfer(target.uri))
+        if not isinstance(leg, ControlledLeg):
+            raise CallControlError(f"{call.info.provider} calls cannot send keys")
+        await leg.send_dtmf(request.digits.upper())
+        return CallControlResult(True, f"sent {request.digits.upper()}")
+    except CallControlError as error:
+        return CallControlResult(False, str(error))
+
+
+async def hang_up_after_playout(call: PhoneCall, reason: str) -> None:
+    """End the call once the agent's queued speech has played (a goodbye said
+    just before is heard), or after HANG_UP_PLAYOUT_MAX_S."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + HANG_UP_PLAYOUT_MAX_S
+    quiet_since = loop.time()
+    while loop.time() < give_up and call.ended is None:
+        if call.playout.speech_queued:
+            quiet_since = loop.time()
+        elif loop.time() - quiet_since >= HANG_UP_QUIET_S:
+            break
+        await asyncio.sleep(0.02)
+    call.hang_up(reason)

@@ -1,0 +1,157 @@
+"""Call control (#33): the agent hangs up, transfers, presses keys, against real
+SIP peers: baresip (it hears our RFC 4733 keys, gets our REFER, is hung up with
+our BYE) and SIPp (a transferee that accepts the REFER and reports the outcome
+in NOTIFYs). The gateway in front is test_sip.py's (real, with the scripted
+fake upstreams); the call control is asked for as the gateway will ask it, with
+a CallControlRequest through Telephony.control."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.telephony.call import PhoneCall
+from services.telephony.call_control import CallControlPolicy, CallControlRequest
+from services.telephony.config import ConfigError, TelephonySettings, TransferTarget
+from services.telephony.sip import SipCall, SipServer
+from services.telephony.sip_dtmf import KEY_PACKETS, KeysOut
+from tests.support import wait_until
+from tests.telephony import test_sip
+from tests.telephony.sip_support import sipp, transferee
+from tests.telephony.test_sip import Rig, all_ended, baresip_call, one_session
+
+# The SIP tests' rig: a gateway on the shared fakes, and the SIP servers started.
+rig = test_sip.rig
+
+SALES = "sip:sales@127.0.0.1:5999"
+ALL_ON = {"call_control": "hang_up,transfer,send_dtmf", "transfer_targets": f"sales={SALES}"}
+
+
+async def the_call(sip: SipServer) -> tuple[SipCall, PhoneCall]:
+    await one_session(sip)
+    (sip_call,) = sip.calls.values()
+    assert sip_call.call is not None
+    return sip_call, sip_call.call
+
+
+def keys_heard(events: list[dict]) -> str:
+    return "".join(e["param"] for e in events if e.get("type") == "CALL_DTMF_START")
+
+
+async def test_baresip_hears_the_agents_keys_gets_its_refer_and_is_hung_up(rig: Rig, tmp_path):
+    sip = await rig.sip(**ALL_ON)
+    async with baresip_call(sip, tmp_path, 20.0) as (phone, _):
+        sip_call, call = await the_call(sip)
+
+        # Keys as RFC 4733 events in the call's RTP: baresip reports each one.
+        result = await sip.telephony.control(call, CallControlRequest("send_dtmf", digits="12#"))
+        assert result.ok, result.detail
+        await wait_until(lambda: keys_heard(phone.events) == "12#", "baresip to hear 1, 2, #")
+
+        # A target the operator did not list: refused, and nothing reaches the phone.
+        elsewhere = CallControlRequest("transfer", target="sip:mallory@127.0.0.1")
+        result = await sip.telephony.control(call, elsewhere)
+        assert not result.ok and "not a transfer target" in result.detail
+        assert sip_call.transfer_now is None
+
+        # The listed one, by its name: baresip gets a REFER to the operator's URI. Its
+        # one RTP port pair is this call's, so it cannot place the call to the target
+        # and says so in its NOTIFY (500): the transfer failed, and the call goes on.
+        result = await sip.telephony.control(call, CallControlRequest("transfer", target="sales"))
+        transfers = [e["param"] for e in phone.events if e.get("type") == "TRANSFER"]
+        assert transfers == [f"<{SALES}>"]
+        assert not result.ok and "failed: 5" in result.detail, result.detail
+        assert sip_call.rtp is not None
+        sent = sip_call.rtp.stats["packets_sent"]
+        await wait_until(lambda: sip_call.rtp.stats["packets_sent"] > sent + 10, "audio on")
+        assert phone.seen("CALL_CLOSED") is None
+
+        # "Please hang up": our BYE ends baresip's call, and the session with it.
+        result = await sip.telephony.control(call, CallControlRequest("hang_up", reason="asked"))
+        assert result.ok
+        await phone.wait_for("CALL_CLOSED")
+        assert sip_call.bye_sent and not sip_call.phone_gone
+        await all_ended(rig, sip)
+
+
+@pytest.mark.parametrize(("outcome", "ok"), [("200 OK", True), ("486 Busy Here", False)])
+async def test_a_transfer_ends_the_call_only_when_the_transferee_says_it_worked(
+    rig: Rig, tmp_path, outcome: str, ok: bool
+):
+    """SIPp checks the REFER's Refer-To, accepts it (202), reports 100 Trying then
+    the outcome; after 200 OK it expects our BYE, after 486 the call goes on until
+    SIPp hangs up."""
+    sip = await rig.sip(**ALL_ON)
+    xml = transferee(refer_to=r"sip:sales@127\.0\.0\.1:5999", outcome=outcome)
+    phone = asyncio.ensure_future(sipp(xml, f"127.0.0.1:{sip.port}", tmp_path))
+    _, call = await the_call(sip)
+    result = await sip.telephony.control(call, CallControlRequest("transfer", target=SALES))
+    assert result.ok is ok, result.detail
+    assert outcome in result.detail
+    sipp_result = await phone
+    assert sipp_result.passed, sipp_result.output
+    await all_ended(rig, sip)
+    assert call.ended is not None
+    assert ("transferred" in call.status) is ok  # our hang-up said why; SIPp's BYE did not
+
+
+async def test_an_action_the_operator_did_not_enable_is_refused():
+    policy = CallControlPolicy(frozenset({"send_dtmf"}), (TransferTarget("sales", SALES),))
+    assert "not enabled" in policy.refusal(CallControlRequest("hang_up"))
+    assert "not enabled" in policy.refusal(CallControlRequest("transfer", target="sales"))
+    assert policy.refusal(CallControlRequest("send_dtmf", digits="12#")) == ""
+    assert "keys" in policy.refusal(CallControlRequest("send_dtmf", digits="12x"))
+    assert "keys" in policy.refusal(CallControlRequest("send_dtmf", digits=""))
+    transfers = CallControlPolicy(frozenset({"transfer"}), (TransferTarget("sales", SALES),))
+    assert transfers.refusal(CallControlRequest("transfer", target="sales")) == ""
+    assert transfers.refusal(CallControlRequest("transfer", target=SALES)) == ""
+    assert "not a transfer target" in transfers.refusal(
+        CallControlRequest("transfer", target="sip:sales@elsewhere")
+    )
+    # Off unless listed: the default settings enable nothing.
+    assert CallControlPolicy.from_settings(TelephonySettings()).actions == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        ({"call_control": "hang_up,dial"}, "call_control: dial"),
+        ({"call_control": "transfer"}, "transfer_targets"),
+        ({"transfer_targets": "sales=http://example.net"}, "transfer_targets"),
+        ({"transfer_targets": "sales=sip:a@b>;x=<sip:c@d"}, "transfer_targets"),
+    ],
+)
+def test_call_control_settings_are_checked(settings: dict[str, str], error: str):
+    with pytest.raises(ConfigError, match=error):
+        TelephonySettings(**settings).validate()  # type: ignore[arg-type]
+
+
+def test_targets_are_named_or_bare_uris():
+    settings = TelephonySettings(transfer_targets=f"sales={SALES}, tel:+15551230000")
+    policy = CallControlPolicy.from_settings(settings)
+    assert policy.targets == (
+        TransferTarget("sales", SALES),
+        TransferTarget("tel:+15551230000", "tel:+15551230000"),
+    )
+
+
+async def test_a_key_is_one_timestamp_growing_durations_and_three_end_packets():
+    keys = KeysOut()
+    done = keys.press("5")
+    timestamps = iter(range(1000, 100000, 160))  # the audio clock, one packet a tick
+    sent = []
+    while keys.pending:
+        event = keys.next_packet(next(timestamps))
+        if event is not None:
+            sent.append((event, keys.event_timestamp))
+    assert done.done()
+    assert {stamp for _, stamp in sent} == {1000}  # the audio clock's when the key began
+    assert [event.starts for event, _ in sent] == [True] + [False] * (len(sent) - 1)
+    payloads = [event.payload for event, _ in sent]
+    assert all(p[0] == 5 for p in payloads)
+    ends = [p for p in payloads if p[1] & 0x80]
+    assert len(ends) == 3 and len(set(ends)) == 1
+    durations = [int.from_bytes(p[2:4], "big") for p in payloads]
+    assert durations[: KEY_PACKETS - 1] == [160 * n for n in range(1, KEY_PACKETS)]
+    assert durations[-1] == 160 * KEY_PACKETS
