@@ -8,9 +8,14 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from services.oracle.tools.spec import ToolCall, ToolResult, ToolSpec
+from services.oracle.tools.spec import ToolCall, ToolExchange, ToolResult, ToolSpec
 from services.oracle.tools.turn import SessionTools, TurnTools
-from services.oracle.tools.wire import AnthropicToolUseBlocks, OpenAIToolCallPieces
+from services.oracle.tools.wire import (
+    AnthropicToolUseBlocks,
+    OpenAIToolCallPieces,
+    anthropic_rounds,
+    openai_rounds,
+)
 
 LOOKUP = ToolSpec("lookup", "Look up.", {"type": "object"}, True, 5.0, "test")
 BOOK = ToolSpec("book", "Book.", {"type": "object"}, False, 5.0, "test")
@@ -134,3 +139,52 @@ def test_anthropic_tool_use_blocks_become_calls_at_their_stop():
     blocks.delta(1, SimpleNamespace(type="input_json_delta", partial_json=" 1}"))
     assert blocks.stop(0) is None
     assert blocks.stop(1) == ToolCall("t1", "lookup", '{"a": 1}')
+
+
+def test_earlier_rounds_are_replayed_in_each_wire_format():
+    exchange = ToolExchange(
+        "",  # the model said nothing before its calls
+        (ToolCall("c1", "lookup", '{"a": 1}'), ToolCall("c2", "book", "not json")),
+        (ToolResult("found"), ToolResult("error: book did not answer within 2 s", True)),
+    )
+    assert openai_rounds([exchange]) == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"a": 1}'},
+                },
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "book", "arguments": "not json"},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+        {"role": "tool", "tool_call_id": "c2", "content": "error: book did not answer within 2 s"},
+    ]
+    assert anthropic_rounds([exchange]) == [
+        {
+            "role": "assistant",
+            "content": [  # no empty text block: the API refuses one
+                {"type": "tool_use", "id": "c1", "name": "lookup", "input": {"a": 1}},
+                {"type": "tool_use", "id": "c2", "name": "book", "input": {}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "c1", "content": "found", "is_error": False},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "c2",
+                    "content": "error: book did not answer within 2 s",
+                    "is_error": True,
+                },
+            ],
+        },
+    ]
