@@ -6,6 +6,7 @@
 - WS  /converse    one conversation, bridged to Gateway.Converse (bridge.py)
 - WS  /v1/realtime the OpenAI Realtime protocol over Gateway.Converse
                    (realtime.py, realtime_bridge.py); `?model=kame-<mode>`
+- WS  /api/chat    the Moshi protocol over Gateway.Converse (moshi_chat.py)
 
 Who may talk through the bridge:
 - a request whose Host is not one of `allowed_hosts` (the loopback names and
@@ -15,11 +16,14 @@ Who may talk through the bridge:
 - a WebSocket without an Origin, or from another origin than the page's own
   (or one of `allowed_origins`), is refused with 403, so a third-party site
   cannot talk through a visitor's browser;
-- /v1/realtime is an API for programs, which send no Origin: there the
-  caller's bearer token (`Authorization: Bearer`, the gateway's to check) is
-  the gate, and an Origin, when a browser sends one, must be allowed as above;
+- /v1/realtime and /api/chat are APIs for programs, which send no Origin:
+  there the caller's bearer token (`Authorization: Bearer`, the gateway's to
+  check; Moshi's clients send none) is the gate, and an Origin, when a browser
+  sends one, must be allowed as above;
 - a conversation counts against `max_sessions` only once its start message
-  came; a socket that sends none within `start_timeout_s` is closed (1008).
+  came; a socket that sends none within `start_timeout_s` is closed (1008);
+  a Moshi socket counts from its opening (its call opens at once) and is
+  closed (1008) if it sends no audio within `start_timeout_s` of the handshake.
 Every response carries a Content-Security-Policy that lets the page load only
 its own files.
 """
@@ -47,6 +51,7 @@ from kame_common.http_server import HttpServer
 from kame_common.server import ACTIVE_SESSIONS, service_main, until_signal
 from services.web.bridge import Bridge, Start, StartError, error_event, parse_start, send_json
 from services.web.config import WebSettings
+from services.web.moshi_chat import TRY_AGAIN_LATER, Close, MoshiBridge, refuse
 from services.web.realtime import lone_error
 from services.web.realtime_bridge import MAX_MESSAGE_BYTES, RealtimeBridge, bearer_token
 
@@ -111,6 +116,7 @@ class WebApp:
         self.settings = settings
         self.bridge = Bridge(settings)
         self.realtime_bridge = RealtimeBridge(settings)
+        self.moshi_bridge = MoshiBridge(settings)
         self.active_sessions = 0
         self.idle = asyncio.Event()  # set while no conversation is open
         self.idle.set()
@@ -125,6 +131,7 @@ class WebApp:
                 Route("/favicon.ico", no_icon),
                 WebSocketRoute("/converse", self.converse),
                 WebSocketRoute("/v1/realtime", self.realtime),
+                WebSocketRoute("/api/chat", self.moshi_chat),
                 Mount("/static", StaticFiles(directory=STATIC), name="static"),
             ],
             middleware=[Middleware(BaseHTTPMiddleware, dispatch=self.guard_http)],
@@ -192,6 +199,24 @@ class WebApp:
                 async with self.counted():
                     await self.realtime_bridge.run(socket, model, token)
             await websocket.close(code=NORMAL_CLOSURE)
+
+    async def moshi_chat(self, websocket: WebSocket) -> None:
+        """A Moshi-protocol chat (moshi_chat.py)."""
+        refusal = self.socket_refusal(websocket, api=True)
+        if refusal:
+            log.info("moshi websocket refused: %s", refusal)
+            await websocket.close(code=POLICY_VIOLATION, reason=refusal)
+            return
+        await websocket.accept()
+        socket = StarletteSocket(websocket)
+        token = bearer_token(websocket.headers.get("authorization")) or self.settings.relayed_token
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client went away
+            if refusal := self.session_refusal():
+                close = await refuse(socket, Close(TRY_AGAIN_LATER, refusal))
+            else:
+                async with self.counted():
+                    close = await self.moshi_bridge.run(socket, websocket.query_params, token)
+            await websocket.close(code=close.code, reason=close.short_reason)
 
     async def _conversation(self, page: StarletteSocket) -> tuple[int, str]:
         """The page's start message, then its conversation; the code and reason to

@@ -1,0 +1,355 @@
+"""The Moshi protocol (WS /api/chat) carried over one Gateway.Converse call
+(kame_common/converse.py's client), so that the clients of kyutai's moshi
+server (moshi/server.py) talk to the stack: moshi's own client, and LiveKit's
+NVIDIA PersonaPlex plugin.
+
+Every message is binary, its first byte the kind:
+
+- 0x00 handshake, server -> client, once the agent is on the line (the
+  gateway's session started). PersonaPlex waits for it before it sends audio;
+  moshi's client sends from the start, and that audio waits for the call.
+- 0x01 audio, both ways: pages of one Ogg Opus stream per direction, 24 kHz
+  mono. The caller's is decoded to PCM16 for the gateway (which takes PCM16
+  at 24 kHz both ways) and paced at real time as the Realtime endpoint paces
+  it (realtime_bridge.Pacer); the agent's is coded in 80 ms frames, the frame
+  moshi codes, silence included, so the stream keeps the call's time.
+- 0x02 text, server -> client: the agent's words, each sent with the audio it
+  starts in (the gateway's `start_s`), with a leading space as moshi's word
+  pieces have, so a client that joins them gets the sentence.
+- 0x05 error, server -> client: why the server is about to close the socket
+  (the kind moshi's Rust server and web client use for it). moshi's Python
+  client and PersonaPlex log it as an unknown kind; the close reason says the
+  same, cut to the 123 bytes a close frame carries.
+
+What a client sends besides audio: the protocol's other kinds (handshake,
+text, control, metadata, ping) are ignored, as moshi's server ignores them; a
+text frame, an unknown kind or audio that is no Ogg Opus stream closes the
+socket (1003, 1003, 1007). Query parameters: `model=kame-<mode>` picks the
+mode among those the web service offers (tandem unless the operator's `modes`
+lists another first); the sampling ones moshi's web client sends and the
+persona PersonaPlex sends (IGNORED_PARAMS) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+
+import grpc
+import sphn
+
+from kame_common.aio import cancel_and_wait
+from kame_common.audio import float_to_pcm16, pcm16_to_float
+from kame_common.converse import ConverseClient, ConverseEvent
+from kamepb import gateway_pb2
+from services.web.bridge import PageSocket
+from services.web.config import WebSettings
+from services.web.realtime_bridge import MAX_BACKLOG_S, Pacer, call_error
+from services.web.realtime_config import CODINGS, ClientError, mode_of_model
+
+log = logging.getLogger(__name__)
+
+
+class Kind(IntEnum):
+    """A message's first byte (moshi's protocol: its Rust server names them all)."""
+
+    HANDSHAKE = 0
+    AUDIO = 1
+    TEXT = 2
+    CONTROL = 3
+    METADATA = 4
+    ERROR = 5
+    PING = 6
+
+
+# What a client may send and this server has nothing to do with.
+IGNORED_KINDS = frozenset(kind for kind in Kind if kind != Kind.AUDIO)
+# Query parameters moshi's clients send that mean nothing to this agent: the
+# sampling of moshi's web client and the PersonaPlex plugin's voice, persona
+# and seed. Others are ignored as well (moshi's own server reads none).
+IGNORED_PARAMS = (
+    "text_temperature",
+    "text_topk",
+    "audio_temperature",
+    "audio_topk",
+    "pad_mult",
+    "text_seed",
+    "audio_seed",
+    "repetition_penalty",
+    "repetition_penalty_context",
+    "image_url",
+    "image_resolution",
+    "worker_auth_id",
+    "email",
+    "voice_prompt",
+    "text_prompt",
+    "seed",
+)
+PCM = CODINGS["audio/pcm"]  # PCM16 at 24 kHz: Moshi's rate, which the gateway takes as is
+FRAME_BYTES = 1920 * PCM.bytes_per_sample  # 80 ms, the Opus frame moshi's server codes
+# A word whose start is further ahead of the agent's audio than this is sent at
+# once: its position is on another clock than the audio's, and waiting for it
+# would hold the words back for good.
+MAX_WORD_LEAD_S = 3.0
+
+# WebSocket close codes (RFC 6455, 7.4.1).
+NORMAL_CLOSURE = 1000
+UNSUPPORTED_DATA = 1003
+INVALID_PAYLOAD = 1007
+POLICY_VIOLATION = 1008
+INTERNAL_ERROR = 1011
+TRY_AGAIN_LATER = 1013
+MAX_REASON_BYTES = 123
+# How each gateway status closes the socket (others: INTERNAL_ERROR).
+CLOSE_OF_STATUS = {
+    "OK": NORMAL_CLOSURE,
+    "OUT_OF_RANGE": NORMAL_CLOSURE,  # the conversation reached its length limit
+    "UNAUTHENTICATED": POLICY_VIOLATION,
+    "PERMISSION_DENIED": POLICY_VIOLATION,
+    "INVALID_ARGUMENT": POLICY_VIOLATION,
+    "RESOURCE_EXHAUSTED": TRY_AGAIN_LATER,
+    "UNAVAILABLE": TRY_AGAIN_LATER,
+}
+
+
+@dataclass(frozen=True)
+class Close:
+    """How a chat ends: the socket's close code and, in words, why."""
+
+    code: int
+    reason: str = ""
+
+    @property
+    def short_reason(self) -> str:
+        """The reason as a close frame carries it (at most 123 bytes of UTF-8)."""
+        return self.reason.encode()[:MAX_REASON_BYTES].decode(errors="ignore")
+
+
+def chat_mode(model: str | None, offered: list[str]) -> str:
+    """The gateway mode `?model=` names (ClientError if not offered); without one,
+    tandem if offered, else the first the web service offers."""
+    if model is None:
+        return "tandem" if "tandem" in offered else offered[0]
+    return mode_of_model(model, offered)
+
+
+class CallerAudio:
+    """The caller's Ogg Opus pages -> PCM16 at 24 kHz."""
+
+    def __init__(self) -> None:
+        self.reader = sphn.OpusStreamReader(PCM.rate)
+
+    def pcm16(self, pages: bytes) -> bytes:
+        """The PCM16 these pages complete (b"" until a whole packet came); ValueError
+        if they are no Ogg Opus stream."""
+        try:
+            samples = self.reader.append_bytes(pages)
+        except Exception as exc:  # the codec's own errors, of its own types
+            raise ValueError(f"audio is not an Ogg Opus stream ({exc})") from None
+        return float_to_pcm16(samples)
+
+
+class AgentAudio:
+    """The agent's PCM16 at 24 kHz -> Ogg Opus pages, in 80 ms frames."""
+
+    def __init__(self) -> None:
+        self.writer = sphn.OpusStreamWriter(PCM.rate)
+        self.pending = bytearray()
+
+    def pages(self, pcm: bytes) -> bytes:
+        """The pages `pcm` completes (b"" while less than a frame waits)."""
+        self.pending += pcm
+        pages = []
+        while len(self.pending) >= FRAME_BYTES:
+            frame = bytes(self.pending[:FRAME_BYTES])
+            del self.pending[:FRAME_BYTES]
+            pages.append(self.writer.append_pcm(pcm16_to_float(frame)))
+        return b"".join(pages)
+
+
+class AgentWords:
+    """The agent's words, each let out once the agent's audio reaches its start
+    (the gateway may send words ahead of their audio), spaced as moshi's are."""
+
+    def __init__(self) -> None:
+        self.position_s = 0.0  # how much agent audio came
+        self.waiting: deque[tuple[float, str]] = deque()
+
+    def heard(self, text: str, start_s: float) -> list[str]:
+        """`text` starts `start_s` into the agent's audio: the words due now."""
+        if text.strip():
+            self.waiting.append((start_s, text if text[0].isspace() else " " + text))
+        return self._due()
+
+    def advanced(self, seconds: float) -> list[str]:
+        """`seconds` more of the agent's audio came: the words due now."""
+        self.position_s += seconds
+        return self._due()
+
+    def cut(self) -> None:
+        """A barge-in: the words not yet reached will not be spoken."""
+        self.waiting.clear()
+
+    def _due(self) -> list[str]:
+        due = []
+        while self.waiting:
+            start_s, text = self.waiting[0]
+            if self.position_s < start_s <= self.position_s + MAX_WORD_LEAD_S:
+                break
+            due.append(text)
+            self.waiting.popleft()
+        return due
+
+
+def message(kind: Kind, payload: bytes = b"") -> bytes:
+    return bytes((kind,)) + payload
+
+
+async def refuse(socket: PageSocket, close: Close) -> Close:
+    """Tell the client why (an error message) before its socket closes with `close`."""
+    await socket.send_bytes(message(Kind.ERROR, close.reason.encode()))
+    return close
+
+
+class MoshiBridge:
+    """Carries Moshi sockets over calls to the gateway named in the settings."""
+
+    def __init__(self, settings: WebSettings) -> None:
+        self.settings = settings
+
+    async def run(self, socket: PageSocket, params: Mapping[str, str], token: str) -> Close:
+        """One chat, until the client goes or the call ends: how to close its socket."""
+        try:
+            mode = chat_mode(params.get("model"), self.settings.mode_choices)
+        except ClientError as exc:
+            return await refuse(socket, Close(POLICY_VIOLATION, exc.message))
+        ignored = sorted(name for name in params if name != "model")
+        if ignored:
+            log.info("moshi chat: ignoring query parameters %s", ", ".join(ignored))
+        chat = MoshiChat(self.settings, socket, token)
+        try:
+            close = await chat.run(mode)
+        finally:
+            await chat.client.close()
+        if close.code != NORMAL_CLOSURE:
+            with contextlib.suppress(Exception):  # the client may be gone already
+                await refuse(socket, close)
+        return close
+
+
+class MoshiChat:
+    """One Moshi socket and its gateway call."""
+
+    def __init__(self, settings: WebSettings, socket: PageSocket, token: str) -> None:
+        self.settings = settings
+        self.socket = socket
+        channel = settings.gateway_channel(settings.connection_policy())
+        self.client = ConverseClient(channel, token, own_channel=True)
+        self.pacer = Pacer(PCM, self.client.send_audio)
+        self.caller_audio = CallerAudio()
+        self.agent_audio = AgentAudio()
+        self.words = AgentWords()
+        self.first_audio = asyncio.Event()
+
+    async def run(self, mode: str) -> Close:
+        """The call in `mode`, the client's audio to it and its answers back, until
+        either side ends (or the client sends no audio within the start timeout)."""
+        config = gateway_pb2.ConverseConfig(
+            mode=gateway_pb2.ConverseConfig.Mode.Value(mode.upper()),
+            input_format=PCM.gateway_format(),
+            output_format=PCM.gateway_format(),
+        )
+        downlink = asyncio.ensure_future(self._downlink())
+        uplink = asyncio.ensure_future(self._uplink())
+        tasks = [downlink, uplink]
+        try:
+            await self.client.start(config)
+            # Audio only once started: the client then hears the gateway's own refusal.
+            await self.client.wait_started(downlink, uplink)
+            ending = list(tasks)  # the pacer ends with the call: the downlink says how
+            if self.client.started.is_set():
+                ending.append(asyncio.ensure_future(self._first_audio_due()))
+                tasks += [ending[-1], asyncio.ensure_future(self.pacer.run())]
+            done, _ = await asyncio.wait(ending, return_when=asyncio.FIRST_COMPLETED)
+            close: Close | None = next(iter(done)).result()
+        finally:
+            await cancel_and_wait(tasks)
+        return close or Close(NORMAL_CLOSURE)  # None: the client went, nobody to tell
+
+    async def _uplink(self) -> Close | None:
+        """The client's messages: its audio to the pacer. None once the client went."""
+        while (raw := await self.socket.receive()) is not None:
+            if isinstance(raw, str):
+                return Close(UNSUPPORTED_DATA, "text frames are not Moshi messages: send binary")
+            if not raw:
+                continue  # moshi's server skips empty messages too
+            kind, payload = raw[0], raw[1:]
+            if kind == Kind.AUDIO:
+                if refusal := self._take_audio(payload):
+                    return refusal
+            elif kind not in IGNORED_KINDS:
+                return Close(UNSUPPORTED_DATA, f"unknown message kind {kind}")
+        return None
+
+    def _take_audio(self, pages: bytes) -> Close | None:
+        self.first_audio.set()
+        try:
+            pcm = self.caller_audio.pcm16(pages)
+        except ValueError as exc:
+            return Close(INVALID_PAYLOAD, str(exc))
+        if self.pacer.backlog_s > MAX_BACKLOG_S:
+            return Close(
+                POLICY_VIOLATION,
+                f"more than {MAX_BACKLOG_S:g} s of audio waits to be sent: send it at real time",
+            )
+        self.pacer.push(pcm)
+        return None
+
+    async def _first_audio_due(self) -> Close:
+        """A socket that sends no audio holds no call for long; once it has, this
+        waits until the chat is over (and is cancelled)."""
+        timeout = self.settings.start_timeout_s
+        try:
+            # Not wait_for: Python 3.11's drops a cancel that comes as the event is set.
+            async with asyncio.timeout(timeout):
+                await self.first_audio.wait()
+        except TimeoutError:
+            return Close(POLICY_VIOLATION, f"no audio within {timeout:g} s of the handshake")
+        await asyncio.Event().wait()  # the chat goes on: nothing more to watch
+        return Close(NORMAL_CLOSURE)  # not reached: cancelled with the chat
+
+    async def _downlink(self) -> Close | None:
+        """The gateway's events to the client until the call ends: how it ended."""
+        try:
+            async for event in self.client.events():
+                await self._forward(event)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                return None  # the client went away: nobody to tell
+            log.info("moshi chat ended: %s: %s", exc.code().name, exc.details())
+            error = call_error(exc, self.client.channel)["error"]
+            code = str(error["code"]).upper()
+            return Close(CLOSE_OF_STATUS.get(code, INTERNAL_ERROR), str(error["message"]))
+        return Close(NORMAL_CLOSURE, "the call ended")
+
+    async def _forward(self, event: ConverseEvent) -> None:
+        """One gateway event as the client's messages (most have none)."""
+        words: list[str] = []
+        if event["type"] in ("started", "resumed"):
+            await self.socket.send_bytes(message(Kind.HANDSHAKE))
+        elif event["type"] == "agent_audio":
+            pages = self.agent_audio.pages(event["data"])
+            if pages:
+                await self.socket.send_bytes(message(Kind.AUDIO, pages))
+            words = self.words.advanced(PCM.seconds(event["data"]))
+        elif event["type"] == "agent_text":
+            words = self.words.heard(event["text"], event["start_s"])
+        elif event["type"] == "barge_in":
+            self.words.cut()
+        for text in words:
+            await self.socket.send_bytes(message(Kind.TEXT, text.encode()))
