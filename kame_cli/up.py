@@ -12,8 +12,8 @@ health SERVING, which the oracle reports only after warming up its LLM's
 prompt; the LLM server's ready line, which it prints after its own warm-up;
 the web service's /healthz; Redis PING; and the gateway reports SERVING only
 once stt, the oracle and a frontend do: services/gateway/readiness.py), prints
-the endpoints (the OpenAI Realtime one on a line of its own) and the page's
-URL, restarts any process that dies (with
+the endpoints (the OpenAI Realtime and the Moshi-protocol ones on a line each)
+and the page's URL, restarts any process that dies (with
 backoff, printed: kame_cli.supervise), and on Ctrl-C
 or SIGTERM stops them all (SIGTERM to each process group, SIGKILL after a
 timeout). Each child's output goes to a log file in --log-dir.
@@ -41,6 +41,19 @@ def realtime_url(web_url: str) -> str:
     return "ws" + web_url.removeprefix("http") + "v1/realtime"
 
 
+def moshi_url(web_url: str) -> str:
+    """The web service's Moshi-protocol endpoint (services/web/moshi_chat.py)."""
+    return "ws" + web_url.removeprefix("http") + "api/chat"
+
+
+def api_lines(web_url: str) -> list[str]:
+    """The lines that name the web service's endpoints for programs, one each."""
+    return [
+        f"  {'realtime':<9} {realtime_url(web_url)} (OpenAI Realtime API)",
+        f"  {'moshi':<9} {moshi_url(web_url)} (Moshi protocol: moshi's clients, PersonaPlex)",
+    ]
+
+
 def _raise_interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -65,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         print("KAME stack is up:")
         for name, endpoint in stack.endpoints():
             print(f"  {name:<9} {endpoint}")
-        print(f"  {'realtime':<9} {realtime_url(stack.web_url)} (OpenAI Realtime API)")
+        print("\n".join(api_lines(stack.web_url)))
         print(
             f"Talk to it in a browser: open {stack.web_url}\n"
             f"Call it from a phone: {stack.phone_endpoints} (README: Connect a phone)\n"
