@@ -61,6 +61,12 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
         "seconds a /v1/realtime socket may send no event before it is closed with an error "
         "(idle_timeout), so a forgotten client holds no slot",
     )
+    realtime_relay_instructions: bool = setting(
+        False,
+        "give a /v1/realtime session's instructions to the agent (the gateway's "
+        "allow_instructions must be on too, or the call is refused); off: they are kept and "
+        "shown back only",
+    )
     relay_token_behind_login: bool = setting(
         False,
         "relay gateway_auth_token for pages that bring no token: set it only when a login of "

@@ -1,14 +1,17 @@
 """The OpenAI Realtime protocol (GA event shapes) spoken over one Gateway.Converse
 call, without a network: `RealtimeSession` turns the client's events into what
-to do (audio for the gateway, events to answer) and the gateway's events
-(kame_common/converse.py) into Realtime server events. realtime_config.py
-holds what session.update may choose; realtime_bridge.py carries the events
-over the WebSocket and the call.
+to do (audio and requests for the gateway, events to answer) and the gateway's
+events (kame_common/converse.py) into Realtime server events.
+realtime_config.py holds what session.update may choose, realtime_items.py
+the conversation's items; realtime_bridge.py carries the events over the
+WebSocket and the call.
 
 How a full-duplex agent reads in this protocol:
-- the session's turn detection is always the stack's own (server_vad): the
-  gateway hears the caller, decides when a turn ends, and the agent speaks
-  when it has something to say;
+- with turn detection on (server_vad, the default) the stack's own decides:
+  the gateway hears the caller, ends its turns, and the agent speaks when it
+  has something to say. With `turn_detection: null` (push-to-talk) the client
+  ends the turn (input_audio_buffer.commit: the gateway's end_turn) and asks
+  for the answer (response.create: respond);
 - each stretch of agent speech is a response the server starts: the agent's
   first speaking frame opens it (response.created ... content_part.added),
   its frames are output_audio deltas, its words output_audio_transcript
@@ -16,11 +19,14 @@ How a full-duplex agent reads in this protocol:
   inside a stretch is sent with the next speech, so a pause between two
   sentences keeps its length; silence between stretches is not sent;
 - the caller's words are an item of their own: the first partial transcript
-  is input_audio_buffer.speech_started, partials are transcription deltas,
-  the final stops, commits and completes it;
+  is input_audio_buffer.speech_started (not with push-to-talk: no voice
+  activity detection), partials are transcription deltas, the final stops,
+  commits and completes it; a typed message (conversation.item.create) is an
+  item at once, sent as the gateway's send_text;
 - a barge-in (the caller talking over the agent) is speech_started, and the
-  response under way ends `cancelled`; `response.cancel` ends it the same way.
-  The agent's audio is dropped until its stretch ends.
+  response under way ends `cancelled`; `response.cancel` ends it the same way
+  and stops the agent at the gateway (cancel_response). The agent's audio is
+  dropped until its stretch ends.
 """
 
 from __future__ import annotations
@@ -46,7 +52,14 @@ from services.web.realtime_config import (
     error_event,
     mode_of_model,
 )
-from services.web.realtime_items import AgentResponse, History, UserMessage, new_id
+from services.web.realtime_items import (
+    AgentResponse,
+    History,
+    UserMessage,
+    is_typed_echo,
+    new_id,
+    typed_message,
+)
 
 # Seconds of agent silence that end a response (a shorter pause is within it).
 RESPONSE_GAP_S = 0.5
@@ -55,29 +68,48 @@ RESPONSE_GAP_S = 0.5
 # (server.py takes what OpenAI takes, 15 MiB), so a longer append is this
 # protocol's error, not a closed socket.
 MAX_APPEND_S = 60.0
+# A commit needs this much audio appended since the last turn ended (OpenAI's rule too).
+MIN_COMMIT_S = 0.1
 # The conversation's items (services/web/realtime_items.py).
 ITEM_EDITS = frozenset(
     ("conversation.item.retrieve", "conversation.item.delete", "conversation.item.truncate")
 )
-# Client events not served yet (push-to-talk, typed messages, tools; WebRTC's
-# output buffer): an error names them, and the session goes on.
-NOT_YET = frozenset(
-    (
-        "input_audio_buffer.commit",
-        "conversation.item.create",
-        "response.create",
-        "output_audio_buffer.clear",
-    )
-)
+# Client events not served (WebRTC's output buffer): an error names them, and
+# the session goes on.
+NOT_SERVED = frozenset(("output_audio_buffer.clear",))
+
+
+@dataclass(frozen=True)
+class GatewayRequest:
+    """What a client event asks of the gateway besides audio: a ConverseClient
+    call, `end_turn`, `respond`, `cancel_response` or `send_text` (of `text`)."""
+
+    action: str
+    text: str = ""
+
+    @property
+    def urgent(self) -> bool:
+        """Sent at once, not after the audio appended before it (see Pacer)."""
+        return self.action == "cancel_response"
+
+
+END_TURN, RESPOND, CANCEL = (GatewayRequest(a) for a in ("end_turn", "respond", "cancel_response"))
 
 
 @dataclass
 class Reply:
-    """What one client event asks for: events to send back, audio for the gateway."""
+    """What one client event asks for: events to send back, audio and requests
+    for the gateway."""
 
     events: list[Event] = field(default_factory=list)
     audio: bytes = b""
     clear_audio: bool = False  # input_audio_buffer.clear: drop what is not sent yet
+    requests: list[GatewayRequest] = field(default_factory=list)
+
+    @property
+    def needs_call(self) -> bool:
+        """The gateway call must be open for this (a cancel needs one already)."""
+        return bool(self.audio) or any(not r.urgent for r in self.requests)
 
 
 @dataclass
@@ -86,6 +118,7 @@ class UserTurn:
 
     item_id: str = field(default_factory=lambda: new_id("item"))
     heard: str = ""  # the transcript sent in deltas so far
+    committed: bool = False  # input_audio_buffer.committed was sent (the client's commit)
 
 
 class RealtimeSession:
@@ -93,11 +126,13 @@ class RealtimeSession:
     message, `on_converse` for each gateway event, `on_call_end` once; each
     returns the server events to send, in order, already stamped."""
 
-    def __init__(self, model: str, offered_modes: list[str]) -> None:
+    def __init__(
+        self, model: str, offered_modes: list[str], relay_instructions: bool = False
+    ) -> None:
         self.mode = mode_of_model(model, offered_modes)
         self.model = model
-        self.config = SessionConfig()
-        self.audio_flowed = False  # the gateway call is opened with the config of then
+        self.config = SessionConfig(relay_instructions=relay_instructions)
+        self.call_opened = False  # the gateway call is opened with the config of then
         self.history = History()
         self.response: AgentResponse | None = None
         self.user: UserTurn | None = None
@@ -106,6 +141,7 @@ class RealtimeSession:
         # The agent's words that came before their audio, with their start_s.
         self.early_words: list[tuple[str, float]] = []
         self.appended_s = 0.0  # caller audio appended, for audio_start_ms/audio_end_ms
+        self.uncommitted_s = 0.0  # ... since the caller's turn last ended
         self._event_numbers = itertools.count(1)
         self.id = new_id("sess")
 
@@ -149,19 +185,31 @@ class RealtimeSession:
     def _handle(self, event: dict[str, Any]) -> Reply:
         kind = event["type"]
         if kind == "session.update":
-            self.config = self.config.updated(event.get("session"), self.audio_flowed)
+            self.config = self.config.updated(event.get("session"), self.call_opened)
             return Reply([self._session_event("session.updated")])
         if kind == "input_audio_buffer.append":
-            return Reply(audio=self._appended(event.get("audio")))
+            return self._opening_call(Reply(audio=self._appended(event.get("audio"))))
         if kind == "input_audio_buffer.clear":
+            self.uncommitted_s = 0.0
             return Reply([{"type": "input_audio_buffer.cleared"}], clear_audio=True)
+        if kind == "input_audio_buffer.commit":
+            return self._opening_call(self._committed())
+        if kind == "response.create":
+            return self._opening_call(self._response_asked())
         if kind == "response.cancel":
-            return Reply(self._cancelled("client_cancelled"))
+            return Reply(self._cancelled("client_cancelled"), requests=[CANCEL])
+        if kind == "conversation.item.create":
+            return self._opening_call(self._typed(event.get("item")))
         if kind in ITEM_EDITS:
-            return Reply(self._item_edit(kind, event))
-        if kind in NOT_YET:
-            raise ClientError("unsupported_event", f"{kind} is not served yet", "type")
+            return self._item_edit(kind, event)
+        if kind in NOT_SERVED:
+            raise ClientError("unsupported_event", f"{kind} is not served here", "type")
         raise ClientError("invalid_value", f"unknown event type {kind!r}", "type")
+
+    def _opening_call(self, reply: Reply) -> Reply:
+        """`reply` needs the gateway call: from now on its config is fixed."""
+        self.call_opened = True
+        return reply
 
     def _appended(self, audio: Any) -> bytes:
         if not isinstance(audio, str):
@@ -177,29 +225,72 @@ class RealtimeSession:
             raise ClientError("invalid_value", "audio is not valid base64", "audio") from None
         if len(data) % coding.bytes_per_sample:
             raise ClientError("invalid_value", f"{coding.name} audio is whole samples", "audio")
-        self.audio_flowed = True
         self.appended_s += coding.seconds(data)
+        self.uncommitted_s += coding.seconds(data)
         return data
 
-    def _item_edit(self, kind: str, event: dict[str, Any]) -> list[Event]:
+    def _committed(self) -> Reply:
+        """input_audio_buffer.commit: the caller's turn ends now (the gateway's
+        end_turn). The item's transcript follows when stt has it."""
+        if self.uncommitted_s < MIN_COMMIT_S:
+            raise ClientError(
+                "input_audio_buffer_commit_empty",
+                f"nothing to commit: at least {MIN_COMMIT_S * 1000:g} ms of audio must be "
+                "appended since the last turn ended",
+            )
+        self.uncommitted_s = 0.0
+        user = self.user = self.user or UserTurn()
+        user.committed = True
+        committed = {
+            "type": "input_audio_buffer.committed",
+            "previous_item_id": self.history.last_id,
+            "item_id": user.item_id,
+        }
+        return Reply([committed], requests=[END_TURN])
+
+    def _response_asked(self) -> Reply:
+        """response.create: the agent answers the caller's last turn now (the
+        gateway's respond); its speech comes as the server's response."""
+        if self.response is not None:
+            raise ClientError(
+                "conversation_already_has_active_response",
+                f"response {self.response.id} is under way: cancel it first",
+            )
+        return Reply(requests=[RESPOND])
+
+    def _typed(self, item: Any) -> Reply:
+        """conversation.item.create of a user text message: a caller turn of its
+        own (the gateway's send_text), answered like a spoken one."""
+        message = typed_message(item, self.history)
+        text = message.content[0]["text"]
+        events = [
+            self.history.add(message),
+            {"type": "conversation.item.done", "item": message.item()},
+        ]
+        return Reply(events, requests=[GatewayRequest("send_text", text)])
+
+    def _item_edit(self, kind: str, event: dict[str, Any]) -> Reply:
         """conversation.item.retrieve, .delete or .truncate. Deleting or truncating
-        the response under way ends it first (cancelled): the client is done
-        playing it."""
+        the response under way ends it first (cancelled, and the agent stops):
+        the client is done playing it."""
         item_id = event.get("item_id")
         if kind == "conversation.item.retrieve":
-            return [self.history.retrieve(item_id)]
+            return Reply([self.history.retrieve(item_id)])
         if kind == "conversation.item.delete":
             self.history.get(item_id)  # an unknown item: the error, and nothing ends
-            return [*self._ended_if_under_way(item_id), self.history.delete(item_id)]
+            ended = self._ended_if_under_way(item_id)
+            ended.events.append(self.history.delete(item_id))
+            return ended
         content_index, audio_end_ms = event.get("content_index"), event.get("audio_end_ms")
         self.history.truncatable(item_id, content_index, audio_end_ms)
         ended = self._ended_if_under_way(item_id)
-        return [*ended, self.history.truncate(item_id, content_index, audio_end_ms)]
+        ended.events.append(self.history.truncate(item_id, content_index, audio_end_ms))
+        return ended
 
-    def _ended_if_under_way(self, item_id: Any) -> list[Event]:
+    def _ended_if_under_way(self, item_id: Any) -> Reply:
         if self.response is not None and self.response.item_id == item_id:
-            return self._cancelled("client_cancelled")
-        return []
+            return Reply(self._cancelled("client_cancelled"), requests=[CANCEL])
+        return Reply()
 
     # Gateway events.
 
@@ -210,10 +301,14 @@ class RealtimeSession:
             events = self._agent_text(event)
         elif event["type"] in ("user_partial", "user_final"):
             events = self._user_transcript(event)
+        elif event["type"] == "barge_in" and event["cancelled"]:
+            events = []  # the client's cancel: that response already ended
         elif event["type"] == "barge_in":
             events = [*self._speech_started(), *self._cancelled("turn_detected", quiet=True)]
+        elif event["type"] == "notice" and event["kind"] == "REFUSED":
+            events = [error_event("request_refused", event["message"])]
         else:
-            events = []  # started, turns, notices, keys: nothing a Realtime client reads
+            events = []  # started, turns, other notices, keys: nothing a Realtime client reads
         return self.stamp(events)
 
     def on_call_end(self, error: Event | None) -> list[Event]:
@@ -341,9 +436,13 @@ class RealtimeSession:
         return self._closed("cancelled", reason)
 
     def _speech_started(self) -> list[Event]:
+        """The caller started speaking. No event with push-to-talk: there is no
+        voice activity detection to report it (as with OpenAI's)."""
         if self.user is not None:
             return []
         self.user = UserTurn()
+        if self.config.manual_turns:
+            return []
         started_ms = int(self.appended_s * 1000)
         return [
             {
@@ -354,6 +453,12 @@ class RealtimeSession:
         ]
 
     def _user_transcript(self, event: UserTranscriptEvent) -> list[Event]:
+        if is_typed_echo(event["utterance_id"]):
+            # A typed message, echoed: its item is there. A barge-in it caused
+            # opened a turn with nothing heard: that was it.
+            if self.user is not None and not self.user.heard and not self.user.committed:
+                self.user = None
+            return []
         events = self._speech_started()
         user = self.user
         assert user is not None
@@ -364,21 +469,32 @@ class RealtimeSession:
             delta, user.heard = text[len(user.heard) :], text
             return [*events, self._transcription("delta", user.item_id, delta=delta)]
         self.user = None
+        self.uncommitted_s = 0.0  # the turn ended: a commit needs new audio
         return [*events, *self._user_said(user, event["text"])]
 
     def _user_said(self, user: UserTurn, text: str) -> list[Event]:
+        """The caller's final transcript: the turn ends (unless the client's
+        commit ended it) and its item joins the conversation."""
         message = UserMessage(user.item_id, [{"type": "input_audio", "transcript": text}])
+        ended = []
+        if not self.config.manual_turns and not user.committed:
+            ended.append(
+                {
+                    "type": "input_audio_buffer.speech_stopped",
+                    "audio_end_ms": int(self.appended_s * 1000),
+                    "item_id": user.item_id,
+                }
+            )
+        if not user.committed:
+            ended.append(
+                {
+                    "type": "input_audio_buffer.committed",
+                    "previous_item_id": self.history.last_id,
+                    "item_id": user.item_id,
+                }
+            )
         return [
-            {
-                "type": "input_audio_buffer.speech_stopped",
-                "audio_end_ms": int(self.appended_s * 1000),
-                "item_id": user.item_id,
-            },
-            {
-                "type": "input_audio_buffer.committed",
-                "previous_item_id": self.history.last_id,
-                "item_id": user.item_id,
-            },
+            *ended,
             self.history.add(message),
             self._transcription(
                 "completed", user.item_id, transcript=text, usage={"type": "duration", "seconds": 0}

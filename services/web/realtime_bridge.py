@@ -1,23 +1,29 @@
 """A Realtime WebSocket (services/web/realtime.py's protocol) carried over one
 Gateway.Converse call (kame_common/converse.py's client).
 
-The call opens with the first input_audio_buffer.append, in the formats and
-voice the session has then (session.update may set them before). The gateway
+The call opens with the first client event that needs it (an append, a
+commit, a typed message, response.create), with the formats, voice, turn
+detection and instructions the session has then (session.update may set them
+before). The gateway
 wants caller audio as a phone sends it: at real time, 80 ms at least every
 `idle_timeout_s`, never far ahead of the clock, at most a second a message.
 Realtime clients send it as they like (a microphone's chunks, or a whole file
 at once, then nothing while they listen), so `Pacer` stands between them: it
 sends what the client appended as soon as the clock allows, cut in pieces the
 gateway takes, and silence while the client sends nothing, so that the
-full-duplex agent, whose frames follow the caller's, goes on talking.
+full-duplex agent, whose frames follow the caller's, goes on talking. The
+client's other requests (end_turn, respond, send_text) go in the same stream,
+after the audio appended before them; a cancel goes at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -27,7 +33,7 @@ from kame_common.converse import ConverseClient
 from services.web import bridge
 from services.web.bridge import PageSocket
 from services.web.config import WebSettings
-from services.web.realtime import RealtimeSession, lone_error
+from services.web.realtime import GatewayRequest, RealtimeSession, Reply, lone_error
 from services.web.realtime_config import AudioCoding, ClientError, Event, error_event
 
 log = logging.getLogger(__name__)
@@ -38,6 +44,7 @@ LEAD_S = 1.0
 # How long the client may send nothing before silence stands in for it.
 SLACK_S = 0.1
 MAX_PIECE_S = 0.5  # the most one message to the gateway carries (its max_chunk_s: 1 s)
+GatewayCall = Callable[[], Awaitable[bool]]  # a ConverseClient request: False once the call is over
 MAX_BACKLOG_S = 60.0  # appended audio not sent yet; more is refused
 # The largest WebSocket message the web service takes (server.py): OpenAI takes
 # 15 MiB, so a client's oversize append reaches the session and is refused
@@ -61,6 +68,10 @@ class Pacer:
         self.clock = clock
         self.backlog = bytearray()
         self.sent_s = 0.0
+        self.pushed = 0  # bytes of appended audio, all told
+        self.consumed = 0  # ... of them sent or cleared
+        # Requests with the `pushed` count they wait for (-1: none).
+        self.requests: deque[tuple[int, GatewayCall]] = deque()
         self._arrived = asyncio.Event()
 
     @property
@@ -69,16 +80,31 @@ class Pacer:
 
     def push(self, data: bytes) -> None:
         self.backlog += data
+        self.pushed += len(data)
+        self._arrived.set()
+
+    def push_request(self, request: GatewayCall, urgent: bool = False) -> None:
+        """`request` goes after the audio pushed before it (a commit ends the turn
+        once the gateway has heard it), or, `urgent`, before any audio waiting."""
+        if urgent:
+            self.requests.appendleft((-1, request))
+        else:
+            self.requests.append((self.pushed, request))
         self._arrived.set()
 
     def clear(self) -> None:
+        self.consumed += len(self.backlog)
         self.backlog.clear()
 
     async def run(self) -> None:
-        """Until the call is over (a send returns False)."""
+        """Until the call is over (a send returns False). The one writer of the
+        call: grpc.aio takes one write at a time."""
         start = self.clock()
         while True:
             self._arrived.clear()  # before looking: a push from now on wakes the wait
+            while self.requests and self.requests[0][0] <= self.consumed:
+                if not await self.requests.popleft()[1]():
+                    return
             elapsed = self.clock() - start
             piece = self._next_piece(elapsed)
             if piece:
@@ -99,6 +125,7 @@ class Pacer:
             size = self._whole_samples(allowed_s)
             piece = bytes(self.backlog[:size])
             del self.backlog[:size]
+            self.consumed += len(piece)
             return piece
         if self.sent_s < elapsed - SLACK_S:
             return self.coding.silence(min(MAX_PIECE_S, elapsed - self.sent_s))
@@ -109,6 +136,18 @@ class Pacer:
             return 0
         step = self.coding.bytes_per_sample
         return int(seconds * self.coding.rate) * step
+
+
+def gateway_call(client: ConverseClient, request: GatewayRequest) -> GatewayCall:
+    """The ConverseClient call `request` names."""
+    if request.action == "send_text":
+        return functools.partial(client.send_text, request.text)
+    calls = {
+        "end_turn": client.end_turn,
+        "respond": client.respond,
+        "cancel_response": client.cancel_response,
+    }
+    return calls[request.action]
 
 
 def bearer_token(authorization: str | None) -> str:
@@ -141,7 +180,9 @@ class RealtimeBridge:
         """One session: client events until the client goes or the gateway ends
         the call. A model the web service does not offer: an error, and no session."""
         try:
-            session = RealtimeSession(model, self.settings.mode_choices)
+            session = RealtimeSession(
+                model, self.settings.mode_choices, self.settings.realtime_relay_instructions
+            )
         except ClientError as exc:
             await bridge.send_json(socket, lone_error(exc.code, exc.message))
             return
@@ -199,23 +240,28 @@ class RealtimeLink:
             if raw is None:
                 return
             reply = self.session.on_client(raw)
-            if reply.clear_audio and self.pacer:
-                self.pacer.clear()
-            if reply.audio:
-                reply.events += self._queue_audio(reply.audio)
-            await self.send(reply.events)
+            await self.send([*reply.events, *self._to_gateway(reply)])
 
-    def _queue_audio(self, data: bytes) -> list[Event]:
-        if self.pacer is None:
+    def _to_gateway(self, reply: Reply) -> list[Event]:
+        """`reply`'s audio and requests to the call (opened if it needs one); the
+        error events of audio that cannot wait."""
+        if reply.needs_call and self.pacer is None:
             self._open_call()
-        assert self.pacer is not None
-        if self.pacer.backlog_s > MAX_BACKLOG_S:
+        if self.pacer is None or self.client is None:
+            return []  # a cancel with no call: the agent is not speaking
+        if reply.clear_audio:
+            self.pacer.clear()
+        errors = []
+        if reply.audio and self.pacer.backlog_s > MAX_BACKLOG_S:
             message = (
                 f"more than {MAX_BACKLOG_S:g} s of audio waits to be sent; append at real time"
             )
-            return self.session.stamp([error_event("input_audio_buffer_full", message)])
-        self.pacer.push(data)
-        return []
+            errors = self.session.stamp([error_event("input_audio_buffer_full", message)])
+        elif reply.audio:
+            self.pacer.push(reply.audio)
+        for request in reply.requests:
+            self.pacer.push_request(gateway_call(self.client, request), request.urgent)
+        return errors
 
     def _open_call(self) -> None:
         channel = self.settings.gateway_channel(self.settings.connection_policy())

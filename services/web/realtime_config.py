@@ -4,6 +4,7 @@ protocol's error for a choice it may not make."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,40 +105,53 @@ class SessionConfig:
     input: AudioCoding = CODINGS["audio/pcm"]
     output: AudioCoding = CODINGS["audio/pcm"]
     voice: str = "alloy"
-    # Kept and shown back, not yet given to the agent (the gateway's config has no field).
     instructions: str = ""
+    # Give the instructions to the agent (ConverseConfig.instructions): the web
+    # service's realtime_relay_instructions. Else they are kept and shown back only.
+    relay_instructions: bool = False
+    # turn_detection null: push-to-talk (the client commits turns and asks for
+    # answers), the gateway's MANUAL turn detection.
+    manual_turns: bool = False
 
     def updated(self, session: Any, locked: bool) -> SessionConfig:
         """This config with `session`'s fields applied; ClientError (nothing
-        applied) if one cannot be. `locked`: audio flowed, so the formats and
-        the voice the call was opened with stay."""
+        applied) if one cannot be. `locked`: the call is open, so what it was
+        opened with (formats, voice, instructions, turn detection) stays."""
         if not isinstance(session, dict):
             raise ClientError("invalid_value", "session must be an object", "session")
         if session.get("type", "realtime") != "realtime":
             raise ClientError("invalid_value", "only realtime sessions are served", "session.type")
-        new = SessionConfig(
+        new = dataclasses.replace(
+            self,
             input=self._coding(session, "audio.input.format", self.input),
             output=self._coding(session, "audio.output.format", self.output),
             voice=self._voice(session),
             instructions=session.get("instructions", self.instructions),
+            manual_turns=self._manual_turns(session),
         )
         if not isinstance(new.instructions, str):
             raise ClientError(
                 "invalid_type", "instructions must be a string", "session.instructions"
             )
-        audio = session.get("audio") or {}
-        if "turn_detection" in (audio.get("input") or {}):
-            self._check_turn_detection(audio["input"]["turn_detection"])
         if session.get("tools"):
             raise ClientError("unsupported_value", "tools are not served yet", "session.tools")
-        call_fixed = (new.input, new.output, new.voice) != (self.input, self.output, self.voice)
-        if locked and call_fixed:
+        if locked and new.call_config() != self.call_config():
             raise ClientError(
                 "session_locked",
-                "the audio formats and the voice cannot change once audio has flowed",
-                "session.audio",
+                "the audio formats, voice, instructions and turn detection are the call's: "
+                "they cannot change once it is open (audio, a commit, a message or "
+                "response.create opened it)",
+                "session",
             )
         return new
+
+    def call_config(self) -> tuple[Any, ...]:
+        """What the gateway call is opened with."""
+        return (self.input, self.output, self.voice, self.manual_turns, self.agent_instructions)
+
+    @property
+    def agent_instructions(self) -> str:
+        return self.instructions if self.relay_instructions else ""
 
     @staticmethod
     def _coding(session: dict[str, Any], path: str, current: AudioCoding) -> AudioCoding:
@@ -166,16 +180,24 @@ class SessionConfig:
             raise ClientError("invalid_value", "voice must be a name", "session.audio.output.voice")
         return voice
 
-    @staticmethod
-    def _check_turn_detection(turn_detection: Any) -> None:
+    def _manual_turns(self, session: dict[str, Any]) -> bool:
+        """turn_detection null: push-to-talk; server_vad or semantic_vad: the
+        stack's own turn detection (their tuning fields are the stack's too)."""
+        audio_input = _field(session, "audio.input")
+        if not isinstance(audio_input, dict) or "turn_detection" not in audio_input:
+            return self.manual_turns
+        turn_detection = audio_input["turn_detection"]
+        if turn_detection is None:
+            return True
         kind = turn_detection.get("type") if isinstance(turn_detection, dict) else None
         if kind not in ("server_vad", "semantic_vad"):
             raise ClientError(
-                "unsupported_value",
-                "turn detection is the stack's own (server_vad or semantic_vad); "
-                "push-to-talk (null) is not served yet",
+                "invalid_value",
+                "turn_detection: server_vad or semantic_vad (the stack's own), or null "
+                "(push-to-talk)",
                 "session.audio.input.turn_detection",
             )
+        return False
 
     def described(self, model: str) -> Event:
         """The session object of session.created/updated."""
@@ -192,16 +214,21 @@ class SessionConfig:
                     "format": self.input.described(),
                     "transcription": None,
                     "noise_reduction": None,
-                    "turn_detection": {"type": "server_vad"},
+                    "turn_detection": None if self.manual_turns else {"type": "server_vad"},
                 },
                 "output": {"format": self.output.described(), "voice": self.voice},
             },
         }
 
     def converse_config(self, mode: str) -> gateway_pb2.ConverseConfig:
-        return gateway_pb2.ConverseConfig(
-            mode=gateway_pb2.ConverseConfig.Mode.Value(mode.upper()),
+        Config = gateway_pb2.ConverseConfig  # noqa: N806 (the proto's name)
+        return Config(
+            mode=Config.Mode.Value(mode.upper()),
             input_format=self.input.gateway_format(),
             output_format=self.output.gateway_format(),
             voice="" if self.voice in OPENAI_VOICES else self.voice,
+            instructions=self.agent_instructions,
+            turn_detection=Config.MANUAL
+            if self.manual_turns
+            else Config.TURN_DETECTION_UNSPECIFIED,
         )

@@ -187,3 +187,41 @@ class History:
             "content_index": 0,
             "audio_end_ms": audio_end_ms,
         }
+
+
+def typed_message(item: Any, history: History) -> UserMessage:
+    """The user text message a conversation.item.create carries; ClientError for
+    any other item (the agent's messages, tool output: the agent speaks for
+    itself, and tools are not served)."""
+    if not isinstance(item, dict):
+        raise ClientError("invalid_value", "item must be an object", "item")
+    if item.get("type", "message") != "message" or item.get("role") != "user":
+        raise ClientError(
+            "unsupported_value",
+            "only the caller's messages (type message, role user) can be added",
+            "item.role" if item.get("type", "message") == "message" else "item.type",
+        )
+    content = item.get("content")
+    parts = content if isinstance(content, list) and content else [None]
+    texts = [part.get("text") if isinstance(part, dict) else None for part in parts]
+    kinds = {part.get("type") if isinstance(part, dict) else None for part in parts}
+    if kinds != {"input_text"} or not all(isinstance(text, str) for text in texts):
+        raise ClientError(
+            "unsupported_value",
+            "a message's content: input_text parts with their text",
+            "item.content",
+        )
+    text = " ".join(str(text).strip() for text in texts).strip()
+    if not text:
+        raise ClientError("invalid_value", "the message has no text", "item.content")
+    item_id = item.get("id") or new_id("item")
+    if not isinstance(item_id, str) or item_id in history:
+        raise ClientError("invalid_value", "item.id: a new item's id", "item.id")
+    return UserMessage(item_id, [{"type": "input_text", "text": text}])
+
+
+def is_typed_echo(utterance_id: str) -> bool:
+    """A final transcript that is the gateway's echo of a typed message (its
+    utterance_id is "<session_id>-text-<n>": gateway.proto, UserText)."""
+    _, marker, number = utterance_id.rpartition("-text-")
+    return bool(marker) and number.isdigit()

@@ -320,7 +320,7 @@ async def test_events_out_of_order_get_errors_and_change_nothing(web, fakes):
 
     refused, locked = opened[0], after[-1]
     assert (refused.type, refused.error.code) == ("error", "item_not_found")
-    assert (locked.error.code, locked.error.param) == ("session_locked", "session.audio")
+    assert (locked.error.code, locked.error.param) == ("session_locked", "session")
     assert set(kinds(after[:-1], ())) <= {"response.output_audio.delta"}
 
 

@@ -6,6 +6,7 @@ was played, retrieved, deleted), and the caller's audio paced for the gateway.""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 
@@ -13,7 +14,15 @@ import pytest
 
 from kame_cli.up import realtime_url
 from kamepb import gateway_pb2
-from services.web.realtime import RESPONSE_GAP_S, RealtimeSession
+from services.web.realtime import (
+    CANCEL,
+    END_TURN,
+    RESPOND,
+    RESPONSE_GAP_S,
+    GatewayRequest,
+    RealtimeSession,
+    Reply,
+)
 from services.web.realtime_bridge import LEAD_S, MAX_PIECE_S, SLACK_S, Pacer, bearer_token
 from services.web.realtime_config import CODINGS, ClientError, SessionConfig, mode_of_model
 from services.web.realtime_items import History, UserMessage
@@ -79,8 +88,8 @@ def test_session_update_chooses_g711_and_a_voice_of_the_stack():
             "session.audio.input.format.rate",
         ),
         (
-            {"audio": {"input": {"turn_detection": None}}},
-            "unsupported_value",
+            {"audio": {"input": {"turn_detection": {"type": "whisper_vad"}}}},
+            "invalid_value",
             "session.audio.input.turn_detection",
         ),
         ({"tools": [{"type": "function", "name": "f"}]}, "unsupported_value", "session.tools"),
@@ -93,11 +102,32 @@ def test_a_session_update_the_stack_cannot_honour_is_refused_naming_the_field(up
     assert (refused.value.code, refused.value.param) == (code, param)
 
 
-def test_the_formats_and_voice_stay_once_audio_has_flowed():
-    locked = SessionConfig()
-    assert locked.updated({"instructions": "Be brief."}, locked=True).instructions == "Be brief."
-    with pytest.raises(ClientError, match="once audio has flowed"):
-        locked.updated({"audio": {"output": {"format": {"type": "audio/pcmu"}}}}, locked=True)
+def test_what_the_call_was_opened_with_stays_once_it_is_open():
+    shown_only = SessionConfig()
+    assert shown_only.updated({"instructions": "Hi."}, locked=True).instructions == "Hi."
+    relayed = SessionConfig(relay_instructions=True)
+    for update in (
+        {"audio": {"output": {"format": {"type": "audio/pcmu"}}}},
+        {"audio": {"input": {"turn_detection": None}}},
+        {"instructions": "Be brief."},
+    ):
+        with pytest.raises(ClientError, match="once it is open") as refused:
+            relayed.updated(update, locked=True)
+        assert refused.value.code == "session_locked"
+    same = {"instructions": "", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
+    assert relayed.updated(same, locked=True) == relayed  # a client repeating itself
+
+
+def test_push_to_talk_and_instructions_go_into_the_calls_config():
+    update = {"instructions": "Answer in French.", "audio": {"input": {"turn_detection": None}}}
+    relayed = SessionConfig(relay_instructions=True).updated(update, locked=False)
+    config = relayed.converse_config("tandem")
+    assert config.turn_detection == gateway_pb2.ConverseConfig.MANUAL
+    assert config.instructions == "Answer in French."
+    assert relayed.described("kame-tandem")["audio"]["input"]["turn_detection"] is None
+    shown_only = SessionConfig().updated(update, locked=False)
+    assert shown_only.converse_config("tandem").instructions == ""
+    assert shown_only.described("kame-tandem")["instructions"] == "Answer in French."
 
 
 def test_the_model_names_an_offered_mode():
@@ -332,3 +362,148 @@ def test_the_pacer_sends_at_most_a_lead_ahead_of_the_clock_and_silence_when_star
 
 def test_kame_up_names_the_endpoint_by_the_web_services_address():
     assert realtime_url("http://127.0.0.1:8088/") == "ws://127.0.0.1:8088/v1/realtime"
+
+
+def heard(realtime: RealtimeSession, kind: str, text: str, utterance_id: str = "u") -> list[dict]:
+    event = {
+        "type": kind,
+        "utterance_id": utterance_id,
+        "text": text,
+        "stable_text": "",
+        "stability": 0.0,
+        "lag_s": 0.0,
+    }
+    return realtime.on_converse(event)
+
+
+def appended(realtime: RealtimeSession, seconds: float) -> Reply:
+    audio = base64.b64encode(bytes(int(48000 * seconds))).decode()
+    return realtime.on_client(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+
+
+def push_to_talk() -> RealtimeSession:
+    realtime = session()
+    update = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    sent(realtime, type="session.update", session=update)
+    return realtime
+
+
+def test_a_commit_ends_the_turn_after_its_audio_and_the_final_completes_the_item():
+    realtime = push_to_talk()
+    (empty,) = sent(realtime, type="input_audio_buffer.commit")
+    assert empty["error"]["code"] == "input_audio_buffer_commit_empty"
+    assert appended(realtime, 0.5).needs_call
+    partial = heard(realtime, "user_partial", "what is")  # no VAD events with push-to-talk
+    assert [e["type"] for e in partial] == ["conversation.item.input_audio_transcription.delta"]
+    reply = realtime.on_client(json.dumps({"type": "input_audio_buffer.commit"}))
+    assert reply.requests == [END_TURN]
+    (committed,) = reply.events
+    assert committed["type"] == "input_audio_buffer.committed"
+    final = heard(realtime, "user_final", "what is the capital")
+    assert [e["type"] for e in final] == [
+        "conversation.item.added",
+        "conversation.item.input_audio_transcription.completed",
+        "conversation.item.done",
+    ]
+    assert final[0]["item"]["id"] == committed["item_id"]
+    (again,) = sent(realtime, type="input_audio_buffer.commit")  # nothing new appended
+    assert again["error"]["code"] == "input_audio_buffer_commit_empty"
+
+
+def test_response_create_asks_for_the_answer_once_at_a_time():
+    realtime = push_to_talk()
+    reply = realtime.on_client(json.dumps({"type": "response.create"}))
+    assert (reply.events, reply.requests, reply.needs_call) == ([], [RESPOND], True)
+    agent(realtime, speaking=True)
+    (busy,) = sent(realtime, type="response.create")
+    assert busy["error"]["code"] == "conversation_already_has_active_response"
+
+
+def test_response_cancel_stops_the_agent_at_the_gateway_too():
+    realtime = session()
+    agent(realtime, speaking=True)
+    reply = realtime.on_client(json.dumps({"type": "response.cancel"}))
+    assert reply.requests == [CANCEL] and not reply.needs_call  # urgent: before audio
+    assert reply.events[-1]["response"]["status"] == "cancelled"
+    # The gateway's barge-in for that cancel: the response is over already.
+    assert realtime.on_converse({"type": "barge_in", "seq": 3, "cancelled": True}) == []
+
+
+def test_a_typed_message_is_an_item_at_once_and_its_echo_is_not_a_second():
+    realtime = session()
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi!"}]}
+    reply = realtime.on_client(json.dumps({"type": "conversation.item.create", "item": item}))
+    assert reply.requests == [GatewayRequest("send_text", "Hi!")] and reply.needs_call
+    added, done = reply.events
+    assert added["item"]["content"] == [{"type": "input_text", "text": "Hi!"}]
+    assert done["type"] == "conversation.item.done"
+    # It cut the agent (a barge-in), then the gateway echoes it as a final.
+    barge_in = realtime.on_converse({"type": "barge_in", "seq": 1, "cancelled": False})
+    assert [e["type"] for e in barge_in] == ["input_audio_buffer.speech_started"]
+    assert heard(realtime, "user_final", "Hi!", utterance_id="sess-1-text-1") == []
+    started = heard(realtime, "user_partial", "and")  # the caller's next words: a new turn
+    assert started[0]["type"] == "input_audio_buffer.speech_started"
+    assert started[0]["item_id"] != barge_in[0]["item_id"]
+
+
+@pytest.mark.parametrize(
+    ("item", "code", "param"),
+    [
+        ({"type": "function_call_output", "output": "{}"}, "unsupported_value", "item.type"),
+        (
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text"}]},
+            "unsupported_value",
+            "item.role",
+        ),
+        (
+            {"type": "message", "role": "user", "content": [{"type": "input_audio"}]},
+            "unsupported_value",
+            "item.content",
+        ),
+        (
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": " "}]},
+            "invalid_value",
+            "item.content",
+        ),
+        ("hello", "invalid_value", "item"),
+    ],
+)
+def test_items_other_than_the_callers_text_are_refused(item, code, param):
+    realtime = session()
+    (refused,) = sent(realtime, type="conversation.item.create", item=item)
+    assert (refused["error"]["code"], refused["error"]["param"]) == (code, param)
+    assert not realtime.call_opened
+
+
+def test_a_refused_request_is_an_error_and_the_session_goes_on():
+    realtime = session()
+    notice = {"type": "notice", "kind": "REFUSED", "message": "user_text: at most 2000 characters"}
+    (error,) = realtime.on_converse(notice)
+    assert (error["error"]["code"], error["error"]["message"]) == (
+        "request_refused",
+        notice["message"],
+    )
+
+
+async def test_the_pacer_sends_a_request_after_the_audio_before_it_and_a_cancel_at_once():
+    order: list[str] = []
+
+    async def audio(data: bytes) -> bool:
+        order.append(f"audio {len(data)}")
+        return True
+
+    def request(name: str):
+        async def call() -> bool:
+            order.append(name)
+            return name != "stop"
+
+        return call
+
+    pcm = CODINGS["audio/pcm"]
+    pacer = Pacer(pcm, audio)
+    pacer.push(bytes(pcm.bytes_per_s // 10))
+    pacer.push_request(request("end_turn"))
+    pacer.push_request(request("cancel_response"), urgent=True)
+    pacer.push_request(request("stop"))
+    await asyncio.wait_for(pacer.run(), 5)
+    assert order == ["cancel_response", "audio 4800", "end_turn", "stop"]
