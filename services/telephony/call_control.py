@@ -29,8 +29,14 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from kame_common.converse import DTMF_KEYS
+from services.telephony import metrics
 from services.telephony.call import PhoneCall
-from services.telephony.config import TelephonySettings, TransferTarget, transfer_targets
+from services.telephony.config import (
+    CALL_CONTROL_ACTIONS,
+    TelephonySettings,
+    TransferTarget,
+    transfer_targets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +52,7 @@ HANG_UP_QUIET_S = 0.3
 class CallControlRequest:
     """What the agent asks of the call."""
 
-    action: str  # "hang_up", "transfer", "send_dtmf"
+    action: str  # one of CALL_CONTROL_ACTIONS: "hang_up", "transfer", "send_dtmf"
     target: str = ""  # transfer: a name or URI from transfer_targets
     digits: str = ""  # send_dtmf: keys 0-9, *, #, A-D
     reason: str = ""  # hang_up: why, for the log
@@ -58,6 +64,7 @@ class CallControlResult:
 
     ok: bool
     detail: str
+    refused: bool = False  # refused before anything was tried (not enabled, not listed)
 
 
 class CallControlError(Exception):
@@ -114,9 +121,18 @@ async def act(
     call: PhoneCall, request: CallControlRequest, policy: CallControlPolicy
 ) -> CallControlResult:
     """Do `request` on `call` if `policy` allows it; the result in words."""
-    name = f"{call.info.provider} call {call.info.provider_call_id}"
+    info = call.info
     result = await _act(call, request, policy)
-    log.info("%s: call control %s: %s", name, request.action, result.detail)
+    log.info(
+        "%s call %s: call control %s: %s",
+        info.provider,
+        info.provider_call_id,
+        request.action,
+        result.detail,
+    )
+    outcome = "done" if result.ok else "refused" if result.refused else "failed"
+    action = request.action if request.action in CALL_CONTROL_ACTIONS else "other"
+    metrics.CALL_CONTROL.labels(info.provider, action, outcome).inc()
     return result
 
 
@@ -124,9 +140,9 @@ async def _act(
     call: PhoneCall, request: CallControlRequest, policy: CallControlPolicy
 ) -> CallControlResult:
     if refusal := policy.refusal(request):
-        return CallControlResult(False, f"refused: {refusal}")
+        return CallControlResult(False, f"refused: {refusal}", refused=True)
     if not call.started.is_set() or call.ended is not None:
-        return CallControlResult(False, "refused: the call is not in progress")
+        return CallControlResult(False, "refused: the call is not in progress", refused=True)
     try:
         if request.action == "hang_up":
             await hang_up_after_playout(call, request.reason or "the agent hung up")

@@ -51,6 +51,13 @@ DROPPED_RTP = Counter(
     "the address and port its SDP named), ssrc (another SSRC than the phone's), malformed",
     ["reason"],
 )
+CALL_CONTROL = Counter(
+    "kame_telephony_call_control_total",
+    "What the agent asked of calls (hang_up, transfer, send_dtmf), by result: done, "
+    "refused (not enabled, a target not listed, bad keys, the call not in progress), "
+    "failed (the protocol cannot, the phone refused, the transfer did not work)",
+    ["provider", "action", "result"],
+)
 BARGE_INS = Counter(
     "kame_telephony_barge_ins_total",
     "Agent audio flushed because the caller cut the agent off",

@@ -132,7 +132,8 @@ class SipCall:
             self.rtp.skip_packet()
             self._restart = True
             return
-        if self.keys_out.pending and self._send_key_packet():
+        if self.keys_out.pending and self.keys_out.send_due(self.rtp, self.media.dtmf_payload_type):
+            self._restart = True  # the audio after a key starts a talk spurt
             return
         marker = self._restart or (speaking and not self._talking)
         self._talking, self._restart = speaking, False
@@ -141,19 +142,6 @@ class SipCall:
     async def clear(self) -> None:
         """Nothing to do: RTP has no queue at the far end beyond its own small
         jitter buffer, and the playout was flushed."""
-
-    def _send_key_packet(self) -> bool:
-        """An RFC 4733 packet of a key the agent presses, sent in this packet time in
-        place of audio (whose time passes unsent); False: none is due now."""
-        assert self.rtp is not None
-        event = self.keys_out.next_packet(self.rtp.next_timestamp)
-        if event is None:
-            return False
-        pt, timestamp = self.media.dtmf_payload_type, self.keys_out.event_timestamp
-        self.rtp.send_event(pt, event.payload, timestamp, marker=event.starts)
-        self.rtp.skip_packet()
-        self._restart = True  # the audio after the key starts a talk spurt
-        return True
 
     async def hang_up(self, reason: str) -> None:
         log.info("sip call %s: hanging up: %s", self.call_id, reason)
@@ -177,13 +165,8 @@ class SipCall:
             outcome = await transfer.outcome()
         finally:
             self.transfer_now = None
-        log.info(
-            "sip call %s: transfer to %s: %s (progress %s)",
-            self.call_id,
-            target_uri,
-            outcome.describe(),
-            ", ".join(transfer.progress) or "none",
-        )
+        progress = ", ".join(transfer.progress) or "none"
+        log.info("sip call %s: transfer: %s (NOTIFYs: %s)", self.call_id, outcome, progress)
         if not (outcome.succeeded or outcome.status == 0):
             raise CallControlError(f"the transfer to {target_uri} failed: {outcome.describe()}")
         assert self.call is not None
@@ -196,7 +179,9 @@ class SipCall:
             raise CallControlError("the call is not in progress")
         if not offers_telephone_events(self.invite.sdp_offer):
             raise CallControlError("the phone did not offer telephone-event (RFC 4733) keys")
-        await self.keys_out.press(digits)
+        if self.held:
+            raise CallControlError("the phone holds the call: no keys can be sent now")
+        await self.keys_out.press(digits)  # KeysOut.cancel() ends it with the call
         if not self._in_progress():
             raise CallControlError("the call ended before the keys were sent")
 
@@ -380,7 +365,8 @@ class SipServer:
                     task.cancel()
             sip_call = self.calls.get(call_id)
             if method == "REFER" and sip_call is not None and sip_call.transfer_now is not None:
-                sip_call.transfer_now.answered(status, message.reason_phrase)
+                assert message.cseq is not None
+                sip_call.transfer_now.answered(message.cseq.seq, status, message.reason_phrase)
             return
         assert self._uas_receive is not None
         self._uas_receive(message, addr)
@@ -579,7 +565,7 @@ class SipServer:
             refer = self._uac.send_refer(invite.dialog, transfer.target, invite.source_addr)
         except ValueError as error:  # the dialog is not (or no longer) confirmed
             raise CallControlError(f"the call cannot be transferred now: {error}") from None
-        transfer.retransmission = asyncio.ensure_future(self._repeat(refer, invite.source_addr))
+        transfer.sent(refer, asyncio.ensure_future(self._repeat(refer, invite.source_addr)))
 
     async def _repeat(self, request: SipRequest, addr: tuple[str, int]) -> None:
         """Retransmit `request` until its answer cancels this task, or give up."""

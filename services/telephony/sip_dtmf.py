@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from aiosipua import SdpMessage
 
+from services.telephony.sip_adapter import FilteredRtpSession
+
 # RFC 4733 3.2: the event codes of the 16 keys.
 EVENT_CODES = {key: code for code, key in enumerate("0123456789*#ABCD")}
 SAMPLES_PER_PACKET = 160  # 20 ms at 8 kHz
@@ -106,6 +108,16 @@ class KeysOut:
             if not done.done():
                 done.set_result(None)
         return step
+
+    def send_due(self, rtp: FilteredRtpSession, payload_type: int) -> bool:
+        """Send the event packet due in this packet time on `rtp` in place of audio
+        (whose time passes unsent); False: none is due, audio goes out."""
+        event = self.next_packet(rtp.next_timestamp)
+        if event is None:
+            return False
+        rtp.send_event(payload_type, event.payload, self._event_timestamp, marker=event.starts)
+        rtp.skip_packet()
+        return True
 
     def cancel(self) -> None:
         """The call ended: nothing more is sent, and every press is over."""

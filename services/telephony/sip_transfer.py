@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from aiosipua import SipRequest
+
 # The phone's answer to the REFER: within a UDP transaction's lifetime (64 * T1).
 REFER_ANSWER_S = 32.0
 # Its outcome: the target's phone rings for a while before anyone answers it.
@@ -36,6 +38,9 @@ class Outcome:
     def describe(self) -> str:
         return f"{self.status} {self.reason}".strip() if self.status else self.reason
 
+    def __str__(self) -> str:
+        return self.describe()
+
 
 class Transfer:
     """One REFER on a call, from sending it to the phone's final word on it."""
@@ -46,11 +51,18 @@ class Transfer:
         self.progress: list[str] = []  # the sipfrag status lines seen, for the log
         self._answered = asyncio.Event()  # any final answer to the REFER, or a NOTIFY
         self._outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self.retransmission: asyncio.Task[None] | None = None
+        self._cseq = -1  # the REFER's: its responses carry it
+        self._retransmission: asyncio.Task[None] | None = None
 
-    def answered(self, status: int, reason: str) -> None:
-        """A response to the REFER."""
-        if status < 200:
+    def sent(self, refer: SipRequest, retransmission: asyncio.Task[None]) -> None:
+        """The REFER is out, and repeated by `retransmission` until answered."""
+        self._cseq = refer.cseq.seq if refer.cseq is not None else -1
+        self._retransmission = retransmission
+
+    def answered(self, cseq: int, status: int, reason: str) -> None:
+        """A response to a REFER of the call (a late one to an earlier REFER is not
+        this one's)."""
+        if status < 200 or cseq != self._cseq:
             return
         self._stop_retransmission()
         self._answered.set()
@@ -91,6 +103,6 @@ class Transfer:
             self._outcome.set_result(outcome)
 
     def _stop_retransmission(self) -> None:
-        if self.retransmission is not None:
-            self.retransmission.cancel()
-            self.retransmission = None
+        if self._retransmission is not None:
+            self._retransmission.cancel()
+            self._retransmission = None

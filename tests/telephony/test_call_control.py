@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import REGISTRY
 
 from services.telephony.call import PhoneCall
 from services.telephony.call_control import CallControlPolicy, CallControlRequest
@@ -35,12 +36,18 @@ async def the_call(sip: SipServer) -> tuple[SipCall, PhoneCall]:
     return sip_call, sip_call.call
 
 
+def refused_transfers() -> float:
+    labels = {"provider": "sip", "action": "transfer", "result": "refused"}
+    return REGISTRY.get_sample_value("kame_telephony_call_control_total", labels) or 0.0
+
+
 def keys_heard(events: list[dict]) -> str:
     return "".join(e["param"] for e in events if e.get("type") == "CALL_DTMF_START")
 
 
 async def test_baresip_hears_the_agents_keys_gets_its_refer_and_is_hung_up(rig: Rig, tmp_path):
     sip = await rig.sip(**ALL_ON)
+    refused_before = refused_transfers()
     async with baresip_call(sip, tmp_path, 20.0) as (phone, _):
         sip_call, call = await the_call(sip)
 
@@ -54,6 +61,7 @@ async def test_baresip_hears_the_agents_keys_gets_its_refer_and_is_hung_up(rig: 
         result = await sip.telephony.control(call, elsewhere)
         assert not result.ok and "not a transfer target" in result.detail
         assert sip_call.transfer_now is None
+        assert refused_transfers() == refused_before + 1
 
         # The listed one, by its name: baresip gets a REFER to the operator's URI. Its
         # one RTP port pair is this call's, so it cannot place the call to the target
