@@ -1,0 +1,55 @@
+"""kyutai's own Moshi client (`moshi.client`, as `python -m moshi.client` runs
+it) holds a spoken conversation with the whole stack (the e2e stack of this
+folder's conftest) through the web service's /api/chat: a piper question
+into its microphone, the agent's words and audio back over the Moshi
+protocol, and that audio, transcribed by our STT, has the answer in it.
+PortAudio is not installed here, so its sound card is the stand-in of
+tests/web/test_moshi_chat.py (real time, the client's own callbacks)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import pytest_asyncio
+
+from services.web.config import WebSettings
+from services.web.server import serve
+from tests.e2e.conftest import QUESTION
+from tests.support import word_recall, words_of
+from tests.web.test_moshi_chat import SoundCard, moshi_client, run_moshi_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+ANSWER_TIMEOUT_S = 90.0
+HOLD_MAX_S = 10.0  # a loaded test machine may take longer than the default 5 s to answer
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def web(stack):
+    gateway = await stack.services.gateway(
+        stack.stt, stack.oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S
+    )
+    settings = WebSettings(
+        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
+    )
+    server = await serve(settings)
+    yield server
+    await server.stop()
+
+
+async def test_moshis_client_asks_a_spoken_question_and_hears_the_answer(
+    web, speak, transcribe, monkeypatch
+):
+    card = SoundCard(speak(QUESTION))  # 24 kHz: the Moshi protocol's rate
+    client = moshi_client(monkeypatch, card)
+
+    said = await run_moshi_client(
+        client, web.port, lambda words: "paris" in words_of(words), ANSWER_TIMEOUT_S, tail_s=3.0
+    )
+
+    heard = await asyncio.to_thread(transcribe, card.heard())
+    print(f"moshi's client printed {said!r}; our STT hears {heard!r}")
+    assert "paris" in words_of(said), said  # the agent's words, as moshi's client printed them
+    assert word_recall(said, heard) >= 0.5, (said, heard)  # ... are what its audio says
+    assert word_recall("Paris", heard) == 1.0, (said, heard)
