@@ -30,6 +30,8 @@ import pytest
 import sphn
 
 from services.web.config import WebSettings
+from services.web.moshi_chat import MAX_WORD_LEAD_S, AgentWords, Close, chat_mode
+from services.web.realtime_config import ClientError
 from services.web.server import serve
 
 RATE = 24000
@@ -283,3 +285,28 @@ async def test_refusals_say_why(web):
             async with chat(web, **options):
                 pass
         assert refused.value.status == 403
+
+
+def test_words_go_out_with_the_audio_they_start_in():
+    words = AgentWords()
+    assert words.heard("Paris", start_s=0.5) == []  # its audio is still to come
+    assert words.heard(" is", start_s=0.7) == []
+    assert words.advanced(0.48) == []
+    assert words.advanced(0.08) == [" Paris"]  # a leading space, as moshi's pieces have
+    assert words.advanced(0.16) == [" is"]
+    assert words.heard("said", start_s=0.1) == [" said"]  # already reached: at once
+    # A start far ahead of the audio is on another clock: not held for good.
+    assert words.heard("far", start_s=words.position_s + MAX_WORD_LEAD_S + 1) == [" far"]
+    words.heard("cut", start_s=words.position_s + 0.5)
+    words.cut()  # a barge-in: the rest of that speech is never heard
+    assert words.advanced(1.0) == []
+
+
+def test_the_mode_and_the_close_reason():
+    assert chat_mode(None, ["cascade", "tandem"]) == "tandem"
+    assert chat_mode(None, ["s2s", "cascade"]) == "s2s"
+    assert chat_mode("kame-cascade", ["tandem", "cascade"]) == "cascade"
+    with pytest.raises(ClientError):
+        chat_mode("kame-s2s", ["tandem"])
+    reason = Close(1008, "é" * 100).short_reason  # a close frame carries 123 bytes
+    assert len(reason.encode()) <= 123 and reason == "é" * 61
