@@ -62,6 +62,13 @@ from services.telephony.call_control import CallControlError
 from services.telephony.config import TelephonySettings
 from services.telephony.playout import PCMU
 from services.telephony.service import Telephony
+from services.telephony.twilio_transfer import (
+    AFTER_ACTION,
+    AFTER_PATH,
+    Transfers,
+    dial_twiml,
+    hangup_twiml,
+)
 
 log = logging.getLogger(__name__)
 
@@ -188,9 +195,10 @@ def stream_url(request: Request, settings: TelephonySettings) -> str:
     return f"{ws_scheme}://{netloc}{prefix}{STREAM_PATH}"
 
 
-def twiml(url: str, parameters: Mapping[str, str]) -> str:
+def twiml(url: str, parameters: Mapping[str, str], action: str | None = None) -> str:
+    """<Connect><Stream>; with `action`, Twilio asks it what follows the stream."""
     response = VoiceResponse()
-    connect = Connect()
+    connect = Connect() if action is None else Connect(action=action)
     stream = connect.stream(url=url)
     for name, value in parameters.items():
         stream.parameter(name=name, value=value)
@@ -215,11 +223,16 @@ async def read_limited(request: Request, limit: int) -> bytes | None:
 
 
 class TwilioWebhook:
-    def __init__(self, telephony: Telephony) -> None:
+    def __init__(self, telephony: Telephony, transfers: Transfers) -> None:
         self.telephony = telephony
         self.settings = telephony.settings
+        self.transfers = transfers
+        # <Connect action> only where the agent may transfer: else the call ends
+        # with the stream, as it always did.
+        self._action = AFTER_ACTION if "transfer" in self.settings.call_control_actions else None
 
-    async def voice(self, request: Request) -> Response:
+    async def _signed_form(self, request: Request) -> ImmutableMultiDict[str, str] | Response:
+        """The form of a request Twilio signed; else the error response to send."""
         body = await read_limited(request, MAX_WEBHOOK_BYTES)
         if body is None:
             self.telephony.refused(PROVIDER, "protocol")
@@ -239,6 +252,25 @@ class TwilioWebhook:
                 else "bad or missing X-Twilio-Signature",
             )
             return PlainTextResponse("forbidden", status_code=403)
+        return form
+
+    async def after(self, request: Request) -> Response:
+        """<Connect action>: the stream has closed. A call the agent transferred is
+        dialled to its target; any other ends."""
+        form = await self._signed_form(request)
+        if isinstance(form, Response):
+            return form
+        call_sid = form.get("CallSid", "")
+        uri = self.transfers.take(call_sid)
+        if uri is None:
+            return Response(hangup_twiml(), media_type="application/xml")
+        log.info("twilio: call %s: dialling the transfer target %s", call_sid, uri)
+        return Response(dial_twiml(uri), media_type="application/xml")
+
+    async def voice(self, request: Request) -> Response:
+        form = await self._signed_form(request)
+        if isinstance(form, Response):
+            return form
         call_sid = form.get("CallSid", "")
         caller, callee = form.get("From", ""), form.get("To", "")
         if not call_sid:
@@ -249,7 +281,7 @@ class TwilioWebhook:
             return Response(reject_twiml("busy"), media_type="application/xml")
         token = stream_token(self.settings.twilio_auth_token, call_sid, caller, callee)
         parameters = {"from": caller, "to": callee, "call_sid": call_sid, "token": token}
-        answer = twiml(stream_url(request, self.settings), parameters)
+        answer = twiml(stream_url(request, self.settings), parameters, self._action)
         return Response(answer, media_type="application/xml")
 
     def _signed(self, request: Request, params: ImmutableMultiDict[str, str]) -> bool:
@@ -279,11 +311,19 @@ class StreamRefused(Exception):
 class TwilioStream:
     """One Media Streams WebSocket, and the PhoneLeg of its call."""
 
-    def __init__(self, telephony: Telephony, websocket: WebSocket, claims: StreamClaims) -> None:
+    def __init__(
+        self,
+        telephony: Telephony,
+        websocket: WebSocket,
+        claims: StreamClaims,
+        transfers: Transfers,
+    ) -> None:
         self.telephony = telephony
         self.websocket = websocket
         self.claims = claims
+        self.transfers = transfers
         self.stream_sid = ""
+        self.call: PhoneCall | None = None
         self._send_lock = asyncio.Lock()
         self._speaking = False
         self._marks_sent = 0
@@ -308,6 +348,7 @@ class TwilioStream:
             return
         except WebSocketDisconnect:
             return
+        self.call = call
         reader = asyncio.ensure_future(self._read(call))
         try:
             await self.telephony.run(call)
@@ -441,10 +482,13 @@ class TwilioStream:
     # ---- call control (services/telephony/call_control.py) ------------------------
 
     async def transfer(self, target_uri: str) -> str:
-        raise CallControlError(
-            "Twilio calls cannot be transferred from the stream: Media Streams has no "
-            "such message (it takes the REST API's call update with <Dial> TwiML)"
-        )
+        """Close the stream with the call marked for `target_uri`: Twilio then asks
+        <Connect>'s action what comes next, and is told to <Dial> it."""
+        if self.call is None:
+            raise CallControlError("the call is not in progress")
+        self.transfers.add(self.call.info.provider_call_id, target_uri)
+        self.call.hang_up(f"transferred to {target_uri}")
+        return f"handed to Twilio to dial {target_uri} (the outcome is Twilio's)"
 
     async def send_dtmf(self, digits: str) -> None:
         raise CallControlError("Twilio calls cannot send keys: Media Streams has no such message")
@@ -477,13 +521,15 @@ class TwilioStream:
 
 
 def twilio_routes(telephony: Telephony) -> list[BaseRoute]:
-    webhook = TwilioWebhook(telephony)
+    transfers = Transfers()
+    webhook = TwilioWebhook(telephony, transfers)
     claims = StreamClaims()
 
     async def stream(websocket: WebSocket) -> None:
-        await TwilioStream(telephony, websocket, claims).run()
+        await TwilioStream(telephony, websocket, claims, transfers).run()
 
     return [
         Route(VOICE_PATH, webhook.voice, methods=["POST"]),
+        Route(AFTER_PATH, webhook.after, methods=["POST"]),
         WebSocketRoute(STREAM_PATH, stream),
     ]

@@ -1,9 +1,10 @@
 """Call control (#33): the agent hangs up, transfers, presses keys, against real
 SIP peers: baresip (it hears our RFC 4733 keys, gets our REFER, is hung up with
 our BYE) and SIPp (a transferee that accepts the REFER and reports the outcome
-in NOTIFYs). The gateway in front is test_sip.py's (real, with the scripted
-fake upstreams); the call control is asked for as the gateway will ask it, with
-a CallControlRequest through Telephony.control."""
+in NOTIFYs); and a Twilio transfer, through a client speaking the documented
+Media Streams and webhook messages (no Twilio account here). The gateway in
+front is real, with scripted fake upstreams; the call control is asked for as
+the gateway will ask it, with a CallControlRequest through Telephony.control."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ from services.telephony.sip import SipCall, SipServer
 from services.telephony.sip_dtmf import KEY_PACKETS, KeysOut
 from tests.support import wait_until
 from tests.telephony import test_sip
+from tests.telephony.phone_support import (
+    TwilioClient,
+    call_params,
+    fake_gateway,
+    new_call_sid,
+    post_webhook,
+    telephony_server,
+)
+from tests.telephony.phone_support import the_call as the_phone_call
 from tests.telephony.sip_support import sipp, transferee
 from tests.telephony.test_sip import Rig, all_ended, baresip_call, one_session
 
@@ -102,6 +112,38 @@ async def test_a_transfer_ends_the_call_only_when_the_transferee_says_it_worked(
     await all_ended(rig, sip)
     assert call.ended is not None
     assert ("transferred" in call.status) is ok  # our hang-up said why; SIPp's BYE did not
+
+
+async def test_a_twilio_transfer_closes_the_stream_and_dials_the_target_after_it(redis_url):
+    """Twilio cannot be told to move a call over the stream: the webhook's TwiML
+    names <Connect action>, the transfer closes the stream, and the action Twilio
+    then asks (signed) answers <Dial> to the operator's URI; other calls hang up."""
+    settings = {"call_control": "transfer", "transfer_targets": "sales=tel:+15551230000"}
+    async with (
+        fake_gateway(redis_url) as gateway,
+        telephony_server(gateway.address, **settings) as server,
+    ):
+        call_sid = new_call_sid()
+        answer = await post_webhook(f"{server.url}twilio/voice", call_params(call_sid))
+        assert '<Connect action="after">' in answer.body  # only where transfers are on
+        twilio = await TwilioClient(answer.stream_url, call_sid, answer.parameters).connect()
+        await twilio.start()
+        call = await the_phone_call(server)
+        result = await server.telephony.control(call, CallControlRequest("transfer", "sales"))
+        assert result.ok, result.detail
+        await twilio.wait_for(lambda: twilio.closed, "the stream to close")
+        assert twilio.close_code == 1000
+
+        after = f"{server.url}twilio/after"
+        answer = await post_webhook(after, call_params(twilio.call_sid))
+        assert answer.status == 200
+        assert "<Dial><Number>+15551230000</Number></Dial>" in answer.body
+        # Dialled once; a call nobody transferred (or a replay) ends; unsigned: 403.
+        for call_sid in (twilio.call_sid, new_call_sid()):
+            answer = await post_webhook(after, call_params(call_sid))
+            assert "<Hangup />" in answer.body and "Dial" not in answer.body
+        assert (await post_webhook(after, call_params(new_call_sid()), signed_as="")).status == 403
+        await twilio.close()
 
 
 async def test_an_action_the_operator_did_not_enable_is_refused():
