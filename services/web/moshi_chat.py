@@ -278,6 +278,9 @@ class MoshiChat:
             done, _ = await asyncio.wait(ending, return_when=asyncio.FIRST_COMPLETED)
             close: Close | None = next(iter(done)).result()
         finally:
+            # The call first: a pacer whose cancel Python 3.11's wait_for dropped (it
+            # comes as audio arrives) then stops at its next send.
+            self.client.cancel()
             await cancel_and_wait(tasks)
         return close or Close(NORMAL_CLOSURE)  # None: the client went, nobody to tell
 
