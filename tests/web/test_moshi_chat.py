@@ -287,6 +287,18 @@ async def test_refusals_say_why(web):
         assert refused.value.status == 403
 
 
+async def test_a_full_stack_says_when_to_try_again(busy_gateway):
+    settings = WebSettings(host="127.0.0.1", port=0, metrics_port=0, gateway_address=busy_gateway)
+    server = await serve(settings)
+    try:
+        async with chat(server) as ws:
+            received = await closing(ws)
+    finally:
+        await server.stop()
+    assert ws.close_code == 1013  # try again later
+    assert len(received) == 1 and received[0].startswith(b"\x05the agent is busy: try again in")
+
+
 def test_words_go_out_with_the_audio_they_start_in():
     words = AgentWords()
     assert words.heard("Paris", start_s=0.5) == []  # its audio is still to come
