@@ -25,9 +25,10 @@ What a client sends besides audio: the protocol's other kinds (handshake,
 text, control, metadata, ping) are ignored, as moshi's server ignores them; a
 text frame, an unknown kind or audio that is no Ogg Opus stream closes the
 socket (1003, 1003, 1007). Query parameters: `model=kame-<mode>` picks the
-mode among those the web service offers (tandem unless the operator's `modes`
-lists another first); the sampling ones moshi's web client sends and the
-persona PersonaPlex sends (IGNORED_PARAMS) are accepted and ignored.
+mode among those the web service offers (without it: tandem, or the first of
+the operator's `modes` if tandem is not among them); the sampling ones moshi's
+web client sends and the persona PersonaPlex sends (IGNORED_PARAMS) are
+accepted and ignored.
 """
 
 from __future__ import annotations
