@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -40,6 +41,8 @@ SIDE_PROCESSES = ("llm", "stt", "oracle")  # off the voice path: they may wait f
 REDIS_MAXMEMORY = "256mb"  # the Redis kame up starts: far above what 64 calls keep
 UDP_PORTS = ("sip",)  # the rest of the ports are TCP
 INGRESS = ("web", "telephony")  # HTTP services in front of the gateway
+# What the oracle logs once it has listed its MCP servers' tools (services/oracle/tools).
+TOOLS_LINE = re.compile(r" oracle: tools (.*)$", re.M)
 
 
 def stack_file(gateway_port: int) -> Path:
@@ -197,6 +200,7 @@ class Stack:
                     if v
                 }
             )
+            env.update(self.options.oracle_tool_env())
         elif service == "frontend":
             env.update(
                 ENGINE=self.options.frontend_engine,
@@ -414,12 +418,25 @@ class Stack:
                 child.process.wait()
         self.children = []
 
+    def offered_tools(self) -> str | None:
+        """The tools the oracle offers its LLM, as it logged them once its MCP servers
+        were listed ('vault.door_code (read-only), ...' or 'none'); None when it has
+        no MCP servers (it logs no such line)."""
+        oracle = next((c for c in self.children if c.name == "oracle"), None)
+        if oracle is None or oracle.log_path is None or not oracle.log_path.exists():
+            return None
+        said = TOOLS_LINE.findall(oracle.log_path.read_text(errors="replace"))
+        return said[-1].strip() if said else None  # the last start's, after a restart
+
     def endpoints(self) -> list[tuple[str, str]]:
         rows = [(c.name, c.endpoint) for c in self.children]
         if not self.started_redis:
             rows.insert(0, ("redis", f"{redacted_url(self.redis_url)} (already running)"))
         if not self.embedded_llm:
             rows.insert(1, ("llm", f"{self.llm_base_url} (external)"))
+        tools = self.offered_tools()
+        if tools is not None:
+            rows.append(("tools", tools))
         rows.append(
             (
                 "metrics",

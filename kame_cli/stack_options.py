@@ -1,19 +1,31 @@
 """What a stack is made of (`StackOptions`, with its `Ports`) and `kame up`'s
 flags that set it (`add_arguments`, `options_from_args`), whose stack
 settings kame bench's config shares by name (`SharedStackSettings`).
+
+Tools: `--mcp-server NAME=COMMAND_OR_URL` (repeatable) gives the oracle an
+operator's MCP server; `--tools-allowed SERVER.TOOL[:readonly][:SECONDS]`
+(repeatable) is the allow-list. A server named with --mcp-server is allowed
+whole (`NAME.*`) unless a --tools-allowed entry names it: then only its listed
+tools are offered. The operator who types a server on kame up's command line
+means its tools to be used; narrowing is one flag away. Both become the
+oracle's KAME_ORACLE_MCP_SERVERS and KAME_ORACLE_TOOLS_ALLOWED
+(services/oracle/README.md, Tools).
 """
 
 from __future__ import annotations
 
 import argparse
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Protocol
 
+from kame_cli.errors import USAGE, CliError
 from kame_common.llm import BACKEND_NAMES
 from kame_common.ports import LLM_PORT, REDIS_PORT, SERVICE_PORTS, TELEPHONY_PORTS, WEB_PORTS
 from services.frontend.config import DTYPES
+from services.oracle.tools.settings import parse_allowed, parse_servers
 
 LOOPBACK = "127.0.0.1"
 # The ports with a --<name>-port flag; the metrics ports keep their defaults.
@@ -86,6 +98,43 @@ class StackOptions:
     side_niceness: int = 10  # of SIDE_PROCESSES (0 = the same priority as the rest)
     # stt and the oracle publish what they can serve; the gateway refuses calls beyond it.
     capacity_admission: bool = True
+    # The oracle's MCP servers (NAME=COMMAND_OR_URL each) and tool allow-list
+    # (SERVER.TOOL[:readonly][:SECONDS] each); empty: the oracle's own settings.
+    mcp_servers: tuple[str, ...] = ()
+    tools_allowed: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.mcp_servers or self.tools_allowed:
+            effective_allow_list(self.mcp_servers, self.tools_allowed)  # refuse bad ones now
+
+    def oracle_tool_env(self) -> dict[str, str]:
+        """The oracle's MCP_SERVERS and TOOLS_ALLOWED settings for these options
+        (none without --mcp-server: then the oracle's environment decides)."""
+        if not self.mcp_servers:
+            return {}
+        return {
+            "MCP_SERVERS": "; ".join(self.mcp_servers),
+            "TOOLS_ALLOWED": ",".join(effective_allow_list(self.mcp_servers, self.tools_allowed)),
+        }
+
+
+def effective_allow_list(mcp_servers: Sequence[str], tools_allowed: Sequence[str]) -> list[str]:
+    """`tools_allowed`, plus `NAME.*` for each server it does not name (allowed whole).
+    CliError (USAGE) for a bad entry or an entry naming no --mcp-server."""
+    try:
+        servers = [entry.name for value in mcp_servers for entry in parse_servers(value)]
+        allowed = [entry.server for value in tools_allowed for entry in parse_allowed(value)]
+    except ValueError as exc:
+        raise CliError(f"--mcp-server/--tools-allowed: {exc}", USAGE) from None
+    if len(set(servers)) < len(servers):
+        twice = next(name for name in servers if servers.count(name) > 1)
+        raise CliError(f"--mcp-server: the name {twice!r} is used twice", USAGE)
+    unknown = [name for name in allowed if name not in servers]
+    if unknown:
+        raise CliError(
+            f"--tools-allowed names {unknown[0]!r}, which no --mcp-server NAME=... gives", USAGE
+        )
+    return [*tools_allowed, *(f"{name}.*" for name in servers if name not in allowed)]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,6 +190,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="0-19",
         help="niceness of stt, oracle and the LLM server, so that gateway and frontend "
         "keep the voice on time on a busy machine (0 = no difference)",
+    )
+    parser.add_argument(
+        "--mcp-server",
+        dest="mcp_servers",
+        action="append",
+        default=[],
+        metavar="NAME=COMMAND_OR_URL",
+        help="an MCP server whose tools the oracle's LLM may call: a stdio command "
+        "(NAME='python -m my_mcp') or a streamable HTTP URL (NAME=http://host/mcp); "
+        "repeatable; all its tools are allowed unless --tools-allowed names it",
+    )
+    parser.add_argument(
+        "--tools-allowed",
+        action="append",
+        default=[],
+        metavar="SERVER.TOOL[:readonly][:SECONDS]",
+        help="allow only these tools of a --mcp-server (SERVER.* = all of them); "
+        ":readonly lets a tool run on partial transcripts, :SECONDS is its timeout; "
+        "repeatable, or comma-separated",
     )
     parser.add_argument(
         "--no-capacity-admission",
@@ -208,4 +276,8 @@ def options_from_args(
         startup_timeout_s=args.startup_timeout_s,
         log_dir=log_dir,
         capacity_admission=args.capacity_admission,
+        # kame up's and the bench scripts' flags (add_arguments); kame bench's config
+        # has no tools.
+        mcp_servers=tuple(getattr(args, "mcp_servers", None) or ()),
+        tools_allowed=tuple(getattr(args, "tools_allowed", None) or ()),
     )
