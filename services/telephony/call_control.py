@@ -10,11 +10,12 @@ its protocol, under the operator's `CallControlPolicy`:
 - `hang_up`: the agent's last words play out first (bounded), then the call
   ends as when the gateway ends it (SIP BYE, Twilio socket closed, AudioSocket
   hang-up packet);
-- `transfer`: the protocol's leg does it (SIP: REFER, sip_transfer.py); the
-  result comes once the phone reported the outcome: success ends our side of
-  the call, a failure leaves the call going on;
+- `transfer`: the protocol's leg does it. SIP: a REFER (sip_transfer.py), the
+  result once the phone reported the outcome: success ends our side of the
+  call, a failure leaves the call going on. Twilio: the stream closes and
+  Twilio is told to <Dial> the target (twilio_transfer.py); AudioSocket cannot;
 - `send_dtmf`: the leg presses the keys towards the phone (SIP: RFC 4733
-  events in the call's RTP).
+  events in the call's RTP, sip_dtmf.py); Twilio and AudioSocket cannot.
 
 A refusal or failure is a `CallControlResult` with ok False and words the
 agent can say ("the transfer to sales failed: 486 Busy Here"); nothing raises
