@@ -49,6 +49,14 @@ HANG_UP_PLAYOUT_MAX_S = 5.0
 HANG_UP_QUIET_S = 0.3
 
 
+# What each protocol can do at all (the README's table says why the rest cannot).
+CAPABILITIES = {
+    "sip": frozenset({"hang_up", "transfer", "send_dtmf"}),
+    "twilio": frozenset({"hang_up", "transfer"}),
+    "audiosocket": frozenset({"hang_up"}),
+}
+
+
 @dataclass(frozen=True)
 class CallControlRequest:
     """What the agent asks of the call."""
@@ -98,6 +106,15 @@ class CallControlPolicy:
         return cls(
             settings.call_control_actions, tuple(transfer_targets(settings.transfer_targets))
         )
+
+    def offered(self, provider: str) -> tuple[list[str], list[str]]:
+        """What the agent of a `provider` call may be offered: the actions enabled
+        and possible on its protocol (in CALL_CONTROL_ACTIONS' order), and the
+        transfer targets' names (the URIs stay here)."""
+        possible = self.actions & CAPABILITIES.get(provider, frozenset())
+        actions = [action for action in CALL_CONTROL_ACTIONS if action in possible]
+        names = [t.name for t in self.targets] if "transfer" in possible else []
+        return actions, names
 
     def target(self, wanted: str) -> TransferTarget | None:
         """The allowed target named or addressed by `wanted`, if any."""

@@ -162,6 +162,12 @@ async def test_an_action_the_operator_did_not_enable_is_refused():
     # Off unless listed: the default settings enable nothing.
     assert CallControlPolicy.from_settings(TelephonySettings()).actions == frozenset()
 
+    # What the agent is offered: enabled, and possible on the call's protocol.
+    everything = CallControlPolicy.from_settings(TelephonySettings(**ALL_ON))
+    assert everything.offered("sip") == (["hang_up", "transfer", "send_dtmf"], ["sales"])
+    assert everything.offered("twilio") == (["hang_up", "transfer"], ["sales"])
+    assert everything.offered("audiosocket") == (["hang_up"], [])
+
 
 @pytest.mark.parametrize(
     ("settings", "error"),
