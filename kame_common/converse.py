@@ -127,6 +127,26 @@ class BargeInEvent(TypedDict):
     cancelled: bool  # the caller's cancel_response() cut it, not the caller's speech
 
 
+class FunctionCallEvent(TypedDict):
+    type: Literal[
+        "function_call"
+    ]  # run one of the config's functions, answer with send_function_result
+    call_id: str
+    name: str
+    arguments_json: str
+
+
+class ToolEvent(TypedDict):
+    type: Literal["tool_started", "tool_finished"]  # what a tool of the oracle's did
+    call_id: str
+    name: str
+    source: str  # the MCP server's name, or "client"
+    read_only: bool
+    is_error: bool
+    elapsed_s: float
+    reused: bool
+
+
 class UnknownEvent(TypedDict):
     type: Literal["unknown"]  # a response this client does not know (a newer gateway)
 
@@ -142,6 +162,8 @@ ConverseEvent = (
     | NoticeEvent
     | DtmfEvent
     | BargeInEvent
+    | FunctionCallEvent
+    | ToolEvent
     | UnknownEvent
 )
 
@@ -229,6 +251,31 @@ def _barge_in(response: Response) -> BargeInEvent:
     return {"type": "barge_in", "seq": barge_in.seq, "cancelled": barge_in.cancelled}
 
 
+def _function_call(response: Response) -> FunctionCallEvent:
+    call = response.function_call
+    return {
+        "type": "function_call",
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments_json": call.arguments_json,
+    }
+
+
+def _tool(response: Response) -> ToolEvent:
+    tool = response.tool
+    finished = tool.phase == tool.FINISHED
+    return {
+        "type": "tool_finished" if finished else "tool_started",
+        "call_id": tool.call_id,
+        "name": tool.name,
+        "source": tool.source,
+        "read_only": tool.read_only,
+        "is_error": tool.is_error,
+        "elapsed_s": round(tool.elapsed_s, 4),
+        "reused": tool.reused,
+    }
+
+
 # One reader per ConverseResponse kind (tests/common/test_converse.py checks it has them all).
 EVENT_OF: dict[str, Callable[[Response], ConverseEvent]] = {
     "started": _started,
@@ -240,6 +287,8 @@ EVENT_OF: dict[str, Callable[[Response], ConverseEvent]] = {
     "notice": _notice,
     "dtmf": _dtmf,
     "barge_in": _barge_in,
+    "function_call": _function_call,
+    "tool": _tool,
 }
 
 
@@ -336,6 +385,12 @@ class ConverseClient:
         in); False once the call is over. A blank or too long text gets a notice
         REFUSED and the call goes on."""
         return await self.send(Request(user_text=gateway_pb2.UserText(text=text)))
+
+    async def send_function_result(self, call_id: str, output: str, is_error: bool = False) -> bool:
+        """The answer to a `function_call` event (its `call_id`): the model reads
+        `output` as the tool's result; False once the call is over."""
+        result = common_pb2.FunctionResult(call_id=call_id, output=output, is_error=is_error)
+        return await self.send(Request(function_result=result))
 
     async def _turn_control(self, action: common_pb2.TurnControl.Action.ValueType) -> bool:
         return await self.send(Request(turn_control=common_pb2.TurnControl(action=action)))

@@ -463,6 +463,169 @@ class TurnControl(_message.Message):
 Global___TurnControl: _TypeAlias = TurnControl  # noqa: Y015
 
 @_typing.final
+class ClientFunction(_message.Message):
+    """A function the caller's app (or its telephony bridge) runs for the agent:
+    declared in ConverseConfig.functions, offered to the oracle's LLM as a tool
+    beside the operator's MCP tools, called through the gateway (FunctionCall
+    to the client) and answered by the client (FunctionResult). The telephony
+    service declares its call control (hang up, transfer, send keys) this way.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    PARAMETERS_JSON_FIELD_NUMBER: _builtins.int
+    READ_ONLY_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """[A-Za-z0-9_-], 1-64 characters."""
+    description: _builtins.str
+    """What it does, for the model."""
+    parameters_json: _builtins.str
+    """JSON Schema of the arguments (an object at the root); empty = none."""
+    read_only: _builtins.bool
+    """No side effects: may run on a partial transcript, its result reused for
+    the final when the arguments match. Otherwise it runs only on the final
+    transcript, at most once per turn for the same arguments.
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        parameters_json: _builtins.str = ...,
+        read_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "parameters_json", b"parameters_json", "read_only", b"read_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientFunction: _TypeAlias = ClientFunction  # noqa: Y015
+
+@_typing.final
+class FunctionCall(_message.Message):
+    """The oracle asks the client to run one of its ClientFunctions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    """Unique within the session; the result names it."""
+    name: _builtins.str
+    arguments_json: _builtins.str
+    """A JSON object, as the model wrote it."""
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments_json", b"arguments_json", "call_id", b"call_id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FunctionCall: _TypeAlias = FunctionCall  # noqa: Y015
+
+@_typing.final
+class FunctionResult(_message.Message):
+    """The client's answer to a FunctionCall, given to the model as the tool's
+    result. An error is put in words the agent can say ("the line is busy").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    IS_ERROR_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    output: _builtins.str
+    is_error: _builtins.bool
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        output: _builtins.str = ...,
+        is_error: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "is_error", b"is_error", "output", b"output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FunctionResult: _TypeAlias = FunctionResult  # noqa: Y015
+
+@_typing.final
+class ToolActivity(_message.Message):
+    """What a tool of the oracle's did, for the client's event stream and
+    timeline: one STARTED and one FINISHED per call.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Phase:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _PhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[ToolActivity._Phase.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        PHASE_UNSPECIFIED: ToolActivity._Phase.ValueType  # 0
+        STARTED: ToolActivity._Phase.ValueType  # 1
+        FINISHED: ToolActivity._Phase.ValueType  # 2
+
+    class Phase(_Phase, metaclass=_PhaseEnumTypeWrapper): ...
+    PHASE_UNSPECIFIED: ToolActivity.Phase.ValueType  # 0
+    STARTED: ToolActivity.Phase.ValueType  # 1
+    FINISHED: ToolActivity.Phase.ValueType  # 2
+
+    PHASE_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    READ_ONLY_FIELD_NUMBER: _builtins.int
+    IS_ERROR_FIELD_NUMBER: _builtins.int
+    ELAPSED_S_FIELD_NUMBER: _builtins.int
+    REUSED_FIELD_NUMBER: _builtins.int
+    phase: Global___ToolActivity.Phase.ValueType
+    call_id: _builtins.str
+    name: _builtins.str
+    source: _builtins.str
+    """The MCP server's name, or "client"."""
+    read_only: _builtins.bool
+    is_error: _builtins.bool
+    """FINISHED: the result is an error."""
+    elapsed_s: _builtins.float
+    """FINISHED: how long the tool took."""
+    reused: _builtins.bool
+    """FINISHED: a partial transcript's result reused."""
+    def __init__(
+        self,
+        *,
+        phase: Global___ToolActivity.Phase.ValueType = ...,
+        call_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        source: _builtins.str = ...,
+        read_only: _builtins.bool = ...,
+        is_error: _builtins.bool = ...,
+        elapsed_s: _builtins.float = ...,
+        reused: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "elapsed_s", b"elapsed_s", "is_error", b"is_error", "name", b"name", "phase", b"phase", "read_only", b"read_only", "reused", b"reused", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolActivity: _TypeAlias = ToolActivity  # noqa: Y015
+
+@_typing.final
 class AgentText(_message.Message):
     """Text the agent actually spoke, timed to its audio."""
 

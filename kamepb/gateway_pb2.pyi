@@ -209,6 +209,7 @@ class ConverseConfig(_message.Message):
     CALL_FIELD_NUMBER: _builtins.int
     TURN_DETECTION_FIELD_NUMBER: _builtins.int
     INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    FUNCTIONS_FIELD_NUMBER: _builtins.int
     mode: Global___ConverseConfig.Mode.ValueType
     voice: _builtins.str
     include_oracle_updates: _builtins.bool
@@ -245,6 +246,14 @@ class ConverseConfig(_message.Message):
         Redis record. Each field at most 256 characters (INVALID_ARGUMENT otherwise).
         """
 
+    @_builtins.property
+    def functions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ClientFunction]:
+        """Functions the client runs for the agent (see ClientFunction): at most the
+        gateway's max_client_functions, each name unique (INVALID_ARGUMENT
+        otherwise). Calls come as ConverseResponse.function_call; answer each with
+        ConverseRequest.function_result.
+        """
+
     def __init__(
         self,
         *,
@@ -260,10 +269,11 @@ class ConverseConfig(_message.Message):
         call: Global___CallInfo | None = ...,
         turn_detection: Global___ConverseConfig.TurnDetection.ValueType = ...,
         instructions: _builtins.str = ...,
+        functions: _abc.Iterable[_common_pb2.ClientFunction] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "hold", b"hold", "input_format", b"input_format", "llm", b"llm", "output_format", b"output_format"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "hold", b"hold", "include_oracle_updates", b"include_oracle_updates", "input_format", b"input_format", "instructions", b"instructions", "language", b"language", "llm", b"llm", "mode", b"mode", "output_format", b"output_format", "resume_token", b"resume_token", "turn_detection", b"turn_detection", "voice", b"voice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "functions", b"functions", "hold", b"hold", "include_oracle_updates", b"include_oracle_updates", "input_format", b"input_format", "instructions", b"instructions", "language", b"language", "llm", b"llm", "mode", b"mode", "output_format", b"output_format", "resume_token", b"resume_token", "turn_detection", b"turn_detection", "voice", b"voice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -310,6 +320,7 @@ class ConverseRequest(_message.Message):
     DTMF_FIELD_NUMBER: _builtins.int
     TURN_CONTROL_FIELD_NUMBER: _builtins.int
     USER_TEXT_FIELD_NUMBER: _builtins.int
+    FUNCTION_RESULT_FIELD_NUMBER: _builtins.int
     audio: _builtins.bytes
     @_builtins.property
     def config(self) -> Global___ConverseConfig: ...
@@ -329,6 +340,10 @@ class ConverseRequest(_message.Message):
     def user_text(self) -> Global___UserText:
         """A message the caller typed instead of saying it."""
 
+    @_builtins.property
+    def function_result(self) -> _common_pb2.FunctionResult:
+        """The answer to a function_call (an unknown call_id is ignored)."""
+
     def __init__(
         self,
         *,
@@ -337,12 +352,13 @@ class ConverseRequest(_message.Message):
         dtmf: _common_pb2.Dtmf | None = ...,
         turn_control: _common_pb2.TurnControl | None = ...,
         user_text: Global___UserText | None = ...,
+        function_result: _common_pb2.FunctionResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "msg", b"msg", "turn_control", b"turn_control", "user_text", b"user_text"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "turn_control", b"turn_control", "user_text", b"user_text"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "msg", b"msg", "turn_control", b"turn_control", "user_text", b"user_text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "turn_control", b"turn_control", "user_text", b"user_text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "audio", "dtmf", "turn_control", "user_text"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "audio", "dtmf", "turn_control", "user_text", "function_result"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -557,6 +573,8 @@ class ConverseResponse(_message.Message):
     NOTICE_FIELD_NUMBER: _builtins.int
     DTMF_FIELD_NUMBER: _builtins.int
     BARGE_IN_FIELD_NUMBER: _builtins.int
+    FUNCTION_CALL_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def started(self) -> Global___SessionStarted: ...
     @_builtins.property
@@ -579,6 +597,14 @@ class ConverseResponse(_message.Message):
     def barge_in(self) -> _common_pb2.BargeIn:
         """The caller cut the agent off: drop queued agent audio."""
 
+    @_builtins.property
+    def function_call(self) -> _common_pb2.FunctionCall:
+        """Run one of ConverseConfig.functions."""
+
+    @_builtins.property
+    def tool(self) -> _common_pb2.ToolActivity:
+        """A tool of the oracle's started or finished."""
+
     def __init__(
         self,
         *,
@@ -591,12 +617,14 @@ class ConverseResponse(_message.Message):
         notice: Global___Notice | None = ...,
         dtmf: _common_pb2.Dtmf | None = ...,
         barge_in: _common_pb2.BargeIn | None = ...,
+        function_call: _common_pb2.FunctionCall | None = ...,
+        tool: _common_pb2.ToolActivity | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "dtmf", b"dtmf", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "dtmf", b"dtmf", "function_call", b"function_call", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "tool", b"tool", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "dtmf", b"dtmf", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "dtmf", b"dtmf", "function_call", b"function_call", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "tool", b"tool", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["started", "audio", "user_transcript", "agent_text", "oracle_update", "turn", "notice", "dtmf", "barge_in"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["started", "audio", "user_transcript", "agent_text", "oracle_update", "turn", "notice", "dtmf", "barge_in", "function_call", "tool"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 

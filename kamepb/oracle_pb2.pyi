@@ -5,8 +5,10 @@ The back-end LLM that streams candidate answers ("oracles") while the
 caller is still speaking.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from kamepb import common_pb2 as _common_pb2
 import builtins as _builtins
@@ -72,6 +74,7 @@ class OracleConfig(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    CLIENT_FUNCTIONS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     backend: _common_pb2.LlmBackend.ValueType
     """UNSPECIFIED = the service's default back-end."""
@@ -107,6 +110,12 @@ class OracleConfig(_message.Message):
     """
     @_builtins.property
     def policy(self) -> Global___OraclePolicy: ...
+    @_builtins.property
+    def client_functions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ClientFunction]:
+        """The client's functions (ConverseConfig.functions), offered to the model
+        as tools; calls go out as GuideResponse.function_call.
+        """
+
     def __init__(
         self,
         *,
@@ -122,10 +131,11 @@ class OracleConfig(_message.Message):
         temperature: _builtins.float = ...,
         heartbeat_interval_s: _builtins.float = ...,
         instructions: _builtins.str = ...,
+        client_functions: _abc.Iterable[_common_pb2.ClientFunction] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "heartbeat_interval_s", b"heartbeat_interval_s", "instructions", b"instructions", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "client_functions", b"client_functions", "heartbeat_interval_s", b"heartbeat_interval_s", "instructions", b"instructions", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -139,6 +149,7 @@ class GuideRequest(_message.Message):
     USER_TRANSCRIPT_FIELD_NUMBER: _builtins.int
     AGENT_TEXT_FIELD_NUMBER: _builtins.int
     DTMF_FIELD_NUMBER: _builtins.int
+    FUNCTION_RESULT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def config(self) -> Global___OracleConfig: ...
     @_builtins.property
@@ -149,6 +160,10 @@ class GuideRequest(_message.Message):
     def dtmf(self) -> _common_pb2.Dtmf:
         """A key the caller pressed: part of the caller's side of the conversation."""
 
+    @_builtins.property
+    def function_result(self) -> _common_pb2.FunctionResult:
+        """The client's answer to a function_call."""
+
     def __init__(
         self,
         *,
@@ -156,12 +171,13 @@ class GuideRequest(_message.Message):
         user_transcript: _common_pb2.TranscriptEvent | None = ...,
         agent_text: _common_pb2.AgentText | None = ...,
         dtmf: _common_pb2.Dtmf | None = ...,
+        function_result: _common_pb2.FunctionResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "msg", b"msg", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "user_transcript", b"user_transcript"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "msg", b"msg", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "user_transcript", b"user_transcript"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "user_transcript", "agent_text", "dtmf"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "user_transcript", "agent_text", "dtmf", "function_result"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -228,21 +244,33 @@ class GuideResponse(_message.Message):
 
     UPDATE_FIELD_NUMBER: _builtins.int
     EVENT_FIELD_NUMBER: _builtins.int
+    FUNCTION_CALL_FIELD_NUMBER: _builtins.int
+    TOOL_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def update(self) -> _common_pb2.OracleUpdate: ...
     @_builtins.property
     def event(self) -> Global___OracleEvent: ...
+    @_builtins.property
+    def function_call(self) -> _common_pb2.FunctionCall:
+        """Run one of the client's functions."""
+
+    @_builtins.property
+    def tool(self) -> _common_pb2.ToolActivity:
+        """A tool started or finished."""
+
     def __init__(
         self,
         *,
         update: _common_pb2.OracleUpdate | None = ...,
         event: Global___OracleEvent | None = ...,
+        function_call: _common_pb2.FunctionCall | None = ...,
+        tool: _common_pb2.ToolActivity | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "msg", b"msg", "update", b"update"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "function_call", b"function_call", "msg", b"msg", "tool", b"tool", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "msg", b"msg", "update", b"update"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "function_call", b"function_call", "msg", b"msg", "tool", b"tool", "update", b"update"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["update", "event"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["update", "event", "function_call", "tool"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
