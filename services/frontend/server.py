@@ -1,11 +1,13 @@
 """gRPC glue of the frontend: `Frontend.Stream`, capacity publishing, `serve` and `main`.
 
-Per stream: a FrontendConfig first, then caller AudioFrames, OracleUpdates and
-the caller's TranscriptEvents in any order (updates and transcripts go to the
-engine session as they arrive). Out: FrontendReady once, then for every caller
-frame exactly one AgentAudio (its seq and capture time copied, `step_s` =
-engine time, `received_time_us` = when the frame arrived), followed by a
-TurnEnd if the engine's turn detector ended the caller's turn on that frame,
+Per stream: a FrontendConfig first, then caller AudioFrames, OracleUpdates,
+the caller's TranscriptEvents, TurnControls and typed messages in any order
+(all but the frames go to the engine session as they arrive). Out:
+FrontendReady once, then for every caller frame exactly one AgentAudio (its
+seq and capture time copied, `step_s` = engine time, `received_time_us` =
+when the frame arrived), followed by a TurnEnd if the engine's turn detector
+ended the caller's turn on that frame, a BargeIn if caller speech or a
+request of the caller's (`cancelled`) cut the agent,
 and an AgentText for each word that starts in that frame. When the caller's
 input ends (the client half-closes), an AgentText for each word the engine
 still held back (the last word of a kame/moshi session), then the stream ends.
@@ -158,11 +160,15 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                     await self._apply_oracle(session, request.oracle, context)
                 elif kind == "user_transcript":
                     session.user_transcript(transcript_of(request.user_transcript))
+                elif kind == "turn_control":
+                    await self._apply_turn_control(session, request.turn_control, context)
+                elif kind == "user_text":
+                    session.user_text(transcript_of(request.user_text))
                 else:
                     await context.abort(
                         grpc.StatusCode.INVALID_ARGUMENT,
                         "after the first message (the config) a stream takes only audio, "
-                        "oracle and user_transcript messages, "
+                        "oracle, user_transcript, turn_control and user_text messages, "
                         f"got {kind or 'an empty message'}",
                     )
         finally:
@@ -220,6 +226,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             turn_end_silence_s=config.turn_end_silence_s or DEFAULT_TURN_END_SILENCE_S,
             hold_phrases=hold_phrases,
             hold_max_s=config.hold_max_s or DEFAULT_HOLD_MAX_S,
+            manual_turns=config.manual_turns,
         )
 
     async def _open_session(
@@ -274,10 +281,29 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             turn_end = frontend_pb2.TurnEnd(speech_end_s=output.turn_end_s, seq=frame.seq)
             responses.append(frontend_pb2.FrontendResponse(turn_end=turn_end))
         if output.barged_in:
-            barge_in = common_pb2.BargeIn(seq=frame.seq)
+            barge_in = common_pb2.BargeIn(seq=frame.seq, cancelled=output.cancelled)
             responses.append(frontend_pb2.FrontendResponse(barge_in=barge_in))
         responses += [agent_text(word) for word in output.words]
         return responses
+
+    @staticmethod
+    async def _apply_turn_control(
+        session: EngineSession,
+        control: common_pb2.TurnControl,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        action = common_pb2.TurnControl
+        if control.action == action.END_TURN:
+            session.end_turn()
+        elif control.action == action.RESPOND:
+            session.respond()
+        elif control.action == action.CANCEL:
+            session.cancel()
+        else:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"turn_control action must be END_TURN, RESPOND or CANCEL, got {control.action}",
+            )
 
     async def _apply_oracle(
         self,

@@ -80,12 +80,23 @@ def transcript(
     )
 
 
-Message = common_pb2.OracleUpdate | common_pb2.TranscriptEvent
+@dataclass(frozen=True)
+class Typed:
+    """A message the caller typed (FrontendRequest.user_text)."""
+
+    event: common_pb2.TranscriptEvent
+
+
+Message = common_pb2.OracleUpdate | common_pb2.TranscriptEvent | common_pb2.TurnControl | Typed
 
 
 def request_of(message: Message) -> frontend_pb2.FrontendRequest:
     if isinstance(message, common_pb2.TranscriptEvent):
         return frontend_pb2.FrontendRequest(user_transcript=message)
+    if isinstance(message, common_pb2.TurnControl):
+        return frontend_pb2.FrontendRequest(turn_control=message)
+    if isinstance(message, Typed):
+        return frontend_pb2.FrontendRequest(user_text=message.event)
     return frontend_pb2.FrontendRequest(oracle=message)
 
 

@@ -77,6 +77,10 @@ async def stream_error(stub, requests: list[frontend_pb2.FrontendRequest]) -> gr
             [config_request(), frontend_pb2.FrontendRequest(oracle=common_pb2.OracleUpdate())],
             "RESET or APPEND",
         ),
+        (
+            [config_request(), frontend_pb2.FrontendRequest(turn_control=common_pb2.TurnControl())],
+            "END_TURN, RESPOND or CANCEL",
+        ),
     ],
 )
 async def test_bad_input_is_invalid_argument(frontend_stub, requests, expected):

@@ -9,8 +9,9 @@ the event loop thread.
 
 Between steps the service hands the session what the gateway relays: oracle
 updates (a RESET carries the candidate's first words and what it answers, its
-`CandidateSource`) and the caller's transcripts. An engine whose own turn
-detector ends the caller's turn (tts) says so in the StepOutput of that frame.
+`CandidateSource`), the caller's transcripts, and the caller's turn controls
+and typed messages. An engine whose own turn detector ends the caller's turn
+(tts) says so in the StepOutput of that frame.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class SessionParams:
     # caller said (empty = it waits in silence), and for how long at most.
     hold_phrases: tuple[str, ...] = ()
     hold_max_s: float = DEFAULT_HOLD_MAX_S
+    # Push-to-talk: the caller ends turns and asks for answers (TurnControl); the
+    # engine never does it by itself. Engines that take turns themselves refuse it.
+    manual_turns: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,11 @@ class StepOutput:
     # where the caller's speech ended, in seconds from the start of the stream.
     turn_end_s: float | None = None
     # Set when caller speech cut agent speech on this frame (the client drops the
-    # agent audio it has queued).
+    # agent audio it has queued) ...
     barged_in: bool = False
+    # ... and this too when a request of the caller's (CANCEL, a typed message)
+    # cut it rather than its speech.
+    cancelled: bool = False
 
 
 class EngineSession(abc.ABC):
@@ -114,6 +121,21 @@ class EngineSession(abc.ABC):
     def user_transcript(self, transcript: Transcript) -> None:  # noqa: B027 (optional hook)
         """A caller transcript event, in stt order. Engines that do not check
         candidates against what the caller said ignore it."""
+
+    # The caller's turn controls and typed messages (TurnControl, UserText in
+    # frontend.proto). Engines that take turns themselves ignore all but cancel.
+
+    def end_turn(self) -> None:  # noqa: B027 (optional hook)
+        """The caller's turn is over now."""
+
+    def respond(self) -> None:  # noqa: B027 (optional hook)
+        """Answer the caller's last turn now."""
+
+    def cancel(self) -> None:  # noqa: B027 (optional hook)
+        """Stop the agent's current speech (the next StepOutput says `cancelled`)."""
+
+    def user_text(self, transcript: Transcript) -> None:  # noqa: B027 (optional hook)
+        """A message the caller typed: a whole caller turn, its text a final."""
 
     def flush_words(self) -> list[SpokenWord]:
         """The caller's input ended: the words the engine still holds back (one

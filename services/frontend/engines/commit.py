@@ -67,6 +67,22 @@ text while LOW_WATER_S of audio or more is queued.
 
 Candidates without a source, and APPENDs of a generation that is neither the
 newest candidate's nor the one being spoken, are never spoken.
+
+The caller's own turn controls (push-to-talk). `end_turn` ends the caller's
+turn now, as the turn detector would (a no-op unless the caller holds the
+turn); `respond` asks for the answer (it ends an open turn first; a no-op once
+the turn is answered or when nothing was said); `cancel` stops the agent like
+a barge-in, and an answer it was holding the floor for is not said late.
+In manual mode (`manual=True`) the turn detector's turn ends are not given to
+the policy, and a turn the caller ends waits (Floor.WAITING, the first phrase
+of a fresh candidate synthesized ahead) until `respond`, which answers it as a
+turn end does in auto mode: commit a fresh candidate or hold. Caller speech
+still cuts the agent.
+
+Typed messages. `typed_turn` is a caller turn that starts and ends at once
+(it cuts the agent as speech would), whose text is the latest hypothesis,
+final, of this turn whatever its audio position; the next caller speech
+starts a turn it is not part of.
 """
 
 from __future__ import annotations
@@ -95,6 +111,7 @@ class Floor(enum.Enum):
     IDLE = enum.auto()  # nobody holds the turn (before the caller speaks, after a hold ran out)
     LISTENING = enum.auto()  # the caller holds the turn
     HOLDING = enum.auto()  # the caller's turn ended; no answer to it yet
+    WAITING = enum.auto()  # manual mode: the caller's turn ended; no answer asked for yet
     ANSWERING = enum.auto()  # the agent speaks a committed candidate
 
 
@@ -130,6 +147,7 @@ class Hypothesis:
     is_final: bool
     settled: bool  # final, or a partial whose every word is stable
     end_s: float
+    typed: bool = False  # a message the caller typed: of the turn it made, wherever it ends
 
 
 @dataclass
@@ -167,7 +185,9 @@ class AnswerPolicy:
         hold_phrases: Sequence[str] = (),
         hold_max_s: float = DEFAULT_HOLD_MAX_S,
         clock: Callable[[], float] = time.monotonic,
+        manual: bool = False,
     ) -> None:
+        self._manual = manual  # the caller ends turns and asks for answers (module doc)
         self._hold_lines = [tuple(p.split()) for p in hold_phrases if p.split()]
         self._hold_max_s = hold_max_s
         self._clock = clock
@@ -227,9 +247,50 @@ class AnswerPolicy:
         self._stop_speaking(Cut.NOW, Floor.LISTENING)
         self._turn_start_s = at_s
         self._hold_ran_out = False
+        if self._latest is not None and self._latest.typed:  # a typed turn is over
+            self._superseded.add(self._latest.utterance_id)
+            self._latest = None
 
     def caller_turn_ended(self, speech_end_s: float) -> None:
+        """The caller's turn ended (the turn detector in auto mode, `end_turn`):
+        answer it, or in manual mode wait to be asked."""
         self._speech_end_s = speech_end_s
+        if self._manual:
+            self.floor = Floor.WAITING
+        else:
+            self._answer_turn()
+
+    def end_turn(self, speech_end_s: float) -> None:
+        """The caller says its turn is over: nothing to do unless it holds the turn."""
+        if self.floor is Floor.LISTENING:
+            self.caller_turn_ended(speech_end_s)
+
+    def respond(self, speech_end_s: float) -> None:
+        """The caller asks for the answer to its last turn (ending it if still open)."""
+        self.end_turn(speech_end_s)
+        if self.floor is Floor.WAITING:
+            self._answer_turn()
+
+    def cancel(self) -> None:
+        """The caller stops the agent: what it says or holds the floor for is dropped."""
+        if self.floor not in (Floor.HOLDING, Floor.ANSWERING):
+            return
+        if self._answer is not None:
+            self._answer.closed = True
+        self._stop_speaking(Cut.NOW, Floor.IDLE)
+        self._hold_ran_out = False
+
+    def typed_turn(self, event: Transcript, at_s: float) -> None:
+        """A message the caller typed, at stream position `at_s`: a whole turn."""
+        self.caller_speech_started(at_s)
+        if self._latest is not None:
+            self._superseded.add(self._latest.utterance_id)
+        words = normalize_words(event.text)
+        self._latest = Hypothesis(event.utterance_id, words, True, True, at_s, typed=True)
+        self.caller_turn_ended(at_s)
+
+    def _answer_turn(self) -> None:
+        """The turn ended and is to be answered: a fresh candidate now, or hold."""
         self._turn_end_at = self._clock()
         self._first_audio_due = self._answer_due = True
         candidate = self._candidate
@@ -291,12 +352,15 @@ class AnswerPolicy:
         return self._hand_out(Line(LineKind.ANSWER, tuple(words), answer.generation, start))
 
     def speculative_line(self) -> Line | None:
-        """While the caller holds the turn: the newest candidate's first line, if it
+        """While the caller holds the turn (or waits to be asked to answer it, in manual
+        mode): the newest candidate's first line, if it
         still matches what the caller said and the line is complete, so the session
         can synthesize it ahead. Nothing is handed out: `next_line` gives the same
         line if the candidate is committed."""
         candidate = self._candidate
-        if self.floor is not Floor.LISTENING or candidate is None or candidate.closed:
+        if self.floor not in (Floor.LISTENING, Floor.WAITING):
+            return None
+        if candidate is None or candidate.closed:
             return None
         if not self._matches_latest(candidate):
             return None
@@ -320,7 +384,7 @@ class AnswerPolicy:
         latest = self._latest
         if candidate.closed or latest is None or not self._matches_latest(candidate):
             return False
-        of_this_turn = latest.end_s > self._turn_start_s
+        of_this_turn = latest.typed or latest.end_s > self._turn_start_s
         covers_end = latest.end_s >= self._speech_end_s - COVER_TOLERANCE_S
         return of_this_turn and (latest.is_final or (latest.settled and covers_end))
 
@@ -328,7 +392,7 @@ class AnswerPolicy:
         """Commit or switch to `candidate` if it has become a fresh answer with words."""
         if candidate is None or not candidate.words or candidate is self._answer:
             return
-        if self.floor is Floor.LISTENING or not self._is_fresh(candidate):
+        if self.floor in (Floor.LISTENING, Floor.WAITING) or not self._is_fresh(candidate):
             return
         if self.floor is Floor.HOLDING:
             metrics.HOLDS.labels(outcome="answered").inc()

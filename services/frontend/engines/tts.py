@@ -14,7 +14,11 @@ voiced frames, TURN_END after `turn_end_silence_s` of pause. Both go to the
 policy; a TURN_END is also reported in that frame's StepOutput (`turn_end_s`,
 where the speech ended) so the service can tell the gateway, and stt can
 finalize at once. Caller speech while the agent talks stops it on that frame
-(barge-in: silent from the second frame of caller speech on).
+(barge-in: silent from the second frame of caller speech on). With manual
+turns (push-to-talk) the detector's TURN_END is neither given to the policy
+nor reported: the caller's END_TURN and RESPOND end turns and start answers
+(the policy's module doc). The caller's CANCEL and typed messages stop the
+agent at once too; the next frame reports it (`cancelled`).
 
 Lines. The policy hands out lines (a hold phrase, a phrase of an answer, the
 repair phrase) one at a time, in the order they are to be said; each is
@@ -271,8 +275,10 @@ class TtsSession(EngineSession):
     def __init__(self, engine: TtsEngine, params: SessionParams) -> None:
         self._engine = engine
         self._turns = TurnDetector(params.turn_end_silence_s)
+        self._manual = params.manual_turns
         self._player = Player()
-        self._policy = AnswerPolicy(params.hold_phrases, params.hold_max_s)
+        self._policy = AnswerPolicy(params.hold_phrases, params.hold_max_s, manual=self._manual)
+        self._cancelled = False  # a request of the caller's cut the agent since the last step
         # Asked for now, so they are synthesized by the time a turn needs them.
         self._cached = {
             phrase_key(text): engine.cached_phrase(text)
@@ -287,12 +293,13 @@ class TtsSession(EngineSession):
     async def step(self, frame: Samples) -> StepOutput:
         event = self._turns.push(frame)
         turn_end_s, barged_in = None, False
+        cancelled, self._cancelled = self._cancelled, False
         if event is TurnEvent.SPEECH_START:
             if self._player.queued_samples:
                 metrics.BARGE_INS.inc()
                 barged_in = True
             self._policy.caller_speech_started(self._turns.speech_start_s)
-        elif event is TurnEvent.TURN_END:
+        elif event is TurnEvent.TURN_END and not self._manual:  # manual: the caller's call
             metrics.TURN_ENDS.inc()
             turn_end_s = self._turns.speech_end_s
             self._policy.caller_turn_ended(turn_end_s)
@@ -308,7 +315,8 @@ class TtsSession(EngineSession):
             speaking=rendered.filled > 0,
             words=rendered.words,
             turn_end_s=turn_end_s,
-            barged_in=barged_in,
+            barged_in=barged_in or cancelled,
+            cancelled=cancelled and not barged_in,
         )
 
     def oracle_reset(
@@ -324,6 +332,38 @@ class TtsSession(EngineSession):
     def user_transcript(self, transcript: Transcript) -> None:
         self._policy.transcript(transcript)
         self._follow_policy()
+
+    def end_turn(self) -> None:
+        self._policy.end_turn(self._caller_speech_end_s())
+        self._follow_policy()
+
+    def respond(self) -> None:
+        self._policy.respond(self._caller_speech_end_s())
+        self._follow_policy()
+
+    def cancel(self) -> None:
+        self._note_cut_by_caller()
+        self._policy.cancel()
+        self._follow_policy()
+
+    def user_text(self, transcript: Transcript) -> None:
+        self._note_cut_by_caller()
+        self._policy.typed_turn(transcript, self._frame_index * FRAME_SECONDS)
+        self._follow_policy()
+
+    def _note_cut_by_caller(self) -> None:
+        """A caller's request is about to stop the agent: the next frame says so
+        if there was audio to stop."""
+        playing = self._job is not None and self._job.play
+        if self._player.queued_samples or playing:
+            self._cancelled = True
+
+    def _caller_speech_end_s(self) -> float:
+        """Where the caller's speech ended, for a turn the caller ends: now, if the
+        turn detector hears the caller still speaking."""
+        if self._turns.caller_speaking:
+            return self._frame_index * FRAME_SECONDS
+        return self._turns.speech_end_s
 
     async def close(self) -> None:
         if self._closed:

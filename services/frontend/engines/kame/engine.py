@@ -59,6 +59,13 @@ Agent audio: Mimi's decode of the step's agent codes; silence while the LM is
 still filling its acoustic delay (the first step of a session). `speaking` is
 True when the frame's level is above SPEAKING_DBFS.
 
+The caller's CANCEL (push-to-talk clients) cannot stop the LM, which takes
+turns itself; it silences the agent's current stretch of speech instead: the
+frames and words after it are dropped until the LM has been quiet for
+UNMUTE_AFTER_QUIET_FRAMES, and the first output after it reports the cut
+(BargeIn, cancelled). END_TURN, RESPOND and typed messages do nothing here
+(the oracle still hears a typed message), and manual turns are refused.
+
 Agent words: a word is reported when the next token shows it complete, with
 the oracle generation in effect (fed to the model) at the step its first piece
 was spoken, not the newest one received; `flush_words` reports the word still
@@ -83,6 +90,7 @@ from services.frontend.engines.base import (
     CandidateSource,
     Engine,
     EngineSession,
+    InvalidSessionConfig,
     SessionParams,
     SlotsExhausted,
     SpokenWord,
@@ -94,6 +102,9 @@ from services.frontend.engines.kame.text import WordAssembler, oracle_token_ids
 
 DEFAULT_JITTER_FRAMES = 2
 SPEAKING_DBFS = -50.0
+# After a CANCEL the agent stays silent until the LM has been quiet this long (0.4 s):
+# the stretch of speech it was in is over, and what it says next is heard.
+UNMUTE_AFTER_QUIET_FRAMES = 5
 # What the step of a frame dropped from a full jitter buffer returns: silence.
 _DROPPED = SlotOutput(tokens=None, pcm=None)
 
@@ -143,6 +154,11 @@ class KameSession(EngineSession):
         self._generation: int | None = None
         self._generation_in_effect: int | None = None
         self._frame_index = 0
+        # CANCEL: the agent's current stretch of speech is silenced (module doc).
+        self._speaking = False  # the last frame the LM made had speech
+        self._muted = False
+        self._quiet_frames = 0  # frames of LM silence since the mute
+        self._cancel_due = False  # the next output reports the cut
         self._words = (
             WordAssembler(engine.tokenizer, engine.padding_ids)
             if engine.tokenizer is not None
@@ -184,6 +200,10 @@ class KameSession(EngineSession):
         if tokens:
             self._oracle_ops.append(_OracleOp(tokens=tokens))
             metrics.ORACLE_TOKENS.inc(len(tokens))
+
+    def cancel(self) -> None:
+        if self._speaking and not self._muted:
+            self._muted, self._quiet_frames, self._cancel_due = True, 0, True
 
     def flush_words(self) -> list[SpokenWord]:
         """The word still open (a word is reported once the next token shows it
@@ -228,7 +248,13 @@ class KameSession(EngineSession):
         if self._words is not None:
             text_token = output.tokens[0] if output.tokens is not None else None
             words = self._words.push(text_token, frame_index, self._generation_in_effect or 0)
-        return StepOutput(pcm=pcm, speaking=speaking, words=words)
+        self._speaking = speaking
+        if self._muted:
+            self._quiet_frames = 0 if speaking else self._quiet_frames + 1
+            self._muted = self._quiet_frames < UNMUTE_AFTER_QUIET_FRAMES
+            pcm, speaking, words = np.zeros(FRAME_SAMPLES, dtype=np.float32), False, []
+        cancelled, self._cancel_due = self._cancel_due, False
+        return StepOutput(pcm, speaking, words, barged_in=cancelled, cancelled=cancelled)
 
 
 class KameEngine(Engine):
@@ -312,6 +338,11 @@ class KameEngine(Engine):
         if self._closed:
             raise RuntimeError(f"the {self.name} engine is closed")
         free = [slot for slot, session in enumerate(self._sessions) if session is None]
+        if params.manual_turns:
+            raise InvalidSessionConfig(
+                f"the {self.name} engine takes turns itself (full duplex): manual turns "
+                "(push-to-talk) need the tts engine"
+            )
         if not free:
             raise SlotsExhausted(
                 f"all {self.total_slots} batch slots of the {self.name} engine are busy"
