@@ -118,6 +118,19 @@ class GatewaySettings(ServiceSettings):
         "tts engine: longest hold before the agent gives the floor back "
         "(0 = the frontend's default, 5 s)",
     )
+    allow_instructions: bool = setting(
+        False,
+        "let callers add their own instructions (ConverseConfig.instructions, the Realtime "
+        "endpoint's session instructions) to the oracle's system prompt (off: PERMISSION_DENIED)",
+    )
+    instructions_max_chars: int = setting(
+        2000, "longest instructions a caller may add (INVALID_ARGUMENT above)"
+    )
+    user_text_max_chars: int = setting(
+        2000,
+        "longest typed message (UserText) a caller may send; longer ones get Notice REFUSED "
+        "(0 = typed messages are refused)",
+    )
     side_heartbeat_s: float = setting(
         0.5,
         "stt sends progress after this much audio, the oracle a heartbeat this often: "
@@ -188,6 +201,8 @@ class GatewaySettings(ServiceSettings):
             "redis_timeout_s",
             "readiness_interval_s",
             "stt_replay_s",
+            "instructions_max_chars",
+            "user_text_max_chars",
         )
         if self.max_chunk_s <= 0:
             raise ConfigError(f"max_chunk_s: must be positive, got {self.max_chunk_s}")

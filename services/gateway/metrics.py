@@ -76,6 +76,12 @@ DTMF_DIGITS = Counter("kame_gateway_dtmf_digits_total", "Keys callers pressed (D
 BARGE_INS = Counter(
     "kame_gateway_barge_ins_total", "Agent speech cut by the caller (BargeIn sent to the client)"
 )
+CALLER_REQUESTS = Counter(
+    "kame_gateway_caller_requests_total",
+    "Push-to-talk requests and typed messages: end_turn, respond, cancel, user_text, and "
+    "refused (one the gateway did not act on: Notice REFUSED)",
+    ["request"],
+)
 
 # The last five minutes of the latencies and frame timings (`kame status` reads them).
 RECENT = RecentHistograms([RESPONSE_LATENCY, ANSWER_LATENCY, FRAME_ROUND_TRIP])

@@ -64,6 +64,7 @@ def _frontend_config(
             turn_end_silence_s=settings.turn_end_silence_s,
             hold_phrases=plan.hold_phrases,
             hold_max_s=plan.hold_max_s,
+            manual_turns=plan.manual_turns,
         )
     )
 
@@ -214,6 +215,7 @@ class SideOpeners:
             api_key=llm.api_key,
             policy=oracle_pb2.OraclePolicy(name=self._plan.mode.value),
             heartbeat_interval_s=self._settings.side_heartbeat_s,
+            instructions=self._plan.instructions,
         )
         call = oracle_pb2_grpc.OracleStub(channel).Guide()
         opening = [oracle_pb2.GuideRequest(config=config)]

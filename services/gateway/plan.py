@@ -16,6 +16,8 @@ from services.gateway.codecs import AudioFormat, CodecError, resolve_format
 from services.gateway.config import GatewaySettings
 
 ProtoMode = gateway_pb2.ConverseConfig.Mode
+TurnDetection = gateway_pb2.ConverseConfig.TurnDetection
+_TURN_DETECTIONS = (TurnDetection.TURN_DETECTION_UNSPECIFIED, TurnDetection.MANUAL)
 
 
 class SessionError(Exception):
@@ -74,6 +76,8 @@ class SessionPlan:
     hold_phrases: tuple[str, ...]
     hold_max_s: float
     call: gateway_pb2.CallInfo
+    manual_turns: bool = False  # push-to-talk: the caller ends turns and asks for answers
+    instructions: str = ""  # the caller's own, for the oracle's system prompt
 
     @property
     def side_services(self) -> tuple[str, ...]:
@@ -117,6 +121,12 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
             raise SessionError(invalid, f"llm.backend: {exc}") from None
     if not 0 <= config.hold.max_s < math.inf:  # NaN fails too
         raise SessionError(invalid, f"hold.max_s: must be >= 0 and finite, got {config.hold.max_s}")
+    if config.turn_detection not in _TURN_DETECTIONS:
+        raise SessionError(
+            invalid,
+            f"turn_detection: unknown value {config.turn_detection}; "
+            "choose TURN_DETECTION_UNSPECIFIED (auto) or MANUAL",
+        )
     for name in CALL_INFO_FIELDS:
         if len(value := getattr(config.call, name)) > MAX_CALL_INFO_CHARS:
             raise SessionError(
@@ -133,7 +143,28 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
         hold_phrases=_hold_phrases(config.hold, mode, settings),
         hold_max_s=config.hold.max_s or settings.hold_max_s,
         call=config.call,
+        manual_turns=config.turn_detection == TurnDetection.MANUAL,
+        instructions=_instructions(config.instructions, settings),
     )
+
+
+def _instructions(text: str, settings: GatewaySettings) -> str:
+    """The caller's instructions, if the operator lets callers add any."""
+    text = text.strip()
+    if not text:
+        return ""
+    if not settings.allow_instructions:
+        raise SessionError(
+            grpc.StatusCode.PERMISSION_DENIED,
+            "instructions: this gateway takes none from callers (allow_instructions is off)",
+        )
+    if len(text) > settings.instructions_max_chars:
+        raise SessionError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"instructions: at most {settings.instructions_max_chars} characters "
+            f"(instructions_max_chars), got {len(text)}",
+        )
+    return text
 
 
 def _mode(requested: gateway_pb2.ConverseConfig.Mode.ValueType, settings: GatewaySettings) -> Mode:

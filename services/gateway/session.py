@@ -6,7 +6,9 @@ stt and oracle (no oracle in s2s mode; opening.py): the frontend's is an
 (sidestream.py). It runs these tasks:
 
     caller ──► _read_caller ──► frontend.send ──► frontend writer
-                     └────────► stt.push ─────► stt writer
+                     ├────────► stt.push ─────► stt writer
+                     └─ turn controls, typed text (turn_control.py) ─► stt, frontend,
+                        and typed text down the transcripts' path below
     frontend ─► _read_frontend: AgentAudio ─► client codec ─► client queue
                                 AgentText ──► client queue, oracle.push
                                 TurnEnd ────► stt.push (EndOfTurn: finalize now)
@@ -92,6 +94,7 @@ from services.gateway.records import SessionRecords
 from services.gateway.replay import OracleReplay, SttReplay, shift_transcript
 from services.gateway.reporting import TurnReporter
 from services.gateway.sidestream import SideStream
+from services.gateway.turn_control import CallerTurns, TurnRoutes
 from services.gateway.turns import TurnTracker
 from services.gateway.upstream import Upstream, describe_failure
 
@@ -304,6 +307,10 @@ class GatewaySession:
     async def _read_caller(self, requests: AsyncIterator[gateway_pb2.ConverseRequest]) -> None:
         assert self.frontend is not None and self.stt is not None
         decoder, framer = Decoder(self.plan.input_format), Framer()
+        routes = TurnRoutes(
+            self.frontend.send, self._end_stt_turn, self._output.put, self._typed, self._heard_s
+        )
+        caller_turns = CallerTurns(self.id, self.settings.user_text_max_chars, routes)
         chunk_index = 0
         async for request in requests:
             kind = request.WhichOneof("msg")
@@ -315,10 +322,13 @@ class GatewaySession:
             if kind == "dtmf":
                 await self._on_dtmf(request.dtmf)
                 continue
+            if kind in ("turn_control", "user_text"):  # turn_control.py
+                await caller_turns.handle(request)
+                continue
             if kind != "audio":
                 raise SessionError(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    "a request carries neither config, audio nor dtmf",
+                    "a request carries no config, audio, dtmf, turn_control or user_text",
                 )
             arrival_us = _now_us()
             try:
@@ -396,7 +406,8 @@ class GatewaySession:
             elif kind == "turn_end":
                 self._on_turn_end(response.turn_end)
             elif kind == "barge_in":
-                metrics.BARGE_INS.inc()
+                if not response.barge_in.cancelled:
+                    metrics.BARGE_INS.inc()
                 barge_in = gateway_pb2.ConverseResponse(barge_in=response.barge_in)
                 await self._output.put(barge_in)
         if not self.frontend.input_closed:
@@ -450,7 +461,16 @@ class GatewaySession:
             activity.at_s += self._openers.stt_start_s
             await self._on_activity(activity)
 
-    async def _on_transcript(self, event: common_pb2.TranscriptEvent) -> None:
+    def _end_stt_turn(self) -> None:
+        """The caller ended its turn: stt finalizes at what it has heard so far."""
+        self._on_turn_end(frontend_pb2.TurnEnd(speech_end_s=self._heard_s()))
+
+    async def _typed(self, event: common_pb2.TranscriptEvent) -> None:
+        """A typed message: a turn that ends as it arrives, on the transcript path."""
+        self._tracker.on_speech_end(event.utterance_id, time.time())
+        await self._on_transcript(event, typed=True)
+
+    async def _on_transcript(self, event: common_pb2.TranscriptEvent, typed: bool = False) -> None:
         assert self.frontend is not None
         self._stt_replay.heard(event)
         self._oracle_replay.final(event)
@@ -458,7 +478,10 @@ class GatewaySession:
         if event.is_final and turn.summarized:
             self._reporter.trace(turn)  # the final came after the answer started
         await self._output.put(gateway_pb2.ConverseResponse(user_transcript=event))
-        await self.frontend.send(frontend_pb2.FrontendRequest(user_transcript=event))
+        if typed:
+            await self.frontend.send(frontend_pb2.FrontendRequest(user_text=event))
+        else:
+            await self.frontend.send(frontend_pb2.FrontendRequest(user_transcript=event))
         request = oracle_pb2.GuideRequest(user_transcript=event)
         oracle_took_it = self.oracle is not None and self.oracle.push(request)
         if not oracle_took_it and event.is_final and event.text.strip():

@@ -44,6 +44,7 @@ from services.oracle.backends import (
     is_vendor_api,
 )
 from services.oracle.policy import POLICY_NAMES, PolicyParams
+from services.oracle.prompts import GEMMA_HEADER, KAME_SYSTEM_PROMPT, is_gemma_270m_base
 from services.oracle.tools.settings import parse_allowed, parse_servers
 
 # Models used when a session picks a back-end other than the service default
@@ -366,8 +367,18 @@ def _backend(
         request_timeout_s=config.request_timeout_s or service.request_timeout_s,
         max_tokens=config.max_tokens or service.max_tokens,
         temperature=config.temperature or service.temperature,
-        system_prompt=config.system_prompt,
+        system_prompt=_system_prompt(config, model),
     )
+
+
+def _system_prompt(config: oracle_pb2.OracleConfig, model: str) -> str:
+    """The session's system prompt (empty = the back-end's default), with the caller
+    app's instructions after whichever prompt the model gets."""
+    instructions = config.instructions.strip()
+    if not instructions:
+        return config.system_prompt
+    default = GEMMA_HEADER if is_gemma_270m_base(model) else KAME_SYSTEM_PROMPT
+    return f"{config.system_prompt or default}\n{instructions}"
 
 
 def resolve_session(

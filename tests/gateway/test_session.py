@@ -459,7 +459,7 @@ async def test_limits(fakes):
     ("second", "message"),
     [
         (gateway_pb2.ConverseRequest(config=Config()), "a second config"),
-        (gateway_pb2.ConverseRequest(), "neither config, audio nor dtmf"),
+        (gateway_pb2.ConverseRequest(), "no config, audio, dtmf, turn_control or user_text"),
         (gateway_pb2.ConverseRequest(dtmf=common_pb2.Dtmf(digit="x")), "dtmf.digit"),
         (gateway_pb2.ConverseRequest(audio=b"\x01"), "audio chunk 0"),
     ],
