@@ -83,6 +83,9 @@ class TalkOptions:
     llm_model: str = ""
     llm_base_url: str = ""
     llm_api_key: str = ""
+    # A message typed after the WAV (kame talk --say): sent as UserText, answered like
+    # a spoken turn; the WAV may then be just silence.
+    say: str = ""
 
     def client_tls(self) -> ClientTls:
         return ClientTls(ca_file=self.ca_file, tls=self.tls, server_name=self.tls_server_name)
@@ -239,6 +242,7 @@ class _Conversation:
         self.agent_parts: list[np.ndarray] = []
         self.next_chunk = 0  # the next chunk of caller audio to send, in any call
         self.input_end_t: float | None = None  # when the WAV had been sent
+        self.said_t: float | None = None  # when the typed message (options.say) was sent
         self.resume_token = ""
         self.move_asked = False  # the gateway sent Notice RECONNECT
         self.client: ConverseClient | None = None  # the current call
@@ -334,6 +338,11 @@ class _Conversation:
             ):
                 return  # the call is over: the reader has its status
             self.next_chunk += 1
+        if self.options.say and self.said_t is None:
+            if not await client.send_text(self.options.say):
+                return
+            self.said_t = self.now()
+            self.event("caller_text", text=self.options.say)
         if self.input_end_t is None:
             self.event("caller_audio_stop")
             self.input_end_t = self.now()
@@ -401,8 +410,9 @@ class _Conversation:
             self.answered = self.answered or self._caller_began()
 
     def _caller_began(self) -> bool:
+        """The caller has spoken (the WAV's speech began) or typed its message."""
         start = self.result.speech_start_s
-        return start is not None and self.now() > start
+        return (start is not None and self.now() > start) or self.said_t is not None
 
 
 def fields_of(event: Mapping[str, Any]) -> dict[str, Any]:

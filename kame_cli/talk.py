@@ -1,8 +1,10 @@
-"""`kame talk --wav IN --out OUT.wav --timeline T.json [--plot T.png]`.
+"""`kame talk --wav IN [--say TEXT] --out OUT.wav --timeline T.json [--plot T.png]`.
 
 Streams a WAV to the gateway the way a microphone would (kame_cli/caller.py:
 real-time pacing, silence after the WAV until the agent is done, reconnecting
-with the resume token), then saves:
+with the resume token); `--say TEXT` then types TEXT as a message of the
+caller's (a UserText the agent answers aloud; without --wav the caller is
+otherwise silent). Then it saves:
 
 - OUT.wav: the agent's audio stream (24 kHz), one frame per caller frame, so
   its sample i lines up with the caller's sample i (plus the round trip);
@@ -92,7 +94,10 @@ def session_error(result: TalkResult, gateway: str) -> CliError:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--wav", type=Path, required=True, help="the caller's audio (16-bit WAV)")
+    parser.add_argument("--wav", type=Path, help="the caller's audio (16-bit WAV)")
+    parser.add_argument(
+        "--say", default="", help="a message to type after the WAV; the agent answers it aloud"
+    )
     parser.add_argument("--out", type=Path, required=True, help="WAV for the agent's audio")
     parser.add_argument("--timeline", type=Path, required=True, help="timeline JSON to write")
     parser.add_argument("--plot", type=Path, help="PNG of the timeline")
@@ -163,20 +168,21 @@ def options_from_args(args: argparse.Namespace, wav_rate: int) -> TalkOptions:
         llm_model=args.llm_model,
         llm_base_url=args.llm_base_url,
         llm_api_key=os.environ.get("KAME_LLM_API_KEY", ""),
+        say=args.say,
     )
 
 
 def save(
     result: TalkResult,
     options: TalkOptions,
-    wav: Path,
+    wav: Path | None,
     out: Path,
     timeline: Path,
     plot: Path | None,
 ) -> dict[str, Any]:
     """Write OUT.wav, the timeline JSON and (optionally) the PNG; returns the timeline."""
     write_wav(out, result.agent, SAMPLE_RATE)
-    data = result.timeline(options, {"wav": str(wav), "out": str(out)})
+    data = result.timeline(options, {"wav": str(wav or ""), "out": str(out)})
     timeline.parent.mkdir(parents=True, exist_ok=True)
     timeline.write_text(json.dumps(data, indent=2))
     if plot is not None:
@@ -184,8 +190,18 @@ def save(
     return data
 
 
+# The caller's audio when it only types (--say without --wav): a moment of silence,
+# then the silence kame talk sends until the agent is done.
+SAY_ONLY_LEAD_S = 0.5
+
+
 def run(args: argparse.Namespace) -> int:
-    samples, rate = read_wav(args.wav)
+    if args.wav is not None:
+        samples, rate = read_wav(args.wav)
+    elif args.say.strip():
+        samples, rate = np.zeros(int(SAY_ONLY_LEAD_S * SAMPLE_RATE), np.float32), SAMPLE_RATE
+    else:
+        raise CliError("give the caller's audio (--wav), a message to type (--say), or both", USAGE)
     options = options_from_args(args, rate)
     result = asyncio.run(talk(resample(samples, rate, SAMPLE_RATE), options))
     if result.status != "OK" and not result.started:  # no session: nothing worth saving
