@@ -376,7 +376,9 @@ class BargeIn(_message.Message):
     seq: _builtins.int
     """The caller frame on which the agent was cut."""
     cancelled: _builtins.bool
-    """The caller asked for it (TurnControl CANCEL) rather than spoke over the agent."""
+    """A request of the caller's cut the agent (TurnControl CANCEL, a typed
+    message: UserText), not its speech.
+    """
     def __init__(
         self,
         *,

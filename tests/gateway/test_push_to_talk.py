@@ -118,6 +118,8 @@ async def test_turn_controls_and_typed_text_reach_stt_frontend_and_oracle(fakes)
     await call.client.send_text(" \n ")  # blank: refused, the call goes on
     await call.client.send_text("word " * 30)  # 149 characters: refused
     await call.client.send(gateway_pb2.ConverseRequest(turn_control=common_pb2.TurnControl()))
+    # The fake oracle answers the typed question; its answer reaches the front-end.
+    await wait_until(lambda: fakes.frontend.log.of("oracle"), "the oracle's answer", 10)
     await call.send([SILENT_FRAME] * 3, pace_s=0)
     assert await call.finish() == grpc.StatusCode.OK
 
@@ -136,7 +138,6 @@ async def test_turn_controls_and_typed_text_reach_stt_frontend_and_oracle(fakes)
     assert len(fakes.stt.log.of("end_of_turn")) == 2
     oracle_finals = [t for t in fakes.oracle.log.of("user_transcript") if t.is_final]
     assert [(t.utterance_id, t.text) for t in oracle_finals] == [(typed_id, QUESTION)]
-    # The fake oracle answered it: the front-end got the answer with the typed source.
     [answer] = frontend.of("oracle")
     assert answer.source.utterance_id == typed_id
     assert [e["utterance_id"] for e in call.of("user_final")] == [typed_id]
