@@ -1,0 +1,55 @@
+"""Push-to-talk on the embedded stack (tests/e2e/conftest.py): a question typed
+in MANUAL turn detection waits for RESPOND, then the agent answers it aloud,
+and our STT hears Paris in the answer."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from kame_common.audio import SAMPLE_RATE
+from kamepb import gateway_pb2
+from tests.e2e.conftest import QUESTION, LiveCall, converse_config
+from tests.support import conversation, wait_until, words_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+MANUAL = gateway_pb2.ConverseConfig.TurnDetection.MANUAL
+
+
+def quiet(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * SAMPLE_RATE), np.float32)
+
+
+def spoken_words(call: LiveCall) -> list[str]:
+    return words_of(" ".join(text.text for text in call.of("agent_text")))
+
+
+async def test_a_typed_question_in_manual_mode_is_answered_when_asked(stack, transcribe):
+    call = await LiveCall(stack.gateway.address, converse_config(turn_detection=MANUAL)).start()
+    try:
+        await call.stream(quiet(0.4))
+        assert await call.client.send_text(QUESTION)
+        await call.stream(quiet(3.0))
+        assert [e.text for e in call.of("user_transcript")] == [QUESTION]
+        assert not any(chunk.speaking for chunk in call.of("audio")), "nobody asked yet"
+        assert await call.client.respond()
+        for _ in range(50):  # 20 s at most, a loaded machine included
+            if "paris" in spoken_words(call):
+                break
+            await call.stream(quiet(0.4))
+        await call.stream(quiet(2.0))  # the rest of the answer
+        assert await call.finish() == grpc.StatusCode.OK
+    finally:
+        await call.close()
+    assert "paris" in spoken_words(call), spoken_words(call)
+    assert "paris" in transcribe(call.agent_audio())  # silent until RESPOND
+
+    async def recorded() -> bool:
+        turns = await conversation(stack.redis_url, call.session_id)
+        return [t["role"] for t in turns][:2] == ["user", "agent"]
+
+    await wait_until(recorded, "the typed question and its answer in Redis", 10)
+    turns = await conversation(stack.redis_url, call.session_id)
+    assert turns[0]["text"] == QUESTION
