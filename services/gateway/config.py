@@ -131,6 +131,11 @@ class GatewaySettings(ServiceSettings):
         "longest typed message (UserText) a caller may send; longer ones get Notice REFUSED "
         "(0 = typed messages are refused)",
     )
+    user_text_per_s: float = setting(
+        1.0,
+        "typed messages a caller may send a second after a burst of 5; more get Notice "
+        "REFUSED (0 = no limit)",
+    )
     side_heartbeat_s: float = setting(
         0.5,
         "stt sends progress after this much audio, the oracle a heartbeat this often: "
@@ -203,6 +208,7 @@ class GatewaySettings(ServiceSettings):
             "stt_replay_s",
             "instructions_max_chars",
             "user_text_max_chars",
+            "user_text_per_s",
         )
         if self.max_chunk_s <= 0:
             raise ConfigError(f"max_chunk_s: must be positive, got {self.max_chunk_s}")

@@ -310,7 +310,7 @@ class GatewaySession:
         routes = TurnRoutes(
             self.frontend.send, self._end_stt_turn, self._output.put, self._typed, self._heard_s
         )
-        caller_turns = CallerTurns(self.id, self.settings.user_text_max_chars, routes)
+        caller_turns = CallerTurns(self.id, self.settings, routes)
         chunk_index = 0
         async for request in requests:
             kind = request.WhichOneof("msg")

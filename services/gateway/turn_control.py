@@ -20,8 +20,10 @@ need; the front-end's engine decides what the agent does (frontend.proto):
   to the front-end as a typed turn.
 
 Requests that cannot be acted on do not end the call: a blank text, a text over
-`user_text_max_chars`, an action this gateway does not know get Notice REFUSED
-(the caller may have a newer client, or a user who typed too much). Requests
+`user_text_max_chars`, texts faster than `user_text_per_s` (after a burst of
+USER_TEXT_BURST: each starts an LLM answer and a Redis write), an action this
+gateway does not know get Notice REFUSED (the caller may have a newer client,
+or a user who typed too much). Requests
 that change nothing (END_TURN with nothing said, a second RESPOND) are no-ops
 in the front-end: nothing is sent back.
 """
@@ -33,10 +35,13 @@ from dataclasses import dataclass
 
 from kamepb import common_pb2, frontend_pb2, gateway_pb2
 from services.gateway import metrics
+from services.gateway.config import GatewaySettings
 from services.gateway.oracle_health import notice
+from services.gateway.pacing import KeyRate
 
 Action = common_pb2.TurnControl.Action
 _NAMES = {Action.END_TURN: "end_turn", Action.RESPOND: "respond", Action.CANCEL: "cancel"}
+USER_TEXT_BURST = 5
 
 
 @dataclass(frozen=True)
@@ -51,9 +56,11 @@ class TurnRoutes:
 
 
 class CallerTurns:
-    def __init__(self, session_id: str, user_text_max_chars: int, routes: TurnRoutes) -> None:
+    def __init__(self, session_id: str, settings: GatewaySettings, routes: TurnRoutes) -> None:
         self._session_id = session_id
-        self._max_chars = user_text_max_chars
+        self._max_chars = settings.user_text_max_chars
+        self._per_s = settings.user_text_per_s
+        self._rate = KeyRate(settings.user_text_per_s, USER_TEXT_BURST)
         self._routes = routes
         self._texts = 0  # typed messages so far (their utterance ids count them)
 
@@ -87,6 +94,11 @@ class CallerTurns:
                 f"(user_text_max_chars), got {len(text)}"
                 if self._max_chars
                 else "user_text: this gateway takes no typed messages (user_text_max_chars 0)"
+            )
+            return
+        if not self._rate.admit():
+            await self._refuse(
+                f"user_text: more than {self._per_s:g} typed messages a second (user_text_per_s)"
             )
             return
         metrics.CALLER_REQUESTS.labels("user_text").inc()

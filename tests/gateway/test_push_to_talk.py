@@ -118,6 +118,8 @@ async def test_turn_controls_and_typed_text_reach_stt_frontend_and_oracle(fakes)
     await call.client.send_text(" \n ")  # blank: refused, the call goes on
     await call.client.send_text("word " * 30)  # 149 characters: refused
     await call.client.send(gateway_pb2.ConverseRequest(turn_control=common_pb2.TurnControl()))
+    for _ in range(5):  # after the first, the sixth typed message in a row is one too many
+        await call.client.send_text("And of Spain?")
     # The fake oracle answers the typed question; its answer reaches the front-end.
     await wait_until(lambda: fakes.frontend.log.of("oracle"), "the oracle's answer", 10)
     await call.send([SILENT_FRAME] * 3, pace_s=0)
@@ -130,22 +132,26 @@ async def test_turn_controls_and_typed_text_reach_stt_frontend_and_oracle(fakes)
         Action.CANCEL,
     ]
     typed_id = f"{session_id}-text-1"
-    [typed] = frontend.of("user_text")
+    typed = frontend.of("user_text")[0]
     assert (typed.utterance_id, typed.is_final, typed.text) == (typed_id, True, QUESTION)
     assert typed.span.end_s == pytest.approx(3 * FRAME_SECONDS), "typed after three frames"
     assert not frontend.of("user_transcript"), "a typed turn is not also a transcript"
     # END_TURN and RESPOND finalize stt's utterance at once; CANCEL is the front-end's.
     assert len(fakes.stt.log.of("end_of_turn")) == 2
     oracle_finals = [t for t in fakes.oracle.log.of("user_transcript") if t.is_final]
-    assert [(t.utterance_id, t.text) for t in oracle_finals] == [(typed_id, QUESTION)]
-    [answer] = frontend.of("oracle")
+    assert (oracle_finals[0].utterance_id, oracle_finals[0].text) == (typed_id, QUESTION)
+    assert len(oracle_finals) == 5
+    answer = frontend.of("oracle")[0]
     assert answer.source.utterance_id == typed_id
-    assert [e["utterance_id"] for e in call.of("user_final")] == [typed_id]
+    assert call.of("user_final")[0]["utterance_id"] == typed_id
     refused = [e["message"] for e in call.of("notice") if e["kind"] == "REFUSED"]
-    assert len(refused) == 3, call.of("notice")
+    assert len(refused) == 4, call.of("notice")
     assert "empty" in refused[0]
     assert "at most 100 characters" in refused[1] and "user_text_max_chars" in refused[1]
     assert "END_TURN, RESPOND or CANCEL" in refused[2]
+    assert "user_text_per_s" in refused[3]
+    assert len(frontend.of("user_text")) == 5, "the first five went through"
+    assert len(call.of("user_final")) == 5
 
 
 async def test_manual_turns_reach_the_frontend_config(fakes):
