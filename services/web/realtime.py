@@ -302,7 +302,9 @@ class RealtimeSession:
         elif event["type"] in ("user_partial", "user_final"):
             events = self._user_transcript(event)
         elif event["type"] == "barge_in" and event["cancelled"]:
-            events = []  # the client's cancel: that response already ended
+            # A request cut the agent, not speech: a typed message (the response
+            # under way ends), or a response.cancel (it ended already).
+            events = self._cancelled("client_cancelled", quiet=True)
         elif event["type"] == "barge_in":
             events = [*self._speech_started(), *self._cancelled("turn_detected", quiet=True)]
         elif event["type"] == "notice" and event["kind"] == "REFUSED":
@@ -454,11 +456,7 @@ class RealtimeSession:
 
     def _user_transcript(self, event: UserTranscriptEvent) -> list[Event]:
         if is_typed_echo(event["utterance_id"]):
-            # A typed message, echoed: its item is there. A barge-in it caused
-            # opened a turn with nothing heard: that was it.
-            if self.user is not None and not self.user.heard and not self.user.committed:
-                self.user = None
-            return []
+            return []  # a typed message, echoed: its item is there
         events = self._speech_started()
         user = self.user
         assert user is not None

@@ -21,9 +21,11 @@ import websockets
 from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from kamepb import common_pb2
 from services.web.config import WebSettings
 from services.web.server import WebServer, serve
 from tests.gateway.fakes import transcript
+from tests.support import wait_until
 
 TOKEN = "realtime-test-token-0123456789"
 ONE_SECOND = bytes(2 * 24000)  # PCM16 at 24 kHz, silent: the fakes do not listen
@@ -46,9 +48,10 @@ DELTAS = ("response.output_audio.delta", "response.output_audio_transcript.delta
 
 
 @contextlib.asynccontextmanager
-async def web_service(fakes, **settings) -> AsyncIterator[WebServer]:
-    """The web service (with `settings`) before a gateway that takes TOKEN."""
-    gateway = await fakes.gateway(auth_tokens=TOKEN)
+async def web_service(fakes, gateway_settings=None, **settings) -> AsyncIterator[WebServer]:
+    """The web service (with `settings`) before a gateway that takes TOKEN
+    (with `gateway_settings`)."""
+    gateway = await fakes.gateway(auth_tokens=TOKEN, **(gateway_settings or {}))
     server = await serve(
         WebSettings(
             host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address, **settings
@@ -350,3 +353,65 @@ async def test_a_socket_that_sends_nothing_is_closed_with_an_error(fakes):
             await received(connection, 1)
         assert web.web.active_sessions == 0  # its slot is free again
     assert (idle.error.code, idle.error.type) == ("idle_timeout", "invalid_request_error")
+
+
+def typed(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+async def test_push_to_talk_and_a_typed_message_reach_the_gateway_in_order(web, fakes):
+    Action = common_pb2.TurnControl.Action  # noqa: N806 (the proto's name)
+    fakes.frontend.speak_at = 30  # 2.4 s into the call
+    half_second = bytes(2 * 12000)
+    async with connect(web) as connection:
+        await connection.recv()  # session.created
+        push_to_talk = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+        await connection.session.update(session=push_to_talk)
+        (updated,) = await received(connection, 1)
+        assert updated.session.audio.input.turn_detection is None
+        await connection.input_audio_buffer.append(audio=base64.b64encode(half_second).decode())
+        await connection.input_audio_buffer.commit()
+        await connection.response.create()
+        await connection.conversation.item.create(item=typed("And  Germany?"))
+        committed, added, done = await received(connection, 3)
+        # The gateway echoes the typed message as a final transcript: no second item.
+        seen = await events_until(connection, "response.output_audio.delta")
+        await connection.response.cancel()
+        cancelled = await events_until(connection, "response.done")
+        await wait_until(
+            lambda: len(fakes.frontend.log.of("turn_control")) == 3, "the cancel at the front-end"
+        )
+
+    assert committed.type == "input_audio_buffer.committed"
+    assert (added.type, added.item.content[0].text) == ("conversation.item.added", "And  Germany?")
+    assert done.type == "conversation.item.done"
+    assert kinds(seen) == OPENED
+    assert cancelled[-1].response.status_details.reason == "client_cancelled"
+
+    frontend = fakes.frontend.log
+    assert frontend.of("config")[0].manual_turns
+    actions = [control.action for control in frontend.of("turn_control")]
+    assert actions == [Action.END_TURN, Action.RESPOND, Action.CANCEL]
+    assert [text.text for text in frontend.of("user_text")] == ["And Germany?"]
+    kinds_sent = [request.WhichOneof("msg") for request in frontend.requests]
+    audio_before_commit = kinds_sent[: kinds_sent.index("turn_control")].count("audio")
+    assert audio_before_commit >= 6  # the half second appended before the commit (80 ms frames)
+
+
+async def test_a_typed_message_the_gateway_refuses_is_an_error_and_the_session_goes_on(fakes):
+    async with (
+        web_service(fakes, gateway_settings={"user_text_max_chars": 10}) as web,
+        connect(web) as connection,
+    ):
+        await connection.recv()  # session.created
+        await connection.conversation.item.create(item=typed("Far too long for this gateway."))
+        await connection.conversation.item.create(item=typed("Hi."))
+        # Its items at once; then the gateway's refusal of the first.
+        events = await events_until(connection, "error")
+        await connection.conversation.item.retrieve(item_id=events[2].item.id)
+        (still,) = await received(connection, 1)
+
+    assert kinds(events) == ["conversation.item.added", "conversation.item.done"] * 2 + ["error"]
+    refused = events[-1].error
+    assert refused.code == "request_refused" and "user_text_max_chars" in refused.message
+    assert still.item.content[0].text == "Hi."
