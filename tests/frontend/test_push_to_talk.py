@@ -9,10 +9,17 @@ import uuid
 import numpy as np
 import pytest
 
-from kame_common.audio import FRAME_SECONDS
+from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
 from kamepb import common_pb2, frontend_pb2
-from services.frontend.engines.base import CandidateSource, SessionParams, StepOutput, Transcript
+from services.frontend.engines.base import (
+    CandidateSource,
+    SessionParams,
+    SpokenWord,
+    StepOutput,
+    Transcript,
+)
 from services.frontend.engines.commit import AnswerPolicy, Floor, LineKind
+from services.frontend.engines.mute import UNMUTE_AFTER_QUIET_FRAMES, SpeechMute
 from services.frontend.engines.tts import TtsEngine
 from tests.frontend.calls import Typed, frames_of, play_call, reset, silence, words_in
 from tests.frontend.test_tts_engine import LEAD_S, last_voiced_frame, run_session
@@ -222,3 +229,28 @@ async def test_the_service_takes_turn_controls_and_typed_messages(frontend_stub)
     assert [b.cancelled for b in call.barge_ins] == [True]
     assert 45 <= call.barge_ins[0].seq <= 47
     assert [i for i in speaking if i > call.barge_ins[0].seq] == []
+
+
+# --- CANCEL for engines that take turns themselves ------------------------------------------
+
+
+def lm_frame(speaking: bool, word: str = "") -> StepOutput:
+    level = 0.3 if speaking else 0.0
+    words = [SpokenWord(word, 0.0, 0.1)] if word else []
+    return StepOutput(np.full(FRAME_SAMPLES, level, np.float32), speaking, words)
+
+
+def test_cancel_silences_the_speech_lms_current_stretch_of_speech():
+    mute = SpeechMute()
+    mute.cancel()  # the agent is silent: nothing to cut
+    assert not mute.apply(lm_frame(False)).barged_in
+    assert mute.apply(lm_frame(True, "Paris")).words
+    mute.cancel()
+    lm = [lm_frame(True, "is")] + [lm_frame(False)] * 2 + [lm_frame(True, "the")]
+    lm += [lm_frame(False)] * UNMUTE_AFTER_QUIET_FRAMES + [lm_frame(True, "Hello")]
+    heard = [mute.apply(frame) for frame in lm]
+    assert heard[0].barged_in and heard[0].cancelled
+    assert [out.speaking for out in heard[:-1]] == [False] * (len(lm) - 1)
+    assert not any(out.pcm.any() or out.words for out in heard[:-1])
+    assert not any(out.barged_in for out in heard[1:])
+    assert heard[-1].speaking and [w.text for w in heard[-1].words] == ["Hello"]

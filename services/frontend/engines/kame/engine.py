@@ -60,11 +60,9 @@ still filling its acoustic delay (the first step of a session). `speaking` is
 True when the frame's level is above SPEAKING_DBFS.
 
 The caller's CANCEL (push-to-talk clients) cannot stop the LM, which takes
-turns itself; it silences the agent's current stretch of speech instead: the
-frames and words after it are dropped until the LM has been quiet for
-UNMUTE_AFTER_QUIET_FRAMES, and the first output after it reports the cut
-(BargeIn, cancelled). END_TURN, RESPOND and typed messages do nothing here
-(the oracle still hears a typed message), and manual turns are refused.
+turns itself; it silences the agent's current stretch of speech instead
+(mute.py). END_TURN, RESPOND and typed messages do nothing here (the oracle
+still hears a typed message), and manual turns are refused.
 
 Agent words: a word is reported when the next token shows it complete, with
 the oracle generation in effect (fed to the model) at the step its first piece
@@ -99,12 +97,10 @@ from services.frontend.engines.base import (
 from services.frontend.engines.kame import checkpoint, metrics
 from services.frontend.engines.kame.batch import SlotBatch, SlotOutput
 from services.frontend.engines.kame.text import WordAssembler, oracle_token_ids
+from services.frontend.engines.mute import SpeechMute
 
 DEFAULT_JITTER_FRAMES = 2
 SPEAKING_DBFS = -50.0
-# After a CANCEL the agent stays silent until the LM has been quiet this long (0.4 s):
-# the stretch of speech it was in is over, and what it says next is heard.
-UNMUTE_AFTER_QUIET_FRAMES = 5
 # What the step of a frame dropped from a full jitter buffer returns: silence.
 _DROPPED = SlotOutput(tokens=None, pcm=None)
 
@@ -154,11 +150,7 @@ class KameSession(EngineSession):
         self._generation: int | None = None
         self._generation_in_effect: int | None = None
         self._frame_index = 0
-        # CANCEL: the agent's current stretch of speech is silenced (module doc).
-        self._speaking = False  # the last frame the LM made had speech
-        self._muted = False
-        self._quiet_frames = 0  # frames of LM silence since the mute
-        self._cancel_due = False  # the next output reports the cut
+        self._mute = SpeechMute()  # CANCEL: the current stretch of speech is silenced
         self._words = (
             WordAssembler(engine.tokenizer, engine.padding_ids)
             if engine.tokenizer is not None
@@ -202,8 +194,7 @@ class KameSession(EngineSession):
             metrics.ORACLE_TOKENS.inc(len(tokens))
 
     def cancel(self) -> None:
-        if self._speaking and not self._muted:
-            self._muted, self._quiet_frames, self._cancel_due = True, 0, True
+        self._mute.cancel()
 
     def flush_words(self) -> list[SpokenWord]:
         """The word still open (a word is reported once the next token shows it
@@ -248,13 +239,7 @@ class KameSession(EngineSession):
         if self._words is not None:
             text_token = output.tokens[0] if output.tokens is not None else None
             words = self._words.push(text_token, frame_index, self._generation_in_effect or 0)
-        self._speaking = speaking
-        if self._muted:
-            self._quiet_frames = 0 if speaking else self._quiet_frames + 1
-            self._muted = self._quiet_frames < UNMUTE_AFTER_QUIET_FRAMES
-            pcm, speaking, words = np.zeros(FRAME_SAMPLES, dtype=np.float32), False, []
-        cancelled, self._cancel_due = self._cancel_due, False
-        return StepOutput(pcm, speaking, words, barged_in=cancelled, cancelled=cancelled)
+        return self._mute.apply(StepOutput(pcm=pcm, speaking=speaking, words=words))
 
 
 class KameEngine(Engine):
