@@ -415,3 +415,42 @@ async def test_a_typed_message_the_gateway_refuses_is_an_error_and_the_session_g
     refused = events[-1].error
     assert refused.code == "request_refused" and "user_text_max_chars" in refused.message
     assert still.item.content[0].text == "Hi."
+
+
+async def test_instructions_reach_the_agent_only_where_both_services_allow_them(fakes):
+    brief = {"type": "realtime", "instructions": "Answer in French."}
+    relayed = {"realtime_relay_instructions": True}
+    async with (
+        web_service(fakes, {"allow_instructions": True}, **relayed) as web,
+        connect(web) as connection,
+    ):
+        await connection.recv()  # session.created
+        await connection.session.update(session=brief)
+        await connection.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        await received(connection, 1)  # session.updated
+        await wait_until(lambda: fakes.oracle.log.of("config"), "the oracle's config")
+    assert fakes.oracle.log.of("config")[0].instructions == "Answer in French."
+
+    # The gateway's operator did not allow them: the call is refused, and says why.
+    async with web_service(fakes, **relayed) as web, connect(web) as connection:
+        await connection.recv()  # session.created
+        await connection.session.update(session=brief)
+        await connection.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        updated, refused = await received(connection, 2)
+    assert updated.session.instructions == "Answer in French."
+    assert refused.error.code == "permission_denied"
+    assert "allow_instructions" in refused.error.message
+
+
+async def test_a_mode_the_operator_does_not_offer_is_refused(fakes):
+    async with (
+        web_service(fakes, modes="tandem") as web,
+        connect(web, model="kame-s2s") as connection,
+    ):
+        (refused,) = await received(connection, 1)
+        with pytest.raises(ConnectionClosed):
+            await received(connection, 1)
+    assert (refused.error.code, refused.error.message) == (
+        "model_not_found",
+        "model 'kame-s2s' is not served here; choose kame-tandem",
+    )
