@@ -10,10 +10,16 @@ far end has queued, hang up. Everything in between is here, once:
   decodes G.711 and PCM16 itself), keys as Dtmf requests;
 - agent audio through a `Playout` (20 ms packets on our clock); a BargeIn from
   the gateway flushes it and asks the leg to clear the far end's queue;
+- the agent's functions (call_functions.py: the call control the operator
+  enabled, declared in the config): each `function_call` runs as a task of its
+  own (a transfer takes a while; the call goes on meanwhile), its result goes
+  back on the uplink, the one writer of the Converse call;
 - the end: the caller hanging up half-closes the Converse call, so that the
   gateway finishes the session, and cancels it after HANG_UP_GRACE_S (nobody is
   listening any more); the gateway ending the call (an error, a drain, the
-  length cap) hangs up the phone.
+  length cap) hangs up the phone. The end cancels the functions still running,
+  except one that ended the call itself (a hang-up, a transfer): its result
+  goes out before the half-close.
 
 The Converse call is kame_common/converse.py's client, read as its events. No
 conversation state lives here: the gateway and Redis hold it.
@@ -26,6 +32,7 @@ import contextlib
 import enum
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,7 +40,7 @@ import grpc
 
 from kame_common import converse
 from kame_common.aio import cancel_and_wait
-from kame_common.converse import DTMF_KEYS, ConverseClient, ConverseEvent
+from kame_common.converse import DTMF_KEYS, ConverseClient, ConverseEvent, FunctionCallEvent
 from kamepb import common_pb2, gateway_pb2
 from services.telephony import metrics
 from services.telephony.playout import PhoneCodec, Playout
@@ -52,6 +59,9 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 # A longer hint than this is taken for this (a phone network's retry header
 # should not say "come back tomorrow").
 MAX_RETRY_AFTER_S = 3600.0
+# How long the half-close waits for the result of a function that ended the call
+# (a hang-up's "hung up", a transfer's outcome), so the oracle's record has it.
+LAST_RESULTS_S = 1.0
 
 
 class PhoneLeg(Protocol):
@@ -65,6 +75,18 @@ class PhoneLeg(Protocol):
 
     async def hang_up(self, reason: str) -> None:
         """The agent's side ended the call: end it on the phone too."""
+
+
+class AgentFunctions(Protocol):
+    """The functions a call offers the agent (call_functions.CallFunctions)."""
+
+    @property
+    def declared(self) -> Sequence[common_pb2.ClientFunction]:
+        """What the Converse config declares (none: no functions)."""
+
+    async def run(self, call: PhoneCall, name: str, arguments_json: str) -> tuple[str, bool]:
+        """Run a call of `name` on `call`: the words for the model, and whether
+        they are an error (an unknown name or bad arguments is one). Never raises."""
 
 
 class Ended(enum.Enum):
@@ -143,6 +165,19 @@ class _HungUp:
     """The caller's hang-up, queued behind the audio that came before it."""
 
 
+@dataclass(frozen=True)
+class _FunctionResult:
+    """The answer to a function_call, queued for the uplink (the Converse call's
+    one writer: grpc.aio fails a call written by two tasks at once)."""
+
+    call_id: str
+    output: str
+    is_error: bool
+
+
+_ToGateway = gateway_pb2.ConverseRequest | _HungUp | _FunctionResult
+
+
 class PhoneCall:
     def __init__(
         self,
@@ -151,6 +186,7 @@ class PhoneCall:
         info: CallInfo,
         codec: PhoneCodec,
         leg: PhoneLeg,
+        functions: AgentFunctions | None = None,
     ) -> None:
         self.info = info
         self.codec = codec
@@ -165,9 +201,9 @@ class PhoneCall:
         self._channel = channel
         self._settings = settings
         self._leg = leg
-        self._to_gateway: asyncio.Queue[gateway_pb2.ConverseRequest | _HungUp] = asyncio.Queue(
-            CALLER_QUEUE_PACKETS
-        )
+        self._to_gateway: asyncio.Queue[_ToGateway] = asyncio.Queue(CALLER_QUEUE_PACKETS)
+        self._functions = functions
+        self._running: set[asyncio.Task[None]] = set()  # function calls under way
         self._keys = KeyRate(settings.dtmf_rate_per_s, settings.dtmf_burst)
         self._keys_dropped = 0  # keys over the rate limit
         self._hung_up = asyncio.Event()  # either side hung up (not the gateway)
@@ -192,20 +228,32 @@ class PhoneCall:
             return
         self._enqueue(gateway_pb2.ConverseRequest(audio=payload))
 
-    def _enqueue(self, request: gateway_pb2.ConverseRequest | _HungUp) -> None:
-        """Queue `request` for the gateway; a full queue drops its oldest first."""
-        if self._to_gateway.full():
-            with contextlib.suppress(asyncio.QueueEmpty):
-                self._to_gateway.get_nowait()
-            metrics.DROPPED_CALLER_PACKETS.labels(self.info.provider).inc()
-            if not self._dropped:
-                log.warning(
-                    "%s call %s: the gateway takes caller audio too slowly: dropping the oldest",
-                    self.info.provider,
-                    self.info.provider_call_id,
-                )
-            self._dropped += 1
-        self._to_gateway.put_nowait(request)
+    def _enqueue(self, item: _ToGateway) -> None:
+        """Queue `item` for the gateway; a full queue drops its oldest caller
+        packet or key first (a result or the hang-up is kept, moved behind)."""
+        queue = self._to_gateway
+        for _ in range(queue.maxsize):
+            if not queue.full():
+                break
+            oldest = queue.get_nowait()
+            if isinstance(oldest, gateway_pb2.ConverseRequest):
+                self._dropped_one()
+            else:
+                queue.put_nowait(oldest)
+        if queue.full():  # nothing but results queued: the gateway has stalled
+            self._dropped_one()
+            return
+        queue.put_nowait(item)
+
+    def _dropped_one(self) -> None:
+        metrics.DROPPED_CALLER_PACKETS.labels(self.info.provider).inc()
+        if not self._dropped:
+            log.warning(
+                "%s call %s: the gateway takes caller audio too slowly: dropping the oldest",
+                self.info.provider,
+                self.info.provider_call_id,
+            )
+        self._dropped += 1
 
     def caller_dtmf(self, digit: str, duration_ms: int = 0) -> None:
         if self._hung_up.is_set():
@@ -249,6 +297,10 @@ class PhoneCall:
         self.ended, self.status = how, reason
         self._hung_up.set()
         self._enqueue(_HungUp())
+        # The end cancels the agent's actions under way (a transfer's wait, keys),
+        # not the one ending the call (it is this task), whose result still goes out.
+        for task in self._running - {asyncio.current_task()}:
+            task.cancel()
 
     # ---- the call ----------------------------------------------------------------
 
@@ -276,7 +328,7 @@ class PhoneCall:
                 self.status = self._gateway_error
         finally:
             start_timer.cancel()
-            await cancel_and_wait([uplink, downlink, playout, hung_up])
+            await cancel_and_wait([uplink, downlink, playout, hung_up, *self._running])
             client.cancel()
             metrics.ACTIVE_CALLS.labels(self.info.provider).dec()
         assert self.ended is not None
@@ -311,6 +363,7 @@ class PhoneCall:
             input_format=audio,
             output_format=audio,
             call=self.info.to_proto(),
+            functions=self._functions.declared if self._functions else [],
         )
 
     async def _uplink(self, client: ConverseClient) -> None:
@@ -320,10 +373,27 @@ class PhoneCall:
         if not await client.start(self.config()):
             return
         await client.wait_started(self._hung_up)
-        while not isinstance(request := await self._to_gateway.get(), _HungUp):
-            if not await client.send(request):
+        while not isinstance(item := await self._to_gateway.get(), _HungUp):
+            if not await self._send(client, item):
                 return
+        await self._send_last_results(client)
         await client.done_writing()
+
+    async def _send(self, client: ConverseClient, item: _ToGateway) -> bool:
+        if isinstance(item, _FunctionResult):
+            return await client.send_function_result(item.call_id, item.output, item.is_error)
+        assert isinstance(item, gateway_pb2.ConverseRequest)
+        return await client.send(item)
+
+    async def _send_last_results(self, client: ConverseClient) -> None:
+        """After a hang-up: the result of the function that ended the call, once
+        in (the others were cancelled), before the half-close."""
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=LAST_RESULTS_S)
+        while not self._to_gateway.empty():
+            item = self._to_gateway.get_nowait()
+            if isinstance(item, _FunctionResult) and not await self._send(client, item):
+                return
 
     async def _downlink(self, client: ConverseClient) -> None:
         """The gateway's events until it ends the call; a failure is kept in
@@ -358,6 +428,8 @@ class PhoneCall:
             self.started.set()
         elif event["type"] == "dtmf":
             self.dtmf_echoed.append(event["digit"])
+        elif event["type"] == "function_call":
+            self._start_function(event)
         elif event["type"] == "notice":
             info = self.info
             log.info(
@@ -367,3 +439,27 @@ class PhoneCall:
                 event["kind"],
                 event["message"],
             )
+
+    # ---- the agent's functions ---------------------------------------------------
+
+    def _start_function(self, event: FunctionCallEvent) -> None:
+        """Run the call as a task of its own: the call goes on meanwhile."""
+        if self._hung_up.is_set():
+            return  # the call is over: nothing to act on, nobody to answer
+        task = asyncio.ensure_future(self._run_function(event))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _run_function(self, event: FunctionCallEvent) -> None:
+        name = event["name"]
+        if self._functions is None:
+            output, is_error = f"no function {name!r} on this call (offered: none)", True
+        else:
+            try:
+                output, is_error = await self._functions.run(self, name, event["arguments_json"])
+            except Exception:  # a bug here must not leave the model waiting for its timeout
+                log.exception(
+                    "%s call %s: function %s", self.info.provider, self.info.provider_call_id, name
+                )
+                output, is_error = f"{name} failed", True
+        self._enqueue(_FunctionResult(event["call_id"], output, is_error))

@@ -16,6 +16,7 @@ from services.telephony.call_control import (
     CallControlResult,
     act,
 )
+from services.telephony.call_functions import CallFunctions
 from services.telephony.config import TelephonySettings
 from services.telephony.playout import PhoneCodec
 
@@ -76,7 +77,10 @@ class Telephony:
         metrics.REFUSED_CALLS.labels(provider, reason).inc()
 
     def new_call(self, info: CallInfo, codec: PhoneCodec, leg: PhoneLeg) -> PhoneCall:
-        return PhoneCall(self.channel, self.call_settings, info, codec, leg)
+        """A call that offers the agent the call control its protocol allows and
+        the operator enabled, as client functions (call_functions.py)."""
+        functions = CallFunctions(self.call_control, info.provider)
+        return PhoneCall(self.channel, self.call_settings, info, codec, leg, functions)
 
     async def run(self, call: PhoneCall) -> Ended:
         """Run `call` to its end, counted among the open calls meanwhile."""

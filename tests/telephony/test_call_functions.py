@@ -1,0 +1,258 @@
+"""Call control as client functions (#33): a phone call declares the call
+control the operator enabled in its Converse config, runs each function_call
+the gateway sends as a task of its own, and answers with a function_result.
+
+The gateway's side is played by `ScriptedGateway`, a Converse server written
+here: the real gateway does not route function calls to the oracle yet (a later
+commit wires it), and this peer speaks the protocol's side the client talks to:
+the config in, SessionStarted out, FunctionCall out, FunctionResult in. The
+phone is real where it matters: baresip hears our keys, gets our REFER, and is
+hung up with our BYE."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+
+from kamepb import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.telephony.call import CallInfo, CallSettings, Ended, PhoneCall
+from services.telephony.call_control import CallControlPolicy
+from services.telephony.call_functions import CallFunctions
+from services.telephony.config import TelephonySettings
+from services.telephony.playout import PCMU
+from services.telephony.service import Telephony
+from services.telephony.sip import SipServer
+from tests.gateway.fakes import serve_fake
+from tests.support import wait_until
+from tests.telephony.test_call_control import keys_heard
+from tests.telephony.test_sip import baresip_call, one_session
+
+SALES = "sip:sales@127.0.0.1:5999"
+ALL_ON = {"call_control": "hang_up,transfer,send_dtmf", "transfer_targets": f"sales={SALES}"}
+SETTINGS = CallSettings(mode=1, auth_token="", prebuffer_ms=40, max_queued_ms=1000)
+
+Response = gateway_pb2.ConverseResponse
+
+
+class ScriptedGateway(gateway_pb2_grpc.GatewayServicer):
+    """One Converse call at a time: records the config, starts the session, answers
+    each caller packet with as much agent silence (a gateway's agent audio runs
+    with the caller's: the phone's RTP, keys included, goes out on it), sends the
+    function calls `call()` asks for and hands back their results; ends the call
+    when the client half-closes (as the gateway finishes a session)."""
+
+    def __init__(self) -> None:
+        self.configs: list[gateway_pb2.ConverseConfig] = []
+        self.results: dict[str, asyncio.Future[common_pb2.FunctionResult]] = {}
+        self.half_closed = asyncio.Event()
+        self._outbox: asyncio.Queue[Response | None] = asyncio.Queue()
+        self._call_ids = itertools.count(1)
+
+    async def Converse(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        reader = asyncio.ensure_future(self._read(request_iterator))
+        try:
+            while (response := await self._outbox.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+
+    async def _read(self, requests: AsyncIterator[gateway_pb2.ConverseRequest]) -> None:
+        async for request in requests:
+            if request.HasField("config"):
+                self.configs.append(request.config)
+                started = gateway_pb2.SessionStarted(session_id=f"scripted-{len(self.configs)}")
+                self._outbox.put_nowait(Response(started=started))
+            elif request.HasField("audio"):
+                silence = b"\xff" * len(request.audio)  # mu-law
+                self._outbox.put_nowait(Response(audio=gateway_pb2.AgentAudioChunk(data=silence)))
+            elif request.HasField("function_result"):
+                result = request.function_result
+                future = self.results.get(result.call_id)
+                if future is not None and not future.done():
+                    future.set_result(result)
+        self.half_closed.set()
+        self._outbox.put_nowait(None)
+
+    def send_call(self, name: str, arguments: object) -> str:
+        """A FunctionCall to the client (`arguments` as JSON, or a str as it is)."""
+        call_id = f"call-{next(self._call_ids)}"
+        self.results[call_id] = asyncio.get_running_loop().create_future()
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        call = common_pb2.FunctionCall(call_id=call_id, name=name, arguments_json=text)
+        self._outbox.put_nowait(Response(function_call=call))
+        return call_id
+
+    async def call(
+        self, name: str, arguments: object, timeout_s: float = 15.0
+    ) -> common_pb2.FunctionResult:
+        """A function call, and the client's result."""
+        call_id = self.send_call(name, arguments)
+        return await asyncio.wait_for(asyncio.shield(self.results[call_id]), timeout_s)
+
+
+@contextlib.asynccontextmanager
+async def scripted_gateway() -> AsyncIterator[tuple[ScriptedGateway, str]]:
+    gateway = ScriptedGateway()
+    server, address = await serve_fake(gateway_pb2_grpc.add_GatewayServicer_to_server, gateway)
+    try:
+        yield gateway, address
+    finally:
+        await server.stop(grace=0)
+
+
+class Leg:
+    """A phone's side that can be transferred (never answering: the transfer waits
+    until cancelled) and pressed keys on, recording both."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.transferring = asyncio.Event()
+        self.transfer_cancelled = False
+        self.hung_up: str | None = None
+
+    async def send_audio(self, packet: bytes, speaking: bool) -> None:
+        pass
+
+    async def clear(self) -> None:
+        pass
+
+    async def hang_up(self, reason: str) -> None:
+        self.hung_up = reason
+
+    async def transfer(self, target_uri: str) -> str:
+        self.transferring.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.transfer_cancelled = True
+            raise
+        return "never"
+
+    async def send_dtmf(self, digits: str) -> None:
+        self.keys.append(digits)
+
+
+def declared(config: gateway_pb2.ConverseConfig) -> dict[str, dict]:
+    return {f.name: json.loads(f.parameters_json) for f in config.functions}
+
+
+async def config(provider: str, **settings: str) -> gateway_pb2.ConverseConfig:
+    """The Converse config of a `provider` call on a service with `settings`."""
+    telephony = Telephony(TelephonySettings(**settings))  # type: ignore[arg-type]
+    try:
+        return telephony.new_call(CallInfo(provider), PCMU, Leg()).config()
+    finally:
+        await telephony.aclose()
+
+
+async def test_only_what_is_enabled_and_possible_is_declared():
+    assert not (await config("sip")).functions  # the default: no call control
+    assert list(declared(await config("sip", **ALL_ON))) == [
+        "hang_up",
+        "transfer_call",
+        "send_dtmf",
+    ]
+    assert list(declared(await config("twilio", **ALL_ON))) == ["hang_up", "transfer_call"]
+    assert list(declared(await config("audiosocket", **ALL_ON))) == ["hang_up"]
+    assert list(declared(await config("sip", call_control="send_dtmf"))) == ["send_dtmf"]
+
+    functions = (await config("sip", **ALL_ON)).functions
+    assert not any(f.read_only for f in functions)  # all have side effects
+    assert "goodbye" in functions[0].description
+    schemas = {f.name: json.loads(f.parameters_json) for f in functions}
+    assert schemas["hang_up"]["properties"] == {}
+    assert schemas["transfer_call"]["properties"]["target"]["enum"] == ["sales"]
+    assert schemas["send_dtmf"]["required"] == ["digits"]
+    assert SALES not in str(functions)  # the model sees names, never the URIs
+
+
+async def test_bad_calls_get_error_results_and_the_hang_up_cancels_a_transfer_under_way():
+    policy = CallControlPolicy.from_settings(TelephonySettings(**ALL_ON))  # type: ignore[arg-type]
+    leg = Leg()
+    async with (
+        scripted_gateway() as (gateway, address),
+        grpc.aio.insecure_channel(address) as channel,
+    ):
+        functions = CallFunctions(policy, "sip")
+        call = PhoneCall(channel, SETTINGS, CallInfo("sip"), PCMU, leg, functions)
+        running = asyncio.ensure_future(call.run())
+        await wait_until(call.started.is_set, "the session to start")
+        assert list(declared(gateway.configs[0])) == ["hang_up", "transfer_call", "send_dtmf"]
+
+        for name, arguments, words in [
+            ("order_pizza", {}, "no function 'order_pizza'"),
+            ("transfer_call", {"target": SALES}, "not a transfer target"),  # names only
+            ("transfer_call", {}, "wrong arguments"),
+            ("send_dtmf", "{", "not JSON"),
+            ("send_dtmf", {"digits": "12x"}, "keys of 0-9"),
+            ("hang_up", {"now": True}, "wrong arguments"),
+        ]:
+            result = await gateway.call(name, arguments)
+            assert result.is_error and words in result.output, (name, result.output)
+        assert not leg.keys and not leg.transferring.is_set()
+
+        # A transfer runs as a task of its own: the call goes on, keys are pressed.
+        transfer = gateway.send_call("transfer_call", {"target": "sales"})
+        await asyncio.wait_for(leg.transferring.wait(), 5)
+        result = await gateway.call("send_dtmf", {"digits": "12#"})
+        assert not result.is_error and result.output == "sent 12#"
+        assert leg.keys == ["12#"]
+
+        # The caller hangs up: the transfer under way is cancelled, unanswered.
+        call.caller_hung_up()
+        assert await asyncio.wait_for(running, 5) is Ended.CALLER_HUNG_UP
+        assert leg.transfer_cancelled and not gateway.results[transfer].done()
+        assert gateway.half_closed.is_set()
+
+
+async def test_baresip_hears_the_keys_gets_the_refer_and_is_hung_up_by_function_calls(tmp_path):
+    async with scripted_gateway() as (gateway, address):
+        settings = {
+            "host": "127.0.0.1",
+            "sip_port": 0,
+            "metrics_port": 0,
+            "gateway_address": address,
+            "playout_prebuffer_ms": 60,
+            **ALL_ON,
+        }
+        sip = SipServer(Telephony(TelephonySettings(**settings)))  # type: ignore[arg-type]
+        await sip.start()
+        try:
+            async with baresip_call(sip, tmp_path, 20.0) as (phone, _):
+                await one_session(sip)
+                (sip_call,) = sip.calls.values()
+                (config,) = gateway.configs
+                assert [f.name for f in config.functions] == [
+                    "hang_up",
+                    "transfer_call",
+                    "send_dtmf",
+                ]
+
+                result = await gateway.call("send_dtmf", {"digits": "12#"})
+                assert not result.is_error, result.output
+                await wait_until(lambda: keys_heard(phone.events) == "12#", "baresip's keys")
+
+                # REFER to the operator's URI for the name; baresip cannot place the call
+                # (its one RTP port pair is this call's) and says so: an error, the call
+                # goes on.
+                result = await gateway.call("transfer_call", {"target": "sales"})
+                transfers = [e["param"] for e in phone.events if e.get("type") == "TRANSFER"]
+                assert transfers == [f"<{SALES}>"]
+                assert result.is_error and "failed: 5" in result.output, result.output
+                assert phone.seen("CALL_CLOSED") is None
+
+                # "Please hang up": the result comes back before the half-close, then BYE.
+                result = await gateway.call("hang_up", {})
+                assert not result.is_error and result.output == "hung up"
+                await phone.wait_for("CALL_CLOSED")
+                assert sip_call.bye_sent and not sip_call.phone_gone
+                await wait_until(lambda: not sip.calls, "the SIP call to end")
+                assert gateway.half_closed.is_set()
+        finally:
+            await sip.stop()
+            await sip.telephony.aclose()
