@@ -1,6 +1,7 @@
 """Push-to-talk on the embedded stack (tests/e2e/conftest.py): a question typed
 in MANUAL turn detection waits for RESPOND, then the agent answers it aloud,
-and our STT hears Paris in the answer."""
+and our STT hears Paris in the answer; a spoken one waits for END_TURN and
+RESPOND."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from kame_common.audio import SAMPLE_RATE
 from kamepb import gateway_pb2
 from tests.e2e.conftest import QUESTION, LiveCall, converse_config
-from tests.support import conversation, wait_until, words_of
+from tests.support import conversation, wait_until, word_recall, words_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -53,3 +54,27 @@ async def test_a_typed_question_in_manual_mode_is_answered_when_asked(stack, tra
     await wait_until(recorded, "the typed question and its answer in Redis", 10)
     turns = await conversation(stack.redis_url, call.session_id)
     assert turns[0]["text"] == QUESTION
+
+
+async def test_a_spoken_question_in_manual_mode_waits_for_end_turn_and_respond(stack, speak):
+    """The real stt hears the question and finalizes it; 3 s of silence bring no
+    answer; END_TURN + RESPOND do."""
+    call = await LiveCall(stack.gateway.address, converse_config(turn_detection=MANUAL)).start()
+    try:
+        await call.stream(np.concatenate([quiet(0.3), speak(QUESTION), quiet(3.0)]))
+        assert not any(chunk.speaking for chunk in call.of("audio")), "nobody asked yet"
+        assert await call.client.end_turn()
+        assert await call.client.respond()
+        for _ in range(50):
+            if spoken_words(call):
+                break
+            await call.stream(quiet(0.4))
+        await call.stream(quiet(2.0))  # the rest of the answer
+        assert await call.finish() == grpc.StatusCode.OK
+    finally:
+        await call.close()
+    assert any(chunk.speaking for chunk in call.of("audio")), "answered at RESPOND"
+    heard = " ".join(e.text for e in call.of("user_transcript") if e.is_final)
+    assert word_recall(QUESTION, heard) >= 0.6, heard  # Whisper may mishear one word
+    if "france" in words_of(heard):
+        assert "paris" in spoken_words(call), spoken_words(call)
