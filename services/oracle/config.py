@@ -45,7 +45,9 @@ from services.oracle.backends import (
 )
 from services.oracle.policy import POLICY_NAMES, PolicyParams
 from services.oracle.prompts import GEMMA_HEADER, KAME_SYSTEM_PROMPT, is_gemma_270m_base
+from services.oracle.tools.client_functions import client_function_specs
 from services.oracle.tools.settings import parse_allowed, parse_servers
+from services.oracle.tools.spec import ToolSpec
 
 # Models used when a session picks a back-end other than the service default
 # and names no model.
@@ -124,6 +126,9 @@ class OracleSettings(MeasuredCapacitySettings):
     mcp_connect_timeout_s: float = setting(
         10.0, "limit on connecting an MCP server and listing its tools at start"
     )
+    max_client_functions: int = setting(
+        32, "functions a session's client may declare for the LLM to call (0 = none)"
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -153,6 +158,10 @@ class OracleSettings(MeasuredCapacitySettings):
             raise ConfigError("tool_timeout_s and mcp_connect_timeout_s: must be above 0")
         if self.tool_budget < 0:
             raise ConfigError(f"tool_budget: must be at least 0, got {self.tool_budget}")
+        if self.max_client_functions < 0:
+            raise ConfigError(
+                f"max_client_functions: must be at least 0, got {self.max_client_functions}"
+            )
         if self.history_max_turns < max(self.history_turns, 1):
             raise ConfigError(
                 f"history_max_turns: must be at least history_turns ({self.history_turns}), "
@@ -180,6 +189,7 @@ class SessionSettings:
     heartbeat_interval_s: float = 0.0  # 0: no HEARTBEAT events
     dtmf_to_llm: bool = False  # keys pressed are named in the prompt and the log
     tool_budget: int = 4  # tool calls per caller turn
+    client_functions: tuple[ToolSpec, ...] = ()  # the client's functions, as tools
 
 
 # OracleConfig.heartbeat_interval_s when set (0 = no heartbeats).
@@ -394,6 +404,12 @@ def resolve_session(
             f"heartbeat_interval_s must be between {low:g} and {high:g} (or 0 for none), "
             f"got {config.heartbeat_interval_s:g}"
         )
+    try:
+        client_functions = client_function_specs(
+            config.client_functions, service.max_client_functions, service.tool_timeout_s
+        )
+    except ValueError as exc:
+        raise InvalidSessionConfig(str(exc)) from None
     return SessionSettings(
         session_id=config.session_id,
         backend=_backend(config, service, keys),
@@ -402,4 +418,5 @@ def resolve_session(
         heartbeat_interval_s=config.heartbeat_interval_s,
         dtmf_to_llm=service.dtmf_to_llm,
         tool_budget=service.tool_budget,
+        client_functions=client_functions,
     )

@@ -80,11 +80,14 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
                     session.agent_text(request.agent_text)
                 elif kind == "dtmf":
                     session.keypress(request.dtmf.digit)
+                elif kind == "function_result":
+                    session.function_result(request.function_result)
                 elif kind == "config":
                     raise ProtocolError("a second config arrived; send config once, first")
                 else:
                     raise ProtocolError(
-                        "empty GuideRequest: set user_transcript, agent_text or dtmf"
+                        "empty GuideRequest: set user_transcript, agent_text, dtmf or "
+                        "function_result"
                     )
         finally:
             await session.close()

@@ -25,7 +25,11 @@ With the operator's tools (services/oracle/tools), a candidate may call them
 between LLM rounds (services/oracle/candidate.py): read-only tools already on
 partial transcripts, tools with side effects only on the final, once per
 caller turn. The calls a final's candidate used join the conversation as
-`tool` turns, after the user turn they answer.
+`tool` turns, after the user turn they answer. The client's own functions
+(OracleConfig.client_functions) are tools too: a call goes out as a
+function_call and the client's function_result answers it
+(tools/client_functions.py); every tool run is shown to the client as
+ToolActivity (GuideResponse.tool).
 
 With heartbeat_interval_s set, a HEARTBEAT event goes out that often, whatever
 else happens: the client's sign that the session is alive.
@@ -92,6 +96,8 @@ from services.oracle.config import (
 )
 from services.oracle.policy import RestartPolicy, StartReason
 from services.oracle.prompts import AGENT, TOOL, USER, Turn, build_turns
+from services.oracle.tools.client_functions import ClientFunctions
+from services.oracle.tools.sources import ToolSources, check_names
 from services.oracle.tools.spec import ToolCall, ToolResult
 from services.oracle.tools.turn import SessionTools, Toolbox, tool_turn_text
 
@@ -150,10 +156,26 @@ class OracleSession:
     ) -> None:
         self.settings = settings
         self.backend = backend
-        # The operator's tools and the calls of the caller's current turn (none: no tools).
+        self._outbox: asyncio.Queue[oracle_pb2.GuideResponse | None] = asyncio.Queue()
+        respond = self._outbox.put_nowait
+        # The client's functions: their calls go out on the response stream.
+        self._client_functions = ClientFunctions(
+            settings.client_functions,
+            lambda call: respond(oracle_pb2.GuideResponse(function_call=call)),
+            settings.session_id,
+        )
+        # The operator's tools and the client's, and the calls of the caller's current
+        # turn (None: no tools); what the tools do goes out as ToolActivity.
+        sources = ToolSources(toolbox, self._client_functions)
         self._tools = (
-            SessionTools(toolbox, settings.tool_budget, settings.session_id, self._record_tool)
-            if toolbox is not None and toolbox.specs
+            SessionTools(
+                sources,
+                settings.tool_budget,
+                settings.session_id,
+                self._record_tool,
+                lambda activity: respond(oracle_pb2.GuideResponse(tool=activity)),
+            )
+            if sources.specs
             else None
         )
         # The service's own LLM, busy while this session streams from it (its capacity);
@@ -180,7 +202,6 @@ class OracleSession:
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._writer_task: asyncio.Task[None] | None = None
         self._writes: asyncio.Queue[Turn | None] = asyncio.Queue()
-        self._outbox: asyncio.Queue[oracle_pb2.GuideResponse | None] = asyncio.Queue()
         self._closing: asyncio.Future[None] | None = None
 
     # -- inputs ---------------------------------------------------------------
@@ -242,6 +263,10 @@ class OracleSession:
             self._agent_words.append(SpokenWord(event.start_s, text))
             if self._tools is not None:
                 self._tools.on_agent_words()
+
+    def function_result(self, result: common_pb2.FunctionResult) -> None:
+        """The client's answer to a function_call (ignored unless a call waits for it)."""
+        self._client_functions.deliver(result)
 
     # -- outputs --------------------------------------------------------------
 
@@ -539,9 +564,16 @@ class SessionFactory:
         """A started session; raises InvalidSessionConfig (-> INVALID_ARGUMENT)."""
         settings = resolve_session(config, self.service, self.keys)
         try:
+            check_names(settings.client_functions, self.toolbox)
             backend = create_backend(settings.backend)
-        except BackendConfigError as exc:
+        except (ValueError, BackendConfigError) as exc:
             raise InvalidSessionConfig(str(exc)) from None
+        if settings.client_functions and not backend.supports_tools:
+            log.info(
+                "session %s: client functions not offered: model %s takes no tools",
+                settings.session_id,
+                settings.backend.model,
+            )
         try:
             history, _ = await asyncio.gather(
                 self._load_history(settings.session_id), backend.check(self.service.check_timeout_s)

@@ -5,9 +5,11 @@ here is a small in-process one that counts its calls."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from types import SimpleNamespace
 from typing import Any
 
+from kamepb.common_pb2 import ToolActivity as Activity
 from services.oracle.tools.spec import ToolCall, ToolExchange, ToolResult, ToolSpec
 from services.oracle.tools.turn import SessionTools, TurnTools
 from services.oracle.tools.wire import (
@@ -37,7 +39,7 @@ class CountingToolbox:
     def spec(self, name: str) -> ToolSpec | None:
         return {s.name: s for s in self.specs}.get(name)
 
-    async def call(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolResult:
+    async def call(self, spec: ToolSpec, arguments: dict[str, Any], call_id: str) -> ToolResult:
         self.calls.append((spec.name, arguments))
         await asyncio.sleep(self.delay_s)
         return ToolResult(f"{spec.name} {arguments}")
@@ -188,3 +190,37 @@ def test_earlier_rounds_are_replayed_in_each_wire_format():
             ],
         },
     ]
+
+
+async def test_each_run_shows_its_activity_and_a_partials_result_reused_for_the_final():
+    shown: list = []
+    tools = TurnTools(
+        CountingToolbox(delay_s=0.05), 4, "s1", lambda call, result: None, shown.append
+    )
+    await tools.run_all([ToolCall("1", "lookup", '{"a": 1}')], final=False)
+    await tools.run_all([ToolCall("2", "lookup", '{"a":1}')], final=False)  # another partial
+    await tools.run_all([ToolCall("3", "lookup", '{"a": 1}')], final=True)
+    await tools.run_all([ToolCall("4", "lookup", '{"a": 1}')], final=True)  # shown once
+    await asyncio.sleep(0)  # the reused FINISHED comes from the run's done callback
+    started, finished, reuse_started, reuse_finished = shown
+    assert [a.phase for a in shown] == [Activity.STARTED, Activity.FINISHED] * 2
+    assert started.call_id == finished.call_id != reuse_started.call_id == reuse_finished.call_id
+    assert (finished.name, finished.source, finished.read_only) == ("lookup", "test", True)
+    assert not finished.reused and reuse_finished.reused
+    assert reuse_finished.elapsed_s == finished.elapsed_s >= 0.05  # the run's time
+    assert not finished.is_error and not reuse_finished.is_error
+
+
+async def test_a_run_the_session_end_stops_shows_finished_with_an_error():
+    shown: list = []
+    tools = TurnTools(CountingToolbox(delay_s=30), 4, "s1", lambda call, result: None, shown.append)
+    assert await tools.run_all([ToolCall("1", "book", "{}")], final=False) is None  # held back
+    assert shown == []
+    asking = asyncio.create_task(tools.run_all([ToolCall("2", "book", "{}")], final=True))
+    await asyncio.sleep(0.05)
+    await tools.close()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asking  # its run was cancelled under it
+    started, finished = shown
+    assert (started.phase, finished.phase) == (Activity.STARTED, Activity.FINISHED)
+    assert finished.is_error and finished.call_id == started.call_id and not finished.read_only

@@ -30,7 +30,7 @@ def test_servers_are_commands_or_urls():
 
 @pytest.mark.parametrize(
     "value",
-    ["files", "=cmd", "a b=cmd", "x=", "x=a;x=b", "x=python 'unclosed"],
+    ["files", "=cmd", "a b=cmd", "x=", "x=a;x=b", "x=python 'unclosed", "client=python -m x"],
 )
 def test_bad_server_entries_are_refused(value):
     with pytest.raises(ValueError):

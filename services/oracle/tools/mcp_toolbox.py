@@ -35,12 +35,10 @@ from mcp_types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
 
 from kame_common.aio import cancel_and_wait
 from services.oracle.tools.settings import AllowEntry, McpServerEntry, allowance
-from services.oracle.tools.spec import ToolResult, ToolSpec
+from services.oracle.tools.spec import MAX_RESULT_CHARS, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
 
-# Longest tool output the model reads (the rest would only slow the answer).
-MAX_RESULT_CHARS = 4000
 # Pages of tools/list read from one server at most (a paginator that never ends).
 _MAX_PAGES = 20
 # How long the connections get to close at shutdown.
@@ -200,8 +198,9 @@ class McpToolbox:
             server=server,
         )
 
-    async def call(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolResult:
-        """Run one tool; every failure is an error result (see the module doc)."""
+    async def call(self, spec: ToolSpec, arguments: dict[str, Any], call_id: str) -> ToolResult:
+        """Run one tool; every failure is an error result (see the module doc). The
+        call's id is the oracle's (ToolActivity's); the MCP request has its own."""
         connection = self._connections[spec.server]
         unavailable = ToolResult(f"error: {spec.name} is unavailable (its server is down)", True)
         try:

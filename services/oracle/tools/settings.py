@@ -8,6 +8,9 @@
   `:readonly` (the operator vouches that it changes nothing, whatever the
   server's annotations say) and `:SECONDS` (its timeout). A tool not on the
   list is never offered to the model; an empty list offers none.
+
+A server cannot be named `client`: that is the source of the caller's own
+functions (client_functions.py) in the client's ToolActivity events.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
+
+from services.oracle.tools.spec import CLIENT_SOURCE
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 READ_ONLY_OPTION = "readonly"
@@ -52,6 +57,8 @@ def parse_servers(value: str) -> list[McpServerEntry]:
         name, target = name.strip(), target.strip()
         if not sep or not _NAME.fullmatch(name) or not target:
             raise ValueError(f"{raw.strip()!r} must be NAME=COMMAND or NAME=URL")
+        if name == CLIENT_SOURCE:
+            raise ValueError(f"server name {name!r} is reserved for the caller's functions")
         if any(entry.name == name for entry in entries):
             raise ValueError(f"server name {name!r} is used twice")
         entry = McpServerEntry(name, target)

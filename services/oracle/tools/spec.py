@@ -8,6 +8,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+# Longest tool output the model reads (the rest would only slow the answer).
+MAX_RESULT_CHARS = 4000
+# ToolSpec.server of the client's functions (an MCP server cannot take this name).
+CLIENT_SOURCE = "client"
+
 
 @dataclass(frozen=True)
 class ToolSpec:
@@ -19,7 +24,7 @@ class ToolSpec:
     parameters: dict[str, Any]  # JSON Schema, `type: object` at the root
     read_only: bool  # may run on a partial transcript (speculatively)
     timeout_s: float
-    server: str  # the MCP server it comes from (for the log and spans)
+    server: str  # the MCP server it comes from, or CLIENT_SOURCE (for the log and spans)
 
 
 @dataclass(frozen=True)

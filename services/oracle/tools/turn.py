@@ -21,6 +21,16 @@ Calls run in tasks of their own, shielded from the candidate that asked: a
 candidate cancelled by a restart does not cancel a call another candidate
 will want. Each call is timed into a histogram and an OpenTelemetry span; the
 calls a final's candidate used go into the conversation as `tool` turns.
+
+The client sees tools work through ToolActivity (GuideResponse.tool): each
+run of a tool is a STARTED when it starts and a FINISHED (is_error,
+elapsed_s) when it ends, under a call_id of its own (a client function's
+FunctionCall has the same). When a final's candidate first uses a result a
+partial's candidate started, that use is a pair of its own (a new call_id,
+FINISHED `reused`, elapsed_s the run's), at once if the result is in, else
+when it comes. A call refused before it runs (no such tool, arguments that
+are not an object, the budget spent) and a side effect held back on a
+partial have no activity: nothing ran.
 """
 
 from __future__ import annotations
@@ -28,7 +38,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opentelemetry import trace
@@ -37,6 +49,7 @@ from prometheus_client import Histogram
 from kame_common.aio import cancel_and_wait
 from kame_common.metrics import TURN_BUCKETS
 from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
+from kamepb import common_pb2
 from services.oracle.tools.spec import ToolCall, ToolResult, ToolSpec, canonical_arguments
 
 log = logging.getLogger(__name__)
@@ -56,7 +69,38 @@ class Toolbox(Protocol):
 
     def spec(self, name: str) -> ToolSpec | None: ...
 
-    async def call(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolResult: ...
+    async def call(self, spec: ToolSpec, arguments: dict[str, Any], call_id: str) -> ToolResult: ...
+
+
+Activity = common_pb2.ToolActivity
+# Where a session sends its ToolActivity (its response stream).
+ShowActivity = Callable[[common_pb2.ToolActivity], None]
+
+
+def new_call_id() -> str:
+    """An id unique within the session (and beyond: a reopened session starts anew)."""
+    return f"call_{uuid.uuid4().hex[:16]}"
+
+
+def _started(call_id: str, spec: ToolSpec) -> common_pb2.ToolActivity:
+    return Activity(
+        phase=Activity.STARTED,
+        call_id=call_id,
+        name=spec.name,
+        source=spec.server,
+        read_only=spec.read_only,
+    )
+
+
+def _finished(
+    call_id: str, spec: ToolSpec, result: ToolResult, reused: bool = False
+) -> common_pb2.ToolActivity:
+    activity = _started(call_id, spec)
+    activity.phase = Activity.FINISHED
+    activity.is_error = result.is_error
+    activity.elapsed_s = result.elapsed_s
+    activity.reused = reused
+    return activity
 
 
 def tool_turn_text(call: ToolCall, result: ToolResult) -> str:
@@ -68,6 +112,17 @@ def tool_turn_text(call: ToolCall, result: ToolResult) -> str:
     )
 
 
+@dataclass
+class _Run:
+    """One run of a tool this turn, shared by the candidates asking the same."""
+
+    call_id: str
+    spec: ToolSpec
+    task: asyncio.Task[ToolResult]
+    on_final: bool  # started for a candidate of the final transcript
+    reuse_shown: bool = False  # a final's candidate used it: its reused pair went out
+
+
 class TurnTools:
     """The tool calls of one caller turn (see the module doc)."""
 
@@ -77,12 +132,14 @@ class TurnTools:
         budget: int,
         session_id: str,
         record: Callable[[ToolCall, ToolResult], None],
+        show: ShowActivity | None = None,
     ) -> None:
         self._toolbox = toolbox
         self.budget = budget
         self._session_id = session_id
         self._record = record
-        self._calls: dict[tuple[str, str], asyncio.Task[ToolResult]] = {}
+        self._show = show or (lambda activity: None)
+        self._runs: dict[tuple[str, str], _Run] = {}
         self._recorded: set[tuple[str, str]] = set()
 
     async def run_all(self, calls: Sequence[ToolCall], final: bool) -> list[ToolResult] | None:
@@ -92,7 +149,7 @@ class TurnTools:
         if not final and any(self._has_side_effects(call) for call in calls):
             for call in calls:
                 if not self._has_side_effects(call):
-                    self._start(call)
+                    self._start(call, final)
             return None
         return list(await asyncio.gather(*(self._result(call, final) for call in calls)))
 
@@ -100,10 +157,8 @@ class TurnTools:
         spec = self._toolbox.spec(call.name)
         return spec is not None and not spec.read_only
 
-    def _start(
-        self, call: ToolCall
-    ) -> tuple[tuple[str, str], asyncio.Task[ToolResult]] | ToolResult:
-        """The call's key and task (started now, or earlier this turn with the same
+    def _start(self, call: ToolCall, final: bool) -> tuple[tuple[str, str], _Run] | ToolResult:
+        """The call's key and run (started now, or earlier this turn with the same
         arguments), or an error result when it cannot run."""
         spec = self._toolbox.spec(call.name)
         if spec is None:
@@ -112,42 +167,76 @@ class TurnTools:
         if arguments is None:
             return ToolResult(f"error: the arguments of {call.name} must be a JSON object", True)
         key = (spec.name, canonical_arguments(arguments))
-        task = self._calls.get(key)
-        if task is None:
-            if len(self._calls) >= self.budget:
+        run = self._runs.get(key)
+        if run is None:
+            if len(self._runs) >= self.budget:
                 return ToolResult(
                     f"error: no more tool calls this turn (at most {self.budget}); "
                     "answer with what you have",
                     True,
                 )
-            task = asyncio.create_task(self._timed(spec, arguments))
-            self._calls[key] = task
-        return key, task
+            call_id = new_call_id()
+            task = asyncio.create_task(self._timed(spec, arguments, call_id))
+            run = _Run(call_id, spec, task, on_final=final)
+            self._runs[key] = run
+        elif final and not run.on_final and not run.reuse_shown:
+            run.reuse_shown = True
+            self._show_reuse(run)
+        return key, run
+
+    def _show_reuse(self, run: _Run) -> None:
+        """A final's candidate uses a partial's run: a STARTED now, a FINISHED
+        `reused` when the result is in (at once if it is), whoever waits for it."""
+        call_id = new_call_id()
+        self._show(_started(call_id, run.spec))
+
+        def finished(task: asyncio.Task[ToolResult]) -> None:
+            result = _outcome(run.spec, task)
+            self._show(_finished(call_id, run.spec, result, reused=True))
+
+        run.task.add_done_callback(finished)
 
     async def _result(self, call: ToolCall, final: bool) -> ToolResult:
-        started = self._start(call)
+        started = self._start(call, final)
         if isinstance(started, ToolResult):
             return started
-        key, task = started
-        result = await asyncio.shield(task)
+        key, run = started
+        result = await asyncio.shield(run.task)
         if final and key not in self._recorded:
             self._recorded.add(key)
             self._record(call, result)
         return result
 
-    async def _timed(self, spec: ToolSpec, arguments: dict[str, Any]) -> ToolResult:
+    async def _timed(self, spec: ToolSpec, arguments: dict[str, Any], call_id: str) -> ToolResult:
+        """Run the tool: its STARTED and FINISHED activity around it (a FINISHED
+        with an error when the session's end cancels it)."""
+        self._show(_started(call_id, spec))
+        started = time.monotonic()
+        try:
+            result = await self._traced(spec, arguments, call_id)
+        except asyncio.CancelledError:
+            elapsed = time.monotonic() - started
+            stopped = ToolResult(f"error: {spec.name} was stopped", True, elapsed)
+            self._show(_finished(call_id, spec, stopped))
+            raise
+        self._show(_finished(call_id, spec, result))
+        return result
+
+    async def _traced(self, spec: ToolSpec, arguments: dict[str, Any], call_id: str) -> ToolResult:
+        """The tool's result with its time, in a span and the histogram."""
         attributes: dict[str, str | bool] = {
             "kame.session_id": self._session_id,
             "tool.name": spec.name,
             "tool.server": spec.server,
             "tool.read_only": spec.read_only,
+            "tool.call_id": call_id,
         }
         if TRANSCRIPTS_IN_SPANS:  # arguments may carry what the caller said
             attributes["tool.arguments"] = canonical_arguments(arguments)
         with _tracer.start_as_current_span("oracle.tool_call", attributes=attributes) as span:
             started = time.monotonic()
             try:
-                result = await self._toolbox.call(spec, arguments)
+                result = await self._toolbox.call(spec, arguments, call_id)
             except Exception:  # a bug must not fail every candidate that reuses this call
                 log.exception("session %s: tool %s failed", self._session_id, spec.name)
                 result = ToolResult(f"error: {spec.name} failed", True)
@@ -160,11 +249,18 @@ class TurnTools:
         return ToolResult(result.text, result.is_error, elapsed)
 
     def running(self) -> bool:
-        return any(not task.done() for task in self._calls.values())
+        return any(not run.task.done() for run in self._runs.values())
 
     async def close(self) -> None:
         """Cancel the calls still running (the session is ending)."""
-        await cancel_and_wait(list(self._calls.values()))
+        await cancel_and_wait([run.task for run in self._runs.values()])
+
+
+def _outcome(spec: ToolSpec, task: asyncio.Task[ToolResult]) -> ToolResult:
+    """A finished run's result; an error result if it was stopped."""
+    if task.cancelled() or task.exception() is not None:
+        return ToolResult(f"error: {spec.name} was stopped", True)
+    return task.result()
 
 
 class SessionTools:
@@ -179,11 +275,13 @@ class SessionTools:
         budget: int,
         session_id: str,
         record: Callable[[ToolCall, ToolResult], None],
+        show: ShowActivity | None = None,
     ) -> None:
         self._toolbox = toolbox
         self._budget = budget
         self._session_id = session_id
         self._record = record
+        self._show = show
         self.specs = toolbox.specs
         self.turn = self._new_turn()
         self._earlier: list[TurnTools] = []
@@ -191,7 +289,7 @@ class SessionTools:
         self._agent_spoke = False
 
     def _new_turn(self) -> TurnTools:
-        return TurnTools(self._toolbox, self._budget, self._session_id, self._record)
+        return TurnTools(self._toolbox, self._budget, self._session_id, self._record, self._show)
 
     def on_user_utterance(self, utterance_id: str) -> None:
         if utterance_id == self._utterance_id:
