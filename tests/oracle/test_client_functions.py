@@ -23,8 +23,15 @@ import grpc
 import pytest
 
 from kamepb import common_pb2, oracle_pb2
+from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
 from services.oracle.tools.client_functions import client_function_specs
-from tests.oracle.tool_support import APOLOGY, FAKE_LLM_ROUTES, HOLD, mcp_over_http
+from tests.oracle.tool_support import (
+    APOLOGY,
+    FAKE_LLM_ROUTES,
+    HOLD,
+    anthropic_models,
+    mcp_over_http,
+)
 
 Event = oracle_pb2.OracleEvent
 Activity = common_pb2.ToolActivity
@@ -251,6 +258,37 @@ async def test_a_side_effect_client_function_runs_once_after_the_final(
         (Activity.FINISHED, False, False),
     ]
     await gateway.stop()
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_an_error_from_the_client_is_an_error_result_on_anthropic_too(
+    stub_http, oracle_service, guide_client, session_id
+):
+    llm, url = await stub_http({**FAKE_LLM_ROUTES, ("GET", "/v1/models"): anthropic_models})
+    runtime = await oracle_service(
+        allowed_base_urls=url, allowed_models="claude-stub", allowed_backends="openai,anthropic"
+    )
+    client = guide_client(runtime.port)
+    await client.config(
+        session_id=session_id,
+        backend=LLM_BACKEND_ANTHROPIC,
+        base_url=url,
+        api_key="sk-ant-test",
+        model="claude-stub",
+        policy=POLICY,
+        client_functions=[DOOR_CODE],
+    )
+    await client.user("What is the door code of the Paris office?", final=True)
+    asking = await client.wait_for(lambda r: r.HasField("function_call"), timeout_s=30)
+    await client.send(result(asking.function_call.call_id, "the vault is locked", is_error=True))
+    await client.wait_event(Event.DONE, 1, timeout_s=30)
+
+    assert client.answer(1) == f"{HOLD} {APOLOGY}"
+    asked, answered = (post.json() for post in llm.posts())
+    assert asked["tools"][0]["input_schema"] == json.loads(DOOR_CODE.parameters_json)
+    (told,) = answered["messages"][-1]["content"]
+    assert (told["content"], told["is_error"]) == ("error: the vault is locked", True)
+    assert activity(client)[-1].is_error
     assert await client.finish() == grpc.StatusCode.OK
 
 
