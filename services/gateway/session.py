@@ -307,10 +307,10 @@ class GatewaySession:
     async def _read_caller(self, requests: AsyncIterator[gateway_pb2.ConverseRequest]) -> None:
         assert self.frontend is not None and self.stt is not None
         decoder, framer = Decoder(self.plan.input_format), Framer()
-        routes = TurnRoutes(
-            self.frontend.send, self._end_stt_turn, self._output.put, self._typed, self._heard_s
+        routes = TurnRoutes(self.frontend.send, self._end_stt_turn, self._output.put, self._typed)
+        caller_turns = CallerTurns(
+            self.id, self.settings, self.plan.manual_turns, routes, self._heard_s, self._tracker
         )
-        caller_turns = CallerTurns(self.id, self.settings, routes)
         chunk_index = 0
         async for request in requests:
             kind = request.WhichOneof("msg")

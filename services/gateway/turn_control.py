@@ -30,6 +30,7 @@ in the front-end: nothing is sent back.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ from services.gateway import metrics
 from services.gateway.config import GatewaySettings
 from services.gateway.oracle_health import notice
 from services.gateway.pacing import KeyRate
+from services.gateway.turns import TurnTracker
 
 Action = common_pb2.TurnControl.Action
 _NAMES = {Action.END_TURN: "end_turn", Action.RESPOND: "respond", Action.CANCEL: "cancel"}
@@ -52,12 +54,22 @@ class TurnRoutes:
     end_stt_turn: Callable[[], None]  # stt: EndOfTurn at what the caller has sent so far
     to_client: Callable[[gateway_pb2.ConverseResponse], Awaitable[None]]
     typed_turn: Callable[[common_pb2.TranscriptEvent], Awaitable[None]]  # the transcript path
-    heard_s: Callable[[], float]  # seconds of caller audio so far
 
 
 class CallerTurns:
-    def __init__(self, session_id: str, settings: GatewaySettings, routes: TurnRoutes) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        settings: GatewaySettings,
+        manual: bool,
+        routes: TurnRoutes,
+        heard_s: Callable[[], float],
+        tracker: TurnTracker,
+    ) -> None:
         self._session_id = session_id
+        self._manual = manual  # MANUAL turn detection: answers start only at RESPOND
+        self._heard_s = heard_s  # seconds of caller audio so far
+        self._tracker = tracker  # MANUAL: a turn's latencies count from its RESPOND
         self._max_chars = settings.user_text_max_chars
         self._per_s = settings.user_text_per_s
         self._rate = KeyRate(settings.user_text_per_s, USER_TEXT_BURST)
@@ -81,6 +93,8 @@ class CallerTurns:
         metrics.CALLER_REQUESTS.labels(name).inc()
         if control.action != Action.CANCEL:
             self._routes.end_stt_turn()
+        if control.action == Action.RESPOND and self._manual:
+            self._tracker.on_answer_asked(time.time())
         await self._routes.to_frontend(frontend_pb2.FrontendRequest(turn_control=control))
 
     async def _user_text(self, text: str) -> None:
@@ -103,7 +117,7 @@ class CallerTurns:
             return
         metrics.CALLER_REQUESTS.labels("user_text").inc()
         self._texts += 1
-        at_s = self._routes.heard_s()
+        at_s = self._heard_s()
         event = common_pb2.TranscriptEvent(
             utterance_id=f"{self._session_id}-text-{self._texts}",
             is_final=True,

@@ -6,7 +6,8 @@ turn is answered when the agent's audio starts leaving the gateway (speaking
 goes from False to True). Two latencies, side by side:
 
 - response latency: that first agent audio minus the caller's end of speech
-  (the SPEECH_END of the turn's last utterance, mapped to wall time). Negative
+  (the SPEECH_END of the turn's last utterance, mapped to wall time; with
+  push-to-talk, when the caller asked for the answer, if later). Negative
   when the agent started before the caller stopped.
 - answer latency: the first word of the answer itself (a word of an oracle
   candidate, or any agent word in s2s mode) minus the end of speech. A hold
@@ -119,6 +120,14 @@ class TurnTracker:
         turn.open_utterances.discard(utterance_id)
         if turn.speech_end_wall is None or end_wall > turn.speech_end_wall:
             turn.speech_end_wall = end_wall
+
+    def on_answer_asked(self, wall: float) -> None:
+        """Push-to-talk (MANUAL): the caller asked for the answer now. The agent may not
+        answer before, so the turn's latencies count from here, not from an end of
+        speech the caller then waited after."""
+        turn = self.current
+        if turn is not None and (turn.speech_end_wall is None or wall > turn.speech_end_wall):
+            turn.speech_end_wall = wall
 
     def on_transcript(self, event: common_pb2.TranscriptEvent, wall: float) -> Turn:
         """Record a hypothesis; returns the turn it belongs to."""

@@ -296,6 +296,9 @@ async def test_manual_mode_answers_only_when_asked(stack, speak):
     assert await call.finish() == grpc.StatusCode.OK
     assert call.speaking()[0] >= asked_at, "not a frame of speech before RESPOND"
     assert call.agent_words()[:2] == ["paris", "is"]
+    # The turn's latencies count from RESPOND, not from the end of speech 3 s before.
+    [turn] = call.of("turn")
+    assert 0 <= turn["response_latency_s"] < 2.0, turn
     assert stack.fakes.stt.log.of("end_of_turn"), "END_TURN finalizes stt's utterance"
 
 

@@ -130,3 +130,18 @@ def test_agent_audio_with_no_caller_turn_is_not_a_turn():
     tracker.on_agent_audio_start(0.5)
     tracker.on_answer_word(0.5)
     assert tracker.turns == [] and tracker.pop_ready() == []
+
+
+def test_push_to_talk_latencies_count_from_the_callers_respond():
+    tracker = TurnTracker()
+    tracker.on_speech_start("u1", 10.0)
+    tracker.on_speech_end("u1", 12.0)
+    tracker.on_transcript(transcript("u1", "what is the capital", final=True), 12.3)
+    tracker.on_answer_asked(15.0)  # MANUAL: the caller asked 3 s after it stopped
+    tracker.on_agent_audio_start(15.4)
+    tracker.on_answer_word(15.5)
+    (turn,) = tracker.pop_ready()
+    assert turn.response_latency_s == pytest.approx(0.4)
+    assert turn.answer_latency_s == pytest.approx(0.5)
+    tracker.on_answer_asked(20.0)  # no turn in progress: nothing to move
+    assert tracker.pop_ready() == []
