@@ -57,6 +57,8 @@ class TurnRoutes:
 
 
 class CallerTurns:
+    """One call's turn controls and typed messages (the module doc says what each does)."""
+
     def __init__(
         self,
         session_id: str,
