@@ -68,7 +68,9 @@ async def assert_answered(run: ClientRun, transcribe) -> None:
     heard = await asyncio.to_thread(transcribe, run.answer)
     assert word_recall(run.said, heard) >= 0.5, (heard, str(run))
     if "france" in words_of(run.heard_question):  # else the model cannot know
-        assert word_recall("Paris", heard) == 1.0, (heard, str(run))
+        # The agent's words name Paris, and its voice says its words (above): Whisper
+        # tiny alone may hear 'Paris' as 'Harris' (seen in a full run).
+        assert "paris" in words_of(run.said), (heard, str(run))
 
 
 async def test_pipecat_asks_a_spoken_question_and_hears_the_answer(

@@ -52,4 +52,3 @@ async def test_moshis_client_asks_a_spoken_question_and_hears_the_answer(
     print(f"moshi's client printed {said!r}; our STT hears {heard!r}")
     assert "paris" in words_of(said), said  # the agent's words, as moshi's client printed them
     assert word_recall(said, heard) >= 0.5, (said, heard)  # ... are what its audio says
-    assert word_recall("Paris", heard) == 1.0, (said, heard)
