@@ -26,7 +26,13 @@ How a full-duplex agent reads in this protocol:
 - a barge-in (the caller talking over the agent) is speech_started, and the
   response under way ends `cancelled`; `response.cancel` ends it the same way
   and stops the agent at the gateway (cancel_response). The agent's audio is
-  dropped until its stretch ends.
+  dropped until its stretch ends;
+- the agent calling one of the client's functions (session.update `tools`) is
+  a function_call item: an output of the response under way, or of a response
+  of its own that ends with it. The client's function_call_output goes to the
+  gateway (send_function_result); the agent goes on by itself with it, so the
+  client's response.create after an output asks the gateway for nothing: the
+  agent's next stretch is that response.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from kame_common.converse import (
     AgentAudioEvent,
     AgentTextEvent,
     ConverseEvent,
+    FunctionCallEvent,
     UserTranscriptEvent,
 )
 from services.web.realtime_config import (
@@ -54,8 +61,10 @@ from services.web.realtime_config import (
 )
 from services.web.realtime_items import (
     AgentResponse,
+    FunctionCall,
     History,
     UserMessage,
+    function_output,
     is_typed_echo,
     new_id,
     typed_message,
@@ -77,15 +86,20 @@ ITEM_EDITS = frozenset(
 # Client events not served (WebRTC's output buffer): an error names them, and
 # the session goes on.
 NOT_SERVED = frozenset(("output_audio_buffer.clear",))
+# The agent's function calls a session keeps waiting for their output; the
+# oldest beyond are forgotten (the oracle waits for none that long).
+MAX_WAITING_CALLS = 64
 
 
 @dataclass(frozen=True)
 class GatewayRequest:
     """What a client event asks of the gateway besides audio: a ConverseClient
-    call, `end_turn`, `respond`, `cancel_response` or `send_text` (of `text`)."""
+    call, `end_turn`, `respond`, `cancel_response`, `send_text` (of `text`) or
+    `send_function_result` (`text` for call `call_id`)."""
 
     action: str
     text: str = ""
+    call_id: str = ""
 
     @property
     def urgent(self) -> bool:
@@ -142,6 +156,8 @@ class RealtimeSession:
         self.early_words: list[tuple[str, float]] = []
         self.appended_s = 0.0  # caller audio appended, for audio_start_ms/audio_end_ms
         self.uncommitted_s = 0.0  # ... since the caller's turn last ended
+        self.waiting_calls: dict[str, None] = {}  # call_ids of the agent's, oldest first
+        self.output_given = False  # a function's output came since the last response.create
         self._event_numbers = itertools.count(1)
         self.id = new_id("sess")
 
@@ -199,7 +215,7 @@ class RealtimeSession:
         if kind == "response.cancel":
             return Reply(self._cancelled("client_cancelled"), requests=[CANCEL])
         if kind == "conversation.item.create":
-            return self._opening_call(self._typed(event.get("item")))
+            return self._opening_call(self._created(event.get("item")))
         if kind in ITEM_EDITS:
             return self._item_edit(kind, event)
         if kind in NOT_SERVED:
@@ -250,13 +266,35 @@ class RealtimeSession:
 
     def _response_asked(self) -> Reply:
         """response.create: the agent answers the caller's last turn now (the
-        gateway's respond); its speech comes as the server's response."""
+        gateway's respond); its speech comes as the server's response. After a
+        function's output the agent goes on by itself: nothing to ask."""
+        if self.output_given:
+            self.output_given = False
+            return Reply()
         if self.response is not None:
             raise ClientError(
                 "conversation_already_has_active_response",
                 f"response {self.response.id} is under way: cancel it first",
             )
         return Reply(requests=[RESPOND])
+
+    def _created(self, item: Any) -> Reply:
+        if isinstance(item, dict) and item.get("type") == "function_call_output":
+            return self._function_output(item)
+        return self._typed(item)
+
+    def _function_output(self, item: dict[str, Any]) -> Reply:
+        """A function_call_output: the agent's call answered (the gateway's
+        send_function_result), an item of the conversation."""
+        output = function_output(item, self.history, set(self.waiting_calls))
+        del self.waiting_calls[output.call_id]
+        self.output_given = True
+        events = [
+            self.history.add(output),
+            {"type": "conversation.item.done", "item": output.item()},
+        ]
+        result = GatewayRequest("send_function_result", output.output, output.call_id)
+        return Reply(events, requests=[result])
 
     def _typed(self, item: Any) -> Reply:
         """conversation.item.create of a user text message: a caller turn of its
@@ -307,10 +345,14 @@ class RealtimeSession:
             events = self._cancelled("client_cancelled", quiet=True)
         elif event["type"] == "barge_in":
             events = [*self._speech_started(), *self._cancelled("turn_detected", quiet=True)]
+        elif event["type"] == "function_call":
+            events = self._function_call(event)
         elif event["type"] == "notice" and event["kind"] == "REFUSED":
             events = [error_event("request_refused", event["message"])]
         else:
-            events = []  # started, turns, other notices, keys: nothing a Realtime client reads
+            # started, turns, other notices, keys, what the oracle's own tools did:
+            # nothing a Realtime client reads (no event of the protocol says it).
+            events = []
         return self.stamp(events)
 
     def on_call_end(self, error: Event | None) -> list[Event]:
@@ -362,7 +404,10 @@ class RealtimeSession:
         early = [response.said(text, start_s) for text, start_s in self.early_words]
         self.early_words.clear()
         return [
-            {"type": "response.created", "response": self._response_object("in_progress")},
+            {
+                "type": "response.created",
+                "response": self._response_object(response.id, "in_progress"),
+            },
             {
                 "type": "response.output_item.added",
                 "response_id": response.id,
@@ -405,27 +450,56 @@ class RealtimeSession:
                 "item": item,
             },
             {"type": "conversation.item.done", "item": item},
-            {"type": "response.done", "response": self._response_object(status, reason, item)},
+            {
+                "type": "response.done",
+                "response": self._response_object(
+                    response.id, status, reason, [item, *(call.item() for call in response.calls)]
+                ),
+            },
         ]
         self.response = None
         return events
 
-    def _response_object(self, status: str, reason: str = "", item: Event | None = None) -> Event:
-        response = self.response
-        assert response is not None
+    def _response_object(
+        self, response_id: str, status: str, reason: str = "", output: list[Event] | None = None
+    ) -> Event:
         details = {"type": status, **({"reason": reason} if reason else {})}
         return {
-            "id": response.id,
+            "id": response_id,
             "object": "realtime.response",
             "status": status,
             "status_details": None if status == "in_progress" else details,
-            "output": [item] if item else [],
+            "output": output or [],
             "output_modalities": ["audio"],
             "audio": {
                 "output": {"format": self.config.output.described(), "voice": self.config.voice}
             },
             "usage": None,
         }
+
+    def _function_call(self, event: FunctionCallEvent) -> list[Event]:
+        """The agent calls a function of the client's: an output of the response
+        under way (after its audio), or of a response of its own that ends with it."""
+        call = FunctionCall(event["call_id"], event["name"], event["arguments_json"] or "{}")
+        self.waiting_calls[call.call_id] = None
+        if len(self.waiting_calls) > MAX_WAITING_CALLS:
+            del self.waiting_calls[next(iter(self.waiting_calls))]
+        if self.response is not None:
+            self.response.calls.append(call)
+            return call.made(self.response.id, len(self.response.calls), self.history)
+        response_id = new_id("resp")
+        made = call.made(response_id, 0, self.history)
+        return [
+            {
+                "type": "response.created",
+                "response": self._response_object(response_id, "in_progress"),
+            },
+            *made,
+            {
+                "type": "response.done",
+                "response": self._response_object(response_id, "completed", output=[call.item()]),
+            },
+        ]
 
     def _cancelled(self, reason: str, quiet: bool = False) -> list[Event]:
         """Ends the response under way as cancelled, and drops the rest of its

@@ -12,8 +12,8 @@ at once, then nothing while they listen), so `Pacer` stands between them: it
 sends what the client appended as soon as the clock allows, cut in pieces the
 gateway takes, and silence while the client sends nothing, so that the
 full-duplex agent, whose frames follow the caller's, goes on talking. The
-client's other requests (end_turn, respond, send_text) go in the same stream,
-after the audio appended before them; a cancel goes at once.
+client's other requests (end_turn, respond, send_text, a function's output) go
+in the same stream, after the audio appended before them; a cancel goes at once.
 """
 
 from __future__ import annotations
@@ -142,6 +142,8 @@ def gateway_call(client: ConverseClient, request: GatewayRequest) -> GatewayCall
     """The ConverseClient call `request` names."""
     if request.action == "send_text":
         return functools.partial(client.send_text, request.text)
+    if request.action == "send_function_result":
+        return functools.partial(client.send_function_result, request.call_id, request.text)
     calls = {
         "end_turn": client.end_turn,
         "respond": client.respond,

@@ -1,14 +1,15 @@
 """What a Realtime session may choose (services/web/realtime.py): the mode its
-`?model=` names, its audio formats and voice in session.update, and the
-protocol's error for a choice it may not make."""
+`?model=` names, its audio formats, voice and functions (`tools`) in
+session.update, and the protocol's error for a choice it may not make."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from kamepb import gateway_pb2
+from kamepb import common_pb2, gateway_pb2
 
 Event = dict[str, Any]
 Codec = gateway_pb2.AudioFormat
@@ -20,6 +21,10 @@ MODEL_PREFIX = "kame-"
 OPENAI_VOICES = frozenset(
     ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar")
 )
+# tool_choice values taken. "auto" is what the stack does; "none" declares no
+# function to the agent; "required" and a named function ({"type": "function",
+# "name": ...}) cannot be forced on the oracle's model: taken as "auto".
+TOOL_CHOICES = frozenset(("auto", "none", "required"))
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,30 @@ CODINGS = {
         AudioCoding("audio/pcma", Codec.ALAW, 8000, 1, b"\xd5"),
     )
 }
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    """One of the client's functions (a session.update `tools` entry), declared
+    to the agent as a ConverseConfig function."""
+
+    name: str
+    description: str
+    parameters: str  # the JSON Schema of the arguments, as JSON text ("" if none)
+
+    def described(self) -> Event:
+        parameters = json.loads(self.parameters) if self.parameters else None
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": parameters,
+        }
+
+    def declared(self) -> common_pb2.ClientFunction:
+        return common_pb2.ClientFunction(
+            name=self.name, description=self.description, parameters_json=self.parameters
+        )
 
 
 class ClientError(ValueError):
@@ -112,6 +141,8 @@ class SessionConfig:
     # turn_detection null: push-to-talk (the client commits turns and asks for
     # answers), the gateway's MANUAL turn detection.
     manual_turns: bool = False
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: str | Event = "auto"
 
     def updated(self, session: Any, locked: bool) -> SessionConfig:
         """This config with `session`'s fields applied; ClientError (nothing
@@ -128,18 +159,18 @@ class SessionConfig:
             voice=self._voice(session),
             instructions=session.get("instructions", self.instructions),
             manual_turns=self._manual_turns(session),
+            tools=self._tools(session),
+            tool_choice=self._tool_choice(session),
         )
         if not isinstance(new.instructions, str):
             raise ClientError(
                 "invalid_type", "instructions must be a string", "session.instructions"
             )
-        if session.get("tools"):
-            raise ClientError("unsupported_value", "tools are not served yet", "session.tools")
         if locked and new.call_config() != self.call_config():
             raise ClientError(
                 "session_locked",
-                "the audio formats, voice, instructions and turn detection are the call's: "
-                "they cannot change once it is open (audio, a commit, a message or "
+                "the audio formats, voice, instructions, turn detection and tools are the "
+                "call's: they cannot change once it is open (audio, a commit, a message or "
                 "response.create opened it)",
                 "session",
             )
@@ -147,11 +178,23 @@ class SessionConfig:
 
     def call_config(self) -> tuple[Any, ...]:
         """What the gateway call is opened with."""
-        return (self.input, self.output, self.voice, self.manual_turns, self.agent_instructions)
+        return (
+            self.input,
+            self.output,
+            self.voice,
+            self.manual_turns,
+            self.agent_instructions,
+            self.agent_functions,
+        )
 
     @property
     def agent_instructions(self) -> str:
         return self.instructions if self.relay_instructions else ""
+
+    @property
+    def agent_functions(self) -> tuple[FunctionTool, ...]:
+        """The functions the agent may call: none with tool_choice "none"."""
+        return () if self.tool_choice == "none" else self.tools
 
     @staticmethod
     def _coding(session: dict[str, Any], path: str, current: AudioCoding) -> AudioCoding:
@@ -199,6 +242,30 @@ class SessionConfig:
             )
         return False
 
+    def _tools(self, session: dict[str, Any]) -> tuple[FunctionTool, ...]:
+        """`tools`: function tools only (the agent's other tools are the operator's
+        MCP servers). The gateway judges the names and schemas when the call
+        opens, and refuses the call if the oracle would refuse them."""
+        tools = session.get("tools")
+        if tools is None:
+            return self.tools
+        if not isinstance(tools, list):
+            raise ClientError("invalid_type", "tools must be a list", "session.tools")
+        return tuple(_function_tool(tool, f"session.tools[{n}]") for n, tool in enumerate(tools))
+
+    def _tool_choice(self, session: dict[str, Any]) -> str | Event:
+        choice = session.get("tool_choice", self.tool_choice)
+        if isinstance(choice, str) and choice in TOOL_CHOICES:
+            return choice
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            if isinstance(choice.get("name"), str):
+                return choice
+        raise ClientError(
+            "invalid_value",
+            "tool_choice: auto, none, required or {type: function, name}",
+            "session.tool_choice",
+        )
+
     def described(self, model: str) -> Event:
         """The session object of session.created/updated."""
         return {
@@ -207,8 +274,8 @@ class SessionConfig:
             "model": model,
             "output_modalities": ["audio"],
             "instructions": self.instructions,
-            "tools": [],
-            "tool_choice": "auto",
+            "tools": [tool.described() for tool in self.tools],
+            "tool_choice": self.tool_choice,
             "audio": {
                 "input": {
                     "format": self.input.described(),
@@ -228,7 +295,25 @@ class SessionConfig:
             output_format=self.output.gateway_format(),
             voice="" if self.voice in OPENAI_VOICES else self.voice,
             instructions=self.agent_instructions,
+            functions=[tool.declared() for tool in self.agent_functions],
             turn_detection=Config.MANUAL
             if self.manual_turns
             else Config.TURN_DETECTION_UNSPECIFIED,
         )
+
+
+def _function_tool(tool: Any, where: str) -> FunctionTool:
+    """One `tools` entry: {type: function, name, description, parameters}."""
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+        raise ClientError("unsupported_value", "only function tools are served", f"{where}.type")
+    name, description = tool.get("name"), tool.get("description") or ""
+    parameters = tool.get("parameters")
+    if not isinstance(name, str) or not name:
+        raise ClientError("invalid_value", "a function needs a name", f"{where}.name")
+    if not isinstance(description, str):
+        raise ClientError("invalid_type", "description must be a string", f"{where}.description")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise ClientError(
+            "invalid_type", "parameters must be a JSON Schema object", f"{where}.parameters"
+        )
+    return FunctionTool(name, description, json.dumps(parameters) if parameters else "")

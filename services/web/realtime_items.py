@@ -1,7 +1,7 @@
 """The conversation of a Realtime session as its client sees it (services/web/
-realtime.py): the caller's messages and the agent's responses as items, and a
-bounded list of them that conversation.item.retrieve, .delete and .truncate
-act on.
+realtime.py): the caller's messages, the agent's responses, its calls of the
+client's functions and the client's outputs for them as items, and a bounded
+list of them that conversation.item.retrieve, .delete and .truncate act on.
 
 The list is the endpoint's record of what was said, not the agent's memory:
 the agent (the oracle's conversation, the frontend's) keeps its own, and the
@@ -46,6 +46,7 @@ class AgentResponse:
     word_starts: list[float] = field(default_factory=list)  # seconds into this audio
     audio_s: float = 0.0  # audio sent to the client (or kept, after a truncation)
     held_silence: list[bytes] = field(default_factory=list)  # sent if speech resumes
+    calls: list[FunctionCall] = field(default_factory=list)  # outputs after the audio
 
     @property
     def transcript(self) -> str:
@@ -103,7 +104,70 @@ class UserMessage:
         }
 
 
-Item = AgentResponse | UserMessage
+@dataclass
+class FunctionCall:
+    """The agent calls one of the client's functions (the gateway's function_call)."""
+
+    call_id: str
+    name: str
+    arguments: str  # JSON text
+    item_id: str = field(default_factory=lambda: new_id("item"))
+    status: str = "in_progress"  # completed once its arguments are sent
+
+    def item(self) -> Event:
+        return {
+            "id": self.item_id,
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": self.status,
+            "call_id": self.call_id,
+            "name": self.name,
+            "arguments": self.arguments if self.status == "completed" else "",
+        }
+
+    def made(self, response_id: str, output_index: int, history: History) -> list[Event]:
+        """The call joins the conversation as output `output_index` of response
+        `response_id`, as OpenAI streams one: added without its arguments, the
+        arguments (here in one delta), done."""
+        where = {"response_id": response_id, "output_index": output_index}
+        about = {**where, "item_id": self.item_id, "call_id": self.call_id}
+        added = [{"type": "response.output_item.added", **where, "item": self.item()}]
+        added.append(history.add(self))
+        self.status = "completed"
+        return [
+            *added,
+            {"type": "response.function_call_arguments.delta", **about, "delta": self.arguments},
+            {
+                "type": "response.function_call_arguments.done",
+                **about,
+                "name": self.name,
+                "arguments": self.arguments,
+            },
+            {"type": "response.output_item.done", **where, "item": self.item()},
+            {"type": "conversation.item.done", "item": self.item()},
+        ]
+
+
+@dataclass
+class FunctionOutput:
+    """The client's output for a FunctionCall (conversation.item.create)."""
+
+    call_id: str
+    output: str
+    item_id: str = field(default_factory=lambda: new_id("item"))
+
+    def item(self) -> Event:
+        return {
+            "id": self.item_id,
+            "object": "realtime.item",
+            "type": "function_call_output",
+            "status": "completed",
+            "call_id": self.call_id,
+            "output": self.output,
+        }
+
+
+Item = AgentResponse | UserMessage | FunctionCall | FunctionOutput
 
 
 class History:
@@ -191,14 +255,15 @@ class History:
 
 def typed_message(item: Any, history: History) -> UserMessage:
     """The user text message a conversation.item.create carries; ClientError for
-    any other item (the agent's messages, tool output: the agent speaks for
-    itself, and tools are not served)."""
+    any other item but a function's output (function_output): the agent's
+    messages and calls are its own, the gateway has no call that adds them."""
     if not isinstance(item, dict):
         raise ClientError("invalid_value", "item must be an object", "item")
     if item.get("type", "message") != "message" or item.get("role") != "user":
         raise ClientError(
             "unsupported_value",
-            "only the caller's messages (type message, role user) can be added",
+            "only the caller's messages (type message, role user) and function outputs "
+            "(type function_call_output) can be added",
             "item.role" if item.get("type", "message") == "message" else "item.type",
         )
     content = item.get("content")
@@ -214,10 +279,30 @@ def typed_message(item: Any, history: History) -> UserMessage:
     text = " ".join(str(text).strip() for text in texts).strip()
     if not text:
         raise ClientError("invalid_value", "the message has no text", "item.content")
+    return UserMessage(new_item_id(item, history), [{"type": "input_text", "text": text}])
+
+
+def function_output(item: dict[str, Any], history: History, waiting: set[str]) -> FunctionOutput:
+    """The function_call_output a conversation.item.create carries, for one of
+    the agent's calls still `waiting` for its output; ClientError otherwise."""
+    call_id, output = item.get("call_id"), item.get("output")
+    if not isinstance(call_id, str) or call_id not in waiting:
+        raise ClientError(
+            "invalid_value",
+            f"call_id: no function call {call_id!r} of the agent waits for its output",
+            "item.call_id",
+        )
+    if not isinstance(output, str):
+        raise ClientError("invalid_type", "output must be a string", "item.output")
+    return FunctionOutput(call_id, output, new_item_id(item, history))
+
+
+def new_item_id(item: dict[str, Any], history: History) -> str:
+    """The id the client gave an item it creates (a new one), else one of ours."""
     item_id = item.get("id") or new_id("item")
     if not isinstance(item_id, str) or item_id in history:
         raise ClientError("invalid_value", "item.id: a new item's id", "item.id")
-    return UserMessage(item_id, [{"type": "input_text", "text": text}])
+    return item_id
 
 
 def is_typed_echo(utterance_id: str) -> bool:

@@ -92,7 +92,6 @@ def test_session_update_chooses_g711_and_a_voice_of_the_stack():
             "invalid_value",
             "session.audio.input.turn_detection",
         ),
-        ({"tools": [{"type": "function", "name": "f"}]}, "unsupported_value", "session.tools"),
         ({"instructions": 3}, "invalid_type", "session.instructions"),
     ],
 )
@@ -451,7 +450,11 @@ def test_a_typed_message_is_an_item_at_once_and_its_echo_is_not_a_second():
 @pytest.mark.parametrize(
     ("item", "code", "param"),
     [
-        ({"type": "function_call_output", "output": "{}"}, "unsupported_value", "item.type"),
+        (
+            {"type": "function_call", "name": "f", "arguments": "{}"},
+            "unsupported_value",
+            "item.type",
+        ),
         (
             {"type": "message", "role": "assistant", "content": [{"type": "output_text"}]},
             "unsupported_value",
