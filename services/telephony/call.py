@@ -12,14 +12,15 @@ far end has queued, hang up. Everything in between is here, once:
   the gateway flushes it and asks the leg to clear the far end's queue;
 - the agent's functions (call_functions.py: the call control the operator
   enabled, declared in the config): each `function_call` runs as a task of its
-  own (a transfer takes a while; the call goes on meanwhile), its result goes
-  back on the uplink, the one writer of the Converse call;
+  own (a transfer takes a while; the call goes on meanwhile), its answer goes
+  back on the uplink, the one writer of the Converse call (call_functions.py
+  answers within ANSWER_WITHIN_S, before the action is over if need be);
 - the end: the caller hanging up half-closes the Converse call, so that the
   gateway finishes the session, and cancels it after HANG_UP_GRACE_S (nobody is
   listening any more); the gateway ending the call (an error, a drain, the
   length cap) hangs up the phone. The end cancels the functions still running,
-  except one that ended the call itself (a hang-up, a transfer): its result
-  goes out before the half-close.
+  except one that ended the call itself (a hang-up, a transfer): its answer,
+  if not sent already, goes out before the half-close.
 
 The Converse call is kame_common/converse.py's client, read as its events. No
 conversation state lives here: the gateway and Redis hold it.
@@ -32,7 +33,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,7 +60,7 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 # A longer hint than this is taken for this (a phone network's retry header
 # should not say "come back tomorrow").
 MAX_RETRY_AFTER_S = 3600.0
-# How long the half-close waits for the result of a function that ended the call
+# How long the half-close waits for the answer of a function that ended the call
 # (a hang-up's "hung up", a transfer's outcome), so the oracle's record has it.
 LAST_RESULTS_S = 1.0
 
@@ -77,6 +78,11 @@ class PhoneLeg(Protocol):
         """The agent's side ended the call: end it on the phone too."""
 
 
+# How a function call is answered: the words for the model, and whether they are
+# an error. The first answer is the result; later ones are not sent.
+Answer = Callable[[str, bool], None]
+
+
 class AgentFunctions(Protocol):
     """The functions a call offers the agent (call_functions.CallFunctions)."""
 
@@ -84,9 +90,10 @@ class AgentFunctions(Protocol):
     def declared(self) -> Sequence[common_pb2.ClientFunction]:
         """What the Converse config declares (none: no functions)."""
 
-    async def run(self, call: PhoneCall, name: str, arguments_json: str) -> tuple[str, bool]:
-        """Run a call of `name` on `call`: the words for the model, and whether
-        they are an error (an unknown name or bad arguments is one). Never raises."""
+    async def run(self, call: PhoneCall, name: str, arguments_json: str, answer: Answer) -> None:
+        """Run a call of `name` on `call` and `answer` it (an unknown name or bad
+        arguments is an error answer); the action may go on after its answer
+        (a transfer that takes a minute). Never raises."""
 
 
 class Ended(enum.Enum):
@@ -451,15 +458,22 @@ class PhoneCall:
         task.add_done_callback(self._running.discard)
 
     async def _run_function(self, event: FunctionCallEvent) -> None:
-        name = event["name"]
+        name, call_id = event["name"], event["call_id"]
+        answered = False
+
+        def answer(output: str, is_error: bool) -> None:
+            nonlocal answered
+            if not answered:
+                answered = True
+                self._enqueue(_FunctionResult(call_id, output, is_error))
+
         if self._functions is None:
-            output, is_error = f"no function {name!r} on this call (offered: none)", True
-        else:
-            try:
-                output, is_error = await self._functions.run(self, name, event["arguments_json"])
-            except Exception:  # a bug here must not leave the model waiting for its timeout
-                log.exception(
-                    "%s call %s: function %s", self.info.provider, self.info.provider_call_id, name
-                )
-                output, is_error = f"{name} failed", True
-        self._enqueue(_FunctionResult(event["call_id"], output, is_error))
+            answer(f"no function {name!r} on this call (offered: none)", True)
+            return
+        try:
+            await self._functions.run(self, name, event["arguments_json"], answer)
+        except Exception:  # a bug here must not leave the model waiting for its timeout
+            log.exception(
+                "%s call %s: function %s", self.info.provider, self.info.provider_call_id, name
+            )
+            answer(f"{name} failed", True)

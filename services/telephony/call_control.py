@@ -44,9 +44,12 @@ log = logging.getLogger(__name__)
 # Keys one request may press.
 MAX_DIGITS = 32
 # How long the agent's last words may play before a hang-up cuts them off, and
-# how long the playout must have held no agent speech for them to be over.
-HANG_UP_PLAYOUT_MAX_S = 5.0
-HANG_UP_QUIET_S = 0.3
+# how long the playout must have held no agent speech for them to be over: the
+# words a model says just before its call (its goodbye) may still be in the
+# tts when the call comes (its first audio takes a few hundred ms, more on a
+# busy machine). The function's answer does not wait for this (call_functions).
+HANG_UP_PLAYOUT_MAX_S = 8.0
+HANG_UP_QUIET_S = 1.0
 
 
 # What each protocol can do at all (the README's table says why the rest cannot).

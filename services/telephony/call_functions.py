@@ -17,16 +17,28 @@ final transcript only). Arguments that are not a JSON object with exactly the
 declared string arguments, or a name this call did not declare, get an error
 result in words; the call goes on. None is declared when none is enabled (the
 default).
+
+A call is answered within ANSWER_WITHIN_S, under the oracle's tool_timeout_s
+(5 s by default): the outcome when the action is over by then (keys pressed,
+a refusal, a transfer the phone refused, a hang-up after a short goodbye),
+else words saying what is under way ("hanging up once your last words have
+played", "the transfer to sales is under way ..."), and the action goes on:
+a transfer's target may ring for a minute, and a model left waiting that long
+would time out and tell the caller it failed. Its outcome is then logged and
+counted (call_control.act); a transfer that worked ends the call, one that
+failed leaves the caller with the agent, who is not told (the Converse
+protocol has no message for a late result).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
 
 from kamepb import common_pb2
-from services.telephony.call import PhoneCall
+from services.telephony.call import Answer, PhoneCall
 from services.telephony.call_control import (
     MAX_DIGITS,
     CallControlPolicy,
@@ -38,6 +50,9 @@ log = logging.getLogger(__name__)
 
 # The keys a send_dtmf call may press (call_control.DTMF_KEYS, either case).
 DIGITS_PATTERN = f"^[0-9*#A-Da-d]{{1,{MAX_DIGITS}}}$"
+# A call is answered within this: under the oracle's tool_timeout_s (5 s by
+# default), with room for the hops back to it on a busy machine.
+ANSWER_WITHIN_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -151,15 +166,34 @@ class CallFunctions:
             reason="the agent hung up" if function.action == "hang_up" else "",
         )
 
-    async def run(self, call: PhoneCall, name: str, arguments_json: str) -> tuple[str, bool]:
-        """Do what a call of `name` asks of `call`: the words for the model, and
-        whether they are an error. A transfer may take a minute (the phone rings
-        the target first)."""
+    async def run(self, call: PhoneCall, name: str, arguments_json: str, answer: Answer) -> None:
+        """Do what a call of `name` asks of `call`, answering within
+        ANSWER_WITHIN_S: the outcome if it is in by then, else what is under
+        way (the action goes on)."""
         try:
             request = self.request(name, arguments_json)
         except ArgumentError as error:
             info = call.info
             log.info("%s call %s: %s", info.provider, info.provider_call_id, error)
-            return str(error), True
-        result = await act(call, request, self.policy)
-        return result.detail, not result.ok
+            answer(str(error), True)
+            return
+        loop = asyncio.get_running_loop()
+        early = loop.call_later(ANSWER_WITHIN_S, answer, under_way(request), False)
+        try:
+            result = await act(call, request, self.policy)
+        finally:
+            early.cancel()
+        answer(result.detail, not result.ok)
+
+
+def under_way(request: CallControlRequest) -> str:
+    """The answer for an action still going on after ANSWER_WITHIN_S."""
+    if request.action == "hang_up":
+        return "hanging up: the call ends once your last words have played"
+    if request.action == "transfer":
+        return (
+            f"the transfer to {request.target} is under way: the phone has been asked to "
+            f"call it. If {request.target} answers, this call ends; if not, the caller "
+            "stays on the line with you"
+        )
+    return f"pressing {request.digits.upper()}"

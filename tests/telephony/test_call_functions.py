@@ -20,9 +20,10 @@ from collections.abc import AsyncIterator
 import grpc
 
 from kamepb import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.oracle.config import OracleSettings
 from services.telephony.call import CallInfo, CallSettings, Ended, PhoneCall
 from services.telephony.call_control import CallControlPolicy
-from services.telephony.call_functions import CallFunctions
+from services.telephony.call_functions import ANSWER_WITHIN_S, CallFunctions
 from services.telephony.config import TelephonySettings
 from services.telephony.playout import PCMU
 from services.telephony.service import Telephony
@@ -35,6 +36,8 @@ from tests.telephony.test_sip import baresip_call, one_session
 SALES = "sip:sales@127.0.0.1:5999"
 ALL_ON = {"call_control": "hang_up,transfer,send_dtmf", "transfer_targets": f"sales={SALES}"}
 SETTINGS = CallSettings(mode=1, auth_token="", prebuffer_ms=40, max_queued_ms=1000)
+# The oracle's default tool_timeout_s: a function answered later is an error to the model.
+ORACLE_TOOL_TIMEOUT_S = OracleSettings().tool_timeout_s
 
 Response = gateway_pb2.ConverseResponse
 
@@ -49,6 +52,7 @@ class ScriptedGateway(gateway_pb2_grpc.GatewayServicer):
     def __init__(self) -> None:
         self.configs: list[gateway_pb2.ConverseConfig] = []
         self.results: dict[str, asyncio.Future[common_pb2.FunctionResult]] = {}
+        self.received: list[common_pb2.FunctionResult] = []  # every result, in order
         self.half_closed = asyncio.Event()
         self._outbox: asyncio.Queue[Response | None] = asyncio.Queue()
         self._call_ids = itertools.count(1)
@@ -72,6 +76,7 @@ class ScriptedGateway(gateway_pb2_grpc.GatewayServicer):
                 self._outbox.put_nowait(Response(audio=gateway_pb2.AgentAudioChunk(data=silence)))
             elif request.HasField("function_result"):
                 result = request.function_result
+                self.received.append(result)
                 future = self.results.get(result.call_id)
                 if future is not None and not future.done():
                     future.set_result(result)
@@ -114,15 +119,19 @@ class Leg:
         self.transferring = asyncio.Event()
         self.transfer_cancelled = False
         self.hung_up: str | None = None
+        self.hung_up_at = 0.0
+        self.last_speech_at = 0.0  # when the last packet of agent speech went out
 
     async def send_audio(self, packet: bytes, speaking: bool) -> None:
-        pass
+        if speaking:
+            self.last_speech_at = asyncio.get_running_loop().time()
 
     async def clear(self) -> None:
         pass
 
     async def hang_up(self, reason: str) -> None:
         self.hung_up = reason
+        self.hung_up_at = asyncio.get_running_loop().time()
 
     async def transfer(self, target_uri: str) -> str:
         self.transferring.set()
@@ -197,17 +206,66 @@ async def test_bad_calls_get_error_results_and_the_hang_up_cancels_a_transfer_un
         assert not leg.keys and not leg.transferring.is_set()
 
         # A transfer runs as a task of its own: the call goes on, keys are pressed.
+        asked_at = asyncio.get_running_loop().time()
         transfer = gateway.send_call("transfer_call", {"target": "sales"})
         await asyncio.wait_for(leg.transferring.wait(), 5)
         result = await gateway.call("send_dtmf", {"digits": "12#"})
         assert not result.is_error and result.output == "sent 12#"
         assert leg.keys == ["12#"]
 
-        # The caller hangs up: the transfer under way is cancelled, unanswered.
+        # The target does not answer (its phone rings on): the model is told what is
+        # under way before the oracle's tool_timeout_s (5 s by default) would tell it
+        # the call failed, and the transfer goes on.
+        result = await asyncio.wait_for(asyncio.shield(gateway.results[transfer]), 10)
+        waited = asyncio.get_running_loop().time() - asked_at
+        assert not result.is_error and "under way" in result.output, result.output
+        assert ANSWER_WITHIN_S <= waited < ORACLE_TOOL_TIMEOUT_S, waited
+        assert not leg.transfer_cancelled
+
+        # The caller hangs up: the transfer under way is cancelled.
         call.caller_hung_up()
         assert await asyncio.wait_for(running, 5) is Ended.CALLER_HUNG_UP
-        assert leg.transfer_cancelled and not gateway.results[transfer].done()
+        assert leg.transfer_cancelled
         assert gateway.half_closed.is_set()
+
+
+async def test_a_hang_up_during_a_long_goodbye_is_answered_before_the_line_closes():
+    """The model calls hang_up while its goodbye still plays, longer than the oracle
+    would wait for the call's result: the answer says the call is ending, the
+    goodbye plays to its end, then the phone is hung up."""
+    policy = CallControlPolicy.from_settings(TelephonySettings(**ALL_ON))  # type: ignore[arg-type]
+    leg = Leg()
+    async with (
+        scripted_gateway() as (gateway, address),
+        grpc.aio.insecure_channel(address) as channel,
+    ):
+        functions = CallFunctions(policy, "sip")
+        call = PhoneCall(channel, SETTINGS, CallInfo("sip"), PCMU, leg, functions)
+        running = asyncio.ensure_future(call.run())
+        await wait_until(call.started.is_set, "the session to start")
+
+        async def goodbye(seconds: float) -> None:
+            """Agent speech as the gateway sends it: 80 ms at a time, in real time."""
+            for _ in range(round(seconds / 0.08)):
+                call.playout.push(b"\x10" * 640, True)
+                await asyncio.sleep(0.08)
+
+        speaking = asyncio.ensure_future(goodbye(ANSWER_WITHIN_S + 1.5))
+        loop = asyncio.get_running_loop()
+        asked_at = loop.time()
+        result = await gateway.call("hang_up", {}, timeout_s=10)
+        answered_at = loop.time()
+        assert not result.is_error and result.output.startswith("hanging up"), result.output
+        assert answered_at - asked_at < ORACLE_TOOL_TIMEOUT_S
+        assert leg.hung_up is None  # the goodbye still plays
+
+        assert await asyncio.wait_for(running, 15) is Ended.AGENT_HUNG_UP
+        await speaking
+        assert leg.hung_up is not None and "the agent hung up" in leg.hung_up
+        # The whole goodbye played before the line closed, and no second result went out.
+        assert answered_at < leg.last_speech_at < leg.hung_up_at
+        assert gateway.half_closed.is_set()
+        assert [r.output for r in gateway.received] == [result.output]
 
 
 async def test_baresip_hears_the_keys_gets_the_refer_and_is_hung_up_by_function_calls(tmp_path):
