@@ -95,6 +95,12 @@ class BackendError(Exception):
         super().__init__(message)
         self.kind = kind
 
+    @property
+    def server_unavailable(self) -> bool:
+        """The server could not be reached, or said it cannot serve yet (HTTP 503: a
+        llama.cpp server still loading its model): it may be restarting."""
+        return self.kind == "connection" or getattr(self.__cause__, "status_code", None) == 503
+
 
 class BackendConfigError(ValueError):
     """The back-end cannot be used as configured (-> INVALID_ARGUMENT at config time)."""

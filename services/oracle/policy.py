@@ -89,8 +89,9 @@ class RestartPolicy:
         self._final_pending = self._final_pending or (words > 0 and not answered)
 
     def on_answer_deferred(self) -> None:
-        """The candidate a final was kept for (already answered) stopped short of a
-        tool with side effects, which waits for a candidate of the final: start one."""
+        """The final still wants a candidate of its own: the one it was kept for
+        (already answered) stopped short of a tool with side effects, or the
+        final's candidate could not reach the LLM server (FinalRetry): start one."""
         self._final_pending = True
 
     @property
@@ -126,3 +127,23 @@ class RestartPolicy:
         self._words_at_last_start = self.user_words
         self._final_pending = False
         return reason
+
+
+class FinalRetry:
+    """A final whose candidate could not reach the LLM server (a restart: the
+    connection was refused or broke) is asked again, for `for_s` from its first
+    failure, while no newer utterance came; a newer utterance starts the count
+    anew."""
+
+    def __init__(self, for_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.for_s = for_s
+        self._clock = clock
+        self._utterance_id = ""
+        self._since = 0.0
+
+    def failed(self, utterance_id: str) -> bool:
+        """A candidate of this final failed to reach the LLM: whether to try again."""
+        now = self._clock()
+        if utterance_id != self._utterance_id:
+            self._utterance_id, self._since = utterance_id, now
+        return now - self._since < self.for_s

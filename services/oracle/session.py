@@ -20,6 +20,11 @@ new LLM stream, and runs at most one LLM stream at a time:
   RESET's generation;
 - DONE when the stream ends, ERROR when it fails (with a message safe for
   callers: no URL, no key): the session goes on, and the next start tries again.
+  A final's candidate that could not reach the LLM server (it is restarting:
+  the connection failed, or HTTP 503 while it loads its model) is started
+  again every RETRY_UNREACHABLE_S while the final is still the caller's
+  latest utterance, for RETRY_UNREACHABLE_FOR_S: the question is answered
+  once the server is back, not only the next one.
 
 With the operator's tools (services/oracle/tools), a candidate may call them
 between LLM rounds (services/oracle/candidate.py): read-only tools already on
@@ -94,7 +99,7 @@ from services.oracle.config import (
     SessionSettings,
     resolve_session,
 )
-from services.oracle.policy import RestartPolicy, StartReason
+from services.oracle.policy import FinalRetry, RestartPolicy, StartReason
 from services.oracle.prompts import AGENT, TOOL, USER, Turn, build_turns
 from services.oracle.tools.client_functions import ClientFunctions
 from services.oracle.tools.sources import ToolSources, check_names
@@ -130,6 +135,10 @@ FINALS_KEPT = Counter(
 
 # On close, how long pending Redis writes may take before they are dropped.
 _HISTORY_FLUSH_S = 5.0
+# A final's candidate that could not reach the LLM server is started again this
+# often, for this long (the module doc): `kame up` restarts the server in seconds.
+RETRY_UNREACHABLE_S = 1.0
+RETRY_UNREACHABLE_FOR_S = 30.0
 
 
 def _now_us() -> int:
@@ -182,6 +191,7 @@ class OracleSession:
         # None when the session uses another back-end.
         self._llm_load = llm_load
         self.policy = RestartPolicy(settings.policy)
+        self._retry = FinalRetry(RETRY_UNREACHABLE_FOR_S)
         self.generation = 0
         self._store = store
         self._history = history
@@ -435,6 +445,8 @@ class OracleSession:
                     describe(exc.__cause__) if exc.__cause__ else "",
                 )
                 self._emit_event(Event.ERROR, number, str(exc))
+                if exc.server_unavailable:
+                    self._retry_unreachable(generation)
             except Exception:  # a bug or an unexpected answer must not end the session
                 generation.failed = True
                 ERRORS.labels(backend=backend, kind="internal").inc()
@@ -443,15 +455,26 @@ class OracleSession:
             finally:
                 generation.running = False
                 if generation.deferred:
-                    self._start_for_kept_final(generation)
+                    # A final with its words may have been kept for it, but it stopped
+                    # short of a side-effect tool: the final needs a candidate of its own.
+                    self._start_for_final(generation)
 
-    def _start_for_kept_final(self, generation: Generation) -> None:
-        """A final with this candidate's words may have landed while it still ran and
-        been kept for it; it stopped short of a side-effect tool instead, so the
-        final needs a candidate of its own (which may run the tool)."""
+    def _retry_unreachable(self, generation: Generation) -> None:
+        """The LLM server was unavailable: if the candidate answers a final, start
+        another for it later (FinalRetry), unless a newer one has started by then."""
+        source = generation.source
+        if source.is_final and self._retry.failed(source.utterance_id):
+            asyncio.get_running_loop().call_later(
+                RETRY_UNREACHABLE_S, self._start_for_final, generation
+            )
+
+    def _start_for_final(self, generation: Generation) -> None:
+        """Start a candidate of its own for the final `generation` answered (or was
+        kept for), if it is still the latest one and the caller's latest utterance."""
         latest = self._latest
         if (
             generation is self._current
+            and self._closing is None
             and latest.is_final
             and latest.utterance_id == generation.source.utterance_id
         ):

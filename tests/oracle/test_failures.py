@@ -122,6 +122,27 @@ async def test_connection_errors_after_the_retry_and_server_errors_are_reported(
     assert await client.finish() == grpc.StatusCode.OK
 
 
+async def test_a_final_that_could_not_reach_the_llm_is_asked_again_until_answered(
+    oracle_service, guide_client, stub_http, session_id
+):
+    """The LLM server is restarting (its connection fails, retry included): the
+    final's candidate is started again a second later, and answers the question
+    without the caller saying anything more."""
+    server, client, _runtime = await open_session(
+        ["drop", "drop", "drop", "drop", "answer"],
+        oracle_service,
+        guide_client,
+        stub_http,
+        session_id,
+    )
+    await client.user("What is the capital of France?", final=True)
+    await client.wait_event(Event.DONE, 3, timeout_s=15)
+    assert [e.generation for e in client.events(Event.ERROR)] == [1, 2]
+    assert client.answer(3) == "Paris is the capital."
+    assert len(server.posts()) == 5
+    assert await client.finish() == grpc.StatusCode.OK
+
+
 def session_tasks() -> list[asyncio.Task]:
     return [
         t
