@@ -127,10 +127,11 @@ class Readiness:
 
     async def _serving(self, address: str) -> bool:
         stub = health_pb2_grpc.HealthStub(self.connections.health_channels.get(address))
+        # As long as a connection may take: a check shorter than that fails on a
+        # busy host while the upstream serves, and refuses calls it could take.
+        timeout_s = max(self.interval_s, self.connections.settings.connect_timeout_s)
         try:
-            reply = await stub.Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=max(self.interval_s, 0.5)
-            )
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
         except grpc.aio.AioRpcError:
             return False
         return bool(reply.status == SERVING)

@@ -80,3 +80,33 @@ async def test_an_s2s_call_needs_no_oracle(fakes):
     s2s = gateway_pb2.ConverseConfig(mode=gateway_pb2.ConverseConfig.S2S)
     outcome = await converse(gateway.address, frames=2, config=s2s)
     assert outcome.code == grpc.StatusCode.OK, outcome.details
+
+
+class SlowHealth(health.aio.HealthServicer):
+    """SERVING, but each answer takes `delay_s`: a busy host, or a channel still connecting."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    async def Check(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+        await asyncio.sleep(self.delay_s)
+        return await super().Check(request, context)
+
+
+async def test_a_slow_health_answer_still_counts_as_serving(fakes):
+    """An stt whose health answer takes 0.8 s (longer than the check interval) is
+    serving: the gateway waits for the answer as long as a connection may take,
+    instead of refusing calls the stack can take (a full-suite CI run did)."""
+    server = grpc.aio.server()
+    stt_pb2_grpc.add_SttServicer_to_server(FakeStt(), server)
+    health_pb2_grpc.add_HealthServicer_to_server(SlowHealth(0.8), server)
+    stt_address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    try:
+        gateway = await fakes.gateway(stt_address=stt_address, readiness_interval_s=0.2)
+        assert await health_of(gateway.address) == SERVING
+        outcome = await converse(gateway.address, frames=2)
+        assert outcome.code == grpc.StatusCode.OK, outcome.details
+    finally:
+        await server.stop(grace=0)
