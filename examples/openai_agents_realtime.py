@@ -13,6 +13,12 @@ microphone would; the agent's voice is saved to --out once it has been quiet
 for --quiet-s, and what each side said is printed as JSON lines:
 {"you": "..."} for the caller's transcript, {"agent": "..."} for each answer.
 The API key is the gateway's caller token (anything when it has none).
+
+With --door-code CODE the agent also has a function tool, `door_code(office)`,
+that this program runs when the stack's model calls it (the call comes over
+the Realtime socket, the SDK runs the function and sends its output back) and
+that answers CODE; each call is printed as {"tool": "door_code", "office": ...}.
+Ask "What is the door code for the Paris office?" to have it called.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import asyncio
 import json
 import wave
 
+from agents import FunctionTool, function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
 
 RATE = 24000  # the session's audio: PCM16 mono at 24 kHz, both ways
@@ -39,6 +46,18 @@ async def stream_question(session: RealtimeSession, pcm: bytes) -> None:
 
 def say(**line: str) -> None:
     print(json.dumps(line), flush=True)
+
+
+def door_code_tool(code: str) -> FunctionTool:
+    """A function the agent may call: it answers `code` for any office."""
+
+    @function_tool
+    def door_code(office: str) -> str:
+        """The code that opens the front door of one of our offices."""
+        say(tool="door_code", office=office)
+        return code
+
+    return door_code
 
 
 class Transcripts:
@@ -63,9 +82,14 @@ class Transcripts:
                 say(agent=" ".join(part.transcript or "" for part in item.content).strip())
 
 
-async def converse(url: str, api_key: str, question: bytes, quiet_s: float, max_s: float) -> bytes:
+async def converse(
+    url: str, api_key: str, question: bytes, quiet_s: float, max_s: float, door_code: str
+) -> bytes:
     """The agent's voice (PCM16 at 24 kHz) in answer to `question`."""
-    agent = RealtimeAgent(name="KAME caller", instructions="Answer the caller briefly.")
+    tools = [door_code_tool(door_code)] if door_code else []
+    agent = RealtimeAgent(
+        name="KAME caller", instructions="Answer the caller briefly.", tools=tools
+    )
     runner = RealtimeRunner(agent)
     answer, transcripts = bytearray(), Transcripts()
     loop = asyncio.get_running_loop()
@@ -100,12 +124,15 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="where to save the agent's voice")
     parser.add_argument("--quiet-s", type=float, default=5.0, help="stop after this much quiet")
     parser.add_argument("--max-s", type=float, default=60.0, help="stop after this long anyway")
+    parser.add_argument("--door-code", default="", help="give the agent a door_code tool")
     args = parser.parse_args()
     with wave.open(args.wav) as wav:
         if (wav.getframerate(), wav.getsampwidth(), wav.getnchannels()) != (RATE, 2, 1):
             parser.error(f"{args.wav}: 16-bit mono at {RATE} Hz, please")
         question = wav.readframes(wav.getnframes())
-    answer = asyncio.run(converse(args.url, args.api_key, question, args.quiet_s, args.max_s))
+    answer = asyncio.run(
+        converse(args.url, args.api_key, question, args.quiet_s, args.max_s, args.door_code)
+    )
     with wave.open(args.out, "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)

@@ -4,7 +4,8 @@ stack: the venv is built in a thread and the example runs as a subprocess, so
 the stack's servers keep answering meanwhile.
 
 The examples print what each side said as JSON lines, {"you": ...},
-{"agent": ...} and {"error": ...}; `ClientRun` holds them."""
+{"agent": ...} and {"error": ...}, and each function the agent had them run
+as {"tool": NAME, ...its arguments}; `ClientRun` holds them."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class ClientRun:
     you: list[str] = field(default_factory=list)
     agent: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    tool_calls: list[dict] = field(default_factory=list)
 
     @property
     def heard_question(self) -> str:
@@ -48,7 +50,8 @@ class ClientRun:
     def __str__(self) -> str:  # what an assertion shows when it fails
         return (
             f"exit {self.returncode} after {self.seconds:.0f} s; you={self.you} "
-            f"agent={self.agent} errors={self.errors}; stderr's end:\n{self.stderr[-3000:]}"
+            f"agent={self.agent} errors={self.errors} tools={self.tool_calls}; "
+            f"stderr's end:\n{self.stderr[-3000:]}"
         )
 
 
@@ -105,4 +108,5 @@ async def run_example(
         run.you += [said["you"]] if "you" in said else []
         run.agent += [said["agent"]] if "agent" in said else []
         run.errors += [said["error"]] if "error" in said else []
+        run.tool_calls += [said] if "tool" in said else []
     return run
