@@ -157,7 +157,8 @@ class RealtimeSession:
         self.appended_s = 0.0  # caller audio appended, for audio_start_ms/audio_end_ms
         self.uncommitted_s = 0.0  # ... since the caller's turn last ended
         self.waiting_calls: dict[str, None] = {}  # call_ids of the agent's, oldest first
-        self.output_given = False  # a function's output came since the last response.create
+        # A function's output came since the last response.create and caller turn.
+        self.output_given = False
         self._event_numbers = itertools.count(1)
         self.id = new_id("sess")
 
@@ -255,6 +256,7 @@ class RealtimeSession:
                 "appended since the last turn ended",
             )
         self.uncommitted_s = 0.0
+        self.output_given = False  # a response.create from now on is for this turn
         user = self.user = self.user or UserTurn()
         user.committed = True
         committed = {
@@ -300,6 +302,7 @@ class RealtimeSession:
         """conversation.item.create of a user text message: a caller turn of its
         own (the gateway's send_text), answered like a spoken one."""
         message = typed_message(item, self.history)
+        self.output_given = False  # a response.create from now on is for this turn
         text = message.content[0]["text"]
         events = [
             self.history.add(message),
