@@ -49,7 +49,7 @@ MAX_DIGITS = 32
 # tts when the call comes (its first audio takes a few hundred ms, more on a
 # busy machine). The function's answer does not wait for this (call_functions).
 HANG_UP_PLAYOUT_MAX_S = 8.0
-HANG_UP_QUIET_S = 1.0
+HANG_UP_QUIET_S = 1.5
 
 
 # What each protocol can do at all (the README's table says why the rest cannot).

@@ -183,7 +183,11 @@ class CallFunctions:
             result = await act(call, request, self.policy)
         finally:
             early.cancel()
-        answer(result.detail, not result.ok)
+        detail = result.detail
+        if target := self.policy.target(request.target):
+            # The leg's words name the URI (for the log); the model knows the name only.
+            detail = detail.replace(target.uri, target.name)
+        answer(detail, not result.ok)
 
 
 def under_way(request: CallControlRequest) -> str:

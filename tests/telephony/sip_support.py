@@ -238,11 +238,12 @@ def notify_refer(cseq: int, sipfrag: str, final: bool) -> str:
     return send("NOTIFY [next_url] SIP/2.0", headers, body, content_type="message/sipfrag")
 
 
-def transferee(refer_to: str, outcome: str) -> str:
+def transferee(refer_to: str, outcome: str, ring_ms: int = 0) -> str:
     """A call answered, then our REFER, whose Refer-To must match the regular
-    expression `refer_to`; 202 Accepted, NOTIFY 100 Trying and NOTIFY `outcome`
-    (e.g. "200 OK", "486 Busy Here"). After a 2xx outcome the service must send
-    BYE; after another it must not, and SIPp ends the call."""
+    expression `refer_to`; 202 Accepted, NOTIFY 100 Trying and, `ring_ms` later
+    (the target ringing), NOTIFY `outcome` (e.g. "200 OK", "486 Busy Here").
+    After a 2xx outcome the service must send BYE; after another it must not,
+    and SIPp ends the call."""
     check = (
         f'  <recv request="REFER">\n    <action><ereg regexp="{refer_to}" search_in="hdr" '
         'header="Refer-To:" check_it="true" assign_to="2"/></action>\n  </recv>\n'
@@ -254,6 +255,7 @@ def transferee(refer_to: str, outcome: str) -> str:
         reply("202 Accepted"),
         notify_refer(2, "100 Trying", final=False),
         '  <recv response="200"/>\n',
+        f'  <pause milliseconds="{ring_ms}"/>\n' if ring_ms else "",
         notify_refer(3, outcome, final=True),
         '  <recv response="200"/>\n',
     ]

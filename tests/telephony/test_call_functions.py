@@ -3,8 +3,8 @@ control the operator enabled in its Converse config, runs each function_call
 the gateway sends as a task of its own, and answers with a function_result.
 
 The gateway's side is played by `ScriptedGateway`, a Converse server written
-here: the real gateway does not route function calls to the oracle yet (a later
-commit wires it), and this peer speaks the protocol's side the client talks to:
+here, so that each call and its timing are the test's to choose (the whole way
+through the real gateway, oracle and an LLM: tests/e2e/test_call_control_stack.py):
 the config in, SessionStarted out, FunctionCall out, FunctionResult in. The
 phone is real where it matters: baresip hears our keys, gets our REFER, and is
 hung up with our BYE."""
@@ -30,6 +30,7 @@ from services.telephony.service import Telephony
 from services.telephony.sip import SipServer
 from tests.gateway.fakes import serve_fake
 from tests.support import wait_until
+from tests.telephony.sip_support import sipp, transferee
 from tests.telephony.test_call_control import keys_heard
 from tests.telephony.test_sip import baresip_call, one_session
 
@@ -302,6 +303,7 @@ async def test_baresip_hears_the_keys_gets_the_refer_and_is_hung_up_by_function_
                 transfers = [e["param"] for e in phone.events if e.get("type") == "TRANSFER"]
                 assert transfers == [f"<{SALES}>"]
                 assert result.is_error and "failed: 5" in result.output, result.output
+                assert "sales" in result.output and SALES not in result.output
                 assert phone.seen("CALL_CLOSED") is None
 
                 # "Please hang up": the result comes back before the half-close, then BYE.
@@ -311,6 +313,45 @@ async def test_baresip_hears_the_keys_gets_the_refer_and_is_hung_up_by_function_
                 assert sip_call.bye_sent and not sip_call.phone_gone
                 await wait_until(lambda: not sip.calls, "the SIP call to end")
                 assert gateway.half_closed.is_set()
+        finally:
+            await sip.stop()
+            await sip.telephony.aclose()
+
+
+async def test_a_transfer_that_rings_on_is_answered_at_once_and_ends_the_call_once_it_works(
+    tmp_path,
+):
+    """SIPp as the transferee: it accepts the REFER and reports 100 Trying, then the
+    target rings longer than the oracle waits for a result before 200 OK. The model
+    is told the transfer is under way before that wait runs out; the 200 OK then
+    ends the call with our BYE (SIPp expects it), and no second result is sent."""
+    async with scripted_gateway() as (gateway, address):
+        settings = {
+            "host": "127.0.0.1",
+            "sip_port": 0,
+            "metrics_port": 0,
+            "gateway_address": address,
+            **ALL_ON,
+        }
+        sip = SipServer(Telephony(TelephonySettings(**settings)))  # type: ignore[arg-type]
+        await sip.start()
+        try:
+            ring_ms = round(ORACLE_TOOL_TIMEOUT_S * 1000) + 1000
+            xml = transferee(r"sip:sales@127\.0\.0\.1:5999", "200 OK", ring_ms=ring_ms)
+            phone = asyncio.ensure_future(sipp(xml, f"127.0.0.1:{sip.port}", tmp_path))
+            await one_session(sip)
+            loop = asyncio.get_running_loop()
+            asked_at = loop.time()
+            result = await gateway.call("transfer_call", {"target": "sales"})
+            assert loop.time() - asked_at < ORACLE_TOOL_TIMEOUT_S
+            assert not result.is_error and "under way" in result.output, result.output
+            assert SALES not in result.output
+
+            sipp_result = await phone  # our BYE after its 200 OK
+            assert sipp_result.passed, sipp_result.output
+            await wait_until(lambda: not sip.calls, "the SIP call to end")
+            assert gateway.half_closed.is_set()
+            assert [r.output for r in gateway.received] == [result.output]
         finally:
             await sip.stop()
             await sip.telephony.aclose()
