@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from kamepb import common_pb2, oracle_pb2
 from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
@@ -90,6 +91,12 @@ class PlayedGateway:
             await self._task
 
 
+def timed_calls(tool: str) -> float:
+    """Calls observed in kame_oracle_tool_seconds under this `tool` label."""
+    labels = {"tool": tool, "outcome": "ok"}
+    return REGISTRY.get_sample_value("kame_oracle_tool_seconds_count", labels) or 0.0
+
+
 def result(call_id: str, output: str, is_error: bool = False) -> oracle_pb2.GuideRequest:
     return oracle_pb2.GuideRequest(
         function_result=common_pb2.FunctionResult(call_id=call_id, output=output, is_error=is_error)
@@ -139,6 +146,7 @@ async def test_a_client_function_round_trip(
         stub_http, oracle_service, guide_client, session_id, [DOOR_CODE, BOOK_TABLE]
     )
     gateway = PlayedGateway(client, lambda call: f"The door code is {secret}.")
+    timed_before, named_before = timed_calls("client"), timed_calls("door_code")
     await client.send(result("call_nobody_made", "ignored"))  # an unknown call_id: ignored
     await client.user("What is the door code of the Paris office?", final=True)
     await client.wait_event(Event.DONE, 1, timeout_s=30)
@@ -158,6 +166,9 @@ async def test_a_client_function_round_trip(
     assert started.call_id == finished.call_id == call.call_id
     assert (finished.name, finished.source, finished.read_only) == ("door_code", "client", True)
     assert not finished.is_error and not finished.reused and finished.elapsed_s > 0
+    # Timed under one "client" label: callers choose the names, so no series per name.
+    assert timed_calls("client") == timed_before + 1
+    assert timed_calls("door_code") == named_before
     assert position(client, lambda r: r.HasField("tool")) < position(
         client, lambda r: r.HasField("function_call")
     )

@@ -50,17 +50,31 @@ from kame_common.aio import cancel_and_wait
 from kame_common.metrics import TURN_BUCKETS
 from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
 from kamepb import common_pb2
-from services.oracle.tools.spec import ToolCall, ToolResult, ToolSpec, canonical_arguments
+from services.oracle.tools.spec import (
+    CLIENT_SOURCE,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    canonical_arguments,
+)
 
 log = logging.getLogger(__name__)
 _tracer = tracer("kame.oracle")
 
 TOOL_SECONDS = Histogram(
     "kame_oracle_tool_seconds",
-    "Tool calls, from start to result (outcome: ok, error)",
+    "Tool calls, from start to result (tool: the operator's tool's name, or 'client' for "
+    "every client function; outcome: ok, error)",
     ["tool", "outcome"],
     buckets=TURN_BUCKETS,
 )
+
+
+def metric_label(spec: ToolSpec) -> str:
+    """The `tool` label of a call: an operator's tool by name (the operator bounds
+    them); every client function as one "client" (callers choose those names, and
+    a label per name would let them grow the series without limit)."""
+    return CLIENT_SOURCE if spec.server == CLIENT_SOURCE else spec.name
 
 
 class Toolbox(Protocol):
@@ -242,7 +256,7 @@ class TurnTools:
                 result = ToolResult(f"error: {spec.name} failed", True)
             elapsed = time.monotonic() - started
             outcome = "error" if result.is_error else "ok"
-            TOOL_SECONDS.labels(tool=spec.name, outcome=outcome).observe(elapsed)
+            TOOL_SECONDS.labels(tool=metric_label(spec), outcome=outcome).observe(elapsed)
             span.set_attribute("tool.elapsed_s", elapsed)
             if result.is_error:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, result.text))
