@@ -7,7 +7,8 @@ client (and with it its HTTP connection pool), closed with the session.
 - `openai`: any OpenAI-compatible server (OpenAI, vLLM, Ollama, llama.cpp's
   server) through the `openai` SDK: chat completions, or, for the Gemma 3 270M
   base model, text completions with a few-shot prompt and a newline stop.
-- `anthropic`: Messages streaming through the `anthropic` SDK.
+- `anthropic`: Messages streaming through the `anthropic` SDK
+  (anthropic_backend.py, imported only when a session uses it).
 
 Both chat paths take tools (services/oracle/tools/wire.py has their wire
 shapes): `stream_with_tools` yields the answer's text and, at its end, the
@@ -44,10 +45,9 @@ import logging
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
-import anthropic
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
@@ -64,14 +64,10 @@ from services.oracle.prompts import (
     warm_up_chat_messages,
 )
 from services.oracle.tools.spec import ToolCall, ToolExchange, ToolSpec
-from services.oracle.tools.wire import (
-    AnthropicToolUseBlocks,
-    OpenAIToolCallPieces,
-    anthropic_rounds,
-    anthropic_tools,
-    openai_rounds,
-    openai_tools,
-)
+from services.oracle.tools.wire import OpenAIToolCallPieces, openai_rounds, openai_tools
+
+if TYPE_CHECKING:
+    import anthropic
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +358,7 @@ class OpenAIBackend(LLMBackend):
             with_tools: dict[str, Any] = {"tools": openai_tools(tools)} if tools else {}
             await self.client.chat.completions.create(
                 model=self.settings.model,
-                messages=_openai_chat(warm_up_chat_messages(_system_prompt(self.settings, tools))),
+                messages=_openai_chat(warm_up_chat_messages(system_prompt(self.settings, tools))),
                 max_tokens=1,
                 temperature=0.0,
                 **with_tools,
@@ -404,7 +400,7 @@ class OpenAIBackend(LLMBackend):
         tools: Sequence[ToolSpec],
         exchanges: Sequence[ToolExchange],
     ) -> AsyncGenerator[str | ToolCall, None]:
-        messages = _openai_chat(chat_messages(turns, _system_prompt(self.settings, tools)))
+        messages = _openai_chat(chat_messages(turns, system_prompt(self.settings, tools)))
         # Offered only when there are some: a server without tool support may refuse the field.
         with_tools: dict[str, Any] = {"tools": openai_tools(tools)} if tools else {}
         stream = await self.client.chat.completions.create(
@@ -439,70 +435,7 @@ def _openai_chat(messages: Sequence[Mapping[str, str]]) -> list[ChatCompletionMe
     ]
 
 
-class AnthropicBackend(LLMBackend):
-    """Anthropic Messages streaming (SSE): text from `content_block_delta` text
-    deltas, the token count from `message_delta` usage. No temperature: the
-    anthropic SDK in use (2.x) no longer takes sampling parameters."""
-
-    _connection_error = anthropic.APIConnectionError
-    _timeout_error = anthropic.APITimeoutError
-    _status_error = anthropic.APIError
-    _auth_errors = (anthropic.AuthenticationError, anthropic.PermissionDeniedError)
-
-    def __init__(self, settings: BackendSettings) -> None:
-        super().__init__(settings)
-        self.client: anthropic.AsyncAnthropic = anthropic.AsyncAnthropic(
-            **self._client_options(settings),
-            http_client=anthropic.DefaultAsyncHttpxClient(follow_redirects=False),
-        )
-
-    async def _warm_up_once(self, tools: Sequence[ToolSpec]) -> None:
-        system, opening = warm_up_chat_messages(_system_prompt(self.settings, tools))
-        with_tools: dict[str, Any] = {"tools": anthropic_tools(tools)} if tools else {}
-        await self.client.messages.create(
-            model=self.settings.model,
-            system=system["content"],
-            messages=[{"role": "user", "content": opening["content"]}],
-            max_tokens=1,
-            **with_tools,
-        )
-
-    async def _stream_once(
-        self,
-        turns: Sequence[Turn],
-        stats: StreamStats,
-        tools: Sequence[ToolSpec],
-        exchanges: Sequence[ToolExchange],
-    ) -> AsyncGenerator[str | ToolCall, None]:
-        system, user = chat_messages(turns, _system_prompt(self.settings, tools))
-        messages = [{"role": "user", "content": user["content"]}, *anthropic_rounds(exchanges)]
-        with_tools: dict[str, Any] = {"tools": anthropic_tools(tools)} if tools else {}
-        stream = await self.client.messages.create(
-            model=self.settings.model,
-            system=system["content"],
-            messages=cast(list[anthropic.types.MessageParam], messages),
-            max_tokens=self.settings.max_tokens,
-            stream=True,
-            **with_tools,
-        )
-        uses = AnthropicToolUseBlocks()
-        async with stream:
-            async for event in stream:
-                if event.type == "content_block_delta" and event.delta.type == "text_delta":
-                    yield event.delta.text
-                elif event.type == "content_block_start":
-                    uses.start(event.index, event.content_block)
-                elif event.type == "content_block_delta":
-                    uses.delta(event.index, event.delta)
-                elif event.type == "content_block_stop":
-                    call = uses.stop(event.index)
-                    if call is not None:
-                        yield call
-                elif event.type == "message_delta":
-                    stats.output_tokens = event.usage.output_tokens
-
-
-def _system_prompt(settings: BackendSettings, tools: Sequence[ToolSpec]) -> str:
+def system_prompt(settings: BackendSettings, tools: Sequence[ToolSpec]) -> str:
     """The session's system prompt (empty: KAME's), told how to use tools when offered."""
     if not tools:
         return settings.system_prompt
@@ -514,6 +447,10 @@ def create_backend(settings: BackendSettings) -> LLMBackend:
     if settings.backend == "openai":
         return OpenAIBackend(settings, few_shot=is_gemma_270m_base(settings.model))
     if settings.backend == "anthropic":
+        # Imported only when used: the anthropic SDK takes seconds to import on a
+        # busy host, which a restarted oracle would spend before serving.
+        from services.oracle.anthropic_backend import AnthropicBackend
+
         return AnthropicBackend(settings)
     choices = ", ".join(repr(name) for name in BACKEND_NAMES)
     raise BackendConfigError(f"backend {settings.backend!r} is unknown; choose one of {choices}")
