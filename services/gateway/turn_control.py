@@ -21,7 +21,9 @@ need; the front-end's engine decides what the agent does (frontend.proto):
 
 Requests that cannot be acted on do not end the call: a blank text, a text over
 `user_text_max_chars`, texts faster than `user_text_per_s` (after a burst of
-USER_TEXT_BURST: each starts an LLM answer and a Redis write), an action this
+USER_TEXT_BURST: each starts an LLM answer and a Redis write), turn controls
+faster than TURN_CONTROLS_PER_S (after TURN_CONTROL_BURST; one notice per run
+of them), an action this
 gateway does not know get Notice REFUSED (the caller may have a newer client,
 or a user who typed too much). Requests
 that change nothing (END_TURN with nothing said, a second RESPOND) are no-ops
@@ -44,6 +46,11 @@ from services.gateway.turns import TurnTracker
 Action = common_pb2.TurnControl.Action
 _NAMES = {Action.END_TURN: "end_turn", Action.RESPOND: "respond", Action.CANCEL: "cancel"}
 USER_TEXT_BURST = 5
+# Turn controls a second, after a burst: far above what a talk button sends, and
+# a bound on what a flood costs (each END_TURN or RESPOND is an EndOfTurn queued
+# for stt, whose buffer drops the oldest: a flood would push out caller audio).
+TURN_CONTROLS_PER_S = 5.0
+TURN_CONTROL_BURST = 10
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,8 @@ class CallerTurns:
         self._max_chars = settings.user_text_max_chars
         self._per_s = settings.user_text_per_s
         self._rate = KeyRate(settings.user_text_per_s, USER_TEXT_BURST)
+        self._control_rate = KeyRate(TURN_CONTROLS_PER_S, TURN_CONTROL_BURST)
+        self._controls_refused = False  # told once per run of refused controls
         self._routes = routes
         self._texts = 0  # typed messages so far (their utterance ids count them)
 
@@ -92,6 +101,15 @@ class CallerTurns:
                 f"turn_control.action: END_TURN, RESPOND or CANCEL, got {control.action}"
             )
             return
+        if not self._control_rate.admit():
+            if not self._controls_refused:
+                self._controls_refused = True
+                await self._refuse(
+                    f"turn_control: more than {TURN_CONTROLS_PER_S:g} a second; "
+                    "the ones over are dropped"
+                )
+            return
+        self._controls_refused = False
         metrics.CALLER_REQUESTS.labels(name).inc()
         if control.action != Action.CANCEL:
             self._routes.end_stt_turn()

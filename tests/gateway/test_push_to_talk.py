@@ -24,6 +24,7 @@ from kame_common.converse import ConverseClient, ConverseEvent
 from kamepb import common_pb2, gateway_pb2
 from services.frontend.config import FrontendSettings
 from services.frontend.server import serve as serve_frontend
+from services.gateway.turn_control import TURN_CONTROL_BURST
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.server import serve as serve_oracle
 from tests.frontend.calls import frames_of, silence
@@ -152,6 +153,25 @@ async def test_turn_controls_and_typed_text_reach_stt_frontend_and_oracle(fakes)
     assert "user_text_per_s" in refused[3]
     assert len(frontend.of("user_text")) == 5, "the first five went through"
     assert len(call.of("user_final")) == 5
+
+
+async def test_a_flood_of_turn_controls_is_bounded(fakes):
+    """200 END_TURNs at once: stt gets the burst's EndOfTurns, not 200 (each is
+    queued for stt, whose buffer drops the oldest audio), one notice says so,
+    and the call goes on."""
+    runtime = await fakes.gateway()
+    call = Call(f"127.0.0.1:{runtime.port}")
+    await call.start(Config(mode=Config.CASCADE))
+    await call.send([SILENT_FRAME] * 3, pace_s=0)
+    for _ in range(200):
+        await call.client.end_turn()
+    await call.send([SILENT_FRAME] * 3, pace_s=0)
+    assert await call.finish() == grpc.StatusCode.OK
+    relayed = len(fakes.stt.log.of("end_of_turn"))
+    assert TURN_CONTROL_BURST <= relayed < TURN_CONTROL_BURST + 10, relayed
+    assert len(fakes.frontend.log.of("turn_control")) == relayed
+    refused = [e["message"] for e in call.of("notice") if e["kind"] == "REFUSED"]
+    assert len(refused) == 1 and "turn_control: more than" in refused[0], refused
 
 
 async def test_manual_turns_reach_the_frontend_config(fakes):
