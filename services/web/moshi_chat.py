@@ -11,7 +11,7 @@ Every message is binary, its first byte the kind:
 - 0x01 audio, both ways: pages of one Ogg Opus stream per direction, 24 kHz
   mono. The caller's is decoded to PCM16 for the gateway (which takes PCM16
   at 24 kHz both ways) and paced at real time as the Realtime endpoint paces
-  it (realtime_bridge.Pacer); the agent's is coded in 80 ms frames, the frame
+  it (services/web/pacer.py); the agent's is coded in 80 ms frames, the frame
   moshi codes, silence included, so the stream keeps the call's time.
 - 0x02 text, server -> client: the agent's words, each sent with the audio it
   starts in (the gateway's `start_s`), with a leading space as moshi's word
@@ -50,7 +50,8 @@ from kame_common.converse import ConverseClient, ConverseEvent
 from kamepb import gateway_pb2
 from services.web.bridge import PageSocket
 from services.web.config import WebSettings
-from services.web.realtime_bridge import MAX_BACKLOG_S, Pacer, call_error
+from services.web.pacer import MAX_BACKLOG_S, Pacer
+from services.web.realtime_bridge import call_error
 from services.web.realtime_config import CODINGS, ClientError, mode_of_model
 
 log = logging.getLogger(__name__)

@@ -4,27 +4,18 @@ Gateway.Converse call (kame_common/converse.py's client).
 The call opens with the first client event that needs it (an append, a
 commit, a typed message, response.create), with the formats, voice, turn
 detection and instructions the session has then (session.update may set them
-before). The gateway
-wants caller audio as a phone sends it: at real time, 80 ms at least every
-`idle_timeout_s`, never far ahead of the clock, at most a second a message.
-Realtime clients send it as they like (a microphone's chunks, or a whole file
-at once, then nothing while they listen), so `Pacer` stands between them: it
-sends what the client appended as soon as the clock allows, cut in pieces the
-gateway takes, and silence while the client sends nothing, so that the
-full-duplex agent, whose frames follow the caller's, goes on talking. The
-client's other requests (end_turn, respond, send_text, a function's output) go
-in the same stream, after the audio appended before them; a cancel goes at once.
+before). The caller's audio goes to the gateway through a `Pacer`
+(services/web/pacer.py): at real time, whatever pace the client appends at.
+The client's other requests (end_turn, respond, send_text, a function's
+output) go in the same stream, after the audio appended before them; a cancel
+goes at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-import time
-from collections import deque
-from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -33,109 +24,18 @@ from kame_common.converse import ConverseClient
 from services.web import bridge
 from services.web.bridge import PageSocket
 from services.web.config import WebSettings
+from services.web.pacer import MAX_BACKLOG_S, GatewayCall, Pacer
 from services.web.realtime import GatewayRequest, RealtimeSession, Reply, lone_error
-from services.web.realtime_config import AudioCoding, ClientError, Event, error_event
+from services.web.realtime_config import ClientError, Event, error_event
 
 log = logging.getLogger(__name__)
 
-# How far the audio sent may run ahead of the clock (the gateway refuses more
-# than its input_burst_s, 2 s by default, ahead).
-LEAD_S = 1.0
-# How long the client may send nothing before silence stands in for it.
-SLACK_S = 0.1
-MAX_PIECE_S = 0.5  # the most one message to the gateway carries (its max_chunk_s: 1 s)
-GatewayCall = Callable[[], Awaitable[bool]]  # a ConverseClient request: False once the call is over
-MAX_BACKLOG_S = 60.0  # appended audio not sent yet; more is refused
 # The largest WebSocket message the web service takes (server.py): OpenAI takes
 # 15 MiB, so a client's oversize append reaches the session and is refused
 # there with the protocol's error, the socket open; beyond this the socket closes (1009).
 MAX_MESSAGE_BYTES = 16 << 20
 # The gateway's statuses as the protocol's error types (else server_error).
 CLIENT_STATUSES = {"UNAUTHENTICATED", "INVALID_ARGUMENT", "PERMISSION_DENIED", "OUT_OF_RANGE"}
-
-
-class Pacer:
-    """Caller audio to the gateway at real time (see the module's docstring)."""
-
-    def __init__(
-        self,
-        coding: AudioCoding,
-        send: Callable[[bytes], Awaitable[bool]],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.coding = coding
-        self.send = send
-        self.clock = clock
-        self.backlog = bytearray()
-        self.sent_s = 0.0
-        self.pushed = 0  # bytes of appended audio, all told
-        self.consumed = 0  # ... of them sent or cleared
-        # Requests with the `pushed` count they wait for (-1: none).
-        self.requests: deque[tuple[int, GatewayCall]] = deque()
-        self._arrived = asyncio.Event()
-
-    @property
-    def backlog_s(self) -> float:
-        return len(self.backlog) / self.coding.bytes_per_s
-
-    def push(self, data: bytes) -> None:
-        self.backlog += data
-        self.pushed += len(data)
-        self._arrived.set()
-
-    def push_request(self, request: GatewayCall, urgent: bool = False) -> None:
-        """`request` goes after the audio pushed before it (a commit ends the turn
-        once the gateway has heard it), or, `urgent`, before any audio waiting."""
-        if urgent:
-            self.requests.appendleft((-1, request))
-        else:
-            self.requests.append((self.pushed, request))
-        self._arrived.set()
-
-    def clear(self) -> None:
-        self.consumed += len(self.backlog)
-        self.backlog.clear()
-
-    async def run(self) -> None:
-        """Until the call is over (a send returns False). The one writer of the
-        call: grpc.aio takes one write at a time."""
-        start = self.clock()
-        while True:
-            self._arrived.clear()  # before looking: a push from now on wakes the wait
-            while self.requests and self.requests[0][0] <= self.consumed:
-                if not await self.requests.popleft()[1]():
-                    return
-            elapsed = self.clock() - start
-            piece = self._next_piece(elapsed)
-            if piece:
-                if not await self.send(piece):
-                    return
-                self.sent_s += self.coding.seconds(piece)
-                continue
-            # Wake when the clock lets the backlog go on, or silence is due.
-            wake_s = self.sent_s - LEAD_S if self.backlog else self.sent_s + SLACK_S
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), max(0.0, wake_s - elapsed))
-
-    def _next_piece(self, elapsed: float) -> bytes:
-        """What to send now: appended audio the clock allows, or silence where the
-        client fell behind; b"" if nothing yet."""
-        if self.backlog:
-            allowed_s = min(MAX_PIECE_S, elapsed + LEAD_S - self.sent_s)
-            size = self._whole_samples(allowed_s)
-            piece = bytes(self.backlog[:size])
-            del self.backlog[:size]
-            self.consumed += len(piece)
-            return piece
-        if self.sent_s < elapsed - SLACK_S:
-            return self.coding.silence(min(MAX_PIECE_S, elapsed - self.sent_s))
-        return b""
-
-    def _whole_samples(self, seconds: float) -> int:
-        if seconds <= 0:
-            return 0
-        step = self.coding.bytes_per_sample
-        return int(seconds * self.coding.rate) * step
 
 
 def gateway_call(client: ConverseClient, request: GatewayRequest) -> GatewayCall:
@@ -254,7 +154,7 @@ class RealtimeLink:
         if reply.clear_audio:
             self.pacer.clear()
         errors = []
-        if reply.audio and self.pacer.backlog_s > MAX_BACKLOG_S:
+        if reply.audio and not self.pacer.has_room(self.pacer.coding.seconds(reply.audio)):
             message = (
                 f"more than {MAX_BACKLOG_S:g} s of audio waits to be sent; append at real time"
             )

@@ -1,12 +1,11 @@
 """The Realtime protocol without a network (services/web/realtime.py,
-realtime_items.py, realtime_config.py, realtime_bridge.py's Pacer): what
-session.update may choose and the Converse config it makes, the gateway's
-events as Realtime server events, the conversation's items (truncated to what
-was played, retrieved, deleted), and the caller's audio paced for the gateway."""
+realtime_items.py, realtime_config.py): what session.update may choose and the
+Converse config it makes, the gateway's events as Realtime server events, the
+conversation's items (truncated to what was played, retrieved, deleted). The
+caller's audio paced for the gateway: test_pacer.py."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 
@@ -23,8 +22,8 @@ from services.web.realtime import (
     RealtimeSession,
     Reply,
 )
-from services.web.realtime_bridge import LEAD_S, MAX_PIECE_S, SLACK_S, Pacer, bearer_token
-from services.web.realtime_config import CODINGS, ClientError, SessionConfig, mode_of_model
+from services.web.realtime_bridge import bearer_token
+from services.web.realtime_config import ClientError, SessionConfig, mode_of_model
 from services.web.realtime_items import History, UserMessage
 
 Codec = gateway_pb2.AudioFormat
@@ -330,35 +329,6 @@ def test_the_bearer_token_is_read_from_the_authorization_header():
     assert bearer_token("Basic dXNlcg==") == bearer_token(None) == ""
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_the_pacer_sends_at_most_a_lead_ahead_of_the_clock_and_silence_when_starved():
-    async def never(_data: bytes) -> bool:
-        return True
-
-    clock = Clock()
-    pcm = CODINGS["audio/pcm"]
-    pacer = Pacer(pcm, never, clock)
-    pacer.push(bytes(pcm.bytes_per_s * 5))  # five seconds at once
-    pieces = []
-    while piece := pacer._next_piece(clock.now):
-        pieces.append(pcm.seconds(piece))
-        pacer.sent_s += pieces[-1]
-    assert max(pieces) <= MAX_PIECE_S and sum(pieces) == pytest.approx(LEAD_S)
-    clock.now = 10.0  # the backlog went out long ago; the client sends nothing
-    pacer.clear()
-    silence = pacer._next_piece(clock.now)
-    assert silence == bytes(len(silence)) and pcm.seconds(silence) == MAX_PIECE_S
-    pacer.sent_s = clock.now - SLACK_S / 2
-    assert pacer._next_piece(clock.now) == b""  # not starved yet
-
-
 def test_kame_up_names_the_endpoint_by_the_web_services_address():
     assert realtime_url("http://127.0.0.1:8088/") == "ws://127.0.0.1:8088/v1/realtime"
 
@@ -488,27 +458,3 @@ def test_a_refused_request_is_an_error_and_the_session_goes_on():
         "request_refused",
         notice["message"],
     )
-
-
-async def test_the_pacer_sends_a_request_after_the_audio_before_it_and_a_cancel_at_once():
-    order: list[str] = []
-
-    async def audio(data: bytes) -> bool:
-        order.append(f"audio {len(data)}")
-        return True
-
-    def request(name: str):
-        async def call() -> bool:
-            order.append(name)
-            return name != "stop"
-
-        return call
-
-    pcm = CODINGS["audio/pcm"]
-    pacer = Pacer(pcm, audio)
-    pacer.push(bytes(pcm.bytes_per_s // 10))
-    pacer.push_request(request("end_turn"))
-    pacer.push_request(request("cancel_response"), urgent=True)
-    pacer.push_request(request("stop"))
-    await asyncio.wait_for(pacer.run(), 5)
-    assert order == ["cancel_response", "audio 4800", "end_turn", "stop"]
