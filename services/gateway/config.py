@@ -126,6 +126,12 @@ class GatewaySettings(ServiceSettings):
     instructions_max_chars: int = setting(
         2000, "longest instructions a caller may add (INVALID_ARGUMENT above)"
     )
+    max_client_functions: int = setting(
+        32,
+        "functions a caller may declare for the agent to call (ConverseConfig.functions; "
+        "INVALID_ARGUMENT above; 0 = none). The oracle has its own max_client_functions: "
+        "keep this at most that",
+    )
     user_text_max_chars: int = setting(
         2000,
         "longest typed message (UserText) a caller may send; longer ones get Notice REFUSED "
@@ -207,6 +213,7 @@ class GatewaySettings(ServiceSettings):
             "readiness_interval_s",
             "stt_replay_s",
             "instructions_max_chars",
+            "max_client_functions",
             "user_text_max_chars",
             "user_text_per_s",
         )

@@ -76,6 +76,12 @@ DTMF_DIGITS = Counter("kame_gateway_dtmf_digits_total", "Keys callers pressed (D
 BARGE_INS = Counter(
     "kame_gateway_barge_ins_total", "Agent speech cut by the caller (BargeIn sent to the client)"
 )
+TOOL_CALLS = Counter(
+    "kame_gateway_tool_calls_total",
+    "Tool calls of the oracle's LLM that finished (ToolActivity FINISHED), by source "
+    "(client: the caller's own function; mcp: an operator's tool) and outcome (ok, error)",
+    ["source", "outcome"],
+)
 CALLER_REQUESTS = Counter(
     "kame_gateway_caller_requests_total",
     "Push-to-talk requests and typed messages: end_turn, respond, cancel, user_text, and "

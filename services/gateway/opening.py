@@ -202,9 +202,10 @@ class SideOpeners:
     def oracle(
         self, attempt: int
     ) -> tuple[StreamCall[oracle_pb2.GuideRequest], list[oracle_pb2.GuideRequest]]:
-        """Every oracle call has the session's id: a reopened one loads the
-        conversation so far from Redis, and first gets the caller's final
-        transcript that no candidate has answered yet, so it answers that turn."""
+        """Every oracle call has the session's id and the caller's functions: a
+        reopened one loads the conversation so far from Redis, and first gets the
+        caller's final transcript that no candidate has answered yet, so it
+        answers that turn."""
         channel = self._connections.channel(self._settings.oracle_address)
         llm = self._plan.llm or gateway_pb2.LlmOverride()
         config = oracle_pb2.OracleConfig(
@@ -216,6 +217,7 @@ class SideOpeners:
             policy=oracle_pb2.OraclePolicy(name=self._plan.mode.value),
             heartbeat_interval_s=self._settings.side_heartbeat_s,
             instructions=self._plan.instructions,
+            client_functions=self._plan.functions,
         )
         call = oracle_pb2_grpc.OracleStub(channel).Guide()
         opening = [oracle_pb2.GuideRequest(config=config)]

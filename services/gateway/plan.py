@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import grpc
 
 from kame_common.llm import backend_name
-from kamepb import gateway_pb2
+from kamepb import common_pb2, gateway_pb2
+from services.gateway.client_functions import FunctionError, check_functions
 from services.gateway.codecs import AudioFormat, CodecError, resolve_format
 from services.gateway.config import GatewaySettings
 
@@ -78,6 +79,16 @@ class SessionPlan:
     call: gateway_pb2.CallInfo
     manual_turns: bool = False  # push-to-talk: the caller ends turns and asks for answers
     instructions: str = ""  # the caller's own, for the oracle's system prompt
+    # The caller's own functions for the oracle's LLM (client_functions.py); an
+    # s2s session has no oracle to call them.
+    functions: tuple[common_pb2.ClientFunction, ...] = ()
+
+    @property
+    def oracle_may_refuse(self) -> str:
+        """What of the client's own the oracle checks at each opening, in words
+        ("" = nothing): its refusal of them ends the session (session.py)."""
+        parts = [("llm override", self.llm is not None), ("functions", bool(self.functions))]
+        return " and ".join(name for name, present in parts if present)
 
     @property
     def side_services(self) -> tuple[str, ...]:
@@ -132,6 +143,10 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
             raise SessionError(
                 invalid, f"call.{name}: at most {MAX_CALL_INFO_CHARS} characters, got {len(value)}"
             )
+    try:
+        functions = check_functions(config.functions, settings.max_client_functions)
+    except FunctionError as exc:
+        raise SessionError(invalid, str(exc)) from None
     return SessionPlan(
         mode=mode,
         input_format=input_format,
@@ -145,6 +160,7 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
         call=config.call,
         manual_turns=config.turn_detection == TurnDetection.MANUAL,
         instructions=_instructions(config.instructions, settings),
+        functions=functions,
     )
 
 

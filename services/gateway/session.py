@@ -7,6 +7,7 @@ stt and oracle (no oracle in s2s mode; opening.py): the frontend's is an
 
     caller ──► _read_caller ──► frontend.send ──► frontend writer
                      ├────────► stt.push ─────► stt writer
+                     ├─ function results (client_functions.py) ─► oracle.push
                      └─ turn controls, typed text (turn_control.py) ─► stt, frontend,
                         and typed text down the transcripts' path below
     frontend ─► _read_frontend: AgentAudio ─► client codec ─► client queue
@@ -15,6 +16,7 @@ stt and oracle (no oracle in s2s mode; opening.py): the frontend's is an
     stt ──────► _on_stt_response: transcripts ─► client queue, frontend.send, oracle.push
                                   SPEECH_START/END ─► turn tracker (latencies)
     oracle ───► _on_oracle_response: updates ─► frontend.send (and client queue if opted in)
+                                     function calls, tool activity ─► client queue
     client queue ─► responses() ─► the caller (the servicer yields what it yields;
                                    client_output.py)
 
@@ -36,12 +38,13 @@ backoff. While either is down the call goes on without oracle; the client
 gets Notice ORACLE_UNAVAILABLE when the oracle is lost and ORACLE_RESTORED
 when both answer again (oracle_health.py). A reopened oracle stream carries the same session id,
 so the oracle picks the conversation up from Redis (while no oracle call is
-open, the gateway logs the turns itself, as in s2s); a reopened stt stream
+open, the gateway logs the turns itself, as in s2s; the lost stream's function
+calls go unanswered); a reopened stt stream
 starts at the caller's next frame, and the gateway shifts its audio times by
 where that stream began, so every time downstream stays on the session's
 clock (a dropped frame, though, shifts the stt's clock until it reopens). An
-oracle that rejects the client's llm override ends the session with
-INVALID_ARGUMENT. Messages to the client never name internal addresses; the
+oracle that rejects the client's llm override or functions ends the session
+with INVALID_ARGUMENT. Messages to the client never name internal addresses; the
 log has them. A teardown that runs however the session ends (caller done,
 caller gone, error) cancels every task and every upstream call, so the
 upstream services see their sessions end.
@@ -78,6 +81,7 @@ from kame_common.converse import DTMF_KEYS
 from kame_common.store import Replica
 from kamepb import common_pb2, frontend_pb2, gateway_pb2, oracle_pb2, stt_pb2
 from services.gateway import metrics, resume
+from services.gateway.client_functions import FunctionRouter
 from services.gateway.client_output import AgentFrameOut, ClientOutput, EndOfSession
 from services.gateway.codecs import CodecError, Decoder, Encoder, coded
 from services.gateway.connections import Connections
@@ -102,6 +106,7 @@ log = logging.getLogger(__name__)
 _tracer = tracing.tracer("kame.gateway")
 
 Notice = gateway_pb2.Notice
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
 def _now_us() -> int:
@@ -153,6 +158,7 @@ class GatewaySession:
         )
         self._records = SessionRecords(connections.store, self.id)
         self._reporter = TurnReporter(plan.mode, self._span)
+        self._functions = FunctionRouter(self.id, self._records)
         self._output = ClientOutput(
             self.settings.queue_frames, plan.mode, self._tracker, self._reporter
         )
@@ -325,10 +331,14 @@ class GatewaySession:
             if kind in ("turn_control", "user_text"):  # turn_control.py
                 await caller_turns.handle(request)
                 continue
+            if kind == "function_result":
+                self._functions.answer(request.function_result, self.oracle)
+                continue
             if kind != "audio":
                 raise SessionError(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    "a request carries no config, audio, dtmf, turn_control or user_text",
+                    "a request carries no config, audio, dtmf, turn_control, user_text "
+                    "or function_result",
                 )
             arrival_us = _now_us()
             try:
@@ -507,8 +517,11 @@ class GatewaySession:
 
     async def _on_oracle_response(self, response: oracle_pb2.GuideResponse) -> None:
         """A HEARTBEAT only tells the watchdog that the oracle is alive."""
-        if response.WhichOneof("msg") == "update":
+        kind = response.WhichOneof("msg")
+        if kind == "update":
             await self._on_oracle_update(response.update)
+        elif kind in ("function_call", "tool"):
+            await self._output.put(self._functions.from_oracle(response))
         elif response.event.kind == oracle_pb2.OracleEvent.ERROR:
             await self._oracle_health.llm_error(response.event.detail)
 
@@ -541,20 +554,16 @@ class GatewaySession:
 
     async def _side_down(self, side: SideStream[Any], exc: Exception) -> bool:
         """A side stream failed: tell the client if that lost the oracle; whether to
-        reopen it (not when the oracle refused the client's own llm override)."""
-        if (
-            side is self.oracle
-            and self.plan.llm is not None
-            and isinstance(exc, grpc.aio.AioRpcError)
-            and exc.code() == grpc.StatusCode.INVALID_ARGUMENT
-        ):
-            self._fail(
-                SessionError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"the oracle rejected the llm override: {exc.details()}",
+        reopen it (not when the oracle refused the client's own llm override or
+        functions)."""
+        if side is self.oracle:
+            self._functions.oracle_lost()
+            refusable = self.plan.oracle_may_refuse
+            if refusable and isinstance(exc, grpc.aio.AioRpcError) and exc.code() == INVALID:
+                self._fail(
+                    SessionError(INVALID, f"the oracle rejected the {refusable}: {exc.details()}")
                 )
-            )
-            return False
+                return False
         await self._oracle_health.side_down(side, exc)
         return True
 

@@ -234,7 +234,11 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
     HEARTBEAT as often as the config asks. `reject`: INVALID_ARGUMENT at the
     config; `fail_after_first`: the next stream aborts after its first
     transcript; `stall`: never read past the config (its queue fills
-    up, and it sends nothing)."""
+    up, and it sends nothing). `function_call`: before each answer, a
+    ToolActivity STARTED and this call of a client function, with call_id
+    call-1, call-2, ... in the order asked; a FunctionResult gets a
+    ToolActivity FINISHED. `fail_after_call`: the next stream aborts after
+    sending its call."""
 
     def __init__(self) -> None:
         self.log = StreamLog()
@@ -242,6 +246,9 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
         self.reject = False
         self.fail_after_first = False
         self.stall = False
+        self.function_call: common_pb2.FunctionCall | None = None
+        self.fail_after_call = False
+        self.calls_asked = 0
 
     @_marks_cancellation
     async def Guide(self, request_iterator, context):  # noqa: N802 (gRPC method name)
@@ -271,6 +278,10 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
         """RESETs for finals into `outbox`, then None at the end (a str: abort)."""
         generation = 0
         async for request in requests:
+            if request.WhichOneof("msg") == "function_result":
+                result = request.function_result
+                name = self.function_call.name if self.function_call else ""
+                outbox.put_nowait(_tool_activity(FINISHED, result.call_id, name, result.is_error))
             if request.WhichOneof("msg") != "user_transcript":
                 continue
             if self.fail_after_first:
@@ -278,6 +289,12 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
                 outbox.put_nowait("oracle broke")
                 return
             event = request.user_transcript
+            if event.is_final and self.function_call is not None:
+                self._ask(outbox)
+                if self.fail_after_call:
+                    self.fail_after_call = False
+                    outbox.put_nowait("oracle broke after its call")
+                    return
             if event.is_final:
                 generation += 1
                 source = common_pb2.CandidateSource(
@@ -294,6 +311,27 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
                     )
                 )
         outbox.put_nowait(None)
+
+    def _ask(self, outbox: asyncio.Queue) -> None:
+        assert self.function_call is not None
+        self.calls_asked += 1
+        call = common_pb2.FunctionCall()
+        call.CopyFrom(self.function_call)
+        call.call_id = f"call-{self.calls_asked}"
+        outbox.put_nowait(_tool_activity(STARTED, call.call_id, call.name))
+        outbox.put_nowait(oracle_pb2.GuideResponse(function_call=call))
+
+
+STARTED, FINISHED = common_pb2.ToolActivity.STARTED, common_pb2.ToolActivity.FINISHED
+
+
+def _tool_activity(
+    phase: int, call_id: str, name: str, is_error: bool = False
+) -> oracle_pb2.GuideResponse:
+    tool = common_pb2.ToolActivity(
+        phase=phase, call_id=call_id, name=name, source="client", is_error=is_error
+    )
+    return oracle_pb2.GuideResponse(tool=tool)
 
 
 async def _beat(interval_s: float, outbox: asyncio.Queue) -> None:

@@ -459,7 +459,10 @@ async def test_limits(fakes):
     ("second", "message"),
     [
         (gateway_pb2.ConverseRequest(config=Config()), "a second config"),
-        (gateway_pb2.ConverseRequest(), "no config, audio, dtmf, turn_control or user_text"),
+        (
+            gateway_pb2.ConverseRequest(),
+            "no config, audio, dtmf, turn_control, user_text or function_result",
+        ),
         (gateway_pb2.ConverseRequest(dtmf=common_pb2.Dtmf(digit="x")), "dtmf.digit"),
         (gateway_pb2.ConverseRequest(audio=b"\x01"), "audio chunk 0"),
     ],
