@@ -1,0 +1,128 @@
+"""A question answered from a function the caller itself runs, end to end through
+`kame up` (issue #33): the caller declares `order_status` in its Converse config
+(kame_common/converse.py's ConverseClient), the real oracle offers it to the LLM,
+the LLM calls it, the gateway hands the call to the caller, the caller answers
+with a city picked at random here (a value no model could guess), and the agent
+says it.
+
+The LLM is tests/oracle/tool_support.py's fake on the OpenAI wire (the vendors
+cannot be reached from here): it calls the offered `order_status` when asked
+about an order and says the result it gets. The question is typed (UserText),
+so the test hangs on the function's path, not on what Whisper hears; the agent
+speaks its answer in the silence the caller streams. One `kame up` (~30-60 s on
+a busy CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, float_to_pcm16
+from kame_common.converse import ConverseClient, ConverseEvent
+from kamepb import common_pb2, gateway_pb2
+from tests.e2e.conftest import with_db
+from tests.e2e.test_tools_stack import (
+    FAKE_LLM,
+    SECRETS,
+    TOOLS_DB,
+    UP_TIMEOUT_S,
+    kame_up,
+    read_until_up,
+)
+from tests.oracle.conftest import StubHttpServer
+from tests.support import words_of
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "Where is my order A7 now?"
+ORDER_STATUS = common_pb2.ClientFunction(
+    name="order_status",
+    description="Where an order of the caller's is now.",
+    parameters_json=json.dumps(
+        {"type": "object", "properties": {"order": {"type": "string"}}, "required": ["order"]}
+    ),
+    read_only=True,
+)
+SILENCE = float_to_pcm16(np.zeros(FRAME_SAMPLES, dtype=np.float32))
+ANSWER_WAIT_S = 90.0
+
+
+def agent_words(events: list[ConverseEvent]) -> list[str]:
+    return words_of(" ".join(e["text"] for e in events if e["type"] == "agent_text"))
+
+
+async def ask_with_a_function(gateway: str, secret: str) -> list[ConverseEvent]:
+    """A call that declares order_status, types QUESTION, answers the function's
+    call with `secret` and streams silence until the agent said it: its events."""
+    events: list[ConverseEvent] = []
+    said = asyncio.Event()
+    async with ConverseClient.connect(gateway) as client:
+
+        async def read() -> None:
+            async for event in client.events():
+                events.append(event)
+                if event["type"] == "function_call":
+                    output = f"It is with the courier in {secret}."
+                    await client.send_function_result(event["call_id"], output)
+                if secret.lower() in agent_words(events):
+                    said.set()
+
+        reader = asyncio.create_task(read())
+        await client.start(gateway_pb2.ConverseConfig(functions=[ORDER_STATUS]))
+        await client.wait_started(reader)
+        assert await client.send_text(QUESTION)
+        deadline = time.monotonic() + ANSWER_WAIT_S
+        while not said.is_set() and not reader.done() and time.monotonic() < deadline:
+            await client.send_audio(SILENCE)  # the agent speaks in the caller's frames
+            await asyncio.sleep(FRAME_SECONDS)
+        await client.done_writing()
+        await asyncio.wait_for(reader, 60)
+    return events
+
+
+async def test_kame_up_answers_from_a_function_the_caller_runs(tmp_path, redis_url):
+    secret = random.choice(SECRETS)
+    llm = StubHttpServer(FAKE_LLM)
+    llm_url = await llm.start()
+    command = [
+        *("up", "--free-ports", "--log-dir", str(tmp_path / "logs")),
+        *("--redis-url", with_db(redis_url, TOOLS_DB)),
+        *("--llm-base-url", llm_url + "/v1", "--llm-model", "stub-model"),
+        *("--startup-timeout-s", str(UP_TIMEOUT_S)),
+    ]
+    process = kame_up(command)
+    try:
+        started = time.monotonic()
+        printed = await asyncio.wait_for(asyncio.to_thread(read_until_up, process), UP_TIMEOUT_S)
+        print(f"kame up was up after {time.monotonic() - started:.0f} s")
+        gateway = re.search(r"^\s+gateway\s+(127\.0\.0\.1:\d+)", printed, re.M).group(1)
+        events = await ask_with_a_function(gateway, secret)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: kame up stops what it started
+            await asyncio.to_thread(process.wait, 60)
+        await llm.close()
+
+    print("agent said:", " ".join(agent_words(events)))
+    # The LLM was offered the caller's function, called it, and got the caller's answer.
+    asked = [post.json() for post in llm.posts() if post.json().get("max_tokens") != 1]
+    assert [t["function"]["name"] for t in asked[0]["tools"]] == ["order_status"]
+    results = [m["content"] for body in asked for m in body["messages"] if m["role"] == "tool"]
+    assert any(secret in text for text in results), results
+    # The caller saw the call and the tool's activity around it, in order.
+    (call,) = [e for e in events if e["type"] == "function_call"]
+    assert call["name"] == "order_status" and json.loads(call["arguments_json"]) == {"order": "A7"}
+    kinds = [e["type"] for e in events if e["type"] in ("tool_started", "tool_finished")]
+    assert kinds == ["tool_started", "tool_finished"], kinds
+    finished = next(e for e in events if e["type"] == "tool_finished")
+    assert finished["source"] == "client" and not finished["is_error"], finished
+    # ... and the agent said the secret.
+    assert secret.lower() in agent_words(events)
