@@ -42,8 +42,8 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # The oracle's own bounds (services/oracle/tools/client_functions.py).
 MAX_DESCRIPTION_CHARS = 1024
 MAX_PARAMETERS_CHARS = 16384
-# Calls whose answer the gateway waits for, per kind (in flight, or sent to a
-# lost oracle stream); beyond, the oldest is forgotten. The oracle waits for an
+# Calls whose answer the gateway keeps track of, in flight and sent by a lost
+# oracle stream, each; beyond, the oldest is forgotten. The oracle waits for an
 # answer tool_timeout_s at most and starts a few calls a turn, so these are
 # never reached by a client that answers.
 MAX_TRACKED_CALLS = 64
