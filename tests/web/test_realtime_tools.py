@@ -4,18 +4,31 @@ and `tool_choice` as the Converse config's functions, the gateway's
 function_call as a function_call item streamed in a response (checked against
 the `openai` SDK's own types of the server events), the client's
 function_call_output as the gateway's function result, and the response.create
-after it asking the gateway for nothing (the agent goes on by itself)."""
+after it asking the gateway for nothing (the agent goes on by itself); then
+the `openai` SDK doing the same through the web service and a real gateway."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
+from kamepb import common_pb2
 from services.web.realtime import RESPOND, GatewayRequest, RealtimeSession
 from services.web.realtime_config import ClientError, SessionConfig
+from tests.gateway.fakes import transcript
+from tests.support import wait_until
+from tests.web.test_realtime import (
+    ONE_SECOND,
+    connect,
+    events_until,
+    kinds,
+    received,
+    web_service,
+)
 from tests.web.test_realtime_protocol import MODES, agent, sent
 
 WEATHER = {
@@ -174,6 +187,19 @@ def test_a_functions_output_goes_to_the_gateway_and_the_agent_goes_on_by_itself(
     assert asked_again.requests == [RESPOND]  # a response.create of the caller's own
 
 
+def test_a_new_caller_turn_after_an_output_gets_its_answer_asked():
+    """A client that sends no response.create after an output: the caller's
+    next turn's response.create is that turn's (push-to-talk's RESPOND)."""
+    realtime = with_tools(audio={"input": {"turn_detection": None}})
+    function_call(realtime)
+    create = {"type": "conversation.item.create", "item": output_item("call-1")}
+    realtime.on_client(json.dumps(create))
+    typed = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+    realtime.on_client(json.dumps({"type": "conversation.item.create", "item": typed}))
+    asked = realtime.on_client(json.dumps({"type": "response.create"}))
+    assert asked.requests == [RESPOND]
+
+
 @pytest.mark.parametrize(
     "item",
     [
@@ -214,3 +240,33 @@ def test_what_the_oracles_own_tools_do_is_not_sent():
             "reused": False,
         }
         assert realtime.on_converse(tool) == []
+
+
+async def test_the_openai_sdk_runs_the_agents_function_call_through_a_real_gateway(fakes):
+    """The web service before a real gateway and the scripted fake upstreams
+    (tests/gateway/fakes.py): the fake oracle calls the client's function on the
+    caller's final transcript, and gets the output the SDK's user sent."""
+    fakes.stt.script = {6: [transcript("u-1", "what is the weather in paris", True, 0.4)]}
+    fakes.oracle.function_call = common_pb2.FunctionCall(
+        name="get_weather", arguments_json=json.dumps({"city": "Paris"})
+    )
+    async with web_service(fakes) as web, connect(web) as connection:
+        await connection.recv()  # session.created
+        await connection.session.update(session={"type": "realtime", "tools": [WEATHER]})
+        (updated,) = await received(connection, 1)
+        await connection.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        seen = await events_until(connection, "response.done")
+        call = next(e for e in seen if e.type == "response.function_call_arguments.done")
+        await connection.conversation.item.create(item=output_item(call.call_id, "sunny, 21 C"))
+        added, done = await received(connection, 2)
+        await wait_until(lambda: fakes.oracle.log.of("function_result"), "the oracle's result")
+
+    assert updated.session.tools[0].name == "get_weather"
+    [declared] = fakes.oracle.log.of("config")[0].client_functions
+    assert json.loads(declared.parameters_json) == WEATHER["parameters"]
+    # No event for the gateway's tool activity: only the call's response.
+    assert kinds(seen)[-8:] == ["response.created", *CALL_EVENTS, "response.done"]
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
+    assert (added.type, done.item.type) == ("conversation.item.added", "function_call_output")
+    [result] = fakes.oracle.log.of("function_result")
+    assert (result.call_id, result.output, result.is_error) == (call.call_id, "sunny, 21 C", False)
