@@ -7,7 +7,9 @@ streaming formats with tool calls. Its "model" is a rule: a question about a
 booking, a door code or an order calls the matching tool (if it is offered);
 with a tool's result in hand it says the result; with an error result it
 apologises. Before a tool call it says "One moment.", as a model keeping the
-caller company would.
+caller company would. On a phone call it says goodbye and calls hang_up when
+asked to hang up, and calls transfer_call to "sales" when asked for a transfer
+(the telephony service's call control, when offered).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,6 +38,13 @@ RULES = (
 HOLD = "One moment."
 APOLOGY = "Sorry, I couldn't reach that system just now."
 UNSURE = "I am not sure."
+# A phone call's call control (the telephony service's client functions): keyword ->
+# (function, its arguments, what the model says before the call). Once it has the
+# result it says nothing more (the line is closing or moving), or apologises.
+CALL_CONTROL = (
+    ("hang", "hang_up", {}, "Goodbye!"),
+    ("transfer", "transfer_call", {"target": "sales"}, "Transferring you to sales."),
+)
 
 
 def last_user_line(transcript: str) -> str:
@@ -43,9 +53,17 @@ def last_user_line(transcript: str) -> str:
 
 def reply(question: str, results: list[tuple[str, bool]], offered: set[str]):
     """(what the model says, (tool, arguments) it calls or None)."""
+    control = [
+        c for c in CALL_CONTROL if re.search(rf"\b{c[0]}", question, re.I) and c[1] in offered
+    ]
     if results:
         text, is_error = results[-1]
-        return (APOLOGY, None) if is_error else (f"Here you go: {text}", None)
+        if is_error:
+            return APOLOGY, None
+        return ("" if control else f"Here you go: {text}"), None
+    if control:
+        _, function, arguments, words = control[0]
+        return words, (function, arguments)
     for keyword, tool, arguments in RULES:
         if keyword in question.lower() and tool in offered:
             return HOLD, (tool, arguments)
