@@ -14,7 +14,7 @@ import re
 _ADDRESS = re.compile(
     r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"),]+"
     r"|\bipv[46]:\S+"
-    r"|\[[0-9a-fA-F:.]+\](?::\d{1,5})?"
+    r"|\[[0-9a-fA-F.]*:[0-9a-fA-F:.]*\](?::\d{1,5})?"  # a colon: not an index like [0]
     r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"
     r"|\b[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?:\d{1,5}\b"
 )
