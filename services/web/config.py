@@ -58,8 +58,8 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
     )
     realtime_idle_timeout_s: float = setting(
         300.0,
-        "seconds a /v1/realtime socket may send no event before it is closed with an error "
-        "(idle_timeout), so a forgotten client holds no slot",
+        "seconds a /v1/realtime socket may send no event (an /api/chat socket: no message) "
+        "before it is closed with an error (idle_timeout), so a forgotten client holds no slot",
     )
     realtime_relay_instructions: bool = setting(
         False,

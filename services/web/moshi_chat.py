@@ -7,7 +7,9 @@ Every message is binary, its first byte the kind:
 
 - 0x00 handshake, server -> client, once the agent is on the line (the
   gateway's session started). PersonaPlex waits for it before it sends audio;
-  moshi's client sends from the start, and that audio waits for the call.
+  moshi's client sends from the start, and that audio waits for the call: the
+  client's messages are read only once the gateway took it, so a caller it
+  refuses (a wrong token) has nothing decoded.
 - 0x01 audio, both ways: pages of one Ogg Opus stream per direction, 24 kHz
   mono. The caller's is decoded to PCM16 for the gateway (which takes PCM16
   at 24 kHz both ways) and paced at real time as the Realtime endpoint paces
@@ -20,6 +22,12 @@ Every message is binary, its first byte the kind:
   (the kind moshi's Rust server and web client use for it). moshi's Python
   client and PersonaPlex log it as an unknown kind; the close reason says the
   same, cut to the 123 bytes a close frame carries.
+
+Limits, each closing the socket with the reason: an audio message of more
+than MAX_AUDIO_MESSAGE_BYTES (1009) or MAX_AUDIO_MESSAGE_S of audio (counted
+from the packets before decoding, ogg_opus.py: a few bytes of Opus may stand
+for 120 ms), audio beyond the backlog, MAX_BACKLOG_S (1008), and no message for
+`realtime_idle_timeout_s` once the chat began (1008).
 
 What a client sends besides audio: the protocol's other kinds (handshake,
 text, control, metadata, ping) are ignored, as moshi's server ignores them; a
@@ -50,6 +58,7 @@ from kame_common.converse import ConverseClient, ConverseEvent
 from kamepb import gateway_pb2
 from services.web.bridge import PageSocket
 from services.web.config import WebSettings
+from services.web.ogg_opus import AudioTooLong, OggOpusPages
 from services.web.pacer import MAX_BACKLOG_S, Pacer
 from services.web.realtime_bridge import call_error
 from services.web.realtime_config import CODINGS, ClientError, mode_of_model
@@ -99,11 +108,17 @@ FRAME_BYTES = 1920 * PCM.bytes_per_sample  # 80 ms, the Opus frame moshi's serve
 # would hold the words back for good.
 MAX_WORD_LEAD_S = 3.0
 
+# The most one audio message may carry. moshi's clients send a page of 80 ms
+# (a few hundred bytes) at a time; this lets a client send several.
+MAX_AUDIO_MESSAGE_BYTES = 64 << 10
+MAX_AUDIO_MESSAGE_S = 2.0  # (sphn's decoder itself takes at most 5 s a call)
+
 # WebSocket close codes (RFC 6455, 7.4.1).
 NORMAL_CLOSURE = 1000
 UNSUPPORTED_DATA = 1003
 INVALID_PAYLOAD = 1007
 POLICY_VIOLATION = 1008
+MESSAGE_TOO_BIG = 1009
 INTERNAL_ERROR = 1011
 TRY_AGAIN_LATER = 1013
 MAX_REASON_BYTES = 123
@@ -141,14 +156,25 @@ def chat_mode(model: str | None, offered: list[str]) -> str:
 
 
 class CallerAudio:
-    """The caller's Ogg Opus pages -> PCM16 at 24 kHz."""
+    """The caller's Ogg Opus stream -> PCM16 at 24 kHz, a message's audio counted
+    before it is decoded."""
 
     def __init__(self) -> None:
+        self.pages = OggOpusPages()
         self.reader = sphn.OpusStreamReader(PCM.rate)
 
+    def whole_pages(self, data: bytes) -> tuple[bytes, float]:
+        """The whole pages `data` completes and their seconds of audio; ValueError
+        if it is no Ogg Opus stream, AudioTooLong past MAX_AUDIO_MESSAGE_S."""
+        try:
+            return self.pages.take(data, MAX_AUDIO_MESSAGE_S)
+        except AudioTooLong:
+            raise
+        except ValueError as exc:
+            raise ValueError(f"audio is not an Ogg Opus stream ({exc})") from None
+
     def pcm16(self, pages: bytes) -> bytes:
-        """The PCM16 these pages complete (b"" until a whole packet came); ValueError
-        if they are no Ogg Opus stream."""
+        """The PCM16 these whole pages hold; ValueError if the codec refuses them."""
         try:
             samples = self.reader.append_bytes(pages)
         except Exception as exc:  # the codec's own errors, of its own types
@@ -267,16 +293,19 @@ class MoshiChat:
             output_format=PCM.gateway_format(),
         )
         downlink = asyncio.ensure_future(self._downlink())
-        uplink = asyncio.ensure_future(self._uplink())
-        tasks = [downlink, uplink]
+        tasks = [downlink]
         try:
             await self.client.start(config)
-            # Audio only once started: the client then hears the gateway's own refusal.
-            await self.client.wait_started(downlink, uplink)
-            ending = list(tasks)  # the pacer ends with the call: the downlink says how
+            # The client's messages only once started: a caller the gateway refuses
+            # hears why, and has nothing of theirs decoded.
+            await self.client.wait_started(downlink)
+            ending = [downlink]  # the pacer ends with the call: the downlink says how
             if self.client.started.is_set():
-                ending.append(asyncio.ensure_future(self._first_audio_due()))
-                tasks += [ending[-1], asyncio.ensure_future(self.pacer.run())]
+                ending += [
+                    asyncio.ensure_future(self._uplink()),
+                    asyncio.ensure_future(self._first_audio_due()),
+                ]
+                tasks += [*ending[1:], asyncio.ensure_future(self.pacer.run())]
             done, _ = await asyncio.wait(ending, return_when=asyncio.FIRST_COMPLETED)
             close: Close | None = next(iter(done)).result()
         finally:
@@ -287,8 +316,18 @@ class MoshiChat:
         return close or Close(NORMAL_CLOSURE)  # None: the client went, nobody to tell
 
     async def _uplink(self) -> Close | None:
-        """The client's messages: its audio to the pacer. None once the client went."""
-        while (raw := await self.socket.receive()) is not None:
+        """The client's messages: its audio to the pacer. None once the client went.
+        A client silent for `realtime_idle_timeout_s` is gone as far as the chat
+        goes: it would otherwise hold a slot, and a call fed with silence, for good."""
+        idle_s = self.settings.realtime_idle_timeout_s
+        while True:
+            try:
+                async with asyncio.timeout(idle_s):
+                    raw = await self.socket.receive()
+            except TimeoutError:
+                return Close(POLICY_VIOLATION, f"no message for {idle_s:g} s: the chat ends")
+            if raw is None:
+                return None
             if isinstance(raw, str):
                 return Close(UNSUPPORTED_DATA, "text frames are not Moshi messages: send binary")
             if not raw:
@@ -299,20 +338,36 @@ class MoshiChat:
                     return refusal
             elif kind not in IGNORED_KINDS:
                 return Close(UNSUPPORTED_DATA, f"unknown message kind {kind}")
-        return None
 
-    def _take_audio(self, pages: bytes) -> Close | None:
+    def _take_audio(self, data: bytes) -> Close | None:
+        """The audio of one message to the pacer, unless it is too much (counted
+        before decoding); how to close the socket if so."""
         self.first_audio.set()
+        if len(data) > MAX_AUDIO_MESSAGE_BYTES:
+            return Close(
+                MESSAGE_TOO_BIG,
+                f"an audio message of more than {MAX_AUDIO_MESSAGE_BYTES} bytes: send pages as "
+                "they are recorded",
+            )
         try:
-            pcm = self.caller_audio.pcm16(pages)
+            pages, seconds = self.caller_audio.whole_pages(data)
+        except AudioTooLong:
+            return Close(
+                POLICY_VIOLATION,
+                f"more than {MAX_AUDIO_MESSAGE_S:g} s of audio in one message: send pages as "
+                "they are recorded",
+            )
         except ValueError as exc:
             return Close(INVALID_PAYLOAD, str(exc))
-        if self.pacer.backlog_s > MAX_BACKLOG_S:
+        if not self.pacer.has_room(seconds):
             return Close(
                 POLICY_VIOLATION,
                 f"more than {MAX_BACKLOG_S:g} s of audio waits to be sent: send it at real time",
             )
-        self.pacer.push(pcm)
+        try:
+            self.pacer.push(self.caller_audio.pcm16(pages))
+        except ValueError as exc:
+            return Close(INVALID_PAYLOAD, str(exc))
         return None
 
     async def _first_audio_due(self) -> Close:
