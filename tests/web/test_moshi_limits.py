@@ -5,6 +5,7 @@ the count of a stream's audio that guards the decoder (services/web/ogg_opus.py)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import struct
 import time
@@ -180,3 +181,25 @@ def test_crafted_pages_carry_oggs_crc():
     pages = opus_pages(tone(0.16))[1]
     real = pages[: 27 + pages[26] + sum(pages[27 : 27 + pages[26]])]  # its first page
     assert ogg_crc(real[:22] + bytes(4) + real[26:]) == struct.unpack("<I", real[22:26])[0]
+
+
+async def test_a_client_gone_before_the_handshake_frees_its_slot(fakes):
+    """Its messages are read only once the call started: the chat still ends
+    soon after, and the one slot is free for the next."""
+    async with moshi_web(fakes, max_sessions=1) as web:
+        async with chat(web) as ws:
+            await ws.send_bytes(b"\x01" + b"".join(opus_pages(tone(0.16))))
+        first = await answer_within(web, 5.0)
+    assert first == b"\x00"
+
+
+async def answer_within(web, timeout_s: float) -> bytes:
+    """The first message of a new chat, once one gets the handshake (or the last
+    refusal after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        async with chat(web) as ws:
+            first = await ws.receive_bytes(timeout=10)
+        if first == b"\x00" or time.monotonic() > deadline:
+            return first
+        await asyncio.sleep(0.1)
