@@ -1,5 +1,5 @@
 """The picture of a `kame talk` call (T.png): caller audio, transcripts, oracle
-updates and agent audio on one time axis, from a TalkResult's events."""
+updates and tool calls, and agent audio on one time axis, from a TalkResult's events."""
 
 from __future__ import annotations
 
@@ -36,8 +36,13 @@ def plot_timeline(result: TalkResult, path: Path, title: str = "") -> None:
     _text_lane(
         lanes[2],
         result.events,
-        {"oracle_reset": "tab:red", "oracle_append": "tab:orange"},
-        "oracle updates",
+        {
+            "oracle_reset": "tab:red",
+            "oracle_append": "tab:orange",
+            "tool_started": "tab:cyan",
+            "tool_finished": "tab:blue",
+        },
+        "oracle updates\nand tools",
     )
     if result.agent_t:  # each chunk drawn from the moment it reached the client
         agent_t = np.concatenate(result.agent_t)
@@ -75,7 +80,7 @@ def _text_lane(axis: Any, events: list[dict], colors: dict[str, str], label: str
     for index, event in enumerate(shown):
         y = 0.15 + 0.2 * (index % rows)
         axis.plot([event["t"]], [y], marker="|", color=colors[event["type"]])
-        text = event.get("text") or event["type"].split("_")[-1].upper()
+        text = _lane_text(event)
         axis.annotate(
             text[:40],
             (event["t"], y),
@@ -88,3 +93,14 @@ def _text_lane(axis: Any, events: list[dict], colors: dict[str, str], label: str
     axis.set_ylim(0, 1)
     axis.set_yticks([])
     axis.set_ylabel(label)
+
+
+def _lane_text(event: dict) -> str:
+    """What an event says on its lane: its words, a tool call's name (and, once
+    finished, how long it took), or its kind."""
+    if event["type"] == "tool_started":
+        return f"{event['name']}(...)"
+    if event["type"] == "tool_finished":
+        outcome = "error" if event["is_error"] else "reused" if event["reused"] else "ok"
+        return f"{event['name']} {outcome} {event['elapsed_s']:.2f} s"
+    return str(event.get("text") or event["type"].split("_")[-1].upper())
