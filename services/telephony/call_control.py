@@ -43,13 +43,17 @@ log = logging.getLogger(__name__)
 
 # Keys one request may press.
 MAX_DIGITS = 32
-# How long the agent's last words may play before a hang-up cuts them off, and
-# how long the playout must have held no agent speech for them to be over: the
-# words a model says just before its call (its goodbye) may still be in the
-# tts when the call comes (its first audio takes a few hundred ms, more on a
-# busy machine). The function's answer does not wait for this (call_functions).
-HANG_UP_PLAYOUT_MAX_S = 8.0
-HANG_UP_QUIET_S = 1.5
+# A hang-up waits for the agent's last words (the goodbye a model says before
+# it calls hang_up): the tts voices them once the caller's turn has ended, which
+# the front-end may decide after the oracle, on the final transcript, has
+# already made the call; then the tts takes a moment more. So: up to
+# HANG_UP_SPEECH_WAIT_S for agent speech to start, then until none has been
+# queued for HANG_UP_QUIET_S (gaps between phrases are shorter), at most
+# HANG_UP_PLAYOUT_MAX_S in all. The function's answer does not wait for this
+# (call_functions.ANSWER_WITHIN_S).
+HANG_UP_SPEECH_WAIT_S = 5.0
+HANG_UP_QUIET_S = 1.0
+HANG_UP_PLAYOUT_MAX_S = 10.0
 
 
 # What each protocol can do at all (the README's table says why the rest cannot).
@@ -184,15 +188,18 @@ async def _act(
 
 
 async def hang_up_after_playout(call: PhoneCall, reason: str) -> None:
-    """End the call once the agent's queued speech has played (a goodbye said
-    just before is heard), or after HANG_UP_PLAYOUT_MAX_S."""
+    """End the call once the agent's speech has started and played out (a goodbye
+    said just before is heard whole), or when none starts in time."""
     loop = asyncio.get_running_loop()
-    give_up = loop.time() + HANG_UP_PLAYOUT_MAX_S
-    quiet_since = loop.time()
-    while loop.time() < give_up and call.ended is None:
+    started = loop.time()
+    spoke_at: float | None = None  # the last time agent speech was queued
+    while loop.time() < started + HANG_UP_PLAYOUT_MAX_S and call.ended is None:
+        now = loop.time()
         if call.playout.speech_queued:
-            quiet_since = loop.time()
-        elif loop.time() - quiet_since >= HANG_UP_QUIET_S:
-            break
+            spoke_at = now
+        elif spoke_at is None and now - started >= HANG_UP_SPEECH_WAIT_S:
+            break  # no last words
+        elif spoke_at is not None and now - spoke_at >= HANG_UP_QUIET_S:
+            break  # they have played
         await asyncio.sleep(0.02)
     call.hang_up(reason)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import struct
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,25 @@ async def sipp(
         process.returncode if process.returncode is not None else -1,
         out.decode(errors="replace")[-2000:] + errors,
     )
+
+
+def rtp_pcap(path: Path, ulaw: bytes) -> Path:
+    """`ulaw` (8 kHz mu-law) as a PCMU RTP stream of 20 ms packets, 20 ms apart, in a
+    pcap file (Ethernet, IPv4, UDP) that SIPp's play_pcap_audio replays to the
+    service's media port: a SIPp caller that speaks."""
+    out = bytearray(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+    loopback = bytes([127, 0, 0, 1])
+    for n, start in enumerate(range(0, len(ulaw) - 159, 160)):
+        rtp = struct.pack("!BBHII", 0x80, 0, n & 0xFFFF, n * 160, 0x4B414D45)
+        udp = struct.pack("!HHHH", 6000, 6000, 8 + 12 + 160, 0) + rtp + ulaw[start : start + 160]
+        ip = struct.pack(
+            "!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), n, 0, 64, 17, 0, loopback, loopback
+        )
+        frame = bytes(12) + b"\x08\x00" + ip + udp
+        seconds, micros = divmod(n * 20_000, 1_000_000)
+        out += struct.pack("<IIII", seconds, micros, len(frame), len(frame)) + frame
+    path.write_bytes(bytes(out))
+    return path
 
 
 # ---- scenarios ----------------------------------------------------------------------
@@ -238,19 +258,22 @@ def notify_refer(cseq: int, sipfrag: str, final: bool) -> str:
     return send("NOTIFY [next_url] SIP/2.0", headers, body, content_type="message/sipfrag")
 
 
-def transferee(refer_to: str, outcome: str, ring_ms: int = 0) -> str:
-    """A call answered, then our REFER, whose Refer-To must match the regular
-    expression `refer_to`; 202 Accepted, NOTIFY 100 Trying and, `ring_ms` later
-    (the target ringing), NOTIFY `outcome` (e.g. "200 OK", "486 Busy Here").
-    After a 2xx outcome the service must send BYE; after another it must not,
-    and SIPp ends the call."""
+def transferee(refer_to: str, outcome: str, ring_ms: int = 0, says: Path | None = None) -> str:
+    """A call answered (SIPp then plays the RTP in the pcap `says`, if given),
+    then our REFER, whose Refer-To must match the regular expression
+    `refer_to`; 202 Accepted, NOTIFY 100 Trying and, `ring_ms` later (the
+    target ringing), NOTIFY `outcome` (e.g. "200 OK", "486 Busy Here"). After a
+    2xx outcome the service must send BYE; after another it must not, and SIPp
+    ends the call."""
     check = (
         f'  <recv request="REFER">\n    <action><ereg regexp="{refer_to}" search_in="hdr" '
         'header="Refer-To:" check_it="true" assign_to="2"/></action>\n  </recv>\n'
         '  <Reference variables="2"/>\n'  # only checked: SIPp wants it marked as used
     )
+    play = f'  <nop><action><exec play_pcap_audio="{says}"/></action></nop>\n' if says else ""
     steps = [
         *answered(ok=OK_KEEPING_TO),
+        play,
         check,
         reply("202 Accepted"),
         notify_refer(2, "100 Trying", final=False),

@@ -40,8 +40,11 @@ ALL_ON = {"call_control": "hang_up,transfer,send_dtmf", "transfer_targets": f"sa
 
 
 async def the_call(sip: SipServer) -> tuple[SipCall, PhoneCall]:
+    """The one call, once answered: the session starts just before the 200 OK goes
+    out, and a call not answered yet refuses call control."""
     await one_session(sip)
     (sip_call,) = sip.calls.values()
+    await wait_until(lambda: sip_call.answered, "the 200 OK")
     assert sip_call.call is not None
     return sip_call, sip_call.call
 

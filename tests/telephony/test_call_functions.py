@@ -31,7 +31,7 @@ from services.telephony.sip import SipServer
 from tests.gateway.fakes import serve_fake
 from tests.support import wait_until
 from tests.telephony.sip_support import sipp, transferee
-from tests.telephony.test_call_control import keys_heard
+from tests.telephony.test_call_control import keys_heard, the_call
 from tests.telephony.test_sip import baresip_call, one_session
 
 SALES = "sip:sales@127.0.0.1:5999"
@@ -306,9 +306,12 @@ async def test_baresip_hears_the_keys_gets_the_refer_and_is_hung_up_by_function_
                 assert "sales" in result.output and SALES not in result.output
                 assert phone.seen("CALL_CLOSED") is None
 
-                # "Please hang up": the result comes back before the half-close, then BYE.
+                # "Goodbye!" and hang_up: the goodbye plays, then BYE; the result comes
+                # back before the half-close.
+                assert sip_call.call is not None
+                sip_call.call.playout.push(b"\x10" * 4000, True)  # 0.5 s of agent speech
                 result = await gateway.call("hang_up", {})
-                assert not result.is_error and result.output == "hung up"
+                assert not result.is_error and result.output == "hung up", result.output
                 await phone.wait_for("CALL_CLOSED")
                 assert sip_call.bye_sent and not sip_call.phone_gone
                 await wait_until(lambda: not sip.calls, "the SIP call to end")
@@ -339,7 +342,7 @@ async def test_a_transfer_that_rings_on_is_answered_at_once_and_ends_the_call_on
             ring_ms = round(ORACLE_TOOL_TIMEOUT_S * 1000) + 1000
             xml = transferee(r"sip:sales@127\.0\.0\.1:5999", "200 OK", ring_ms=ring_ms)
             phone = asyncio.ensure_future(sipp(xml, f"127.0.0.1:{sip.port}", tmp_path))
-            await one_session(sip)
+            await the_call(sip)
             loop = asyncio.get_running_loop()
             asked_at = loop.time()
             result = await gateway.call("transfer_call", {"target": "sales"})
