@@ -22,10 +22,12 @@ secret, so calls continue on the restarted gateway or frontend. Each question
 asked is then "answered" (an oracle answer word reached the caller before the
 next question) or not, and a question left unanswered counts against the kill
 whose window it falls in (from 5 s before the question to the next one), or as
-unexplained: a kill may cost the turn it hit, nothing else. (A call continued
-after a kill skips the audio due while it was reconnecting, as a phone line
-would, so its frame lags from then on include that gap: with kills, read the
-questions, not the late frames.)
+unexplained: a kill may cost the turn it hit, nothing else. A call continued
+after a kill sends the caller's audio again from where the broken call left
+off (kame_cli/caller.py), so the caller runs behind the WAV until it catches
+up in the silences: a question's window is from when it was last sent to when
+the next one was, and frame lags from then on include that delay (with
+kills, read the questions, not the late frames).
 
     .venv/bin/python bench/soak.py [--sessions 8] [--minutes 10]
     .venv/bin/python bench/soak.py --sessions 4 --minutes 60 --kill-every-s 300
@@ -182,13 +184,24 @@ async def kill_in_turn(
         print(f"soak: killed {name} at {time.monotonic() - start:.0f} s", flush=True)
 
 
+def sent_at(result: talk.TalkResult, wav_s: float, chunk: int) -> float:
+    """When the caller last sent the audio at `wav_s` of its WAV (the call's clock);
+    the WAV's own time if it never did."""
+    return result.sent_t.get(int(wav_s * SAMPLE_RATE) // chunk, wav_s)
+
+
 def question_outcomes(
-    result: talk.TalkResult, starts_s: list[float], call_t0: float, kills: list[dict[str, Any]]
+    result: talk.TalkResult,
+    starts_s: list[float],
+    call_t0: float,
+    kills: list[dict[str, Any]],
+    chunk: int,
 ) -> list[dict[str, Any]]:
     """Per question asked: answered or not, and the kills whose window holds it."""
     outcomes = []
-    for index, start in enumerate(starts_s):
-        end = starts_s[index + 1] if index + 1 < len(starts_s) else float("inf")
+    asked_s = [sent_at(result, start, chunk) for start in starts_s]
+    for index, start in enumerate(asked_s):
+        end = asked_s[index + 1] if index + 1 < len(asked_s) else float("inf")
         answered = any(
             e["type"] == "agent_text" and e["generation"] and start <= e["t"] < end
             for e in result.events
@@ -198,7 +211,14 @@ def question_outcomes(
             for k in kills
             if start - KILL_WINDOW_LEAD_S <= k["t"] - call_t0 < min(end, start + 60.0)
         ]
-        outcomes.append({"start_s": round(start, 1), "answered": answered, "kills": hit})
+        outcomes.append(
+            {
+                "start_s": round(starts_s[index], 1),
+                "asked_s": round(start, 1),
+                "answered": answered,
+                "kills": hit,
+            }
+        )
     return outcomes
 
 
@@ -230,6 +250,7 @@ async def soak(args: argparse.Namespace, stack: Stack, questions: list[Question]
         return await talk.talk(audio, options)
 
     started = time.monotonic()
+    load_at_start = os.getloadavg()[0]
     try:
         results = await asyncio.gather(*(caller(slot) for slot in range(args.sessions)))
     finally:
@@ -241,7 +262,8 @@ async def soak(args: argparse.Namespace, stack: Stack, questions: list[Question]
     late_s = args.late_ms / 1000
     calls = []
     for slot, result in enumerate(results):
-        asked = question_outcomes(result, starts[slot], call_t0[slot], kills)
+        chunk = int(options.chunk_ms * SAMPLE_RATE / 1000)
+        asked = question_outcomes(result, starts[slot], call_t0[slot], kills, chunk)
         calls.append(
             {
                 "status": result.status,
@@ -272,6 +294,9 @@ async def soak(args: argparse.Namespace, stack: Stack, questions: list[Question]
         "sessions": args.sessions,
         "minutes": args.minutes,
         "wall_s": round(time.monotonic() - started, 1),
+        # The 1-minute load average at the start and the end: other jobs sharing
+        # the cores slow every service down (and restarts most).
+        "load_average": [round(load_at_start, 2), round(os.getloadavg()[0], 2)],
         "all_frames": frame_lag_stats(lags, late_s),
         "calls": calls,
         "kills": [
@@ -300,7 +325,10 @@ def _mib(size: int) -> float:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    print(f"\nsoak: {report['sessions']} calls x {report['minutes']} min ({report['wall_s']} s)")
+    print(
+        f"\nsoak: {report['sessions']} calls x {report['minutes']} min ({report['wall_s']} s, "
+        f"load average {report['load_average'][0]} -> {report['load_average'][1]})"
+    )
     print("\n| service | RSS start MiB | RSS end MiB | growth MiB | peak MiB |")
     print("|---|---|---|---|---|")
     for name, memory in report["memory"].items():

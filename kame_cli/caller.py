@@ -16,9 +16,16 @@ Reconnecting: when the gateway sent a resume token, a call that breaks off
 a write under way) or that the gateway asks to move (Notice RECONNECT: it is
 shutting down) is continued in a new call with the token, on the next address
 of `gateway = "a,b,..."` (round the list), up to RECONNECT_ATTEMPTS failed
-attempts in a row (a call that started begins the count anew). Audio
-that was due while no call was open is skipped, as a phone line would lose it;
-the timeline shows a `reconnect` event.
+attempts in a row (a call that started begins the count anew); the
+timeline shows a `reconnect` event. No caller word is lost on the way: the
+continued call starts at the first chunk the broken one had no agent frame
+for (the gateway answers every caller frame with one), moved back to the
+start of the speech it falls in (the new session's stt must hear the
+utterance whole), at most RESEND_MAX_S back. The caller is then behind real
+time: it sends at most BURST_S ahead of the new call's own clock (the
+gateway refuses a caller more than its input_burst_s ahead), and catches up
+by skipping quiet audio while more than CATCH_UP_S behind, past the first
+SILENCE_KEPT_S of each quiet stretch (the agent answers in that silence).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import grpc
 import numpy as np
 
 from kame_common.aio import cancel_and_wait
-from kame_common.audio import SAMPLE_RATE
+from kame_common.audio import FRAME_SAMPLES, SAMPLE_RATE
 from kame_common.converse import AgentAudioEvent, ConverseClient
 from kame_common.llm import backend_value
 from kame_common.ports import loopback_address
@@ -56,7 +63,10 @@ LEVEL_WINDOW_S = 0.02
 LEVEL_RANGE_DB = 35.0
 RECONNECT_ATTEMPTS = 5
 RECONNECT_BACKOFF_S = 0.5  # doubles on each failed attempt in a row
-CATCH_UP_S = 1.0  # audio due before a call started that is still sent (_send)
+CATCH_UP_S = 1.0  # behind real time by more than this, quiet audio is skipped
+RESEND_MAX_S = 30.0  # the most caller audio a continued call sends again
+SILENCE_KEPT_S = 5.0  # of a quiet stretch, what a caller behind real time still sends
+BURST_S = 1.0  # the most a call's audio runs ahead of its own clock (gateway: input_burst_s)
 
 
 @dataclass
@@ -125,6 +135,9 @@ class TalkResult:
     speech_start_s: float | None
     speech_end_s: float | None
     streamed_samples: int = 0  # caller audio sent: the WAV plus the silence after
+    # When each chunk of caller audio was last sent (the call's clock): after a
+    # reconnect the caller is behind the WAV's own times (module doc).
+    sent_t: dict[int, float] = field(default_factory=dict)
     agent: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # 24 kHz
     agent_first_chunk_t: float | None = None
     agent_t: list[np.ndarray] = field(default_factory=list)  # receive time of each agent sample
@@ -221,6 +234,40 @@ def broke_off(status: str, details: str) -> bool:
     return status == grpc.StatusCode.INTERNAL.name and details == "Internal error from Core"
 
 
+class SpeechMap:
+    """Which chunks of the caller's audio are speech (loud as `speech_region` counts
+    it), and how many quiet chunks in a row end at each one."""
+
+    def __init__(self, samples: np.ndarray, chunk: int) -> None:
+        window = int(LEVEL_WINDOW_S * SAMPLE_RATE)
+        count = len(samples) // window
+        level = 10 * np.log10(
+            np.mean(samples[: count * window].reshape(count, window).astype(np.float64) ** 2, 1)
+            + 1e-12
+        )
+        floor = max(level.max() - LEVEL_RANGE_DB, -60.0) if count else 0.0
+        loud_windows = np.flatnonzero(level > floor) * window
+        self.loud = np.zeros(-(-len(samples) // chunk), bool)
+        self.loud[loud_windows // chunk] = True
+        self.quiet_run = np.zeros(len(self.loud), int)
+        for index, loud in enumerate(self.loud):
+            self.quiet_run[index] = 0 if loud else (self.quiet_run[index - 1] if index else 0) + 1
+
+    def is_loud(self, index: int) -> bool:
+        return bool(index < len(self.loud) and self.loud[index])
+
+    def start_of_speech(self, index: int, oldest: int) -> int:
+        """Where the speech that chunk `index` follows or falls in began (not before
+        `oldest`); `index` itself when the chunk before it is quiet."""
+        while index > oldest and self.is_loud(index - 1):
+            index -= 1
+        return index
+
+    def quiet_for(self, index: int) -> int:
+        """Quiet chunks in a row up to chunk `index` (0 for speech; past the end, all)."""
+        return int(self.quiet_run[index]) if index < len(self.loud) else index + 1
+
+
 class _Conversation:
     """One Converse call: a paced sender and a reader filling a TalkResult."""
 
@@ -234,6 +281,7 @@ class _Conversation:
         start, end = speech_region(audio_24k)
         self.result = TalkResult(caller=audio_24k, speech_start_s=start, speech_end_s=end)
         self.chunk = max(1, int(options.chunk_ms * SAMPLE_RATE / 1000))
+        self.speech = SpeechMap(audio_24k, self.chunk)
         self.t0 = 0.0
         self.speaking = False
         self.answered = False  # the agent spoke after the caller began
@@ -241,6 +289,9 @@ class _Conversation:
         self.last_speaking_t = 0.0
         self.agent_parts: list[np.ndarray] = []
         self.next_chunk = 0  # the next chunk of caller audio to send, in any call
+        self.call_chunks: list[int] = []  # the chunks sent in the current call, in order
+        self.call_audio_t0 = 0.0  # when the current call's first chunk went (monotonic)
+        self.answered_frames = 0  # caller frames of the current call the agent answered
         self.input_end_t: float | None = None  # when the WAV had been sent
         self.said_t: float | None = None  # when the typed message (options.say) was sent
         self.resume_token = ""
@@ -270,10 +321,12 @@ class _Conversation:
             # ride out several (a restarted gateway, then a restarted frontend).
             started = self.client is not None and self.client.started.is_set()
             failures = 0 if self.move_asked or started else failures + 1
-            self.event("reconnect", gateway=gateway, after=self.result.status)
+            self.next_chunk = self._resume_point()
+            resend_from_s = round(self.next_chunk * self.chunk / SAMPLE_RATE, 2)
+            self.event(
+                "reconnect", gateway=gateway, after=self.result.status, resend_from_s=resend_from_s
+            )
             await asyncio.sleep(RECONNECT_BACKOFF_S * (2 ** (failures - 1)) if failures else 0)
-            # Audio due while no call was open is lost, as on a phone line.
-            self.next_chunk = max(self.next_chunk, int(self.now() * SAMPLE_RATE) // self.chunk)
         self.agent_parts.append(self.decoder.flush())
         self.result.agent = np.concatenate(self.agent_parts).astype(np.float32)
         return self.result
@@ -282,6 +335,7 @@ class _Conversation:
         """One Converse call; False when it should be continued in another (it broke
         off or the gateway asked, and there is a resume token)."""
         self.move_asked = False
+        self.call_chunks, self.answered_frames = [], 0
         options = self.options
         self.client = ConverseClient.connect(gateway, options.auth_token, options.client_tls())
         async with self.client as client:
@@ -302,6 +356,19 @@ class _Conversation:
             return False
         return True
 
+    def _resume_point(self) -> int:
+        """The chunk a continued call starts at (module doc): the first one the broken
+        call sent that no agent frame answered (or the next one), moved back to the
+        start of its speech, at most RESEND_MAX_S before now."""
+        answered = self.answered_frames * FRAME_SAMPLES // self.chunk
+        first = self.call_chunks[answered] if answered < len(self.call_chunks) else self.next_chunk
+        oldest = max(0, int((self.now() - RESEND_MAX_S) * SAMPLE_RATE) // self.chunk)
+        return min(self.speech.start_of_speech(max(first, oldest), oldest), self.next_chunk)
+
+    def _behind(self, index: int) -> bool:
+        """Chunk `index` was due more than CATCH_UP_S ago."""
+        return self.now() - (index + 1) * self.chunk / SAMPLE_RATE > CATCH_UP_S
+
     def _new_codecs(self) -> None:
         """A new call starts new codec streams on both ends."""
         self.agent_parts.append(self.decoder.flush())
@@ -319,20 +386,20 @@ class _Conversation:
         """The WAV from `next_chunk` on, then silence until the agent is done.
 
         Audio goes only once the session started (kame_common.converse says why).
-        Chunks due in the meantime go at once after it; the gateway would not
-        have read them earlier anyway. A resumed call may wait seconds for its
-        start (the gateway waits for the dead call's lease): of the audio due
-        meanwhile only the last CATCH_UP_S goes, the rest is lost as on a phone
-        line, so the burst stays within the gateway's input_burst_s."""
+        Chunks due in the meantime (a resumed call may wait seconds for its start:
+        the gateway waits for the dead call's lease) are sent, not skipped; a
+        caller behind real time catches up in quiet audio (module doc)."""
         await client.wait_started()
-        due = int(self.now() * SAMPLE_RATE) // self.chunk
-        self.next_chunk = max(self.next_chunk, due - int(CATCH_UP_S * SAMPLE_RATE) // self.chunk)
         audio = self.result.caller
         count = -(-len(audio) // self.chunk)
         if self.next_chunk == 0:
             self.event("caller_audio_start")
+        silence_kept = int(SILENCE_KEPT_S * SAMPLE_RATE) // self.chunk
         while self.next_chunk < count:
             index = self.next_chunk
+            if self.speech.quiet_for(index) > silence_kept and self._behind(index):
+                self.next_chunk += 1
+                continue
             if not await self._send_chunk(
                 client, index, audio[index * self.chunk : (index + 1) * self.chunk]
             ):
@@ -346,6 +413,9 @@ class _Conversation:
         if self.input_end_t is None:
             self.event("caller_audio_stop")
             self.input_end_t = self.now()
+        # The silence after the WAV starts now, however far behind the caller was.
+        due = int(self.now() * SAMPLE_RATE) // self.chunk
+        self.next_chunk = max(self.next_chunk, due - int(CATCH_UP_S * SAMPLE_RATE) // self.chunk)
         while not self._done(self.input_end_t):
             if not await self._send_chunk(client, self.next_chunk, np.zeros(0, np.float32)):
                 return
@@ -355,11 +425,19 @@ class _Conversation:
         await client.done_writing()
 
     async def _send_chunk(self, client: ConverseClient, index: int, samples: np.ndarray) -> bool:
-        """Chunk `index` leaves once its last sample has been spoken (real time);
-        False if the call is over."""
+        """Chunk `index` leaves once its last sample has been spoken (real time), and
+        no more than BURST_S ahead of the call's own clock; False if the call is over."""
         if len(samples) < self.chunk:
             samples = np.concatenate([samples, np.zeros(self.chunk - len(samples), np.float32)])
-        await asyncio.sleep(max(0.0, (index + 1) * self.chunk / SAMPLE_RATE - self.now()))
+        wait_s = (index + 1) * self.chunk / SAMPLE_RATE - self.now()
+        if self.call_chunks:
+            call_audio_s = (len(self.call_chunks) + 1) * self.chunk / SAMPLE_RATE
+            wait_s = max(wait_s, self.call_audio_t0 + call_audio_s - BURST_S - time.monotonic())
+        await asyncio.sleep(max(0.0, wait_s))
+        if not self.call_chunks:
+            self.call_audio_t0 = time.monotonic()
+        self.call_chunks.append(index)
+        self.result.sent_t[index] = round(self.now(), 3)
         for data in await asyncio.to_thread(self.encoder.encode, samples):
             if not await client.send_audio(data):
                 return False
@@ -397,6 +475,7 @@ class _Conversation:
         stops speaking."""
         if self.result.agent_first_chunk_t is None:
             self.result.agent_first_chunk_t = round(self.now(), 4)
+        self.answered_frames = max(self.answered_frames, chunk["seq"] + 1)
         samples = self.decoder.decode(chunk["data"])
         self.agent_parts.append(samples)
         self.result.agent_t.append(self.now() + np.arange(len(samples)) / SAMPLE_RATE)

@@ -233,6 +233,58 @@ async def test_a_killed_oracle_answers_the_question_it_hit_once_back(process_sta
     )
 
 
+@pytest.mark.parametrize("service", ["frontend", "gateway"])
+async def test_a_question_asked_while_the_call_reconnects_is_answered(
+    process_stack, speak, service
+):
+    """SIGKILL the frontend (the gateway then ends the call) or the gateway just
+    before the caller's second question; `kame up` restarts it and the call
+    resumes. The caller's audio since the break goes to the resumed call, so the
+    question asked while no call was open is heard and answered (before, the
+    caller skipped that audio, as a phone line would lose it, and with it the
+    question)."""
+    script = two_questions(speak, second_at_s=9.0)
+    kill_at_s = script.second_at_s - 0.2
+    started = time.monotonic()
+    call = asyncio.ensure_future(talk.talk(script.audio, options(process_stack)))
+    await at(started, kill_at_s)
+    restart_s = await asyncio.to_thread(restart, process_stack, service)
+    result = await call
+    assert result.status == "OK", outline(result)
+
+    resumed = [e["t"] for e in result.events if e["type"] == "resumed"]
+    assert resumed, outline(result)
+    answered_t = assert_second_question_answered(result, script.second_at_s)
+    print(
+        f"\nSIGKILL {service} before a question: back in {restart_s:.1f} s, call resumed "
+        f"{resumed[0] - kill_at_s:.1f} s after the kill, the question answered "
+        f"{answered_t - script.second_at_s:.1f} s after it began"
+    )
+
+
+async def test_a_question_whose_llm_server_was_killed_is_answered_once_back(process_stack, speak):
+    """SIGKILL the LLM server as the caller's question ends, and again as soon as
+    it is back, so that the final's candidate cannot reach it: the oracle asks
+    again until the server answers, and the question is answered without the
+    caller saying more (before, only the next question was)."""
+    question = speak(FIRST)
+    kill_at_s = LEAD_S + len(question) / SAMPLE_RATE
+    started = time.monotonic()
+    call = asyncio.ensure_future(talk.talk(one_question(speak, FIRST), options(process_stack)))
+    await at(started, kill_at_s)
+    restart_s = await asyncio.to_thread(restart, process_stack, "llm")
+    restart_s += await asyncio.to_thread(restart, process_stack, "llm")
+    result = await call
+    assert result.status == "OK", result.status_details
+
+    answer = answer_words_after(result, kill_at_s)
+    assert answer, f"the question was not answered: {outline(result)}"
+    print(
+        f"\nSIGKILL llm twice at the end of a question: back in {restart_s:.1f} s, "
+        f"errors at {notices(result, 'ORACLE_ERROR')}, answer {' '.join(answer)!r}"
+    )
+
+
 def test_side_processes_run_below_the_voice_path(process_stack):
     """kame up's priorities: stt, oracle and the LLM server yield the CPU to
     gateway and frontend."""
