@@ -21,12 +21,15 @@ How a full-duplex agent reads in this protocol:
 - the caller's words are an item of their own: the first partial transcript
   is input_audio_buffer.speech_started (not with push-to-talk: no voice
   activity detection), partials are transcription deltas, the final stops,
-  commits and completes it; a typed message (conversation.item.create) is an
-  item at once, sent as the gateway's send_text;
+  commits and completes it (a committed turn whose final never comes, stt
+  having heard nothing, completes empty at the next commit or when the agent
+  answers); a typed message (conversation.item.create) is an item at once,
+  sent as the gateway's send_text;
 - a barge-in (the caller talking over the agent) is speech_started, and the
   response under way ends `cancelled`; `response.cancel` ends it the same way
   and stops the agent at the gateway (cancel_response). The agent's audio is
-  dropped until its stretch ends;
+  dropped until its stretch ends or the caller's next turn does (a commit, a
+  final transcript, a typed message, a function's output, response.create);
 - the agent calling one of the client's functions (session.update `tools`) is
   a function_call item: an output of the response under way, or of a response
   of its own that ends with it. The client's function_call_output goes to the
@@ -150,7 +153,9 @@ class RealtimeSession:
         self.history = History()
         self.response: AgentResponse | None = None
         self.user: UserTurn | None = None
-        self.muted = False  # the agent's stretch was cancelled: drop its audio
+        # The agent's stretch was cancelled: drop its audio until its silence or
+        # the caller's next turn (_caller_turn).
+        self.muted = False
         self.silent_s = 0.0  # agent silence since its last speaking frame
         # The agent's words that came before their audio, with their start_s.
         self.early_words: list[tuple[str, float]] = []
@@ -257,6 +262,8 @@ class RealtimeSession:
             )
         self.uncommitted_s = 0.0
         self.output_given = False  # a response.create from now on is for this turn
+        self._caller_turn()
+        unheard = self._unheard_turn_closed(heard_or_not=True)
         user = self.user = self.user or UserTurn()
         user.committed = True
         committed = {
@@ -264,12 +271,33 @@ class RealtimeSession:
             "previous_item_id": self.history.last_id,
             "item_id": user.item_id,
         }
-        return Reply([committed], requests=[END_TURN])
+        return Reply([*unheard, committed], requests=[END_TURN])
+
+    def _caller_turn(self) -> None:
+        """The caller's turn ended, or the client asked for the answer: what the
+        agent says from now on answers it, so the mute of a cancelled stretch
+        ends here too, not only after that stretch's silence (an answer that
+        starts sooner would lose its first words)."""
+        self.muted = False
+
+    def _unheard_turn_closed(self, heard_or_not: bool) -> list[Event]:
+        """A committed caller turn whose final transcript has not come: stt may
+        never send one (the gateway's end_turn of silence is a no-op). At the
+        next commit (`heard_or_not`), or when the agent answers and nothing of
+        it was heard, its item ends with what was heard (as OpenAI's item of a
+        commit whose transcription completes empty), so the next turn is an item
+        of its own, with its speech_started."""
+        user = self.user
+        if user is None or not user.committed or (user.heard and not heard_or_not):
+            return []
+        self.user = None
+        return self._user_said(user, user.heard)
 
     def _response_asked(self) -> Reply:
         """response.create: the agent answers the caller's last turn now (the
         gateway's respond); its speech comes as the server's response. After a
         function's output the agent goes on by itself: nothing to ask."""
+        self._caller_turn()
         if self.output_given:
             self.output_given = False
             return Reply()
@@ -291,6 +319,7 @@ class RealtimeSession:
         output = function_output(item, self.history, set(self.waiting_calls))
         del self.waiting_calls[output.call_id]
         self.output_given = True
+        self._caller_turn()  # the agent goes on with it
         events = [
             self.history.add(output),
             {"type": "conversation.item.done", "item": output.item()},
@@ -303,6 +332,7 @@ class RealtimeSession:
         own (the gateway's send_text), answered like a spoken one."""
         message = typed_message(item, self.history)
         self.output_given = False  # a response.create from now on is for this turn
+        self._caller_turn()
         text = message.content[0]["text"]
         events = [
             self.history.add(message),
@@ -403,10 +433,12 @@ class RealtimeSession:
         return [self.response.said(text, event["start_s"])]
 
     def _opened(self, stream_start_s: float) -> list[Event]:
+        unheard = self._unheard_turn_closed(heard_or_not=False)
         response = self.response = AgentResponse(stream_start_s)
         early = [response.said(text, start_s) for text, start_s in self.early_words]
         self.early_words.clear()
         return [
+            *unheard,
             {
                 "type": "response.created",
                 "response": self._response_object(response.id, "in_progress"),
@@ -545,6 +577,7 @@ class RealtimeSession:
             return [*events, self._transcription("delta", user.item_id, delta=delta)]
         self.user = None
         self.uncommitted_s = 0.0  # the turn ended: a commit needs new audio
+        self._caller_turn()
         return [*events, *self._user_said(user, event["text"])]
 
     def _user_said(self, user: UserTurn, text: str) -> list[Event]:
