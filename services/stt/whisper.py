@@ -15,6 +15,14 @@ too, more rarely). So a loop is cut wherever it shows: a segment that starts
 past the audio or repeats the one before it is dropped, and a phrase of
 REPEAT_MIN_TOKENS or more said twice in a row ends its segment.
 
+A loop can also start inside the audio: when the speech begins right at the
+audio's start (a stream's first words, with no silence before them), Whisper
+may close its segment before the speech ends and say the utterance again from
+its start ("What is the door code for the Paris office?<|2.00|><|2.00|> What
+is the door code for the Paris" on 2.5 s of piper speech). A segment that
+repeats the start of the text before it, cut off or whole, is such a loop and
+is dropped too.
+
 Utterances decoded together share one window (the longest one's): on two CPU
 cores eight questions decode in one batch in about half the time they take
 one by one (`bench/stt_bench.py` measures the whole service).
@@ -180,10 +188,22 @@ def _spoken_segments(result: Any, tokenizer: Tokenizer, content_s: float) -> lis
     for segment in _segments(tokens, tokenizer, content_s):
         if segment.start_s >= content_s:
             break  # a loop into the padding after the audio
-        if kept and segment.tokens == kept[-1].tokens:
+        if kept and _repeats_start(segment.tokens, kept):
             break  # a loop over the same words
         kept.append(segment)
     return kept
+
+
+def _repeats_start(tokens: tuple[int, ...], before: list[_Segment]) -> bool:
+    """Whether `tokens` say again the start of the segment before them or of the
+    first one, whole or cut off (a cut-off one of REPEAT_MIN_TOKENS or more:
+    a short one may be speech, "No. No, I said")."""
+    for earlier in (before[-1].tokens, before[0].tokens):
+        if tokens == earlier or (
+            len(tokens) >= REPEAT_MIN_TOKENS and earlier[: len(tokens)] == tokens
+        ):
+            return True
+    return False
 
 
 def _segments(tokens: list[int], tokenizer: Tokenizer, content_s: float) -> list[_Segment]:

@@ -114,6 +114,25 @@ def test_a_segment_repeating_the_one_before_is_a_loop_and_is_cut(tokenizer):
     assert len(_spoken_segments(_Result(two), tokenizer, content_s=4.0)) == 2
 
 
+def test_a_segment_saying_the_start_again_is_a_loop_and_is_cut(tokenizer):
+    """Whisper closed its segment before the speech ended and began the utterance
+    again inside the audio (what it did on piper's door code question)."""
+    words = tokenizer.encode(" What is the door code for the Paris office?")
+    ts = lambda s: _timestamp(tokenizer, s)  # noqa: E731
+    looped = [ts(0), *words, ts(2.0), ts(2.0), *words[:8]]
+    segments = _spoken_segments(_Result(looped), tokenizer, content_s=2.5)
+    assert [s.tokens for s in segments] == [tuple(words)]
+    # Again from the first segment's start, after a second one.
+    other = tokenizer.encode(" And the London one.")
+    twice = [ts(0), *words, ts(2.0), ts(2.0), *other, ts(3.0), ts(3.0), *words[:5], ts(3.5)]
+    segments = _spoken_segments(_Result(twice), tokenizer, content_s=4.0)
+    assert [s.tokens for s in segments] == [tuple(words), tuple(other)]
+    # A few words said again are speech ("No. No, I said").
+    no = tokenizer.encode(" No.")
+    speech = [ts(0), *no, ts(0.5), ts(0.6), *tokenizer.encode(" No, I said."), ts(1.5)]
+    assert len(_spoken_segments(_Result(speech), tokenizer, content_s=2.0)) == 2
+
+
 def test_a_phrase_said_twice_in_a_row_is_a_loop_and_ends_its_segment(tokenizer):
     words = tokenizer.encode(" What is twelve times four?")
     ts = lambda s: _timestamp(tokenizer, s)  # noqa: E731
