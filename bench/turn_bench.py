@@ -30,10 +30,16 @@ words so far end in a word no question ends with (an article, a preposition,
 an auxiliary...), on the exact words (what a right transcript says); "with"
 ends the turn only when the model says complete and the words do not dangle.
 
-    .venv/bin/python bench/turn_bench.py [--silence-s 0.24] [--fallback-s 1.0]
+Then (bench/turn_replay.py) the same questions, whole and with a 0.6-0.9 s
+pause in the middle, go frame by frame through the front-end's own turn
+detectors (the fixed 0.4 s pause; Smart Turn with the default settings and
+some variants): how many paused questions are cut off in their pause, and
+how soon the turn ends after a finished question.
+
+    .venv/bin/python bench/turn_bench.py [--silence-s 0.24] [--fallback-s 1.0] [--part replay]
 
 Writes bench/results/turn_bench.json (or --out): every clip's probabilities
-and latencies, the tables, the machine and its load.
+and latencies, every replay's turn ends, the tables, the machine and its load.
 Needs the model (python -m kame_cli.smart_turn_model), espeak-ng, and the
 stack's venv (piper, faster-whisper for the word timestamps).
 """
@@ -53,6 +59,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import turn_replay  # bench/, the script's own folder
 
 from kame_cli.bench.report import write_json
 from kame_cli.talk import read_wav
@@ -299,6 +306,56 @@ def measure(model: SmartTurn) -> list[Case]:
     return cases
 
 
+def recordings(
+    number: int, question: Question, speech: np.ndarray, clock: WordClock
+) -> list[turn_replay.Recording]:
+    """The question whole and with its pause (turn_replay's doc), in both qualities."""
+    start, end = speech_span(speech)
+    spoken = question.text.split()
+    keep, pause = cut_words(number, len(spoken)), pause_s(number)
+    if question.source == "piper":
+        cut_at = quietest_near(speech, clock.boundary_s(speech, keep))
+        gap = np.zeros(round(pause * MODEL_RATE), np.float32)
+        paused = np.concatenate([speech[start:cut_at], gap, speech[cut_at:end]])
+        pause_start, pause_end = cut_at - start, cut_at - start + len(gap)
+    else:
+        with_pause = espeak_ssml(question, with_break(question.text, keep, pause))
+        first, last = speech_span(with_pause)
+        paused = with_pause[first:last]
+        gap_start, gap_end = longest_gap(with_pause)
+        pause_start, pause_end = gap_start - first, gap_end - first
+    made = []
+    for quality, heard in (("16k", lambda a: a), ("phone", phone_quality)):
+        common = (question.source, question.voice, question.text)
+        whole = turn_replay.to_frontend(heard(speech[start:end]))
+        made.append(turn_replay.Recording(*common, "whole", quality, whole))
+        made.append(
+            turn_replay.Recording(
+                *common,
+                "paused",
+                quality,
+                turn_replay.to_frontend(heard(paused)),
+                pause_start / MODEL_RATE,
+                pause_end / MODEL_RATE,
+                " ".join(spoken[:keep]),
+            )
+        )
+    return made
+
+
+def replay_questions(model: SmartTurn) -> dict[str, object]:
+    from kame_common.voice import load_voice
+
+    piper_voice = load_voice(varied=False)
+    clock = WordClock()
+    questions = load_questions()
+    count = len(questions) // 2
+    made = []
+    for number, question in enumerate(questions):
+        made += recordings(number % count, question, speech_of(question, piper_voice), clock)
+    return turn_replay.run(made, model)
+
+
 # --- the summary ---------------------------------------------------------------
 
 
@@ -419,23 +476,12 @@ def print_policy(rows: list[dict[str, object]], fallback_s: float) -> None:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--silence-s", type=float, default=0.24, help="when the model is asked (accuracy, once)"
-    )
-    parser.add_argument("--fallback-s", type=float, default=1.0, help="the policy's fixed silence")
-    parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument(
-        "--tables-from", type=Path, help="only redo the tables from the clips of an earlier run"
-    )
-    args = parser.parse_args()
-    load_before = os.getloadavg()
-    if args.tables_from:
+def clip_tables(args: argparse.Namespace, model: SmartTurn | None) -> dict[str, object]:
+    if model is None:
         saved = json.loads(args.tables_from.read_text())["cases"]
         cases = [Case(**case) for case in saved]
     else:
-        cases = measure(SmartTurn(turn_model.smart_turn_path()))
+        cases = measure(model)
     table = accuracy(cases, args.silence_s)
     rows = policy(cases, args.silence_s, args.fallback_s)
     print_accuracy(table, args.silence_s)
@@ -445,12 +491,8 @@ def main() -> int:
         f"\nlatency per call (features and model, one thread): median {calls['median']} ms, "
         f"p90 {calls['p90']} ms ({calls['calls']} calls)"
     )
-    report = {
-        "model": turn_model.MODEL_FILE,
-        "model_sha256": turn_model.MODEL_SHA256,
+    return {
         "silences_s": list(SILENCES_S),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-        "load_average": {"before": load_before, "after": os.getloadavg()},
         "accuracy_silence_s": args.silence_s,
         "accuracy": table,
         "fallback_s": args.fallback_s,
@@ -458,6 +500,49 @@ def main() -> int:
         "latency_ms": calls,
         "cases": [asdict(case) for case in cases],
     }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--silence-s", type=float, default=0.24, help="when the model is asked (accuracy, once)"
+    )
+    parser.add_argument("--fallback-s", type=float, default=1.0, help="the policy's fixed silence")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--tables-from",
+        type=Path,
+        help="only redo the tables from the clips and replays of an earlier run",
+    )
+    parser.add_argument(
+        "--part",
+        choices=("both", "clips", "replay"),
+        default="both",
+        help="clips: the model on clips (the first tables); replay: the front-end's detectors "
+        "(kept beside the clips of an earlier run in --out)",
+    )
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    model = None if args.tables_from else SmartTurn(turn_model.smart_turn_path())
+    report: dict[str, object] = {}
+    if args.part == "replay" and args.out.is_file():
+        report = json.loads(args.out.read_text())
+    report |= {
+        "model": turn_model.MODEL_FILE,
+        "model_sha256": turn_model.MODEL_SHA256,
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+    }
+    if args.part != "replay":
+        report |= clip_tables(args, model)
+    if args.part != "clips" and model is not None:
+        report["replay"] = replay_questions(model)
+    elif args.tables_from and "replay" in (saved := json.loads(args.tables_from.read_text())):
+        report["replay"] = saved["replay"] | {
+            "summary": turn_replay.summary(saved["replay"]["recordings"])
+        }
+    report["load_average"] = {"before": load_before, "after": os.getloadavg()}
+    if args.tables_from:  # the machine's load while it measured, not while it redid tables
+        report["load_average"] = json.loads(args.tables_from.read_text())["load_average"]
     write_json(args.out, report)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kame_common.audio import FRAME_SECONDS
 from kame_common.config import (
     ConfigError,
     RegistrySettings,
@@ -12,8 +13,10 @@ from kame_common.config import (
 )
 
 ENGINES = ("tts", "kame", "moshi")
+TURN_MODES = ("smart_turn", "silence")
 # auto: bfloat16 on a CUDA device, float32 elsewhere (resolved when the model loads).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+MAX_TURN_SILENCE_S = 5.0
 
 
 @dataclass
@@ -44,8 +47,52 @@ class FrontendSettings(RegistrySettings):
         "complete again (0 = no watchdog)",
     )
 
+    # tts engine turn-taking (services/frontend/engines/semantic_turns.py), for
+    # sessions that leave turn_end_silence_s 0; one that names it gets that fixed pause.
+    turn_mode: str = setting(
+        "smart_turn",
+        "tts engine: how a pause ends the caller's turn: smart_turn (the Smart Turn model "
+        "early in the pause, else turn_fallback_s) or silence (a fixed turn_silence_s); "
+        "smart_turn without its model file falls back to silence (logged)",
+        choices=TURN_MODES,
+    )
+    turn_silence_s: float = setting(
+        0.0, "tts engine, silence mode: the pause that ends a turn (0 = the default, 0.4 s)"
+    )
+    turn_threshold: float = setting(
+        0.96, "tts engine, smart_turn: Smart Turn's p(complete) that ends a turn early"
+    )
+    turn_first_ask_s: float = setting(
+        0.16, "tts engine, smart_turn: silence after the speech before Smart Turn is asked"
+    )
+    turn_asks: int = setting(
+        2,
+        "tts engine, smart_turn: Smart Turn is asked on this many frames (80 ms apart) from "
+        "turn_first_ask_s; all must say complete",
+    )
+    turn_fallback_s: float = setting(
+        1.04,
+        "tts engine, smart_turn: the pause that ends a turn the model did not end "
+        "(longer than a mid-sentence pause)",
+    )
+
     def validate(self) -> None:
         super().validate()
+        if not 0 <= self.turn_silence_s <= MAX_TURN_SILENCE_S:
+            raise ConfigError(f"turn_silence_s: must be 0 to {MAX_TURN_SILENCE_S:g} s")
+        if not 0 < self.turn_threshold <= 1:
+            raise ConfigError(f"turn_threshold: must be in (0, 1], got {self.turn_threshold:g}")
+        if self.turn_asks < 1:
+            raise ConfigError(f"turn_asks: must be at least 1, got {self.turn_asks}")
+        last_ask_s = self.turn_first_ask_s + FRAME_SECONDS * self.turn_asks
+        if not (
+            self.turn_first_ask_s > 0 and last_ask_s < self.turn_fallback_s <= MAX_TURN_SILENCE_S
+        ):
+            raise ConfigError(
+                "turn_first_ask_s > 0 and its asks must come before turn_fallback_s "
+                f"(<= {MAX_TURN_SILENCE_S:g} s): got first ask {self.turn_first_ask_s:g} s, "
+                f"{self.turn_asks} asks, fallback {self.turn_fallback_s:g} s"
+            )
         if self.batch_slots < 1:
             raise ConfigError(f"batch_slots: must be at least 1, got {self.batch_slots}")
         if self.jitter_frames < 1:

@@ -45,7 +45,6 @@ from services.frontend.config import ENGINES, FrontendSettings
 from services.frontend.engines import build_engine
 from services.frontend.engines.base import (
     DEFAULT_HOLD_MAX_S,
-    DEFAULT_TURN_END_SILENCE_S,
     CandidateSource,
     Engine,
     EngineSession,
@@ -198,7 +197,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         if not 0 <= config.turn_end_silence_s <= MAX_TURN_END_SILENCE_S:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"turn_end_silence_s must be 0 (default {DEFAULT_TURN_END_SILENCE_S}) to "
+                "turn_end_silence_s must be 0 (the replica's turn-taking) to "
                 f"{MAX_TURN_END_SILENCE_S} seconds, got {config.turn_end_silence_s}",
             )
         if not 0 <= config.hold_max_s <= MAX_HOLD_MAX_S:
@@ -223,7 +222,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         return SessionParams(
             session_id=config.session_id,
             voice=config.voice,
-            turn_end_silence_s=config.turn_end_silence_s or DEFAULT_TURN_END_SILENCE_S,
+            turn_end_silence_s=config.turn_end_silence_s,  # 0: the replica's turn-taking
             hold_phrases=hold_phrases,
             hold_max_s=config.hold_max_s or DEFAULT_HOLD_MAX_S,
             manual_turns=config.manual_turns,

@@ -36,40 +36,6 @@ QUESTION = "What is the capital of France?"
 KEEP = 5  # "What is the capital of"
 
 
-@pytest.fixture(scope="module")
-def smart_turn() -> SmartTurn:
-    try:
-        path = turn_model.smart_turn_path()
-    except ModelNotInstalled:
-        from kame_cli import smart_turn_model
-
-        try:
-            smart_turn_model.install(turn_model.default_model_path())
-        except smart_turn_model.FetchError as exc:
-            pytest.skip(f"the Smart Turn model cannot be fetched here: {exc}")
-        path = turn_model.smart_turn_path()
-    return SmartTurn(path)
-
-
-@pytest.fixture(scope="module")
-def word_times():
-    """word_times(audio at 16 kHz) -> [(start_s, end_s)] of each word, by Whisper
-    tiny.en (the STT's embedded model): where to cut a question between words."""
-    from faster_whisper import WhisperModel
-
-    from kame_common.models import whisper_tiny_en_dir
-
-    model = WhisperModel(
-        str(whisper_tiny_en_dir()), device="cpu", compute_type="int8", cpu_threads=1
-    )
-
-    def times(audio: np.ndarray) -> list[tuple[float, float]]:
-        segments, _ = model.transcribe(audio, beam_size=1, word_timestamps=True)
-        return [(w.start, w.end) for s in segments for w in (s.words or [])]
-
-    return times
-
-
 def levels_db(audio: np.ndarray) -> np.ndarray:
     frames = audio[: len(audio) // HOP * HOP].reshape(-1, HOP)
     return 10 * np.log10(np.mean(frames**2, axis=1) + 1e-12)

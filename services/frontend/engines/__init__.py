@@ -10,9 +10,19 @@ from services.frontend.engines.base import Engine
 def build_engine(settings: FrontendSettings) -> Engine:
     """Load the configured engine's models (seconds to minutes: call it off the event loop)."""
     if settings.engine == "tts":
+        from services.frontend.engines.base import DEFAULT_TURN_END_SILENCE_S
+        from services.frontend.engines.semantic_turns import TurnTaking
         from services.frontend.engines.tts import TtsEngine
 
-        return TtsEngine(voice_path=settings.voice, slots=settings.batch_slots)
+        taking = TurnTaking(
+            mode=settings.turn_mode,
+            silence_s=settings.turn_silence_s or DEFAULT_TURN_END_SILENCE_S,
+            threshold=settings.turn_threshold,
+            first_ask_s=settings.turn_first_ask_s,
+            asks=settings.turn_asks,
+            fallback_s=settings.turn_fallback_s,
+        )
+        return TtsEngine(voice_path=settings.voice, slots=settings.batch_slots, turns=taking)
     from services.frontend.engines.kame.engine import KameEngine
 
     return KameEngine.from_config(settings, with_oracle=settings.engine == "kame")

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from kame_common.audio import Samples
 
 # The one home of the turn-taking defaults: a session config that leaves them 0
-# gets these (the gateway's settings default to 0, so they pass them on).
+# gets these (the gateway's settings default to 0, so they pass them on); the
+# pause is the tts replica's in its silence mode (FrontendSettings.turn_mode).
 DEFAULT_TURN_END_SILENCE_S = 0.4
 DEFAULT_HOLD_MAX_S = 5.0
 
@@ -39,7 +40,9 @@ class InvalidSessionConfig(ValueError):
 class SessionParams:
     session_id: str
     voice: str = ""
-    turn_end_silence_s: float = DEFAULT_TURN_END_SILENCE_S
+    # A fixed pause that ends the caller's turn; 0: the replica's turn-taking
+    # (tts: FrontendSettings.turn_*, by default Smart Turn with a fallback pause).
+    turn_end_silence_s: float = 0.0
     # tts engine: what the agent says while it waits for an answer to what the
     # caller said (empty = it waits in silence), and for how long at most.
     hold_phrases: tuple[str, ...] = ()

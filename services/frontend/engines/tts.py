@@ -9,8 +9,11 @@ holds the floor briefly (a hold phrase or silence), and it never splices two
 candidates into one utterance. That policy is `commit.AnswerPolicy` (pure, its
 rules in its docstring); this module is the audio around it.
 
-Turns. `turns.TurnDetector` watches the caller frames: SPEECH_START after two
-voiced frames, TURN_END after `turn_end_silence_s` of pause. Both go to the
+Turns. A turn detector watches the caller frames: SPEECH_START after two
+voiced frames, TURN_END after the session's `turn_end_silence_s` of pause or,
+when it leaves that 0, as the replica's turn-taking says (semantic_turns.py:
+Smart Turn early in the pause, else a longer fallback pause; or a fixed
+pause). The caller's transcripts reach the detector too. Both go to the
 policy; a TURN_END is also reported in that frame's StepOutput (`turn_end_s`,
 where the speech ended) so the service can tell the gateway, and stt can
 finalize at once. Caller speech while the agent talks stops it on that frame
@@ -81,7 +84,8 @@ from services.frontend.engines.base import (
     Transcript,
 )
 from services.frontend.engines.commit import REPAIR_PHRASE, AnswerPolicy, Cut, Line, LineKind
-from services.frontend.engines.turns import TurnDetector, TurnEvent
+from services.frontend.engines.semantic_turns import SmartTurnDetector, TurnDetectors, TurnTaking
+from services.frontend.engines.turns import TurnEvent
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +278,7 @@ def _same_words(a: Line, b: Line) -> bool:
 class TtsSession(EngineSession):
     def __init__(self, engine: TtsEngine, params: SessionParams) -> None:
         self._engine = engine
-        self._turns = TurnDetector(params.turn_end_silence_s)
+        self._turns = engine.turn_detectors.for_session(params.turn_end_silence_s)
         self._manual = params.manual_turns
         self._player = Player()
         self._policy = AnswerPolicy(params.hold_phrases, params.hold_max_s, manual=self._manual)
@@ -330,6 +334,8 @@ class TtsSession(EngineSession):
         self._follow_policy()
 
     def user_transcript(self, transcript: Transcript) -> None:
+        if isinstance(self._turns, SmartTurnDetector):
+            self._turns.heard(transcript.text, transcript.end_s)
         self._policy.transcript(transcript)
         self._follow_policy()
 
@@ -464,7 +470,9 @@ def phrase_key(text: str) -> str:
 class TtsEngine(Engine):
     name = "tts"
 
-    def __init__(self, voice_path: str = "", slots: int = 4) -> None:
+    def __init__(
+        self, voice_path: str = "", slots: int = 4, turns: TurnTaking | None = None
+    ) -> None:
         path = Path(voice_path) if voice_path else piper_voice_path()
         if not path.is_file():
             raise FileNotFoundError(f"piper voice {path} does not exist")
@@ -472,6 +480,7 @@ class TtsEngine(Engine):
         self.voice_name = path.stem
         self._accepted_voices = {"", str(path), path.name, path.stem}
         self.worker = SynthesisWorker()
+        self.turn_detectors = TurnDetectors(turns or TurnTaking())
         self._slots = slots
         self._open = 0
         self._cached: OrderedDict[str, Future[Phrase]] = OrderedDict()
@@ -511,3 +520,4 @@ class TtsEngine(Engine):
 
     async def close(self) -> None:
         await asyncio.to_thread(self.worker.close)
+        await asyncio.to_thread(self.turn_detectors.close)

@@ -13,7 +13,9 @@ faint hiss do not count as speech.
 
 Events: SPEECH_START when `onset_frames` voiced frames follow each other (a
 click or a single loud frame does not start a turn); TURN_END when the caller
-has been silent for `turn_end_silence_s` after speech. With each event the
+has been silent for `turn_end_silence_s` after speech (the fixed pause; the
+semantic end of turn, semantic_turns.SmartTurnDetector, decides the pause
+differently through `_pause_ends_turn`). With each event the
 detector records where it happened in the stream (seconds from the first
 frame pushed): `speech_start_s`, the start of the voiced run that started the
 turn, and `speech_end_s`, the start of the silent run that ended it.
@@ -83,8 +85,23 @@ class TurnDetector:
             self.caller_speaking = True
             self.speech_start_s = (self._frames - self._voiced_run) * FRAME_SECONDS
             return TurnEvent.SPEECH_START
-        if self.caller_speaking and self._silent_run >= self.end_frames:
+        if self.caller_speaking and self._pause_ends_turn():
             self.caller_speaking = False
             self.speech_end_s = (self._frames - self._silent_run) * FRAME_SECONDS
             return TurnEvent.TURN_END
         return TurnEvent.NONE
+
+    @property
+    def silent_frames(self) -> int:
+        """Silent frames since the caller's last voiced one."""
+        return self._silent_run
+
+    @property
+    def frames(self) -> int:
+        """Frames pushed so far."""
+        return self._frames
+
+    def _pause_ends_turn(self) -> bool:
+        """Called on every frame while the caller holds the turn (silent_frames
+        is 0 on a voiced frame): does the pause so far end it?"""
+        return self._silent_run >= self.end_frames
