@@ -8,12 +8,15 @@ before). The caller's audio goes to the gateway through a `Pacer`
 (services/web/pacer.py): at real time, whatever pace the client appends at.
 The client's other requests (end_turn, respond, send_text, a function's
 output) go in the same stream, after the audio appended before them; a cancel
-goes at once.
+goes at once. A fault of the endpoint's own (not the gateway ending the
+call) is logged and sent as the protocol's `server_error`, and the session
+ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 
@@ -110,20 +113,47 @@ class RealtimeLink:
         self.client: ConverseClient | None = None
         self.call: asyncio.Future[None] | None = None
         self.call_over = asyncio.Event()
+        self.client_gone = False  # a send failed: the socket takes no more
         self._sending = asyncio.Lock()
 
     async def send(self, events: list[Event]) -> None:
         async with self._sending:  # the reader and the call both answer
             for event in events:
-                await bridge.send_json(self.socket, event)
+                try:
+                    await bridge.send_json(self.socket, event)
+                except Exception:
+                    self.client_gone = True  # whatever the socket raised
+                    raise
 
     async def run(self) -> None:
         """Until the client goes or the call is over."""
         reader = asyncio.ensure_future(self._read_client())
         try:
             await wait_first(reader, self.call_over)
+            if reader.done():
+                reader.result()  # the reader's own fault, if it failed
+        except Exception as exc:
+            await self._failed(exc)
         finally:
             await cancel_and_wait([reader])
+
+    async def _failed(self, exc: Exception) -> None:
+        """A fault of the endpoint's own (a bug: the gateway ending the call is
+        _downlink's) ends the session: logged, and the client told with the
+        protocol's server_error, as OpenAI reports one of its own, before the
+        socket closes. A client whose socket failed has gone: nobody to tell."""
+        session_id = self.session.id
+        if self.client_gone:
+            log.info("realtime session %s ended: the client went away (%r)", session_id, exc)
+            return
+        log.error("realtime session %s failed", session_id, exc_info=exc)
+        message = (
+            "The server had an error while processing your request, and the session ends "
+            f"(session {session_id} in the web service's log)."
+        )
+        error = error_event("server_error", message, "server_error")
+        with contextlib.suppress(Exception):  # the socket failed too: nobody to tell
+            await self.send(self.session.on_call_end(error))
 
     async def _read_client(self) -> None:
         """Until the client goes, or sends nothing for `realtime_idle_timeout_s`:
@@ -173,7 +203,7 @@ class RealtimeLink:
 
     async def _call(self, client: ConverseClient, pacer: Pacer) -> None:
         """The config, the paced audio once the session started, and the gateway's
-        events to the client until the call ends."""
+        events to the client until the call ends, or a fault of ours ends it."""
         downlink = asyncio.ensure_future(self._downlink(client))
         pacing: asyncio.Future[None] | None = None
         try:
@@ -181,7 +211,12 @@ class RealtimeLink:
             # Audio only once started: the client then hears the gateway's own refusal.
             await client.wait_started(downlink)
             pacing = asyncio.ensure_future(pacer.run())
+            await wait_first(downlink, pacing)
+            if pacing.done():  # the call is over, or the pacer failed
+                pacing.result()
             await downlink
+        except Exception as exc:
+            await self._failed(exc)
         finally:
             await cancel_and_wait([downlink, *([pacing] if pacing else [])])
             self.call_over.set()

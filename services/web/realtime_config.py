@@ -25,6 +25,14 @@ OPENAI_VOICES = frozenset(
 # function to the agent; "required" and a named function ({"type": "function",
 # "name": ...}) cannot be forced on the oracle's model: taken as "auto".
 TOOL_CHOICES = frozenset(("auto", "none", "required"))
+# The most a client's text may take on its way to the gateway, in UTF-8 bytes:
+# a typed message, a function's output, and the relayed instructions and tools
+# the call opens with. The gateway's port takes messages up to ~385 KB (as much
+# as max_chunk_s of 192 kHz audio: pacing.max_message_bytes), and a larger one
+# ends the whole call (RESOURCE_EXHAUSTED); the endpoint refuses more with an
+# error and the session goes on. The gateway's own limits (user_text_max_chars,
+# instructions_max_chars) are smaller, and its to apply: it refuses with a notice.
+MAX_TEXT_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,19 @@ class ClientError(ValueError):
         self.code, self.message, self.param = code, message, param
 
 
+def sendable(text: str, param: str) -> str:
+    """`text` if it is not too long to reach the gateway (MAX_TEXT_BYTES);
+    ClientError (OpenAI's code for a string too long) if it is."""
+    size = len(text.encode())
+    if size > MAX_TEXT_BYTES:
+        raise ClientError(
+            "string_above_max_length",
+            f"{param}: at most {MAX_TEXT_BYTES} bytes (UTF-8), got {size}",
+            param,
+        )
+    return text
+
+
 def error_event(
     code: str, message: str, error_type: str = "invalid_request_error", **fields: Any
 ) -> Event:
@@ -166,6 +187,7 @@ class SessionConfig:
             raise ClientError(
                 "invalid_type", "instructions must be a string", "session.instructions"
             )
+        new.check_sendable()
         if locked and new.call_config() != self.call_config():
             raise ClientError(
                 "session_locked",
@@ -186,6 +208,21 @@ class SessionConfig:
             self.agent_instructions,
             self.agent_functions,
         )
+
+    def check_sendable(self) -> None:
+        """ClientError if what goes to the agent, the instructions relayed and the
+        functions declared, is too long to reach the gateway (MAX_TEXT_BYTES)."""
+        sendable(self.agent_instructions, "session.instructions")
+        size = len(self.agent_instructions.encode()) + sum(
+            tool.declared().ByteSize() for tool in self.agent_functions
+        )
+        if size > MAX_TEXT_BYTES:
+            raise ClientError(
+                "invalid_value",
+                f"the instructions and tools take {size} bytes: at most {MAX_TEXT_BYTES} "
+                "reach the gateway",
+                "session.tools",
+            )
 
     @property
     def agent_instructions(self) -> str:

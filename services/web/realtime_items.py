@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.web.realtime_config import ClientError, Event
+from services.web.realtime_config import ClientError, Event, sendable
 
 # Items a session keeps for retrieve/delete/truncate; older ones are forgotten
 # (a long call would otherwise grow without end: one item a turn each way).
@@ -276,7 +276,7 @@ def typed_message(item: Any, history: History) -> UserMessage:
             "a message's content: input_text parts with their text",
             "item.content",
         )
-    text = " ".join(str(text).strip() for text in texts).strip()
+    text = sendable(" ".join(str(text).strip() for text in texts).strip(), "item.content")
     if not text:
         raise ClientError("invalid_value", "the message has no text", "item.content")
     return UserMessage(new_item_id(item, history), [{"type": "input_text", "text": text}])
@@ -294,7 +294,7 @@ def function_output(item: dict[str, Any], history: History, waiting: set[str]) -
         )
     if not isinstance(output, str):
         raise ClientError("invalid_type", "output must be a string", "item.output")
-    return FunctionOutput(call_id, output, new_item_id(item, history))
+    return FunctionOutput(call_id, sendable(output, "item.output"), new_item_id(item, history))
 
 
 def new_item_id(item: dict[str, Any], history: History) -> str:
