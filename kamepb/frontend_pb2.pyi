@@ -37,7 +37,8 @@ class FrontendConfig(_message.Message):
     """Empty = default voice."""
     turn_end_silence_s: _builtins.float
     """tts engine: a pause this long after caller speech ends the caller's turn.
-    0 = default (0.4 s).
+    0 = the replica's turn-taking (Smart Turn early in the pause, else a
+    1.04 s pause; or a fixed 0.4 s pause: the frontend's turn_* settings).
     """
     hold_max_s: _builtins.float
     """... for at most this long (0 = default 5 s); then it gives the floor back."""
