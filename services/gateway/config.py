@@ -106,7 +106,9 @@ class GatewaySettings(ServiceSettings):
         15.0, "after the caller half-closes, seconds upstreams get to finish their output"
     )
     turn_end_silence_s: float = setting(
-        0.0, "tts engine pause that ends a turn (0 = the frontend's default, 0.4 s)"
+        0.0,
+        "tts engine: a fixed pause that ends each turn, in seconds (0 = the frontend replica's "
+        "turn detection: Smart Turn by default, see services/frontend/config.py)",
     )
     hold_phrases: str = setting(
         "Hmm,|Let me see,",
