@@ -106,11 +106,14 @@ class SttEngine:
             )
 
     @staticmethod
-    def request(audio: Samples, offset_s: float, language: str, beam_size: int) -> DecodeRequest:
-        """A decode of one 16 kHz utterance whose word times start at `offset_s`."""
+    def request(
+        audio: Samples, offset_s: float, language: str, beam_size: int, lead_in_s: float = 0.0
+    ) -> DecodeRequest:
+        """A decode of one 16 kHz utterance whose word times start at `offset_s`, heard
+        after `lead_in_s` of silence."""
         duration = len(audio) / VAD_RATE
         max_new_tokens = min(MAX_NEW_TOKENS, int(TOKENS_PER_SECOND_CAP * duration) + 16)
-        return DecodeRequest(audio, offset_s, language, beam_size, max_new_tokens)
+        return DecodeRequest(audio, offset_s, language, beam_size, max_new_tokens, lead_in_s)
 
     def _measure_session_load(self, workers: int) -> float:
         """Share of the decode workers one session takes, from one timed decode of a

@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 _tracer = tracing.tracer(__name__)
 
 # Audio kept before the VAD's speech start: Silero fires a little after soft onsets.
+# Where the stream has less (its first words, or a pause shorter than this before
+# them), Whisper hears silence for the rest: on speech from the audio's first
+# sample tiny.en mishears more words and loops (says the question again).
 PRE_ROLL_S = 0.25
 # The final decode covers this much of the pause after the speech, and starts as
 # soon as that audio is in, before the endpoint is confirmed.
@@ -140,6 +143,7 @@ class Utterance:
     utterance_id: str
     audio_start_s: float  # decoded audio starts here (speech start minus pre-roll)
     speech_start_s: float  # where the VAD heard it begin (or where a max-length cut began it)
+    lead_in_s: float = 0.0  # silence Whisper hears before the audio (the missing pre-roll)
     opened_ns: int = field(default_factory=time.time_ns)
     agreement: LocalAgreement = field(default_factory=LocalAgreement)
     last_partial_end_s: float = 0.0  # audio end of the newest partial submitted
@@ -284,7 +288,11 @@ class SttSession:
             start = max(event.at_s - PRE_ROLL_S, self._last_speech_end_s, self._audio.start_s)
             # The first partial comes after partial_interval_s of speech, not of pre-roll.
             self._utterance = Utterance(
-                utterance_id, start, speech_start_s=event.at_s, last_partial_end_s=event.at_s
+                utterance_id,
+                start,
+                speech_start_s=event.at_s,
+                lead_in_s=PRE_ROLL_S - (event.at_s - start),
+                last_partial_end_s=event.at_s,
             )
             await self._emit_activity(SPEECH_START, utterance_id, event.at_s)
         elif self._utterance is not None:
@@ -355,7 +363,7 @@ class SttSession:
     def _decode_request(self, utterance: Utterance, end_s: float, beam_size: int) -> DecodeRequest:
         audio = self._audio.slice(utterance.audio_start_s, end_s)
         return self._engine.request(
-            audio, utterance.audio_start_s, self.settings.language, beam_size
+            audio, utterance.audio_start_s, self.settings.language, beam_size, utterance.lead_in_s
         )
 
     def _submit_final(self, utterance: Utterance, end_s: float) -> Future[Decoded]:

@@ -66,13 +66,15 @@ APPEND_PUNCTUATION: str = _TRANSCRIBE_DEFAULTS["append_punctuations"].default
 
 @dataclass(frozen=True)
 class DecodeRequest:
-    """One utterance to transcribe: 16 kHz audio, times reported from `offset_s`."""
+    """One utterance to transcribe: 16 kHz audio, times reported from `offset_s`.
+    Whisper hears `lead_in_s` of silence before the audio (no word is timed in it)."""
 
     audio: Samples
     offset_s: float
     language: str
     beam_size: int
     max_new_tokens: int
+    lead_in_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class WindowedWhisper:
         if any((r.language, r.beam_size) != (language, beam_size) for r in requests):
             raise ValueError("a decode batch shares one language and one beam size")
         tokenizer = self._tokenizer(language)
-        features = [self.model.feature_extractor(r.audio) for r in requests]
+        features = [self.model.feature_extractor(_with_lead_in(r)) for r in requests]
         # The extractor adds a frame; an utterance cut at max length plus its pre-roll
         # can pass 30 s by a little, and the encoder takes no more.
         content_frames = [min(f.shape[-1] - 1, FULL_WINDOW_FRAMES) for f in features]
@@ -237,11 +239,19 @@ def _without_loop(tokens: tuple[int, ...]) -> tuple[int, ...]:
     return tokens
 
 
+def _with_lead_in(request: DecodeRequest) -> Samples:
+    """The request's audio after its lead-in of silence."""
+    if not request.lead_in_s:
+        return request.audio
+    silence = np.zeros(round(request.lead_in_s * WHISPER_RATE), dtype=np.float32)
+    return np.concatenate([silence, request.audio])
+
+
 def _spread_words(segment: _Segment, tokenizer: Tokenizer, request: DecodeRequest) -> list[Word]:
     """Without alignment: the segment's words spread evenly over its span."""
     texts = tokenizer.decode(list(segment.tokens)).split()
     step = (segment.end_s - segment.start_s) / max(len(texts), 1)
-    duration = len(request.audio) / WHISPER_RATE
+    duration = request.lead_in_s + len(request.audio) / WHISPER_RATE
     return [
         _word(
             text,
@@ -264,10 +274,12 @@ def _word(
     duration_s: float,
 ) -> Word:
     """A word in stream seconds, inside the decoded audio (Whisper's 20 ms steps can
-    overshoot the end of a short clip)."""
-    return Word(
-        text.strip(),
-        request.offset_s + min(float(start), duration_s),
-        request.offset_s + min(float(end), duration_s),
-        float(probability),
-    )
+    overshoot the end of a short clip; its alignment can start a word in the lead-in).
+    `start`, `end` and `duration_s` are window seconds, lead-in included."""
+
+    def stream_s(window_s: float) -> float:
+        return (
+            request.offset_s + min(max(window_s, request.lead_in_s), duration_s) - request.lead_in_s
+        )
+
+    return Word(text.strip(), stream_s(float(start)), stream_s(float(end)), float(probability))
