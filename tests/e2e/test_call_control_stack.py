@@ -26,13 +26,8 @@ calls of ~10 s each.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -41,8 +36,8 @@ import pytest
 
 from kame_cli.bench.baresip import Baresip, caller_wav
 from kame_common.audio import SAMPLE_RATE
-from tests.e2e.conftest import with_db
-from tests.e2e.test_tools_stack import FAKE_LLM, UP_TIMEOUT_S, read_until_up
+from tests.e2e.kame_up import running
+from tests.e2e.test_tools_stack import FAKE_LLM
 from tests.oracle.conftest import StubHttpServer
 from tests.support import conversation, session_record
 from tests.telephony.phone_support import piper_to_ulaw, quiet_at_end, speech_seconds
@@ -65,19 +60,6 @@ TRANSFER_CALL_S = 40.0
 # From the end of the hang-up request to our BYE: the stt's final, the LLM, the
 # goodbye played, on a busy CPU.
 BYE_WITHIN_S = 25.0
-
-
-def kame_up_with_call_control(args: list[str]) -> subprocess.Popen:
-    """`kame up ARGS` with call control on for its telephony service, its output piped,
-    in a session of its own (a Ctrl-C to its group reaches it alone)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "kame_cli", *args],
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, **CALL_CONTROL_ENV},
-    )
 
 
 def offered_tools(llm: StubHttpServer) -> set[str]:
@@ -138,25 +120,13 @@ async def test_the_agent_transfers_a_sipp_call_and_hangs_up_on_baresip(tmp_path,
     llm = StubHttpServer(FAKE_LLM)
     llm_url = await llm.start()
     logs = tmp_path / "logs"
-    stack_redis = with_db(redis_url, CALL_CONTROL_DB)
-    command = [
-        *("up", "--free-ports", "--log-dir", str(logs)),
-        *("--redis-url", stack_redis),
-        *("--llm-base-url", llm_url + "/v1", "--llm-model", "stub-model"),
-        *("--startup-timeout-s", str(UP_TIMEOUT_S)),
-    ]
-    process = kame_up_with_call_control(command)
+    flags = ["--llm-base-url", llm_url + "/v1", "--llm-model", "stub-model"]
     try:
-        started = time.monotonic()
-        printed = await asyncio.wait_for(asyncio.to_thread(read_until_up, process), UP_TIMEOUT_S)
-        print(f"kame up was up after {time.monotonic() - started:.0f} s:\n{printed}")
-        sip = re.search(r"SIP udp (127\.0\.0\.1:\d+)", printed).group(1)
-        await transferred_by_sipp(tmp_path, sip, speak)
-        heard, rate, asked_at = await hung_up_on_baresip(tmp_path, sip, speak)
+        async with running(flags, logs, redis_url, CALL_CONTROL_DB, CALL_CONTROL_ENV) as stack:
+            sip = re.search(r"SIP udp (127\.0\.0\.1:\d+)", stack.printed).group(1)
+            await transferred_by_sipp(tmp_path, sip, speak)
+            heard, rate, asked_at = await hung_up_on_baresip(tmp_path, sip, speak)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: kame up stops what it started
-            await asyncio.to_thread(process.wait, 60)
         await llm.close()
 
     # The phones' functions reached the LLM, the URI never did.
@@ -170,7 +140,7 @@ async def test_the_agent_transfers_a_sipp_call_and_hangs_up_on_baresip(tmp_path,
 
     # The service ended both calls (not the phones), the sessions ended OK, and each
     # function's result reached the oracle: a tool turn of the conversation.
-    calls = await ended_calls(logs, stack_redis)
+    calls = await ended_calls(logs, stack.redis_url)
     print(f"calls: {calls}")
     assert len(calls) == 2, calls
     (transfer_how, transfer_end, transfer_tools), (hang_up_how, hang_up_end, hang_up_tools) = calls

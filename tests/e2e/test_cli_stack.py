@@ -4,31 +4,22 @@ the question, transcript, answer and latency; `kame up` comes up on loopback
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
 from kame_cli.bench import startup
+from tests.e2e.kame_up import KameUp
 from tests.support import word_recall
 
 pytestmark = pytest.mark.slow
 
-
-def kame(*args: str, **popen) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "kame_cli", *args],
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        **popen,
-    )
+CLI_DB = 8  # the stack's own Redis database
+STARTING_WITHIN_S = 60.0  # its first line comes before anything starts
 
 
 def answers(host: str, port: int) -> bool:
@@ -40,9 +31,15 @@ def answers(host: str, port: int) -> bool:
 
 
 def test_kame_demo_prints_the_conversation(tmp_path):
-    process = kame("demo", "--out-dir", str(tmp_path))
-    output, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, output
+    demo = subprocess.run(
+        [sys.executable, "-m", "kame_cli", "demo", "--out-dir", str(tmp_path)],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+    )
+    output = demo.stdout
+    assert demo.returncode == 0, output
     assert re.search(r"Question:\s+What is the capital of France\?", output)
     transcript = re.search(r"Transcript:\s+(.*)", output).group(1)
     assert word_recall("What is the capital of France?", transcript) >= 0.6, output
@@ -54,37 +51,28 @@ def test_kame_demo_prints_the_conversation(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
 
 
-def test_kame_up_serves_until_ctrl_c_then_stops_everything(tmp_path, espeak_questions):
-    process = kame("up", "--free-ports", "--log-dir", str(tmp_path), start_new_session=True)
-    lines = [process.stdout.readline()]
+def test_kame_up_serves_until_ctrl_c_then_stops_everything(tmp_path, redis_url, espeak_questions):
+    up = KameUp([], tmp_path, redis_url, CLI_DB)
     try:
         # A call placed the moment the gateway accepts, as a phone or a browser would
         # (they read no log line): refused with a retry hint, or answered whole.
+        first_line = up.wait_for("starting the stack", STARTING_WITHIN_S)
         question = espeak_questions[0]
-        early, _ = startup.call_at_first_accept(startup.gateway_named(lines[0]), question.audio)
+        early, _ = startup.call_at_first_accept(startup.gateway_named(first_line), question.audio)
         print(f"call at the first accept: {early.status} {early.status_details} {early.finals}")
         assert startup.outcome(early, question.text) != startup.LOST, early.events
-        deadline = time.monotonic() + 240
-        while not lines or "Ctrl-C stops everything" not in lines[-1]:
-            line = process.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(lines)
-            lines.append(line)
+        printed = up.wait_until_up()
         endpoints = dict(
-            re.findall(
-                r"^\s+(stt|oracle|frontend|gateway)\s+127\.0\.0\.1:(\d+)", "".join(lines), re.M
-            )
+            re.findall(r"^\s+(stt|oracle|frontend|gateway)\s+127\.0\.0\.1:(\d+)", printed, re.M)
         )
-        llm_port = int(re.search(r"llm\s+http://127\.0\.0\.1:(\d+)", "".join(lines)).group(1))
-        page = re.search(r"open (http://127\.0\.0\.1:(\d+)/)", "".join(lines))
+        llm_port = int(re.search(r"llm\s+http://127\.0\.0\.1:(\d+)", printed).group(1))
+        page = re.search(r"open (http://127\.0\.0\.1:(\d+)/)", printed)
         with urllib.request.urlopen(page.group(1), timeout=5) as reply:
             assert b'<canvas id="timeline"' in reply.read()
         ports = [int(p) for p in endpoints.values()] + [llm_port, int(page.group(2))]
         assert len(endpoints) == 4 and all(answers("127.0.0.1", p) for p in ports)
-        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in the terminal does
-        assert process.wait(timeout=60) == 0
+        assert up.stop() == 0  # a Ctrl-C to its group: what Ctrl-C in the terminal does
     finally:
-        if process.poll() is None:  # the test failed early: still stop what kame up started
-            process.terminate()
-            process.wait(timeout=60)
+        up.stop()  # nothing once stopped; if the test failed early, stops what kame up started
     assert not [p for p in ports if answers("127.0.0.1", p)], "a process outlived kame up"
-    assert "stopping" in process.stdout.read()
+    assert "stopping" in up.output()

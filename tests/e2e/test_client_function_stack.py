@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import re
-import signal
 import time
 
 import numpy as np
@@ -28,15 +25,8 @@ import pytest
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, float_to_pcm16
 from kame_common.converse import ConverseClient, ConverseEvent
 from kamepb import common_pb2, gateway_pb2
-from tests.e2e.conftest import with_db
-from tests.e2e.test_tools_stack import (
-    FAKE_LLM,
-    SECRETS,
-    TOOLS_DB,
-    UP_TIMEOUT_S,
-    kame_up,
-    read_until_up,
-)
+from tests.e2e.kame_up import running
+from tests.e2e.test_tools_stack import FAKE_LLM, SECRETS, TOOLS_DB
 from tests.oracle.conftest import StubHttpServer
 from tests.support import words_of
 
@@ -92,23 +82,11 @@ async def test_kame_up_answers_from_a_function_the_caller_runs(tmp_path, redis_u
     secret = random.choice(SECRETS)
     llm = StubHttpServer(FAKE_LLM)
     llm_url = await llm.start()
-    command = [
-        *("up", "--free-ports", "--log-dir", str(tmp_path / "logs")),
-        *("--redis-url", with_db(redis_url, TOOLS_DB)),
-        *("--llm-base-url", llm_url + "/v1", "--llm-model", "stub-model"),
-        *("--startup-timeout-s", str(UP_TIMEOUT_S)),
-    ]
-    process = kame_up(command)
+    flags = ["--llm-base-url", llm_url + "/v1", "--llm-model", "stub-model"]
     try:
-        started = time.monotonic()
-        printed = await asyncio.wait_for(asyncio.to_thread(read_until_up, process), UP_TIMEOUT_S)
-        print(f"kame up was up after {time.monotonic() - started:.0f} s")
-        gateway = re.search(r"^\s+gateway\s+(127\.0\.0\.1:\d+)", printed, re.M).group(1)
-        events = await ask_with_a_function(gateway, secret)
+        async with running(flags, tmp_path / "logs", redis_url, TOOLS_DB) as stack:
+            events = await ask_with_a_function(stack.address("gateway"), secret)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: kame up stops what it started
-            await asyncio.to_thread(process.wait, 60)
         await llm.close()
 
     print("agent said:", " ".join(agent_words(events)))

@@ -18,19 +18,15 @@ agent's audio. One `kame up` per wire format (~30-60 s each on a busy CPU)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import re
 import shlex
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 
 from kame_cli.caller import TalkOptions, talk
-from tests.e2e.conftest import with_db
+from tests.e2e.kame_up import running
 from tests.oracle import mcp_tool_server
 from tests.oracle.conftest import StubHttpServer
 from tests.oracle.mcp_tool_server import recorded_calls
@@ -43,8 +39,9 @@ QUESTION = "What is the door code for the Paris office?"
 # Door codes no model would guess in this context, which Whisper tiny.en hears in piper's
 # answer sentence ("Honolulu" and "Amsterdam", tried, it does not).
 SECRETS = ("Chicago", "Melbourne", "Toronto", "Barcelona", "Houston", "Dublin", "Madrid", "Sydney")
-TOOLS_DB = 15  # the stack's own Redis database: its frontend registry holds only its replica
-UP_TIMEOUT_S = 300.0
+TOOLS_DB = 15  # the stack's own Redis database
+# The fake checks no key; the Anthropic back-end wants one to send.
+ANTHROPIC_KEY_ENV = {"ANTHROPIC_API_KEY": "sk-ant-test"}
 
 
 async def warm_up_or_answer(request, respond) -> None:
@@ -95,31 +92,6 @@ WIRE_FORMATS = {
 }
 
 
-def kame_up(args: list[str]) -> subprocess.Popen:
-    """`kame up ARGS`, its output piped, in a session of its own (a Ctrl-C to its group
-    reaches it alone)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "kame_cli", *args],
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        # The fake checks no key; the Anthropic back-end wants one to send.
-        env={**os.environ, "ANTHROPIC_API_KEY": "sk-ant-test"},
-    )
-
-
-def read_until_up(process: subprocess.Popen) -> str:
-    """kame up's output until it says how to stop it (blocking: run in a thread)."""
-    lines: list[str] = []
-    while not lines or "Ctrl-C stops everything" not in lines[-1]:
-        line = process.stdout.readline()
-        if not line:
-            raise AssertionError("kame up exited before the stack was up:\n" + "".join(lines))
-        lines.append(line)
-    return "".join(lines)
-
-
 def tool_results(posts: list, wire: str) -> list[str]:
     """The tool results the oracle sent the LLM, in the wire format's own shape."""
     if wire == "openai":
@@ -148,29 +120,27 @@ async def test_kame_up_answers_a_spoken_question_from_an_mcp_tool(
         {**FAKE_LLM, **({("GET", "/v1/models"): anthropic_models} if wire == "anthropic" else {})}
     )
     llm_url = await llm.start()
-    command = [
-        *("up", "--free-ports", "--log-dir", str(tmp_path / "logs")),
-        *("--redis-url", with_db(redis_url, TOOLS_DB)),
+    flags = [
         *("--llm-base-url", llm_url + url_path, *llm_flags),
         *("--mcp-server", f"vault={server}", *allowed_flags),
-        *("--startup-timeout-s", str(UP_TIMEOUT_S)),
     ]
-    process = kame_up(command)
     try:
-        started = time.monotonic()
-        printed = await asyncio.wait_for(asyncio.to_thread(read_until_up, process), UP_TIMEOUT_S)
-        print(f"kame up ({wire}) was up after {time.monotonic() - started:.0f} s:\n{printed}")
-        assert re.search(rf"^\s+tools\s+{re.escape(offered)}$", printed, re.M), printed
-        gateway = re.search(r"^\s+gateway\s+(127\.0\.0\.1:\d+)", printed, re.M).group(1)
-
-        result = await talk(
-            speak(QUESTION),
-            TalkOptions(gateway=gateway, wait_for_answer=True, tail_s=2.0, max_wait_s=60.0),
-        )
+        async with running(
+            flags, tmp_path / "logs", redis_url, TOOLS_DB, ANTHROPIC_KEY_ENV
+        ) as stack:
+            assert re.search(rf"^\s+tools\s+{re.escape(offered)}$", stack.printed, re.M), (
+                stack.printed
+            )
+            result = await talk(
+                speak(QUESTION),
+                TalkOptions(
+                    gateway=stack.address("gateway"),
+                    wait_for_answer=True,
+                    tail_s=2.0,
+                    max_wait_s=60.0,
+                ),
+            )
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: kame up stops what it started
-            await asyncio.to_thread(process.wait, 60)
         await llm.close()
 
     assert result.status == "OK", result.status_details
