@@ -135,12 +135,14 @@ class Candidate:
             if not calls or round_number == rounds:
                 break  # the answer, or a model that would not stop asking
             assert self._tools is not None  # calls come only when tools are offered
+            # The round's text is whole: its last word ("One moment.") is said while the
+            # tools run, not after them.
+            self._send_words(self.generation, self._cutter.feed(" "))
             results = await self._tools.run_all(calls, final=self.generation.source.is_final)
             if results is None:
                 self.generation.deferred = True
                 break
             exchanges.append(ToolExchange(said, tuple(calls), tuple(results)))
-            self._send_words(self.generation, self._cutter.feed(" "))
         self._send_words(self.generation, self._cutter.flush())
         # The decode rate of an answer with tool rounds would count the tools' time.
         if self._first_at is not None and stats.output_tokens > 1 and not exchanges:
