@@ -1,14 +1,27 @@
 """The caller's turns in the Realtime protocol without a network
 (services/web/realtime.py): a cancelled stretch's mute ends at the caller's
 next turn, and a committed turn stt never finalizes ends at the next commit or
-when the agent answers, so the next turn is an item of its own."""
+when the agent answers, so the next turn is an item of its own. Then the
+`openai` SDK through the web service and a real gateway: a typed message right
+after a cancel gets its answer heard."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 
+from tests.web.test_realtime import (
+    CLOSED,
+    ONE_SECOND,
+    OPENED,
+    connect,
+    events_until,
+    kinds,
+    typed,
+    web_service,
+)
 from tests.web.test_realtime_protocol import agent, appended, heard, push_to_talk, sent, session
 
 TYPED = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
@@ -90,3 +103,19 @@ def test_a_committed_turn_already_heard_waits_for_its_final_while_the_agent_answ
     final = heard(realtime, "user_final", "what is the capital")
     assert final[0]["item"]["id"] == committed["item_id"]
     assert final[1]["transcript"] == "what is the capital"
+
+
+async def test_a_typed_message_right_after_a_cancel_is_answered_through_the_gateway(fakes):
+    fakes.frontend.speak_at = 0  # the fake agent speaks on, never silent for 0.5 s
+    async with web_service(fakes) as web, connect(web) as connection:
+        await connection.recv()  # session.created
+        await connection.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        await events_until(connection, "response.output_audio.delta")
+        await connection.response.cancel()
+        cancelled = await events_until(connection, "response.done")
+        await connection.conversation.item.create(item=typed("And Rome?"))
+        answered = await events_until(connection, "response.output_audio.delta")
+
+    assert kinds(cancelled) == CLOSED
+    assert cancelled[-1].response.status_details.reason == "client_cancelled"
+    assert kinds(answered) == ["conversation.item.added", "conversation.item.done", *OPENED]
