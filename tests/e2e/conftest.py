@@ -5,7 +5,10 @@ services started with their own `serve(config)` on port 0.
 
 The stack uses its own Redis database (9 unless KAME_TEST_E2E_REDIS_URL says
 otherwise) so that the frontend capacity registry it reads holds only this
-stack's replica, whatever other test runs share the Redis server.
+stack's replica, whatever other test runs share the Redis server. `web` puts
+the web service (the OpenAI Realtime and Moshi-protocol endpoints) before it.
+The modules that run the stack as the user does start `kame up` with
+tests/e2e/kame_up.py instead.
 
 `LiveCall` drives one Converse call (kame_common/converse.py's client) the way
 a phone would: audio paced at real time, every response recorded with its
@@ -47,10 +50,13 @@ from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.server import serve as serve_oracle
 from services.stt.config import SttSettings
 from services.stt.server import serve as serve_stt
+from services.web.config import WebSettings
+from services.web.server import serve as serve_web
 from tests.support import wait_until
 
 QUESTION = "What is the capital of France?"
 E2E_DB = 9
+HOLD_MAX_S = 10.0  # a loaded test machine may take longer than the default 5 s to answer
 PCM_24K = AudioFormat("pcm16", SAMPLE_RATE)
 SPAN_EXPORTER = InMemorySpanExporter()
 
@@ -176,6 +182,21 @@ async def stack(llm_url, e2e_redis_url):
         )
     finally:
         await services.stop()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def web(stack):
+    """The web service (the Realtime and Moshi-protocol endpoints) before a gateway
+    of the module's stack of its own, which holds a caller up to HOLD_MAX_S."""
+    gateway = await stack.services.gateway(
+        stack.stt, stack.oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S
+    )
+    settings = WebSettings(
+        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
+    )
+    server = await serve_web(settings)
+    yield server
+    await server.stop()
 
 
 def converse_config(

@@ -14,34 +14,17 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import pytest_asyncio
 
-from services.web.config import WebSettings
-from services.web.server import serve
 from tests.clients.runs import ClientRun, run_example, write_wav
 from tests.e2e.conftest import QUESTION
 from tests.support import word_recall, words_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-HOLD_MAX_S = 10.0  # a loaded test machine may take longer than the default 5 s to answer
 QUIET_S = 6.0  # the examples stop once the agent has been quiet this long
 MAX_S = 75.0  # ... or after this long anyway
 # A cached venv builds in seconds; a first build downloads the client.
 RUN_TIMEOUT_S = MAX_S + 240.0
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def web(stack):
-    gateway = await stack.services.gateway(
-        stack.stt, stack.oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S
-    )
-    settings = WebSettings(
-        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
-    )
-    server = await serve(settings)
-    yield server
-    await server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import pytest_asyncio
 
-from services.web.config import WebSettings
-from services.web.server import serve
 from tests.e2e.conftest import QUESTION
 from tests.support import word_recall, words_of
 from tests.web.test_moshi_chat import SoundCard, moshi_client, run_moshi_client
@@ -22,20 +19,6 @@ from tests.web.test_moshi_chat import SoundCard, moshi_client, run_moshi_client
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 ANSWER_TIMEOUT_S = 90.0
-HOLD_MAX_S = 10.0  # a loaded test machine may take longer than the default 5 s to answer
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def web(stack):
-    gateway = await stack.services.gateway(
-        stack.stt, stack.oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S
-    )
-    settings = WebSettings(
-        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
-    )
-    server = await serve(settings)
-    yield server
-    await server.stop()
 
 
 async def test_moshis_client_asks_a_spoken_question_and_hears_the_answer(

@@ -13,19 +13,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-import pytest_asyncio
 from openai import AsyncOpenAI
 
 from kame_common.audio import float_to_pcm16, pcm16_to_float
-from services.web.config import WebSettings
-from services.web.server import serve
 from tests.e2e.conftest import QUESTION
 from tests.support import word_recall, words_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 ANSWER_TIMEOUT_S = 90.0
-HOLD_MAX_S = 10.0  # a loaded test machine may take longer than the default 5 s to answer
 # Whisper tiny hears "Washington" in piper's voice; it took "Berlin" for "Roland".
 ESPEAK_QUESTION = "Who was the first president of the United States?"
 TYPED_QUESTION = "What is the capital of Germany?"
@@ -42,19 +38,6 @@ class Caller:
     audio: np.ndarray  # float32 at 24 kHz
     topic: str
     answer: str
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def web(stack):
-    gateway = await stack.services.gateway(
-        stack.stt, stack.oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S
-    )
-    settings = WebSettings(
-        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
-    )
-    server = await serve(settings)
-    yield server
-    await server.stop()
 
 
 @pytest.fixture(params=["piper", "espeak-ng"])

@@ -26,14 +26,13 @@ from services.oracle.server import serve as serve_oracle
 from services.web.config import WebSettings
 from services.web.server import serve
 from tests.clients.runs import run_example, write_wav
-from tests.e2e.conftest import Services, wait_registered
+from tests.e2e.conftest import HOLD_MAX_S, Services, wait_registered
 from tests.e2e.test_tools_stack import FAKE_LLM, QUESTION, SECRETS, tool_results
 from tests.oracle.conftest import StubHttpServer
 from tests.support import words_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
-HOLD_MAX_S = 10.0  # a loaded test machine may take longer than the default 5 s to answer
 # The client's round trip (gateway, web service, the SDK's process) on a busy CPU.
 TOOL_TIMEOUT_S = 20.0
 QUIET_S = 8.0  # the example stops once the agent has been quiet this long
