@@ -51,6 +51,7 @@ from services.oracle.server import serve as serve_oracle
 from services.stt.config import SttSettings
 from services.stt.server import serve as serve_stt
 from services.web.config import WebSettings
+from services.web.server import WebServer
 from services.web.server import serve as serve_web
 from tests.support import wait_until
 
@@ -82,14 +83,15 @@ class Services:
     async def stt(self) -> ServiceRuntime:
         return self._keep(await serve_stt(SttSettings(host="127.0.0.1", port=0, metrics_port=0)))
 
-    async def oracle(self) -> ServiceRuntime:
-        config = OracleSettings(
+    async def oracle(self, **overrides) -> ServiceRuntime:
+        settings = dict(
             host="127.0.0.1",
             port=0,
             metrics_port=0,
             redis_url=self.redis_url,
             base_url=self.llm_url,
         )
+        config = OracleSettings(**{**settings, **overrides})
         return self._keep(await serve_oracle(config, api_keys=ApiKeys()))
 
     async def frontend(self, redis_url: str = "") -> ServiceRuntime:
@@ -187,16 +189,21 @@ async def stack(llm_url, e2e_redis_url):
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def web(stack):
     """The web service (the Realtime and Moshi-protocol endpoints) before a gateway
-    of the module's stack of its own, which holds a caller up to HOLD_MAX_S."""
+    of its own on the module's stack, which holds a caller up to HOLD_MAX_S."""
     gateway = await stack.services.gateway(
         stack.stt, stack.oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S
     )
+    server = await web_before(gateway)
+    yield server
+    await server.stop()
+
+
+async def web_before(gateway: ServiceRuntime) -> WebServer:
+    """The web service on port 0, a client of `gateway`."""
     settings = WebSettings(
         host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
     )
-    server = await serve_web(settings)
-    yield server
-    await server.stop()
+    return await serve_web(settings)
 
 
 def converse_config(

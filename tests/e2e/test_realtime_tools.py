@@ -21,12 +21,8 @@ import random
 import pytest
 import pytest_asyncio
 
-from services.oracle.config import ApiKeys, OracleSettings
-from services.oracle.server import serve as serve_oracle
-from services.web.config import WebSettings
-from services.web.server import serve
 from tests.clients.runs import run_example, write_wav
-from tests.e2e.conftest import HOLD_MAX_S, Services, wait_registered
+from tests.e2e.conftest import HOLD_MAX_S, Services, wait_registered, web_before
 from tests.e2e.test_tools_stack import FAKE_LLM, QUESTION, SECRETS, tool_results
 from tests.oracle.conftest import StubHttpServer
 from tests.support import words_of
@@ -55,21 +51,9 @@ async def web(llm, e2e_redis_url):
     try:
         stt, frontend = await services.stt(), await services.frontend()
         await wait_registered(e2e_redis_url, f"127.0.0.1:{frontend.port}")
-        oracle_settings = OracleSettings(
-            host="127.0.0.1",
-            port=0,
-            metrics_port=0,
-            redis_url=e2e_redis_url,
-            base_url=llm.url + "/v1",
-            model="stub-model",
-            tool_timeout_s=TOOL_TIMEOUT_S,
-        )
-        oracle = services._keep(await serve_oracle(oracle_settings, api_keys=ApiKeys()))
+        oracle = await services.oracle(model="stub-model", tool_timeout_s=TOOL_TIMEOUT_S)
         gateway = await services.gateway(stt, oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S)
-        settings = WebSettings(
-            host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
-        )
-        server = await serve(settings)
+        server = await web_before(gateway)
         yield server
         await server.stop()
     finally:
