@@ -1,35 +1,26 @@
 """The caller's own functions (ConverseConfig.functions): checked when the call
-starts, passed to every oracle stream the session opens (opening.py), and the
-calls and answers routed between the two.
+starts (plan.py, by the oracle's own rules: kame_common/client_functions.py),
+passed to every oracle stream the session opens (opening.py), and the calls
+and answers routed between the two.
 
-- `check_functions` refuses, with INVALID_ARGUMENT naming the function, what
-  the oracle would refuse (services/oracle/tools/client_functions.py), so a
-  client learns it at the start: more than max_client_functions functions, a
-  name that is not 1-64 characters of `[A-Za-z0-9_-]` or is declared twice,
-  a description over MAX_DESCRIPTION_CHARS, a parameters_json over
-  MAX_PARAMETERS_CHARS or that is not a JSON object with `"type": "object"`.
-  Whether it is a valid JSON Schema, and whether a name clashes with one of
-  the operator's tools, only the oracle knows: its refusal ends the session
-  with INVALID_ARGUMENT too (session.py).
-- `FunctionRouter`: the oracle's FunctionCall goes to the caller as
-  ConverseResponse.function_call, and the caller's FunctionResult back to the
-  oracle, but only for a call_id the gateway saw go out (others are ignored,
-  as the oracle ignores them) and only to the oracle stream that asked: once
-  that stream is lost (the session reopens it), its calls' results are
-  dropped with a log line, since the oracle that waited for them is gone.
-  What a tool did (ToolActivity) goes to the caller as ConverseResponse.tool;
-  each finished call is counted in kame_gateway_tool_calls_total and in the
-  session record's tool_calls / tool_errors.
+Whether a name clashes with one of the operator's tools only the oracle
+knows: its refusal ends the session with INVALID_ARGUMENT too (session.py).
+
+`FunctionRouter`: the oracle's FunctionCall goes to the caller as
+ConverseResponse.function_call, and the caller's FunctionResult back to the
+oracle, but only for a call_id the gateway saw go out (others are ignored, as
+the oracle ignores them) and only to the oracle stream that asked: once that
+stream is lost (the session reopens it), its calls' results are dropped with
+a log line, since the oracle that waited for them is gone. What a tool did
+(ToolActivity) goes to the caller as ConverseResponse.tool; each finished
+call is counted in kame_gateway_tool_calls_total and in the session record's
+tool_calls / tool_errors.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any
 
 from kamepb import common_pb2, gateway_pb2, oracle_pb2
 from services.gateway import metrics
@@ -38,69 +29,12 @@ from services.gateway.sidestream import SideStream
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# The oracle's own bounds (services/oracle/tools/client_functions.py).
-MAX_DESCRIPTION_CHARS = 1024
-MAX_PARAMETERS_CHARS = 16384
 # Calls whose answer the gateway keeps track of, in flight and sent by a lost
 # oracle stream, each; beyond, the oldest is forgotten. The oracle waits for an
 # answer tool_timeout_s at most and starts a few calls a turn, so these are
 # never reached by a client that answers.
 MAX_TRACKED_CALLS = 64
 CLIENT_SOURCE = "client"  # ToolActivity.source of a client function
-
-
-class FunctionError(ValueError):
-    """A declared function the oracle could not offer."""
-
-
-def check_functions(
-    functions: Sequence[common_pb2.ClientFunction], max_count: int
-) -> tuple[common_pb2.ClientFunction, ...]:
-    """The declared functions; FunctionError names the first problem."""
-    if len(functions) > max_count:
-        raise FunctionError(
-            f"functions: {len(functions)} declared, at most {max_count} allowed "
-            "(the gateway's max_client_functions)"
-        )
-    names: set[str] = set()
-    for index, function in enumerate(functions):
-        # Not "functions[0]": the scrubbing of internal addresses takes [0] for IPv6.
-        where = f"function #{index + 1}"
-        if not _NAME.fullmatch(function.name):
-            raise FunctionError(
-                f"{where}: the name must be 1-64 characters of A-Z a-z 0-9 _ -, "
-                f"got {function.name[:80]!r}"
-            )
-        if function.name in names:
-            raise FunctionError(f"{where}: {function.name!r} is declared twice")
-        names.add(function.name)
-        # Counted as the oracle counts it, with runs of whitespace as one space.
-        if len(" ".join(function.description.split())) > MAX_DESCRIPTION_CHARS:
-            raise FunctionError(
-                f"{where}: the description may have at most {MAX_DESCRIPTION_CHARS} characters"
-            )
-        _check_parameters(where, function.parameters_json)
-    return tuple(functions)
-
-
-def _check_parameters(where: str, parameters_json: str) -> None:
-    if not parameters_json.strip():
-        return  # no arguments
-    if len(parameters_json) > MAX_PARAMETERS_CHARS:
-        raise FunctionError(
-            f"{where}: parameters_json may have at most {MAX_PARAMETERS_CHARS} characters, "
-            f"got {len(parameters_json)}"
-        )
-    try:
-        schema: Any = json.loads(parameters_json)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise FunctionError(f"{where}: parameters_json is not JSON ({exc})") from None
-    if not isinstance(schema, dict) or schema.get("type") != "object":
-        raise FunctionError(
-            f"{where}: parameters_json must be the JSON Schema of an object "
-            '("type": "object" at its root)'
-        )
 
 
 class _CallIds:

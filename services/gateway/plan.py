@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from kame_common.client_functions import FunctionError, check_functions
 from kame_common.llm import backend_name
 from kamepb import common_pb2, gateway_pb2
-from services.gateway.client_functions import FunctionError, check_functions
 from services.gateway.codecs import AudioFormat, CodecError, resolve_format
 from services.gateway.config import GatewaySettings
 
@@ -79,8 +79,9 @@ class SessionPlan:
     call: gateway_pb2.CallInfo
     manual_turns: bool = False  # push-to-talk: the caller ends turns and asks for answers
     instructions: str = ""  # the caller's own, for the oracle's system prompt
-    # The caller's own functions for the oracle's LLM (client_functions.py); an
-    # s2s session has no oracle to call them.
+    # The caller's own functions for the oracle's LLM, passed on as declared
+    # (kame_common/client_functions.py checks them); an s2s session has no
+    # oracle to call them.
     functions: tuple[common_pb2.ClientFunction, ...] = ()
 
     @property
@@ -144,7 +145,7 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
                 invalid, f"call.{name}: at most {MAX_CALL_INFO_CHARS} characters, got {len(value)}"
             )
     try:
-        functions = check_functions(config.functions, settings.max_client_functions)
+        check_functions(config.functions, settings.max_client_functions, "functions", "gateway")
     except FunctionError as exc:
         raise SessionError(invalid, str(exc)) from None
     return SessionPlan(
@@ -160,7 +161,7 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
         call=config.call,
         manual_turns=config.turn_detection == TurnDetection.MANUAL,
         instructions=_instructions(config.instructions, settings),
-        functions=functions,
+        functions=tuple(config.functions),
     )
 
 

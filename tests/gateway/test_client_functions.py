@@ -56,6 +56,10 @@ def call_config(*functions: common_pb2.ClientFunction) -> gateway_pb2.ConverseCo
         ([Function(name="a", parameters_json="{nope")], "parameters_json is not JSON"),
         ([Function(name="a", parameters_json="[]")], '"type": "object" at its root'),
         ([Function(name="a", parameters_json='{"type": "string"}')], '"type": "object"'),
+        (
+            [Function(name="a", parameters_json='{"type": "object", "properties": 5}')],
+            "function #1: parameters_json is not a valid JSON Schema",
+        ),
         ([Function(name="a", parameters_json=" " * 16385)], None),  # blank: no arguments
         (
             [Function(name="a", parameters_json="{}" + " " * 16383)],

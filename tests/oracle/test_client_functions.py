@@ -380,19 +380,25 @@ def function(name: str = "f", parameters: object = None, description: str = "Doe
 
 
 BAD_FUNCTIONS = [
-    ([function("hang up")], "client function name 'hang up' must be 1-64 characters"),
+    (
+        [function("hang up")],
+        "function #1: the name must be 1-64 characters of A-Z a-z 0-9 _ -, got 'hang up'",
+    ),
     ([function("x" * 65)], "must be 1-64 characters"),
-    ([function(""), function()], "client function name '' must be"),
-    ([function(), function()], "client function 'f' is declared twice"),
-    ([function(parameters="{not json")], "client function 'f': parameters_json is not JSON"),
+    (
+        [function(""), function()],
+        "function #1: the name must be 1-64 characters of A-Z a-z 0-9 _ -, got ''",
+    ),
+    ([function(), function()], "function #2: 'f' is declared twice"),
+    ([function(parameters="{not json")], "function #1: parameters_json is not JSON"),
     ([function(parameters=["a"])], "must be the JSON Schema of an object"),
     ([function(parameters={"type": "string"})], "must be the JSON Schema of an object"),
     (
         [function(parameters={"type": "object", "properties": 5})],
-        "client function 'f': parameters_json is not a valid JSON Schema",
+        "function #1: parameters_json is not a valid JSON Schema",
     ),
-    ([function(parameters="[" * 20000)], "parameters_json is longer than 16384 characters"),
-    ([function(description="x" * 1025)], "the description is longer than 1024 characters"),
+    ([function(parameters="[" * 20000)], "parameters_json may have at most 16384 characters"),
+    ([function(description="x" * 1025)], "the description may have at most 1024 characters"),
     ([function(f"f{n}") for n in range(3)], "client_functions: 3 declared, at most 2 allowed"),
 ]
 
@@ -410,7 +416,7 @@ async def test_a_bad_client_function_refuses_the_session(
     _llm, url = await stub_http(FAKE_LLM_ROUTES)
     runtime = await oracle_service(base_url=f"{url}/v1", model="stub-model", max_client_functions=1)
     for functions, message in (
-        ([function(parameters={"type": "array"})], "client function 'f': parameters_json must"),
+        ([function(parameters={"type": "array"})], "function #1: parameters_json must"),
         ([DOOR_CODE, BOOK_TABLE], "client_functions: 2 declared, at most 1 allowed"),
     ):
         client = guide_client(runtime.port)

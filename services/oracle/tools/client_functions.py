@@ -16,12 +16,12 @@ GuideRequest.function_result naming that call_id:
 - the session ending ends the wait (it cancels its calls: turn.py).
 
 What a client may declare is checked when the session opens (INVALID_ARGUMENT
-naming the function): a name of 1-64 characters `[A-Za-z0-9_-]`, unique, and
-not the name of an operator's tool (refused rather than renamed: the client
-then knows at once, and a call names the function as the client declared it);
-`parameters_json` empty or a JSON Schema with `"type": "object"` at the root;
-a description of at most MAX_DESCRIPTION_CHARS; at most the service's
-max_client_functions functions.
+naming the function) by the rules the gateway checks too
+(kame_common/client_functions.py: names, descriptions, parameters_json, at
+most the service's max_client_functions functions), and one more the gateway
+cannot: a name may not be that of an operator's tool (check_names in
+sources.py; refused rather than renamed: the client then knows at once, and a
+call names the function as the client declared it).
 """
 
 from __future__ import annotations
@@ -29,87 +29,36 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jsonschema.exceptions import SchemaError
-from jsonschema.validators import validator_for
-
+from kame_common.client_functions import check_functions
 from kamepb import common_pb2
 from services.oracle.tools.spec import CLIENT_SOURCE, MAX_RESULT_CHARS, ToolResult, ToolSpec
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# Bounds on what a caller puts into the prompt the LLM reads with every request.
-MAX_DESCRIPTION_CHARS = 1024
-MAX_PARAMETERS_CHARS = 16384
-
 
 def client_function_specs(
     functions: Sequence[common_pb2.ClientFunction], max_count: int, timeout_s: float
 ) -> tuple[ToolSpec, ...]:
-    """The functions as tools; ValueError names the first one that cannot be offered."""
-    if len(functions) > max_count:
-        raise ValueError(
-            f"client_functions: {len(functions)} declared, at most {max_count} allowed "
-            "(the oracle's max_client_functions)"
+    """The functions as tools; FunctionError (a ValueError) names the first one that
+    cannot be offered."""
+    return tuple(
+        ToolSpec(
+            name=declared.name,
+            description=declared.description or declared.name,
+            parameters=declared.parameters,
+            read_only=function.read_only,
+            timeout_s=timeout_s,
+            server=CLIENT_SOURCE,
         )
-    specs: list[ToolSpec] = []
-    for function in functions:
-        name = function.name
-        if not _NAME.fullmatch(name):
-            raise ValueError(
-                f"client function name {name!r} must be 1-64 characters of A-Z a-z 0-9 _ -"
-            )
-        if any(spec.name == name for spec in specs):
-            raise ValueError(f"client function {name!r} is declared twice")
-        description = " ".join(function.description.split())
-        if len(description) > MAX_DESCRIPTION_CHARS:
-            raise ValueError(
-                f"client function {name!r}: the description is longer than "
-                f"{MAX_DESCRIPTION_CHARS} characters"
-            )
-        specs.append(
-            ToolSpec(
-                name=name,
-                description=description or name,
-                parameters=_parameters(name, function.parameters_json),
-                read_only=function.read_only,
-                timeout_s=timeout_s,
-                server=CLIENT_SOURCE,
-            )
+        for function, declared in zip(
+            functions,
+            check_functions(functions, max_count, "client_functions", "oracle"),
+            strict=True,
         )
-    return tuple(specs)
-
-
-def _parameters(name: str, parameters_json: str) -> dict[str, Any]:
-    """The JSON Schema of a function's arguments (empty: it takes none)."""
-    if not parameters_json.strip():
-        return {"type": "object", "properties": {}}
-    if len(parameters_json) > MAX_PARAMETERS_CHARS:
-        raise ValueError(
-            f"client function {name!r}: parameters_json is longer than "
-            f"{MAX_PARAMETERS_CHARS} characters"
-        )
-    try:
-        schema = json.loads(parameters_json)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"client function {name!r}: parameters_json is not JSON ({exc})") from None
-    if not isinstance(schema, dict) or schema.get("type") != "object":
-        raise ValueError(
-            f"client function {name!r}: parameters_json must be the JSON Schema of an object "
-            '("type": "object" at its root)'
-        )
-    try:
-        validator_for(schema).check_schema(schema)
-    except (SchemaError, RecursionError) as exc:
-        message = exc.message if isinstance(exc, SchemaError) else "nested too deep"
-        raise ValueError(
-            f"client function {name!r}: parameters_json is not a valid JSON Schema ({message})"
-        ) from None
-    return schema
+    )
 
 
 def _tool_result(result: common_pb2.FunctionResult) -> ToolResult:
