@@ -7,9 +7,10 @@ stt and oracle (no oracle in s2s mode; opening.py): the frontend's is an
 
     caller ──► _read_caller ──► frontend.send ──► frontend writer
                      ├────────► stt.push ─────► stt writer
-                     ├─ function results (client_functions.py) ─► oracle.push
+                     ├─ keys, function results (client_functions.py) ─► oracle.push
                      └─ turn controls, typed text (turn_control.py) ─► stt, frontend,
                         and typed text down the transcripts' path below
+               (caller_input.py: the caller's audio as frames, the requests routed)
     frontend ─► _read_frontend: AgentAudio ─► client codec ─► client queue
                                 AgentText ──► client queue, oracle.push
                                 TurnEnd ────► stt.push (EndOfTurn: finalize now)
@@ -69,31 +70,18 @@ from opentelemetry import trace
 
 from kame_common import tracing
 from kame_common.aio import cancel_and_wait
-from kame_common.audio import (
-    FRAME_SECONDS,
-    SAMPLE_RATE,
-    Framer,
-    Samples,
-    float_to_pcm16,
-    pcm16_to_float,
-)
-from kame_common.converse import DTMF_KEYS
+from kame_common.audio import pcm16_to_float
 from kame_common.store import Replica
 from kamepb import common_pb2, frontend_pb2, gateway_pb2, oracle_pb2, stt_pb2
 from services.gateway import metrics, resume
+from services.gateway.caller_input import CallerAudio, CallerKeys, now_us, read_requests
 from services.gateway.client_functions import FunctionRouter
 from services.gateway.client_output import AgentFrameOut, ClientOutput, EndOfSession
-from services.gateway.codecs import CodecError, Decoder, Encoder, coded
+from services.gateway.codecs import Encoder, coded
 from services.gateway.connections import Connections
 from services.gateway.opening import SideOpeners, open_frontend, side_policy
 from services.gateway.oracle_health import OracleHealth, notice
-from services.gateway.plan import (
-    CALL_INFO_FIELDS,
-    MAX_CALL_INFO_CHARS,
-    Mode,
-    SessionError,
-    SessionPlan,
-)
+from services.gateway.plan import CALL_INFO_FIELDS, Mode, SessionError, SessionPlan
 from services.gateway.records import SessionRecords
 from services.gateway.replay import OracleReplay, SttReplay, shift_transcript
 from services.gateway.reporting import TurnReporter
@@ -107,15 +95,6 @@ _tracer = tracing.tracer("kame.gateway")
 
 Notice = gateway_pb2.Notice
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
-# The session record's alive_at is refreshed this often (in caller frames: 5 s),
-# so that a resume token of a session whose gateway died can tell how long ago.
-ALIVE_EVERY_FRAMES = round(5.0 / FRAME_SECONDS)
 
 
 class GatewaySession:
@@ -136,27 +115,28 @@ class GatewaySession:
         self.oracle: SideStream[oracle_pb2.GuideRequest] | None = None
         self._stt_replay = SttReplay(self.settings.stt_replay_s)
         self._oracle_replay = OracleReplay()
+        self._records = SessionRecords(connections.store, self.id)
+        self._audio = CallerAudio(
+            self.settings, plan.input_format, self._records, self._send_caller_frame
+        )
         self._openers = SideOpeners(
             connections,
             plan,
             self.id,
             self._stt_replay,
             self._oracle_replay,
-            heard_s=self._heard_s,
+            heard_s=self._audio.heard_s,
             forget_utterances=self._forget_utterances,
         )
         self.replica = Replica("", "", 0, 0)  # the frontend replica serving the session
         self.ready = frontend_pb2.FrontendReady()
         self._tasks: list[asyncio.Task[None]] = []  # the caller reader and the supervisor
         self._abort: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._capture_us: list[int] = []  # capture time of every caller frame, by seq
         self._tracker = TurnTracker()
-        self._dtmf_digits = ""  # the last keys pressed in this call, as the record shows them
         self._encoder = Encoder(plan.output_format)
         self._span = _tracer.start_span(
             "session", attributes={"kame.session_id": self.id, "kame.mode": plan.mode.value}
         )
-        self._records = SessionRecords(connections.store, self.id)
         self._reporter = TurnReporter(plan.mode, self._span)
         self._functions = FunctionRouter(self.id, self._records)
         self._output = ClientOutput(
@@ -260,10 +240,6 @@ class GatewaySession:
             blank = common_pb2.TranscriptEvent(utterance_id=utterance_id, is_final=True)
             self.oracle.push(oracle_pb2.GuideRequest(user_transcript=blank))
 
-    def _heard_s(self) -> float:
-        """Seconds of caller audio so far (the next frame's position)."""
-        return len(self._capture_us) * FRAME_SECONDS
-
     # ---- pumps -----------------------------------------------------------------
 
     def _spawn(self, role: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -312,89 +288,28 @@ class GatewaySession:
 
     async def _read_caller(self, requests: AsyncIterator[gateway_pb2.ConverseRequest]) -> None:
         assert self.frontend is not None and self.stt is not None
-        decoder, framer = Decoder(self.plan.input_format), Framer()
         routes = TurnRoutes(self.frontend.send, self._end_stt_turn, self._output.put, self._typed)
         caller_turns = CallerTurns(
-            self.id, self.settings, self.plan.manual_turns, routes, self._heard_s, self._tracker
+            self.id,
+            self.settings,
+            self.plan.manual_turns,
+            routes,
+            self._audio.heard_s,
+            self._tracker,
         )
-        chunk_index = 0
-        async for request in requests:
-            kind = request.WhichOneof("msg")
-            if kind == "config":
-                raise SessionError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "a second config arrived: send the config once, first",
-                )
-            if kind == "dtmf":
-                await self._on_dtmf(request.dtmf)
-                continue
-            if kind in ("turn_control", "user_text"):  # turn_control.py
-                await caller_turns.handle(request)
-                continue
-            if kind == "function_result":
-                self._functions.answer(request.function_result, self.oracle)
-                continue
-            if kind != "audio":
-                raise SessionError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "a request carries no config, audio, dtmf, turn_control, user_text "
-                    "or function_result",
-                )
-            arrival_us = _now_us()
-            try:
-                samples = await coded(self.plan.input_format, decoder.decode, request.audio)
-            except CodecError as exc:
-                raise SessionError(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"audio chunk {chunk_index}: {exc}"
-                ) from None
-            chunk_index += 1
-            for frame in framer.push(samples):
-                await self._send_caller_frame(frame, arrival_us)
-        frames = framer.push(decoder.flush())
-        if (tail := framer.flush()) is not None:
-            frames.append(tail)
-        for frame in frames:
-            await self._send_caller_frame(frame, _now_us())
+        keys = CallerKeys(self.settings, self._records, self._output, self.oracle)
+        await read_requests(
+            requests,
+            self._audio,
+            keys,
+            caller_turns,
+            lambda result: self._functions.answer(result, self.oracle),
+        )
         await self.frontend.close_input()
         self.stt.close_input()
 
-    async def _on_dtmf(self, dtmf: common_pb2.Dtmf) -> None:
-        """A key the caller pressed (pacing.py limits their rate): back to the
-        client, into the conversation (the oracle's, or the gateway's own record
-        while no oracle is open). The record keeps the last keys, each a '*'
-        unless dtmf_in_records: they may be a PIN."""
-        if dtmf.digit not in DTMF_KEYS:
-            raise SessionError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"dtmf.digit: one of 0-9, *, #, A-D, got {dtmf.digit!r}",
-            )
-        metrics.DTMF_DIGITS.inc()
-        shown = self.settings.dtmf_in_records
-        self._dtmf_digits = (self._dtmf_digits + (dtmf.digit if shown else "*"))[
-            -MAX_CALL_INFO_CHARS:
-        ]
-        self._records.update_session({"dtmf": self._dtmf_digits})
-        await self._output.put(gateway_pb2.ConverseResponse(dtmf=dtmf))
-        if self.oracle is None or not self.oracle.push(oracle_pb2.GuideRequest(dtmf=dtmf)):
-            self._records.keypress(dtmf.digit, shown)
-
-    async def _send_caller_frame(self, samples: Samples, capture_us: int) -> None:
+    async def _send_caller_frame(self, frame: common_pb2.AudioFrame) -> None:
         assert self.frontend is not None and self.stt is not None
-        seq = len(self._capture_us)
-        if (seq + 1) * FRAME_SECONDS > self.settings.max_session_s:
-            raise SessionError(
-                grpc.StatusCode.OUT_OF_RANGE,
-                f"the session reached its cap of {self.settings.max_session_s} s of caller audio",
-            )
-        self._capture_us.append(capture_us)
-        if seq % ALIVE_EVERY_FRAMES == ALIVE_EVERY_FRAMES - 1:
-            self._records.update_session({"alive_at": time.time()})
-        frame = common_pb2.AudioFrame(
-            pcm=float_to_pcm16(samples),
-            sample_rate_hz=SAMPLE_RATE,
-            seq=seq,
-            capture_time_us=capture_us,
-        )
         await self.frontend.send(frontend_pb2.FrontendRequest(audio=frame))
         self._stt_replay.add(frame)
         self.stt.push(stt_pb2.TranscribeRequest(audio=frame))
@@ -425,7 +340,7 @@ class GatewaySession:
                 grpc.StatusCode.UNAVAILABLE,
                 "the frontend ended the stream before the caller finished",
             )
-        if (unanswered := len(self._capture_us) - answered) > 0:
+        if (unanswered := self._audio.frames - answered) > 0:
             raise SessionError(
                 grpc.StatusCode.UNAVAILABLE,
                 f"the frontend ended the stream with {unanswered} caller frames unanswered",
@@ -433,7 +348,7 @@ class GatewaySession:
 
     async def _on_agent_audio(self, audio: frontend_pb2.AgentAudio) -> None:
         frame = audio.frame
-        round_trip = (_now_us() - frame.capture_time_us) / 1e6
+        round_trip = (now_us() - frame.capture_time_us) / 1e6
         mode = self.plan.mode.value
         metrics.FRAME_ROUND_TRIP.labels(mode).observe(round_trip)
         metrics.FRAME_TRANSPORT.labels(mode).observe(max(0.0, round_trip - audio.step_s))
@@ -473,7 +388,7 @@ class GatewaySession:
 
     def _end_stt_turn(self) -> None:
         """The caller ended its turn: stt finalizes at what it has heard so far."""
-        self._on_turn_end(frontend_pb2.TurnEnd(speech_end_s=self._heard_s()))
+        self._on_turn_end(frontend_pb2.TurnEnd(speech_end_s=self._audio.heard_s()))
 
     async def _typed(self, event: common_pb2.TranscriptEvent) -> None:
         """A typed message: a turn that ends as it arrives, on the transcript path."""
@@ -499,21 +414,13 @@ class GatewaySession:
         await self._output.report_ready_turns()
 
     async def _on_activity(self, activity: common_pb2.SpeechActivity) -> None:
-        wall = self._wall_at(activity.at_s)
+        wall = self._audio.wall_at(activity.at_s)
         if activity.kind == common_pb2.SpeechActivity.SPEECH_START:
             self._stt_replay.speech_started(activity.utterance_id, activity.at_s)
             self._tracker.on_speech_start(activity.utterance_id, wall)
         elif activity.kind == common_pb2.SpeechActivity.SPEECH_END:
             self._tracker.on_speech_end(activity.utterance_id, wall)
         await self._output.report_ready_turns()
-
-    def _wall_at(self, at_s: float) -> float:
-        """Wall time at which the caller's audio at stream position `at_s` reached
-        the gateway: the capture time of its frame, less the rest of that frame."""
-        if not self._capture_us:
-            return time.time()
-        seq = min(max(int(at_s / FRAME_SECONDS), 0), len(self._capture_us) - 1)
-        return self._capture_us[seq] / 1e6 - ((seq + 1) * FRAME_SECONDS - at_s)
 
     async def _on_oracle_response(self, response: oracle_pb2.GuideResponse) -> None:
         """A HEARTBEAT only tells the watchdog that the oracle is alive."""
