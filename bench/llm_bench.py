@@ -38,8 +38,8 @@ from oracle_bench import QUESTIONS, ask, median  # bench/ is the script's own fo
 from kame_cli import llm_server
 from kame_cli.bench.report import print_table, write_json
 from services.oracle.config import ApiKeys, OracleSettings
+from services.oracle.factory import SessionFactory
 from services.oracle.prompts import gemma_prefix
-from services.oracle.session import SessionFactory
 
 RESULTS = Path(__file__).resolve().parent / "results" / "llm_bench.json"
 PORT = 18091

@@ -30,7 +30,7 @@ from kame_cli.bench.report import print_table, write_json
 from kame_cli.stack_options import free_ports
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.config import ApiKeys, OracleSettings
-from services.oracle.session import SessionFactory
+from services.oracle.factory import SessionFactory
 
 Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate

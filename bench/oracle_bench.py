@@ -37,7 +37,7 @@ from kame_cli import llm_server
 from kame_cli.bench.report import print_table, write_json
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.config import ApiKeys, OracleSettings
-from services.oracle.session import SessionFactory
+from services.oracle.factory import SessionFactory
 
 Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate

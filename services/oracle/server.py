@@ -17,7 +17,8 @@ from kame_common.server import ServiceRuntime, service_main
 from kamepb import oracle_pb2, oracle_pb2_grpc
 from services.oracle.backends import loggable_url
 from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleSettings
-from services.oracle.session import OracleSession, SessionFactory
+from services.oracle.factory import SessionFactory
+from services.oracle.session import OracleSession
 from services.oracle.tools.settings import parse_allowed, parse_servers
 
 log = logging.getLogger(__name__)

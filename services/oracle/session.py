@@ -84,25 +84,13 @@ from kame_common.store import KeyRun, SessionStore
 from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
 from kame_common.words import normalize_words
 from kamepb import common_pb2, oracle_pb2
-from services.oracle.backends import (
-    BackendConfigError,
-    BackendError,
-    LLMBackend,
-    create_backend,
-    describe,
-)
+from services.oracle.backends import BackendError, LLMBackend, describe
 from services.oracle.candidate import Candidate, Generation
-from services.oracle.config import (
-    ApiKeys,
-    InvalidSessionConfig,
-    OracleSettings,
-    SessionSettings,
-    resolve_session,
-)
+from services.oracle.config import SessionSettings
 from services.oracle.policy import FinalRetry, RestartPolicy, StartReason
 from services.oracle.prompts import AGENT, TOOL, USER, Turn, build_turns
 from services.oracle.tools.client_functions import ClientFunctions
-from services.oracle.tools.sources import ToolSources, check_names
+from services.oracle.tools.sources import ToolSources
 from services.oracle.tools.spec import ToolCall, ToolResult
 from services.oracle.tools.turn import SessionTools, Toolbox, tool_turn_text
 
@@ -524,111 +512,3 @@ class OracleSession:
     def _emit_update(self, update: common_pb2.OracleUpdate) -> None:
         update.created_time_us = _now_us()
         self._outbox.put_nowait(oracle_pb2.GuideResponse(update=update))
-
-
-class SessionFactory:
-    """Opens sessions: resolves the OracleConfig (refusing, before any request,
-    what the operator does not allow), checks the back-end, loads history."""
-
-    def __init__(
-        self,
-        service: OracleSettings,
-        keys: ApiKeys,
-        store: SessionStore | None,
-        toolbox: Toolbox | None = None,
-    ) -> None:
-        self.service = service
-        self.keys = keys
-        self.store = store
-        self.toolbox = toolbox  # the operator's tools, shared by the sessions
-        # How busy the default back-end is: the service's capacity (kame_common.capacity).
-        self.llm_load = LoadMeter(parallelism=service.llm_parallel)
-
-    async def warm_up(self) -> None:
-        """Warm the service's default back-end: one request of its fixed prompt prefix
-        (max_tokens 1), so the first caller does not pay for evaluating it. Bounded by
-        `warmup_timeout_s` (0: no warm-up); a failure is logged and the service starts
-        anyway (the LLM may come up later)."""
-        timeout_s = self.service.warmup_timeout_s
-        if timeout_s <= 0:
-            return
-        try:
-            settings = resolve_session(
-                oracle_pb2.OracleConfig(session_id="warm-up"), self.service, self.keys
-            )
-        except InvalidSessionConfig as exc:
-            log.warning("oracle: no warm-up: %s", exc)
-            return
-        backend = create_backend(settings.backend)
-        tools = self.toolbox.specs if self.toolbox is not None and backend.supports_tools else []
-        started = time.monotonic()
-        try:
-            await backend.warm_up(timeout_s, tools)
-        except BackendError as exc:
-            log.warning(
-                "oracle: warm-up of %s model %s at %s failed: %s (%s)",
-                backend.name,
-                settings.backend.model,
-                backend.where,
-                exc,
-                describe(exc.__cause__) if exc.__cause__ else "",
-            )
-        else:
-            log.info(
-                "oracle: warmed up %s model %s in %.2f s",
-                backend.name,
-                settings.backend.model,
-                time.monotonic() - started,
-            )
-        finally:
-            await backend.aclose()
-
-    async def open(self, config: oracle_pb2.OracleConfig) -> OracleSession:
-        """A started session; raises InvalidSessionConfig (-> INVALID_ARGUMENT)."""
-        settings = resolve_session(config, self.service, self.keys)
-        try:
-            check_names(settings.client_functions, self.toolbox)
-            backend = create_backend(settings.backend)
-        except (ValueError, BackendConfigError) as exc:
-            raise InvalidSessionConfig(str(exc)) from None
-        if settings.client_functions and not backend.supports_tools:
-            log.info(
-                "session %s: client functions not offered: model %s takes no tools",
-                settings.session_id,
-                settings.backend.model,
-            )
-        try:
-            history, _ = await asyncio.gather(
-                self._load_history(settings.session_id), backend.check(self.service.check_timeout_s)
-            )
-        except BaseException as exc:
-            await backend.aclose()
-            if isinstance(exc, BackendConfigError):
-                raise InvalidSessionConfig(str(exc)) from None
-            raise
-        on_service_llm = (settings.backend.backend, settings.backend.base_url) == (
-            self.service.backend,
-            self.service.base_url,
-        )
-        session = OracleSession(
-            settings,
-            backend,
-            history,
-            self.store,
-            self.llm_load if on_service_llm else None,
-            self.toolbox,
-        )
-        session.start()
-        return session
-
-    async def _load_history(self, session_id: str) -> list[Turn]:
-        """The conversation so far (another replica may have started it). Without
-        Redis the session still runs, only without history."""
-        if self.store is None:
-            return []
-        try:
-            turns = await self.store.conversation(session_id)
-        except (RedisError, OSError) as exc:
-            log.warning("session %s: no history, Redis failed: %s", session_id, exc)
-            return []
-        return [Turn(t["role"], t["text"]) for t in turns if t.get("role") in (USER, AGENT, TOOL)]

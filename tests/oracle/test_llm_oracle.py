@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from kame_common import store
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.config import ApiKeys, OracleSettings
-from services.oracle.session import SessionFactory
+from services.oracle.factory import SessionFactory
 
 Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate

@@ -152,7 +152,7 @@ async def test_a_failed_warm_up_is_logged_and_the_oracle_serves_anyway(
         base_url = f"{url}/v1"
     else:
         base_url = f"http://127.0.0.1:{free_ports(1)[0]}/v1"
-    with caplog.at_level(logging.WARNING, logger="services.oracle.session"):
+    with caplog.at_level(logging.WARNING, logger="services.oracle.factory"):
         runtime = await oracle_service(base_url=base_url, warmup_timeout_s=1.0)
     assert await health_status(runtime.port) == health_pb2.HealthCheckResponse.SERVING
     (record,) = [r for r in caplog.records if "warm-up" in r.getMessage()]
