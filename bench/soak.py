@@ -207,8 +207,8 @@ def question_outcomes(
             for e in result.events
         )
         hit = [
-            k["service"]
-            for k in kills
+            number
+            for number, k in enumerate(kills)
             if start - KILL_WINDOW_LEAD_S <= k["t"] - call_t0 < min(end, start + 60.0)
         ]
         outcomes.append(
@@ -216,7 +216,8 @@ def question_outcomes(
                 "start_s": round(starts_s[index], 1),
                 "asked_s": round(start, 1),
                 "answered": answered,
-                "kills": hit,
+                "kills": [kills[number]["service"] for number in hit],
+                "kill_indexes": hit,  # a service killed twice is two kills
             }
         )
     return outcomes
@@ -285,9 +286,9 @@ async def soak(args: argparse.Namespace, stack: Stack, questions: list[Question]
             1
             for call in served
             for q in call["question_outcomes"]
-            if not q["answered"] and kill["service"] in q["kills"]
+            if not q["answered"] and index in q["kill_indexes"]
         )
-        for index, kill in enumerate(kills)
+        for index in range(len(kills))
     }
     lags = np.concatenate([frame_lags(result) for result in results])
     return {
