@@ -10,12 +10,7 @@ from kame_common.server import ACTIVE_SESSIONS
 from kamepb import gateway_pb2
 from services.telephony import metrics
 from services.telephony.call import CallInfo, CallSettings, Ended, PhoneCall, PhoneLeg
-from services.telephony.call_control import (
-    CallControlPolicy,
-    CallControlRequest,
-    CallControlResult,
-    act,
-)
+from services.telephony.call_control import CallControlPolicy
 from services.telephony.call_functions import CallFunctions
 from services.telephony.config import TelephonySettings
 from services.telephony.playout import PhoneCodec
@@ -94,11 +89,6 @@ class Telephony:
             self._gauge.set(len(self.calls))
             if not self.calls:
                 self.idle.set()
-
-    async def control(self, call: PhoneCall, request: CallControlRequest) -> CallControlResult:
-        """Do what the agent asks of `call` (end it, transfer it, press keys), if the
-        operator allows it; what came of it, in words."""
-        return await act(call, request, self.call_control)
 
     def hang_up_all(self, reason: str = "the telephony service is stopping") -> None:
         """Hang up every open call: each phone is told (SIP BYE, Twilio socket closed,

@@ -4,7 +4,8 @@ our BYE) and SIPp (a transferee that accepts the REFER and reports the outcome
 in NOTIFYs); and a Twilio transfer, through a client speaking the documented
 Media Streams and webhook messages (no Twilio account here). The gateway in
 front is real, with scripted fake upstreams; the call control is asked for as
-the gateway will ask it, with a CallControlRequest through Telephony.control."""
+the agent asks it, with a CallControlRequest acted on by call_control.act under the
+service's policy."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.telephony.call import PhoneCall
-from services.telephony.call_control import CallControlPolicy, CallControlRequest
+from services.telephony.call_control import (
+    CallControlPolicy,
+    CallControlRequest,
+    CallControlResult,
+    act,
+)
 from services.telephony.config import ConfigError, TelephonySettings, TransferTarget
 from services.telephony.sip import SipCall, SipServer
 from services.telephony.sip_dtmf import KEY_PACKETS, KeysOut
@@ -49,6 +55,11 @@ async def the_call(sip: SipServer) -> tuple[SipCall, PhoneCall]:
     return sip_call, sip_call.call
 
 
+async def act_on(server, call: PhoneCall, request: CallControlRequest) -> CallControlResult:
+    """What the agent asks of `call`, done under `server`'s telephony policy."""
+    return await act(call, request, server.telephony.call_control)
+
+
 def refused_transfers() -> float:
     labels = {"provider": "sip", "action": "transfer", "result": "refused"}
     return REGISTRY.get_sample_value("kame_telephony_call_control_total", labels) or 0.0
@@ -65,13 +76,13 @@ async def test_baresip_hears_the_agents_keys_gets_its_refer_and_is_hung_up(rig: 
         sip_call, call = await the_call(sip)
 
         # Keys as RFC 4733 events in the call's RTP: baresip reports each one.
-        result = await sip.telephony.control(call, CallControlRequest("send_dtmf", digits="12#"))
+        result = await act_on(sip, call, CallControlRequest("send_dtmf", digits="12#"))
         assert result.ok, result.detail
         await wait_until(lambda: keys_heard(phone.events) == "12#", "baresip to hear 1, 2, #")
 
         # A target the operator did not list: refused, and nothing reaches the phone.
         elsewhere = CallControlRequest("transfer", target="sip:mallory@127.0.0.1")
-        result = await sip.telephony.control(call, elsewhere)
+        result = await act_on(sip, call, elsewhere)
         assert not result.ok and "not a transfer target" in result.detail
         assert sip_call.transfer_now is None
         assert refused_transfers() == refused_before + 1
@@ -79,7 +90,7 @@ async def test_baresip_hears_the_agents_keys_gets_its_refer_and_is_hung_up(rig: 
         # The listed one, by its name: baresip gets a REFER to the operator's URI. Its
         # one RTP port pair is this call's, so it cannot place the call to the target
         # and says so in its NOTIFY (500): the transfer failed, and the call goes on.
-        result = await sip.telephony.control(call, CallControlRequest("transfer", target="sales"))
+        result = await act_on(sip, call, CallControlRequest("transfer", target="sales"))
         transfers = [e["param"] for e in phone.events if e.get("type") == "TRANSFER"]
         assert transfers == [f"<{SALES}>"]
         assert not result.ok and "failed: 5" in result.detail, result.detail
@@ -89,7 +100,7 @@ async def test_baresip_hears_the_agents_keys_gets_its_refer_and_is_hung_up(rig: 
         assert phone.seen("CALL_CLOSED") is None
 
         # "Please hang up": our BYE ends baresip's call, and the session with it.
-        result = await sip.telephony.control(call, CallControlRequest("hang_up", reason="asked"))
+        result = await act_on(sip, call, CallControlRequest("hang_up", reason="asked"))
         assert result.ok
         await phone.wait_for("CALL_CLOSED")
         assert sip_call.bye_sent and not sip_call.phone_gone
@@ -107,7 +118,7 @@ async def test_a_transfer_ends_the_call_only_when_the_transferee_says_it_worked(
     xml = transferee(refer_to=r"sip:sales@127\.0\.0\.1:5999", outcome=outcome)
     phone = asyncio.ensure_future(sipp(xml, f"127.0.0.1:{sip.port}", tmp_path))
     _, call = await the_call(sip)
-    result = await sip.telephony.control(call, CallControlRequest("transfer", target=SALES))
+    result = await act_on(sip, call, CallControlRequest("transfer", target=SALES))
     assert result.ok is ok, result.detail
     assert outcome in result.detail
     sipp_result = await phone
@@ -132,7 +143,7 @@ async def test_a_twilio_transfer_closes_the_stream_and_dials_the_target_after_it
         twilio = await TwilioClient(answer.stream_url, call_sid, answer.parameters).connect()
         await twilio.start()
         call = await the_phone_call(server)
-        result = await server.telephony.control(call, CallControlRequest("transfer", "sales"))
+        result = await act_on(server, call, CallControlRequest("transfer", "sales"))
         assert result.ok, result.detail
         await twilio.wait_for(lambda: twilio.closed, "the stream to close")
         assert twilio.close_code == 1000
