@@ -24,3 +24,48 @@ def keypress_text(digit: str) -> str:
     """How a key the caller pressed stands in the conversation the LLM reads: on
     the caller's side, in words no speech recognizer would produce."""
     return f"(pressed {digit} on the keypad)"
+
+
+# What a listener says to show it follows, not to take the turn: spoken while the
+# agent talks, the agent goes on (the frontend's tts engine) and the oracle keeps
+# it as context instead of answering it. Both services read this one list (their
+# `backchannel_phrases` settings default to it); stt spells "uh-huh" and "mm-hmm"
+# with or without the hyphen, which normalization drops.
+BACKCHANNEL_PHRASES = (
+    "yeah",
+    "yes",
+    "yep",
+    "yup",
+    "uh-huh",
+    "mm-hmm",
+    "mhm",
+    "mm",
+    "hmm",
+    "okay",
+    "ok",
+    "right",
+    "sure",
+    "i see",
+    "got it",
+    "all right",
+    "alright",
+)
+
+
+def parse_phrases(text: str) -> tuple[tuple[str, ...], ...]:
+    """A comma-separated phrase list (a setting's value) as normalized word tuples."""
+    return tuple(words for words in (normalize_words(p) for p in text.split(",")) if words)
+
+
+def is_backchannel(text: str, phrases: tuple[tuple[str, ...], ...]) -> bool:
+    """The words are one or more of the phrases in a row ("Yeah, okay.") and nothing
+    else; no words is not a backchannel."""
+    words = normalize_words(text)
+    # ends[i]: words[:i] splits into phrases
+    ends = [True] + [False] * len(words)
+    for i in range(len(words)):
+        if ends[i]:
+            for phrase in phrases:
+                if words[i : i + len(phrase)] == phrase:
+                    ends[i + len(phrase)] = True
+    return bool(words) and ends[-1]

@@ -11,6 +11,7 @@ from kame_common.config import (
     RegistrySettings,
     setting,
 )
+from kame_common.words import BACKCHANNEL_PHRASES, parse_phrases
 
 ENGINES = ("tts", "kame", "moshi")
 TURN_MODES = ("smart_turn", "silence")
@@ -75,6 +76,24 @@ class FrontendSettings(RegistrySettings):
         "tts engine, smart_turn: the pause that ends a turn the model did not end "
         "(longer than a mid-sentence pause)",
     )
+    # tts engine: caller speech over the agent (services/frontend/engines/backchannel.py).
+    backchannel_max_s: float = setting(
+        0.8,
+        "tts engine: caller speech over the agent pauses it; speech longer than this is a "
+        "barge-in at once, shorter speech waits for its words (0 = every caller speech over "
+        "the agent stops it at once)",
+    )
+    backchannel_wait_s: float = setting(
+        0.8,
+        "tts engine: how long after paused-for speech ends the agent waits for its final "
+        "transcript; backchannel words only -> the agent goes on, other words or none in "
+        "time -> barge-in",
+    )
+    backchannel_phrases: str = setting(
+        ", ".join(BACKCHANNEL_PHRASES),
+        "tts engine: comma-separated phrases that, said over the agent (alone or in a row), "
+        "let it go on; keep equal to the oracle's backchannel_phrases",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -93,6 +112,12 @@ class FrontendSettings(RegistrySettings):
                 f"(<= {MAX_TURN_SILENCE_S:g} s): got first ask {self.turn_first_ask_s:g} s, "
                 f"{self.turn_asks} asks, fallback {self.turn_fallback_s:g} s"
             )
+        if not 0 <= self.backchannel_max_s <= MAX_TURN_SILENCE_S:
+            raise ConfigError(f"backchannel_max_s: must be 0 to {MAX_TURN_SILENCE_S:g} s")
+        if not 0 < self.backchannel_wait_s <= MAX_TURN_SILENCE_S:
+            raise ConfigError(f"backchannel_wait_s: must be > 0 and <= {MAX_TURN_SILENCE_S:g} s")
+        if self.backchannel_max_s and not parse_phrases(self.backchannel_phrases):
+            raise ConfigError("backchannel_phrases: no phrase (set backchannel_max_s 0 instead)")
         if self.batch_slots < 1:
             raise ConfigError(f"batch_slots: must be at least 1, got {self.batch_slots}")
         if self.jitter_frames < 1:

@@ -53,3 +53,8 @@ TURN_ENDS = Counter("kame_frontend_turn_ends_total", "tts engine: caller turn en
 BARGE_INS = Counter(
     "kame_frontend_barge_ins_total", "tts engine: agent speech stopped by caller speech"
 )
+BACKCHANNELS = Counter(
+    "kame_frontend_backchannels_total",
+    "tts engine: caller speech over the agent heard as a backchannel ('uh-huh'): the agent "
+    "paused and went on",
+)

@@ -10,6 +10,7 @@ from services.frontend.engines.base import Engine
 def build_engine(settings: FrontendSettings) -> Engine:
     """Load the configured engine's models (seconds to minutes: call it off the event loop)."""
     if settings.engine == "tts":
+        from services.frontend.engines.backchannel import Backchannels
         from services.frontend.engines.base import DEFAULT_TURN_END_SILENCE_S
         from services.frontend.engines.semantic_turns import TurnTaking
         from services.frontend.engines.tts import TtsEngine
@@ -22,7 +23,12 @@ def build_engine(settings: FrontendSettings) -> Engine:
             asks=settings.turn_asks,
             fallback_s=settings.turn_fallback_s,
         )
-        return TtsEngine(voice_path=settings.voice, slots=settings.batch_slots, turns=taking)
+        backchannels = Backchannels(
+            phrases=settings.backchannel_phrases,
+            max_speech_s=settings.backchannel_max_s,
+            wait_s=settings.backchannel_wait_s,
+        )
+        return TtsEngine(settings.voice, settings.batch_slots, taking, backchannels)
     from services.frontend.engines.kame.engine import KameEngine
 
     return KameEngine.from_config(settings, with_oracle=settings.engine == "kame")

@@ -16,12 +16,15 @@ Smart Turn early in the pause, else a longer fallback pause; or a fixed
 pause). The caller's transcripts reach the detector too. Both go to the
 policy; a TURN_END is also reported in that frame's StepOutput (`turn_end_s`,
 where the speech ended) so the service can tell the gateway, and stt can
-finalize at once. Caller speech while the agent talks stops it on that frame
-(barge-in: silent from the second frame of caller speech on). With manual
+finalize at once. Caller speech while the agent talks pauses it on that frame
+(silent from the second frame of caller speech on) until the caller's words
+say whether it was a backchannel ("uh-huh": the agent goes on where it
+paused) or a barge-in (what it was saying is dropped): backchannel.py. With manual
 turns (push-to-talk) the detector's TURN_END is neither given to the policy
 nor reported: the caller's END_TURN and RESPOND end turns and start answers
-(the policy's module doc). The caller's CANCEL and typed messages stop the
-agent at once too; the next frame reports it (`cancelled`).
+(the policy's module doc), and caller speech over the agent stops it at
+once. The caller's CANCEL and typed messages stop the agent at once too; the
+next frame reports it (`cancelled`).
 
 Lines. The policy hands out lines (a hold phrase, a phrase of an answer, the
 repair phrase) one at a time, in the order they are to be said; each is
@@ -72,6 +75,7 @@ from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, Samples
 from kame_common.models import piper_voice_path
 from kame_common.voice import Voice, load_voice
 from services.frontend import metrics
+from services.frontend.engines.backchannel import Backchannels, Overlap, Verdict
 from services.frontend.engines.base import (
     CandidateSource,
     Engine,
@@ -83,7 +87,14 @@ from services.frontend.engines.base import (
     StepOutput,
     Transcript,
 )
-from services.frontend.engines.commit import REPAIR_PHRASE, AnswerPolicy, Cut, Line, LineKind
+from services.frontend.engines.commit import (
+    REPAIR_PHRASE,
+    AnswerPolicy,
+    Cut,
+    Floor,
+    Line,
+    LineKind,
+)
 from services.frontend.engines.semantic_turns import SmartTurnDetector, TurnDetectors, TurnTaking
 from services.frontend.engines.turns import TurnEvent
 
@@ -293,27 +304,33 @@ class TtsSession(EngineSession):
         self._prepared: tuple[Line, Phrase] | None = None  # a first phrase synthesized ahead
         self._frame_index = 0
         self._closed = False
+        self._backchannels = engine.backchannels
+        self._overlap: Overlap | None = None  # caller speech over the agent, undecided
+        self._nods: set[str] = set()  # utterances heard as backchannels
+        self._stt_asked_at_s: float | None = None  # the speech end stt was asked to finalize
 
     async def step(self, frame: Samples) -> StepOutput:
         event = self._turns.push(frame)
         turn_end_s, barged_in = None, False
         cancelled, self._cancelled = self._cancelled, False
         if event is TurnEvent.SPEECH_START:
-            if self._player.queued_samples:
-                metrics.BARGE_INS.inc()
-                barged_in = True
-            self._policy.caller_speech_started(self._turns.speech_start_s)
+            barged_in = self._caller_speech_started()
         elif event is TurnEvent.TURN_END and not self._manual:  # manual: the caller's call
-            metrics.TURN_ENDS.inc()
-            turn_end_s = self._turns.speech_end_s
-            self._policy.caller_turn_ended(turn_end_s)
+            turn_end_s = self._caller_turn_ended()
+        if self._overlap is not None:
+            if self._overlap.frame(self._turns.frames, self._turns.silent_frames):
+                turn_end_s = self._overlap.speech_end_s  # stt finalizes the words at once
+            barged_in = self._follow_overlap() or barged_in
         self._policy.tick()
         self._follow_policy()
-        rendered = self._player.render(self._frame_index * FRAME_SECONDS)
+        if self._overlap is not None:  # paused: the answer waits where it was
+            rendered = Rendered(np.zeros(FRAME_SAMPLES, dtype=np.float32), [], 0, [])
+        else:
+            rendered = self._player.render(self._frame_index * FRAME_SECONDS)
+            if rendered.filled < FRAME_SAMPLES and self._job is not None and self._job.play:
+                metrics.LATE_AUDIO_FRAMES.inc()
         self._frame_index += 1
         self._policy.lines_started(rendered.started)
-        if rendered.filled < FRAME_SAMPLES and self._job is not None and self._job.play:
-            metrics.LATE_AUDIO_FRAMES.inc()
         return StepOutput(
             rendered.pcm,
             speaking=rendered.filled > 0,
@@ -322,6 +339,62 @@ class TtsSession(EngineSession):
             barged_in=barged_in or cancelled,
             cancelled=cancelled and not barged_in,
         )
+
+    # --- caller speech over the agent: a barge-in or a backchannel (backchannel.py) ---
+
+    def _caller_speech_started(self) -> bool:
+        """The detector's SPEECH_START; True when it stopped the agent now."""
+        audible = self._player.queued_samples > 0 or self._policy.floor is Floor.ANSWERING
+        if audible and self._backchannels.enabled and not self._manual:
+            self._overlap = Overlap(self._backchannels, self._turns.speech_start_s)
+            return False
+        return self._caller_takes_turn(self._turns.speech_start_s)
+
+    def _caller_takes_turn(self, speech_start_s: float) -> bool:
+        """The caller's speech starts a turn of its own; True when it cut audio."""
+        barged_in = self._player.queued_samples > 0
+        if barged_in:
+            metrics.BARGE_INS.inc()
+        self._policy.caller_speech_started(speech_start_s)
+        return barged_in
+
+    def _caller_turn_ended(self) -> float | None:
+        """The detector's TURN_END: where the speech ended, to report to the gateway
+        (None: stt was already asked to finalize it, or it waits for a verdict)."""
+        if self._overlap is not None:
+            self._overlap.turn_ended = True
+            return None
+        metrics.TURN_ENDS.inc()
+        speech_end_s = self._turns.speech_end_s
+        self._policy.caller_turn_ended(speech_end_s)
+        return None if speech_end_s == self._stt_asked_at_s else speech_end_s
+
+    def _follow_overlap(self) -> bool:
+        """Act on the overlap's verdict once there is one; True on a barge-in."""
+        overlap = self._overlap
+        if overlap is None or overlap.verdict is Verdict.WAIT:
+            return False
+        self._overlap = None
+        if overlap.verdict is Verdict.RESUME:
+            metrics.BACKCHANNELS.inc()
+            self._nods.update(t.utterance_id for t in overlap.held)
+            self._turns.drop_turn()
+            return False
+        self._stt_asked_at_s = overlap.speech_end_s
+        barged_in = self._caller_takes_turn(overlap.speech_start_s)
+        for transcript in overlap.held:
+            self._hear(transcript)
+        if overlap.turn_ended:
+            metrics.TURN_ENDS.inc()
+            self._policy.caller_turn_ended(self._turns.speech_end_s)
+        return barged_in
+
+    def _settle_overlap(self) -> None:
+        """A request of the caller's comes while the agent is paused: the speech
+        was the caller taking the turn."""
+        if self._overlap is not None:
+            self._overlap.verdict = Verdict.BARGE_IN
+            self._follow_overlap()
 
     def oracle_reset(
         self, generation: int, text: str = "", source: CandidateSource | None = None
@@ -334,25 +407,36 @@ class TtsSession(EngineSession):
         self._follow_policy()
 
     def user_transcript(self, transcript: Transcript) -> None:
+        if transcript.utterance_id in self._nods:
+            return  # a backchannel the agent went on through
+        if self._overlap is not None and self._overlap.heard(transcript):
+            return  # decides whether the agent goes on; the policy waits for the verdict
+        self._hear(transcript)
+
+    def _hear(self, transcript: Transcript) -> None:
         if isinstance(self._turns, SmartTurnDetector):
             self._turns.heard(transcript.text, transcript.end_s)
         self._policy.transcript(transcript)
         self._follow_policy()
 
     def end_turn(self) -> None:
+        self._settle_overlap()
         self._policy.end_turn(self._caller_speech_end_s())
         self._follow_policy()
 
     def respond(self) -> None:
+        self._settle_overlap()
         self._policy.respond(self._caller_speech_end_s())
         self._follow_policy()
 
     def cancel(self) -> None:
+        self._settle_overlap()
         self._note_cut_by_caller()
         self._policy.cancel()
         self._follow_policy()
 
     def user_text(self, transcript: Transcript) -> None:
+        self._settle_overlap()
         self._note_cut_by_caller()
         self._policy.typed_turn(transcript, self._frame_index * FRAME_SECONDS)
         self._follow_policy()
@@ -471,7 +555,11 @@ class TtsEngine(Engine):
     name = "tts"
 
     def __init__(
-        self, voice_path: str = "", slots: int = 4, turns: TurnTaking | None = None
+        self,
+        voice_path: str = "",
+        slots: int = 4,
+        turns: TurnTaking | None = None,
+        backchannels: Backchannels | None = None,
     ) -> None:
         path = Path(voice_path) if voice_path else piper_voice_path()
         if not path.is_file():
@@ -481,6 +569,7 @@ class TtsEngine(Engine):
         self._accepted_voices = {"", str(path), path.name, path.stem}
         self.worker = SynthesisWorker()
         self.turn_detectors = TurnDetectors(turns or TurnTaking())
+        self.backchannels = backchannels or Backchannels()
         self._slots = slots
         self._open = 0
         self._cached: OrderedDict[str, Future[Phrase]] = OrderedDict()

@@ -91,6 +91,13 @@ class TurnDetector:
             return TurnEvent.TURN_END
         return TurnEvent.NONE
 
+    def drop_turn(self) -> None:
+        """Forget the turn in progress (the caller only said "uh-huh" over the agent):
+        no TURN_END for it; the next voiced run starts a new turn."""
+        if self.caller_speaking:
+            self.caller_speaking = False
+            self.speech_end_s = (self._frames - self._silent_run) * FRAME_SECONDS
+
     @property
     def silent_frames(self) -> int:
         """Silent frames since the caller's last voiced one."""
