@@ -36,6 +36,7 @@ from kame_common.config import (
 )
 from kame_common.llm import BACKEND_NAMES, backend_name
 from kame_common.ports import LOCAL_LLM_URL, LOCAL_REDIS_URL
+from kame_common.words import BACKCHANNEL_PHRASES, parse_phrases
 from kamepb import oracle_pb2
 from services.oracle.backends import (
     ANTHROPIC_API_BASE_URL,
@@ -73,6 +74,11 @@ class OracleSettings(MeasuredCapacitySettings):
         False,
         "put the keys callers press (PINs, account numbers) into the LLM's prompt and the "
         "conversation log (off: '(pressed a key)'; on for menus such as 'press 1 for sales')",
+    )
+    backchannel_phrases: str = setting(
+        ", ".join(BACKCHANNEL_PHRASES),
+        "comma-separated phrases that, said alone (or in a row) while the agent speaks, are "
+        "kept as context and start no new answer; keep equal to the frontend's",
     )
     backend: str = setting("openai", "default LLM back-end", choices=BACKEND_NAMES)
     model: str = setting("gemma-3-270m", "default model (the embedded llm server's alias)")
@@ -188,6 +194,8 @@ class SessionSettings:
     history_turns: int
     heartbeat_interval_s: float = 0.0  # 0: no HEARTBEAT events
     dtmf_to_llm: bool = False  # keys pressed are named in the prompt and the log
+    # said while the agent speaks: context, not a question (normalized phrases)
+    backchannels: tuple[tuple[str, ...], ...] = ()
     tool_budget: int = 4  # tool calls per caller turn
     client_functions: tuple[ToolSpec, ...] = ()  # the client's functions, as tools
 
@@ -417,6 +425,7 @@ def resolve_session(
         history_turns=service.history_turns,
         heartbeat_interval_s=config.heartbeat_interval_s,
         dtmf_to_llm=service.dtmf_to_llm,
+        backchannels=parse_phrases(service.backchannel_phrases),
         tool_budget=service.tool_budget,
         client_functions=client_functions,
     )

@@ -53,6 +53,12 @@ words that started later answer this user turn and wait for the next final
 or the session's end. In tandem the agent starts answering before the
 caller's final arrives, and its answer is stored after the question. Writes
 go through one writer task, in order, so a slow Redis never stalls the oracle.
+A backchannel ("uh-huh", "okay": only phrases of the `backchannel_phrases`
+setting) whose audio starts while the agent speaks (its last word ended less
+than AGENT_SPEAKING_GAP_S before) is not a question: its partials count no
+new words and its final starts nothing; the final joins the conversation as
+the caller's turn (context for the next answer), and the generation in
+flight goes on, so the frontend's answer finishes.
 A session whose loaded history ends with a caller's turn does not save that
 turn again when its first final has the same words: that is the gateway
 asking a reopened stream to answer the turn a failed one left unanswered.
@@ -82,7 +88,7 @@ from kame_common.capacity import LoadMeter
 from kame_common.metrics import TURN_BUCKETS
 from kame_common.store import KeyRun, SessionStore
 from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
-from kame_common.words import normalize_words
+from kame_common.words import is_backchannel, normalize_words
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.backends import BackendError, LLMBackend, describe
 from services.oracle.candidate import Candidate, Generation
@@ -131,6 +137,12 @@ RETRY_UNREACHABLE_FOR_S = 30.0
 
 def _now_us() -> int:
     return time.time_ns() // 1000
+
+
+# The agent is speaking at a caller's utterance whose audio starts less than this
+# after the agent's last word ended (a phrase's pause is at most 0.25 s; the
+# frontend pauses the agent on the caller's second voiced frame).
+AGENT_SPEAKING_GAP_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -189,6 +201,7 @@ class OracleSession:
         self._saved_question = history[-1].text if history and history[-1].role == USER else ""
         self._keys: KeyRun | None = None  # keys pressed in a row: the last history turn
         self._agent_words: list[SpokenWord] = []  # spoken, not yet saved
+        self._agent_spoke_until_s = -math.inf  # where the agent's last word ended
         self._partials: dict[str, str] = {}  # open utterance id -> latest hypothesis
         # The caller's latest utterance (of the most recent non-blank transcript event).
         self._latest = common_pb2.CandidateSource()
@@ -214,6 +227,11 @@ class OracleSession:
     def user_transcript(self, event: common_pb2.TranscriptEvent) -> None:
         self._last_event_at = time.monotonic()
         text = " ".join(event.text.split())
+        if self._is_backchannel(event, text):
+            if event.is_final:
+                self._save_agent_words(spoken_before_s=event.span.start_s)
+                self._commit(Turn(USER, text))
+            return
         if text and self._tools is not None:
             self._tools.on_user_utterance(event.utterance_id)
         if text:
@@ -241,6 +259,14 @@ class OracleSession:
         if normalize_words(saved) != normalize_words(text):
             self._commit(Turn(USER, text))
 
+    def _is_backchannel(self, event: common_pb2.TranscriptEvent, text: str) -> bool:
+        """Only backchannel phrases, said while the agent spoke (module doc)."""
+        return (
+            event.HasField("span")
+            and event.span.start_s - self._agent_spoke_until_s < AGENT_SPEAKING_GAP_S
+            and is_backchannel(text, self.settings.backchannels)
+        )
+
     def keypress(self, digit: str) -> None:
         """A key the caller pressed joins the caller's side of the conversation, so
         the next answer can take it into account ("press 1 for ..."): the run of
@@ -257,6 +283,8 @@ class OracleSession:
         of the conversation: in the prompt, "Assistant: Hmm," before the answer slot
         would make the model continue the filler instead of answering."""
         text = " ".join(event.text.split())
+        if text:
+            self._agent_spoke_until_s = max(self._agent_spoke_until_s, event.end_s)
         if text and not event.filler:
             self._agent_words.append(SpokenWord(event.start_s, text))
             if self._tools is not None:
