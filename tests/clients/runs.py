@@ -24,6 +24,10 @@ from tests.clients.venvs import client_venv
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
+QUIET_S = 6.0  # an example stops once the agent has been quiet this long
+MAX_S = 75.0  # ... or after this long anyway
+# A cached venv builds in seconds; a first build downloads the client.
+BUILD_S = 240.0
 
 
 @dataclass
@@ -109,4 +113,24 @@ async def run_example(
         run.agent += [said["agent"]] if "agent" in said else []
         run.errors += [said["error"]] if "error" in said else []
         run.tool_calls += [said] if "tool" in said else []
+    return run
+
+
+async def ask_from_wav(
+    client: str,
+    example: str,
+    url: str,
+    question: Path,
+    out_dir: Path,
+    *flags: str,
+    quiet_s: float = QUIET_S,
+    max_s: float = MAX_S,
+) -> ClientRun:
+    """`examples/<example>` (in client `client`'s venv) asks the question of the WAV
+    `question` at `url`, with `flags`; it saves the agent's voice in out_dir."""
+    out = out_dir / "answer.wav"
+    args = ["--url", url, "--wav", str(question), "--out", str(out), *flags]
+    args += ["--quiet-s", str(quiet_s), "--max-s", str(max_s)]
+    run = await run_example(client, example, args, out, max_s + BUILD_S)
+    print(f"{example}: {run.seconds:.0f} s, you={run.you} agent={run.agent} tools={run.tool_calls}")
     return run

@@ -26,6 +26,7 @@ import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -53,6 +54,7 @@ from services.stt.server import serve as serve_stt
 from services.web.config import WebSettings
 from services.web.server import WebServer
 from services.web.server import serve as serve_web
+from tests.clients.runs import write_wav
 from tests.support import wait_until
 
 QUESTION = "What is the capital of France?"
@@ -196,6 +198,12 @@ async def web(stack):
     server = await web_before(gateway)
     yield server
     await server.stop()
+
+
+@pytest.fixture(scope="module")
+def question_wav(speak, tmp_path_factory) -> Path:
+    """QUESTION in piper's voice, as the WAV file the examples of examples/ read."""
+    return write_wav(tmp_path_factory.mktemp("question") / "question.wav", speak(QUESTION))
 
 
 async def web_before(gateway: ServiceRuntime) -> WebServer:

@@ -15,30 +15,11 @@ import asyncio
 
 import pytest
 
-from tests.clients.runs import ClientRun, run_example, write_wav
+from tests.clients.runs import ClientRun, ask_from_wav
 from tests.e2e.conftest import QUESTION
 from tests.support import word_recall, words_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
-
-QUIET_S = 6.0  # the examples stop once the agent has been quiet this long
-MAX_S = 75.0  # ... or after this long anyway
-# A cached venv builds in seconds; a first build downloads the client.
-RUN_TIMEOUT_S = MAX_S + 240.0
-
-
-@pytest.fixture(scope="module")
-def question_wav(speak, tmp_path_factory):
-    return write_wav(tmp_path_factory.mktemp("clients") / "question.wav", speak(QUESTION))
-
-
-async def ask(client: str, example: str, url: str, question_wav, tmp_path) -> ClientRun:
-    out = tmp_path / "answer.wav"
-    args = ["--url", url, "--wav", str(question_wav), "--out", str(out)]
-    args += ["--quiet-s", str(QUIET_S), "--max-s", str(MAX_S)]
-    run = await run_example(client, example, args, out, RUN_TIMEOUT_S)
-    print(f"{client}: {run.seconds:.0f} s, you={run.you} agent={run.agent}")
-    return run
 
 
 async def assert_answered(run: ClientRun, transcribe) -> None:
@@ -60,7 +41,7 @@ async def test_pipecat_asks_a_spoken_question_and_hears_the_answer(
     web, question_wav, transcribe, tmp_path
 ):
     url = f"ws://127.0.0.1:{web.port}/v1/realtime"  # Pipecat adds ?model=
-    run = await ask("pipecat", "pipecat_realtime.py", url, question_wav, tmp_path)
+    run = await ask_from_wav("pipecat", "pipecat_realtime.py", url, question_wav, tmp_path)
     await assert_answered(run, transcribe)
 
 
@@ -68,5 +49,7 @@ async def test_the_openai_agents_sdk_asks_a_spoken_question_and_hears_the_answer
     web, question_wav, transcribe, tmp_path
 ):
     url = f"ws://127.0.0.1:{web.port}/v1/realtime?model=kame-tandem"
-    run = await ask("openai_agents", "openai_agents_realtime.py", url, question_wav, tmp_path)
+    run = await ask_from_wav(
+        "openai_agents", "openai_agents_realtime.py", url, question_wav, tmp_path
+    )
     await assert_answered(run, transcribe)

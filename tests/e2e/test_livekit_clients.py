@@ -17,30 +17,11 @@ import asyncio
 
 import pytest
 
-from tests.clients.runs import ClientRun, run_example, write_wav
+from tests.clients.runs import ClientRun, ask_from_wav
 from tests.e2e.conftest import QUESTION
 from tests.support import word_recall, words_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
-
-QUIET_S = 6.0  # the examples stop once the agent has been quiet this long
-MAX_S = 75.0  # ... or after this long anyway
-# A cached venv builds in seconds; a first build downloads the client.
-RUN_TIMEOUT_S = MAX_S + 240.0
-
-
-@pytest.fixture(scope="module")
-def question_wav(speak, tmp_path_factory):
-    return write_wav(tmp_path_factory.mktemp("livekit") / "question.wav", speak(QUESTION))
-
-
-async def ask(example: str, url: str, question_wav, tmp_path) -> ClientRun:
-    out = tmp_path / "answer.wav"
-    args = ["--url", url, "--wav", str(question_wav), "--out", str(out)]
-    args += ["--quiet-s", str(QUIET_S), "--max-s", str(MAX_S)]
-    run = await run_example("livekit", example, args, out, RUN_TIMEOUT_S)
-    print(f"{example}: {run.seconds:.0f} s, you={run.you} agent={run.agent}")
-    return run
 
 
 async def heard_answer(run: ClientRun, transcribe) -> str:
@@ -58,7 +39,7 @@ async def test_livekit_openai_realtime_plugin_asks_a_spoken_question_and_hears_t
     web, question_wav, transcribe, tmp_path
 ):
     url = f"http://127.0.0.1:{web.port}/v1"  # the plugin adds /realtime?model=
-    run = await ask("livekit_realtime.py", url, question_wav, tmp_path)
+    run = await ask_from_wav("livekit", "livekit_realtime.py", url, question_wav, tmp_path)
     heard = await heard_answer(run, transcribe)
     assert word_recall(QUESTION, run.heard_question) >= 0.6, run
     if "france" in words_of(run.heard_question):  # else the model cannot know
@@ -71,7 +52,7 @@ async def test_livekit_personaplex_plugin_asks_a_spoken_question_and_hears_the_a
     web, question_wav, transcribe, tmp_path
 ):
     url = f"ws://127.0.0.1:{web.port}"  # the plugin adds /api/chat?voice_prompt=...
-    run = await ask("livekit_personaplex.py", url, question_wav, tmp_path)
+    run = await ask_from_wav("livekit", "livekit_personaplex.py", url, question_wav, tmp_path)
     heard = await heard_answer(run, transcribe)
     # The Moshi protocol carries no caller transcript, so no misheard question can
     # excuse a wrong answer here: piper's question, without its noise, is heard right.

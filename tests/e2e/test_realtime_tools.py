@@ -21,7 +21,7 @@ import random
 import pytest
 import pytest_asyncio
 
-from tests.clients.runs import run_example, write_wav
+from tests.clients.runs import ask_from_wav, write_wav
 from tests.e2e.conftest import HOLD_MAX_S, Services, wait_registered, web_before
 from tests.e2e.test_tools_stack import FAKE_LLM, QUESTION, SECRETS, tool_results
 from tests.oracle.conftest import StubHttpServer
@@ -33,7 +33,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 TOOL_TIMEOUT_S = 20.0
 QUIET_S = 8.0  # the example stops once the agent has been quiet this long
 MAX_S = 90.0  # ... or after this long anyway
-RUN_TIMEOUT_S = MAX_S + 240.0  # a first run builds the SDK's venv
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -65,12 +64,13 @@ async def test_the_agents_sdk_runs_its_function_tool_for_the_stacks_model(
 ):
     secret = random.choice(SECRETS)
     question = write_wav(tmp_path / "question.wav", speak(QUESTION))
-    out = tmp_path / "answer.wav"
-    args = ["--url", f"ws://127.0.0.1:{web.port}/v1/realtime?model=kame-tandem"]
-    args += ["--wav", str(question), "--out", str(out), "--door-code", secret]
-    args += ["--quiet-s", str(QUIET_S), "--max-s", str(MAX_S)]
-    run = await run_example("openai_agents", "openai_agents_realtime.py", args, out, RUN_TIMEOUT_S)
-    print(f"{run.seconds:.0f} s: you={run.you} agent={run.agent} tools={run.tool_calls}")
+    url = f"ws://127.0.0.1:{web.port}/v1/realtime?model=kame-tandem"
+    run = await ask_from_wav(
+        *("openai_agents", "openai_agents_realtime.py", url, question, tmp_path),
+        *("--door-code", secret),
+        quiet_s=QUIET_S,
+        max_s=MAX_S,
+    )
 
     assert run.returncode == 0 and run.errors == [], run
     # The SDK ran its function with the arguments the model wrote, once.
