@@ -30,7 +30,9 @@ def keypress_text(digit: str) -> str:
 # agent talks, the agent goes on (the frontend's tts engine) and the oracle keeps
 # it as context instead of answering it. Both services read this one list (their
 # `backchannel_phrases` settings default to it); stt spells "uh-huh" and "mm-hmm"
-# with or without the hyphen, which normalization drops.
+# with or without the hyphen, which normalization drops, and Whisper writes a hum
+# as "m", "mm" or "mmm", a short "uh-huh" as "oh" or "ah"
+# (bench/backchannel_bench.py: the words stt heard in each clip).
 BACKCHANNEL_PHRASES = (
     "yeah",
     "yes",
@@ -39,8 +41,14 @@ BACKCHANNEL_PHRASES = (
     "uh-huh",
     "mm-hmm",
     "mhm",
+    "uh huh",
+    "mm hmm",
+    "m",
     "mm",
+    "mmm",
     "hmm",
+    "oh",
+    "ah",
     "okay",
     "ok",
     "right",
