@@ -78,7 +78,7 @@ class FrontendSettings(RegistrySettings):
     )
     # tts engine: caller speech over the agent (services/frontend/engines/backchannel.py).
     backchannel_max_s: float = setting(
-        0.8,
+        0.72,
         "tts engine: caller speech over the agent pauses it; speech longer than this is a "
         "barge-in at once, shorter speech waits for its words (0 = every caller speech over "
         "the agent stops it at once)",

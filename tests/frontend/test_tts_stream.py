@@ -134,10 +134,10 @@ async def test_caller_speech_silences_the_agent_within_two_frames(frontend_stub,
     # the interrupted answer is not resumed.
     assert max(sounding) <= interruption_start + 1, (interruption_start, sounding[-5:])
     assert not any(a.speaking for a in call.audio[interruption_start + 2 :])
-    # One BargeIn, once the paused-for speech outlasts a backchannel (0.8 s: the
+    # One BargeIn, once the paused-for speech outlasts a backchannel (0.72 s: the
     # agent was already silent), so a client can drop what was left of the answer.
     (barge_in,) = call.barge_ins
-    assert interruption_start < barge_in.seq <= interruption_start + 2 + round(0.8 / FRAME_SECONDS)
+    assert interruption_start < barge_in.seq <= interruption_start + 2 + round(0.72 / FRAME_SECONDS)
     spoken = [w.text for w in call.words]
     assert 0 < len(spoken) < len(answer.split())
 

@@ -50,7 +50,7 @@ class Backchannels:
     """The replica's backchannel rule (FrontendSettings.backchannel_*: their help)."""
 
     phrases: str = ", ".join(BACKCHANNEL_PHRASES)
-    max_speech_s: float = 0.8  # 0: every caller speech over the agent barges in
+    max_speech_s: float = 0.72  # 0: every caller speech over the agent barges in
     wait_s: float = 0.8
 
     @property
