@@ -54,7 +54,7 @@ from kame_common.audio import (
 from kame_common.words import normalize_words
 from services.frontend.engines.backchannel import Backchannels, Overlap, Verdict
 from services.frontend.engines.base import Transcript
-from services.frontend.engines.tts import voiced_bounds
+from services.frontend.engines.phrases import voiced_bounds
 from services.frontend.engines.turns import LevelVad, TurnDetector, TurnEvent
 
 OUT = Path(__file__).resolve().parent / "results" / "backchannel_bench.json"

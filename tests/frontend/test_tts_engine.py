@@ -21,7 +21,8 @@ from services.frontend.engines.base import (
     Transcript,
 )
 from services.frontend.engines.commit import Line, LineKind
-from services.frontend.engines.tts import Player, TtsEngine, TtsSession, shape_phrase
+from services.frontend.engines.phrases import Player, shape_phrase
+from services.frontend.engines.tts import TtsEngine, TtsSession
 from services.frontend.engines.turns import LevelVad, TurnDetector, TurnEvent
 from tests.frontend.calls import frames_of, silence
 
