@@ -168,12 +168,14 @@ class SessionLease:
                 )
             await asyncio.sleep(_TAKEOVER_POLL_S)
 
-    def keep(self, first_write: dict[str, str | int | float] | None = None) -> None:
+    def keep(self, record_binding: dict[str, str | int | float]) -> None:
         """Hold the lease in the background until `release`: renew it every third of
-        its TTL (taking it first, for a new session, with `first_write` written to
-        its record beside it)."""
+        its TTL, writing the session's `record_binding` to its record each time. Written
+        again and again because Redis may restart empty under a live call: its
+        record would then hold what the call writes next (alive_at) but no binding,
+        and the caller's own resume would be refused as another caller's."""
         self._renewal = asyncio.get_running_loop().create_task(
-            self._renew_forever(first_write), name=f"gateway-{self.session_id}-lease"
+            self._renew_forever(record_binding), name=f"gateway-{self.session_id}-lease"
         )
 
     def release_when_done(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
@@ -196,12 +198,10 @@ class SessionLease:
         except (RedisError, OSError) as exc:
             log.warning("session %s: lease not released (it expires): %s", self.session_id, exc)
 
-    async def _renew_forever(self, first_write: dict[str, str | int | float] | None) -> None:
+    async def _renew_forever(self, record_binding: dict[str, str | int | float]) -> None:
         while True:
             try:
-                if first_write is not None:
-                    await self._store.put_session(self.session_id, first_write)
-                    first_write = None
+                await self._store.put_session(self.session_id, record_binding)
                 if not await self._store.hold_lease(self.session_id, self._owner, LEASE_TTL_S):
                     log.warning("session %s: another call holds its lease", self.session_id)
             except (RedisError, OSError) as exc:
@@ -220,7 +220,7 @@ async def hold(
     """The call's session id (`resumed_id`, or a new one). With resume on, the call
     holds the session's lease until it ends: a resume takes it over from the
     earlier call (SessionError while that one lives on), a new session takes
-    it, and writes its binding, in the background."""
+    it; either keeps its binding written, in the background."""
     if not secret:
         return resumed_id or new_session_id()
     lease = SessionLease(store, resumed_id or new_session_id())
@@ -232,9 +232,7 @@ async def hold(
             raise SessionError(
                 grpc.StatusCode.UNAVAILABLE, "the session store is unavailable; try again"
             ) from None
-        lease.keep()
-    else:
-        lease.keep(first_write=binding(secret, plan, principal))
+    lease.keep(binding(secret, plan, principal))  # a resume's: the one check_resumable saw
     lease.release_when_done(context)
     return lease.session_id
 

@@ -18,12 +18,14 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
+from kame_common import store
 from kame_common.audio import FRAME_SAMPLES, float_to_pcm16
 from kamepb import (
     common_pb2,
     gateway_pb2,
     gateway_pb2_grpc,
 )
+from services.gateway import resume
 from tests.gateway.fakes import Activity, activity, sync_converse, transcript
 from tests.support import conversation, wait_until
 
@@ -552,7 +554,6 @@ async def test_a_call_resumes_its_session_on_another_gateway(fakes):
     ],
 )
 async def test_a_token_that_resumes_nothing_is_refused(fakes, token, code, message):
-    from services.gateway import resume
 
     if token.startswith("valid"):
         token = resume.issue(RESUME["resume_secret"], token)
@@ -576,6 +577,39 @@ async def test_a_resumed_session_keeps_its_mode_and_needs_resume_on(fakes):
     assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "does not resume sessions" in refused.details
     assert not (await converse(no_resume.address, frames=1)).of("started")[0].resume_token
+
+
+async def test_a_call_resumes_after_redis_lost_its_record_under_it(fakes):
+    """Redis restarts empty while a call is live (a soak's kill of Redis did): the
+    call's lease renewal writes its binding again, so its own caller can still
+    resume it later (it was refused PERMISSION_DENIED, 'another caller')."""
+    gateway = await fakes.gateway(**RESUME)
+    release = asyncio.Event()
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(held_open(release))
+        started = (await call.read()).started
+        session_id = started.session_id
+
+        async def bound() -> bool:
+            return resume.PRINCIPAL_FIELD in await fakes.session_record(session_id)
+
+        await wait_until(bound, "the session's binding in its record", 3)
+        client = store.connect(fakes.redis_url)
+        try:  # what a Redis restarted without its data holds of the session: nothing
+            await client.delete(f"{store.PREFIX}:session:{session_id}")
+            await client.delete(f"{store.PREFIX}:lease:{session_id}")
+        finally:
+            await client.aclose()
+        await wait_until(bound, "a lease renewal to write the binding again", 5)
+        release.set()
+        while await call.read() is not grpc.aio.EOF:
+            pass
+        assert await call.code() == grpc.StatusCode.OK
+    again = await converse(
+        gateway.address, frames=1, config=Config(resume_token=started.resume_token)
+    )
+    assert again.code == grpc.StatusCode.OK, again.details
+    assert again.of("started")[0].resumed
 
 
 async def test_a_draining_gateway_asks_its_calls_to_reconnect(fakes):
