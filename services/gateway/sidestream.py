@@ -217,9 +217,11 @@ class SideStream(Generic[RequestT]):
         try:
             while not reader.done():
                 done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    if (error := task.exception()) is not None:
-                        raise error
+                # Every finished task's error is taken (asyncio logs one never taken as
+                # "Task exception was never retrieved"); the first is the failure.
+                errors = [error for task in done if (error := task.exception()) is not None]
+                if errors:
+                    raise errors[0]
         finally:
             await cancel_and_wait(list(tasks))
 

@@ -5,10 +5,11 @@ tested through whole sessions in test_session.py."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
-from services.gateway.sidestream import DropOldestBuffer, SidePolicy
+from services.gateway.sidestream import DropOldestBuffer, SidePolicy, SideStream
 
 
 async def test_a_full_buffer_drops_its_oldest_item_and_never_waits():
@@ -43,3 +44,53 @@ def test_backoff_doubles_up_to_its_cap_with_jitter():
 def test_a_buffer_holds_at_least_one_item(size):
     buffer: DropOldestBuffer[int] = DropOldestBuffer(size)
     assert buffer.push(1) and not buffer.push(2) and len(buffer) == 1
+
+
+class BrokenCall:
+    """A call whose connection is gone: reading and writing fail at once, as both
+    of a gRPC call's directions do when its upstream is killed."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    async def write(self, request: object) -> None:
+        raise asyncio.InvalidStateError("RPC already finished.")
+
+    async def read(self) -> object:
+        raise ConnectionResetError("Stream removed")
+
+    async def done_writing(self) -> None:
+        pass
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+async def test_a_call_whose_two_directions_fail_at_once_leaves_no_error_untaken():
+    """Both the reader's and the writer's errors are taken; asyncio logged the one
+    left behind as 'Task exception was never retrieved' (a soak's gateway log)."""
+    loop = asyncio.get_running_loop()
+    untaken: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: untaken.append(context))
+    failures: list[str] = []
+
+    async def on_down(_side: SideStream[str], exc: Exception) -> bool:
+        failures.append(type(exc).__name__)  # not the error: its traceback holds the tasks
+        return False  # do not reopen
+
+    async def nothing(*_args: object) -> None:
+        return None
+
+    policy = SidePolicy(buffer_size=4, timeout_s=0, backoff_s=0.01, backoff_max_s=0.01)
+    side: SideStream[str] = SideStream(
+        "stt", policy, lambda _attempt: (BrokenCall(), ["config"]), nothing, on_down, nothing
+    )
+    side.start(lambda name, coro: loop.create_task(coro, name=name))
+    assert side.task is not None
+    await asyncio.wait_for(side.task, 2)
+    await asyncio.sleep(0)
+    gc.collect()  # a task's untaken error is reported when the task is collected
+    await asyncio.sleep(0)
+    assert len(failures) == 1
+    assert not [c for c in untaken if "never retrieved" in str(c.get("message"))], untaken
