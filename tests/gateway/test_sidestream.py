@@ -1,5 +1,6 @@
-"""The parts of a side stream that need no server: the drop-oldest buffer and
-the reopening backoff. The stream itself (watchdog, reopening, notices) is
+"""The parts of a side stream that need no server: the drop-oldest buffer, the
+reopening backoff, and a call whose connection is gone (a stand-in for the gRPC
+call object). The stream with real upstreams (watchdog, reopening, notices) is
 tested through whole sessions in test_session.py."""
 
 from __future__ import annotations
