@@ -11,9 +11,12 @@ whenever it returns a reason.
 - afterwards a stream restarts on >= `min_new_words` new user words or on a
   final. Words are counted over the committed finals plus the LONGEST partial
   of each open utterance (a shrinking partial is a revision, not new speech);
-- a final that is already answered (the session found that the stream in
-  flight, or the one just finished, was started from the same words) commits
-  its words but wants no start;
+- a settled partial (stt says every word of it is stable: the early final's
+  words, decoded as soon as the caller pauses) wants a start at once, like a
+  final: its candidate is the one a final with the same words keeps;
+- a final or settled partial that is already answered (the session found that
+  the stream in flight, or the one just finished, was started from the same
+  words) commits its words but wants no start;
 - at most `max_starts` starts in any sliding window of `start_window_s`: a
   start that would exceed it stays pending until the window frees up.
 
@@ -35,6 +38,7 @@ class StartReason(enum.Enum):
     FIRST_TEXT = "first_text"  # the session's first user words
     NEW_WORDS = "new_words"  # >= min_new_words since the last start
     FINAL = "final"  # a final transcript landed since the last start
+    SETTLED = "settled"  # a partial whose every word is stable (tandem)
 
 
 @dataclass(frozen=True)
@@ -72,13 +76,19 @@ class RestartPolicy:
         self._final_words = 0
         self._longest_partial: dict[str, int] = {}  # open utterance id -> most words seen
         self._final_pending = False
+        self._settled_pending = False
         self._words_at_last_start: int | None = None  # None: no stream started yet
         self._recent_starts: collections.deque[float] = collections.deque()
 
-    def on_partial(self, utterance_id: str, text: str) -> None:
+    def on_partial(
+        self, utterance_id: str, text: str, settled: bool = False, answered: bool = False
+    ) -> None:
+        """A partial; a `settled` one that is not `answered` wants a start (tandem)."""
         words = count_words(text)
         if words > self._longest_partial.get(utterance_id, 0):
             self._longest_partial[utterance_id] = words
+        if settled and words > 0 and not answered:
+            self._settled_pending = True
 
     def on_final(self, utterance_id: str, text: str, answered: bool = False) -> None:
         """Commit an utterance. A blank final (nothing was said after all) only
@@ -104,6 +114,8 @@ class RestartPolicy:
             return StartReason.FINAL
         if self.params.name == "cascade":
             return None
+        if self._settled_pending:
+            return StartReason.SETTLED
         if self._words_at_last_start is None:
             return StartReason.FIRST_TEXT if self.user_words > 0 else None
         if self.user_words - self._words_at_last_start >= self.params.min_new_words:
@@ -125,7 +137,7 @@ class RestartPolicy:
             return None
         self._recent_starts.append(now)
         self._words_at_last_start = self.user_words
-        self._final_pending = False
+        self._final_pending = self._settled_pending = False
         return reason
 
 

@@ -42,7 +42,11 @@ else happens: the client's sign that the session is alive.
 A final whose words equal the source of the generation in flight, or of the
 one that just finished with words, does not restart: that candidate already
 answers it (the front-end finds its source fresh). Any other final restarts
-at once, without waiting for the next poll tick; partials wait for the tick.
+at once, without waiting for the next poll tick, and so does (in tandem) a
+settled partial, one whose every word stt marks stable: stt sends the early
+final's words so as soon as the caller pauses, and the final that follows
+says the same words, so the candidate started on them is kept. Other
+partials wait for the tick.
 
 The oracle writes the conversation log in Redis: each user final is a user
 turn; agent words (AgentText, word by word) wait and are written as one agent
@@ -208,7 +212,7 @@ class OracleSession:
         self._last_event_at: float | None = None  # monotonic arrival of the latest user event
         self._current: Generation | None = None  # the latest LLM stream started
         self._streams: set[asyncio.Task[None]] = set()  # the running LLM stream (at most one)
-        self._final_landed = asyncio.Event()  # wakes the policy loop before its tick
+        self._start_wanted = asyncio.Event()  # wakes the policy loop before its tick
         self._poll_task: asyncio.Task[None] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._writer_task: asyncio.Task[None] | None = None
@@ -240,7 +244,7 @@ class OracleSession:
             )
         if not event.is_final:
             self._partials[event.utterance_id] = text
-            self.policy.on_partial(event.utterance_id, text)
+            self._on_partial(event, text)
             return
         self._partials.pop(event.utterance_id, None)
         if not text:  # a blank final (nothing was said after all) commits nothing
@@ -251,7 +255,7 @@ class OracleSession:
         if answered:
             FINALS_KEPT.inc()
         else:
-            self._final_landed.set()
+            self._start_wanted.set()
         # Without a span (no audio position) the arrival order is all there is.
         began_s = event.span.start_s if event.HasField("span") else math.inf
         self._save_agent_words(spoken_before_s=began_s)
@@ -266,6 +270,19 @@ class OracleSession:
             and event.span.start_s - self._agent_spoke_until_s < AGENT_SPEAKING_GAP_S
             and is_backchannel(text, self.settings.backchannels)
         )
+
+    def _on_partial(self, event: common_pb2.TranscriptEvent, text: str) -> None:
+        """A settled partial (every word stable: stt's early final) wakes the policy
+        at once, unless the candidate in flight was started from the same words."""
+        settled = bool(text) and normalize_words(event.stable_text) == normalize_words(text)
+        answered = (
+            settled
+            and self._current is not None
+            and self._current.answers(event.utterance_id, text)
+        )
+        self.policy.on_partial(event.utterance_id, text, settled=settled, answered=answered)
+        if settled and not answered:
+            self._start_wanted.set()
 
     def keypress(self, digit: str) -> None:
         """A key the caller pressed joins the caller's side of the conversation, so
@@ -375,15 +392,15 @@ class OracleSession:
     # -- LLM streams ----------------------------------------------------------
 
     async def _poll_forever(self) -> None:
-        """Ask the policy every poll tick, and at once when a final lands."""
+        """Ask the policy every poll tick, and at once when a final or settled partial lands."""
         loop = asyncio.get_running_loop()
         interval = self.settings.policy.poll_interval_s
         next_tick = loop.time() + interval
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(next_tick):
-                    await self._final_landed.wait()
-            self._final_landed.clear()
+                    await self._start_wanted.wait()
+            self._start_wanted.clear()
             while next_tick <= loop.time():
                 next_tick += interval
             reason = self.policy.decide()
@@ -495,7 +512,7 @@ class OracleSession:
             and latest.utterance_id == generation.source.utterance_id
         ):
             self.policy.on_answer_deferred()
-            self._final_landed.set()
+            self._start_wanted.set()
 
     def _candidate(self, generation: Generation, trigger_at: float | None) -> Candidate:
         return Candidate(

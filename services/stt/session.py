@@ -5,7 +5,9 @@
       every `partial_interval_s` of new speech -> partial decode of the whole
                        utterance; local agreement keeps its prefix stable
       pause of 0.2 s -> the final decode starts early (discarded if the caller
-                       goes on), so it is usually done when the endpoint is
+                       goes on), so it is usually done when the endpoint is;
+                       done before it, its words go out at once as a partial
+                       whose every word is stable (stability 1.0)
       pause of `endpoint_silence_s` -> SPEECH_END, final transcript
       EndOfTurn (the front-end's turn detector: the caller's turn is over)
                     -> SPEECH_END and final at once, without waiting for the
@@ -30,10 +32,10 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -325,8 +327,10 @@ class SttSession:
         if pause is not None:
             if utterance.early_final is None and self._audio.end_s >= pause + self._final_tail_s:
                 end_s = self._final_end(utterance, pause)
-                utterance.early_final = self._submit_final(utterance, end_s)
+                early_final = self._submit_final(utterance, end_s)
+                utterance.early_final = early_final
                 utterance.early_final_pause_s, utterance.early_final_end_s = pause, end_s
+                self._start_task(self._announce_early_final(utterance, early_final))
         elif self._audio.end_s - utterance.last_partial_end_s >= self.settings.partial_interval_s:
             self._submit_partial(utterance)
         if self._audio.end_s - utterance.audio_start_s >= self.settings.max_utterance_s:
@@ -380,9 +384,42 @@ class SttSession:
         future = _observed(self._engine.scheduler.submit_partial(self, request), "partial", request)
         utterance.last_partial_end_s = end_s
         received_at = self._clock.received_at(end_s)
-        task = asyncio.create_task(self._deliver_partial(utterance, future, end_s, received_at))
+        self._start_task(self._deliver_partial(utterance, future, end_s, received_at))
+
+    def _start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _announce_early_final(self, utterance: Utterance, future: Future[Decoded]) -> None:
+        """The early final's words, as soon as they are decoded, as a partial whose every
+        word is stable, if the caller is still in the same pause and the endpoint has
+        not come yet: the oracle starts its LLM on them and the front-end may take
+        them as settled, a pause before the final (which reuses this decode, so says
+        the same words)."""
+        end_s = utterance.early_final_end_s
+        received_at = self._clock.received_at(end_s)
+        try:
+            decoded: Decoded = await asyncio.wrap_future(future)
+        except (asyncio.CancelledError, Exception):
+            return  # discarded (the caller went on), or failed: the final says so
+        if utterance.early_final is not future or utterance.final is not None:
+            return  # the caller went on, or the endpoint came: the final is on its way
+        if end_s <= utterance.applied_partial_end_s or not decoded.words:
+            return
+        utterance.applied_partial_end_s = end_s
+        text = join_words(decoded.words)
+        lag = time.monotonic() - received_at
+        event = _transcript(
+            utterance,
+            is_final=False,
+            stability=1.0,
+            words=decoded.words,
+            stable_text=text,
+            end_s=end_s,
+            lag_s=lag,
+        )
+        self._emit_partial(utterance, event, lag)
 
     async def _deliver_partial(
         self, utterance: Utterance, future: Future[Decoded], end_s: float, received_at: float
@@ -413,6 +450,11 @@ class SttSession:
             end_s=end_s,
             lag_s=lag,
         )
+        self._emit_partial(utterance, event, lag)
+
+    def _emit_partial(
+        self, utterance: Utterance, event: stt_pb2.TranscribeResponse, lag: float
+    ) -> None:
         try:
             self._out.put_nowait(event)
         except asyncio.QueueFull:

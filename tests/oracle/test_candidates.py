@@ -199,3 +199,32 @@ async def test_a_final_starts_a_stream_without_waiting_for_the_poll_tick(
     await client.wait_event(Event.DONE, 1, timeout_s=20)
     assert client.answer(1) == "Paris."
     assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_a_settled_partial_starts_at_once_and_its_final_keeps_that_candidate(
+    oracle_service, guide_client, stub_http, session_id
+):
+    """stt sends the early final's words as a partial whose every word is stable, a
+    pause before the final: the LLM starts on it without waiting for the poll tick,
+    and the final with the same words keeps that one candidate."""
+    handler = scripted_chat(["Paris."])
+    client = await open_client(
+        handler, oracle_service, guide_client, stub_http, session_id, poll_s=60.0
+    )
+    kept_before = finals_kept()
+    await client.user("What is the capital", utterance_id="u1")  # unsettled: waits for a tick
+    settled = common_pb2.TranscriptEvent(
+        utterance_id="u1", text=QUESTION, stable_text=QUESTION, stability=1.0
+    )
+    await client.send(oracle_pb2.GuideRequest(user_transcript=settled))
+    start = await client.wait_event(Event.REQUEST_START, 1, timeout_s=20)
+    assert start.detail == QUESTION
+    await client.wait_event(Event.DONE, 1, timeout_s=20)
+    await client.user(QUESTION.rstrip("?"), final=True, utterance_id="u1")
+    await asyncio.sleep(0.5)
+    assert [e.generation for e in client.events(Event.REQUEST_START)] == [1]
+    assert finals_kept() == kept_before + 1
+    reset = client.reset(1)
+    assert (reset.source.text, reset.source.is_final) == (QUESTION, False)
+    assert client.answer(1) == "Paris."
+    assert await client.finish() == grpc.StatusCode.OK

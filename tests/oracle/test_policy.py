@@ -187,3 +187,18 @@ def test_min_new_words_is_configurable():
 def test_bad_parameters_are_named(params, message):
     with pytest.raises(ValueError, match=message):
         RestartPolicy(PolicyParams(**params))
+
+
+def test_a_settled_partial_starts_at_once_in_tandem_only_and_not_when_answered():
+    tandem, _clock = make_policy()
+    tandem.on_partial("u1", "What is the capital of France?", settled=True)
+    assert tandem.decide() is StartReason.SETTLED
+    # The same words again, already answered by that start: nothing more.
+    tandem.on_partial("u1", "What is the capital of France?", settled=True, answered=True)
+    assert tandem.decide() is None
+
+    cascade, _clock = make_policy(name="cascade")
+    cascade.on_partial("u1", "What is the capital of France?", settled=True)
+    assert cascade.decide() is None  # the baseline waits for the final
+    cascade.on_final("u1", "What is the capital of France?")
+    assert cascade.decide() is StartReason.FINAL

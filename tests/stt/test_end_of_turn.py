@@ -6,6 +6,7 @@ stream position (how much audio the client had sent), not in wall time."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -74,11 +75,14 @@ class Caller:
         )
 
     async def wait_final(self, count: int, timeout_s: float = 60.0) -> None:
-        async def finals_in() -> None:
-            async with self._changed:
-                await self._changed.wait_for(lambda: len(self.finals()) >= count)
+        await self.wait_until(lambda: len(self.finals()) >= count, timeout_s)
 
-        await asyncio.wait_for(finals_in(), timeout_s)
+    async def wait_until(self, received: Callable[[], object], timeout_s: float = 60.0) -> None:
+        async def condition() -> None:
+            async with self._changed:
+                await self._changed.wait_for(received)
+
+        await asyncio.wait_for(condition(), timeout_s)
 
     async def finish(self) -> None:
         await self.call.done_writing()
@@ -196,3 +200,39 @@ async def test_end_of_turn_without_an_open_utterance_does_nothing(
         assert [kind for _at, kind, _m in events] == ["start", "end", "final"]
     second_final_at = caller.finals()[1][0]
     assert second_final_at >= script.spans[1][1] + ENDPOINT_S - VAD_TOLERANCE_S
+
+
+async def test_the_early_final_goes_out_as_a_settled_partial_before_the_endpoint(
+    stt_stub, stream_helpers, text_metrics, two_turns
+):
+    """Decoded 0.2 s into the pause, the early final's words go out at once as a
+    partial whose every word is stable (the oracle starts its LLM on them); the
+    final at the endpoint reuses that decode, so it says the same words."""
+    script, frames = two_turns
+    question_end = script.spans[0][1]
+    decodes_before = final_decodes()
+    caller = Caller(stt_stub, "early-final", stream_helpers.frame_request)
+    await caller.start()
+    await caller.send_until(frames, question_end + 0.8)  # past 0.2 s, short of the endpoint
+
+    def settled_partials() -> list[common_pb2.TranscriptEvent]:
+        return [
+            r.transcript
+            for _at, r in caller.received
+            if r.HasField("transcript") and r.transcript.stability == 1.0
+        ]
+
+    await caller.wait_until(settled_partials)
+    (early,) = settled_partials()
+    assert not early.is_final and caller.finals() == []
+    assert early.stable_text == early.text
+    assert text_metrics.wer(QUESTION, early.text) <= 0.3, early.text
+    assert early.span.end_s == pytest.approx(question_end + 0.2, abs=VAD_TOLERANCE_S)
+
+    await caller.send_until(frames, question_end + ENDPOINT_S + 0.5)
+    await caller.wait_final(1)
+    ((_at, final),) = caller.finals()
+    assert (final.utterance_id, final.text) == (early.utterance_id, early.text)
+    assert final_decodes() == decodes_before + 1  # one decode for both
+    await caller.send_until(frames)
+    await caller.finish()
