@@ -64,6 +64,9 @@ class AgentAudioEvent(TypedDict):
     type: Literal["agent_audio"]
     seq: int
     speaking: bool
+    # The agent is paused while the caller speaks over it (silent data): its
+    # answer may resume, or a barge_in ends it.
+    held: bool
     data: bytes  # in the output codec
 
 
@@ -180,7 +183,13 @@ def _started(response: Response) -> StartedEvent:
 
 def _agent_audio(response: Response) -> AgentAudioEvent:
     chunk = response.audio
-    return {"type": "agent_audio", "seq": chunk.seq, "speaking": chunk.speaking, "data": chunk.data}
+    return {
+        "type": "agent_audio",
+        "seq": chunk.seq,
+        "speaking": chunk.speaking,
+        "held": chunk.held,
+        "data": chunk.data,
+    }
 
 
 def _user_transcript(response: Response) -> UserTranscriptEvent:

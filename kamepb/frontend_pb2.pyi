@@ -168,12 +168,17 @@ class AgentAudio(_message.Message):
     SPEAKING_FIELD_NUMBER: _builtins.int
     STEP_S_FIELD_NUMBER: _builtins.int
     RECEIVED_TIME_US_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
     speaking: _builtins.bool
     """False when the frame is silence."""
     step_s: _builtins.float
     """Engine time spent on this frame."""
     received_time_us: _builtins.int
     """When the caller frame reached the front-end."""
+    held: _builtins.bool
+    """The agent is paused while the caller speaks over it (a silent frame): its
+    answer may resume (a backchannel) or stop (a BargeIn follows).
+    """
     @_builtins.property
     def frame(self) -> _common_pb2.AudioFrame:
         """seq/capture_time_us copied from the caller frame."""
@@ -185,10 +190,11 @@ class AgentAudio(_message.Message):
         speaking: _builtins.bool = ...,
         step_s: _builtins.float = ...,
         received_time_us: _builtins.int = ...,
+        held: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["frame", b"frame"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["frame", b"frame", "received_time_us", b"received_time_us", "speaking", b"speaking", "step_s", b"step_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frame", b"frame", "held", b"held", "received_time_us", b"received_time_us", "speaking", b"speaking", "step_s", b"step_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -435,20 +435,26 @@ class AgentAudioChunk(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     SPEAKING_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     """In the output codec."""
     seq: _builtins.int
     speaking: _builtins.bool
+    held: _builtins.bool
+    """The agent is paused while the caller speaks over it (a silent frame): its
+    answer may resume (a backchannel) or stop (barge_in follows).
+    """
     def __init__(
         self,
         *,
         data: _builtins.bytes = ...,
         seq: _builtins.int = ...,
         speaking: _builtins.bool = ...,
+        held: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "seq", b"seq", "speaking", b"speaking"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "held", b"held", "seq", b"seq", "speaking", b"speaking"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -271,6 +271,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 audio=frontend_pb2.AgentAudio(
                     frame=agent_frame,
                     speaking=output.speaking,
+                    held=output.held,
                     step_s=step_s,
                     received_time_us=received_time_us,
                 )

@@ -31,6 +31,7 @@ class AgentFrameOut:
     seq: int
     speaking: bool
     chunks: list[bytes]
+    held: bool = False  # the agent is paused while the caller speaks over it
 
 
 class EndOfSession:
@@ -89,7 +90,9 @@ class ClientOutput:
     def _agent_frame_out(self, item: AgentFrameOut) -> list[gateway_pb2.ConverseResponse]:
         responses = [
             gateway_pb2.ConverseResponse(
-                audio=gateway_pb2.AgentAudioChunk(data=chunk, seq=item.seq, speaking=item.speaking)
+                audio=gateway_pb2.AgentAudioChunk(
+                    data=chunk, seq=item.seq, speaking=item.speaking, held=item.held
+                )
             )
             for chunk in item.chunks
         ]

@@ -354,7 +354,7 @@ class GatewaySession:
         metrics.FRAME_TRANSPORT.labels(mode).observe(max(0.0, round_trip - audio.step_s))
         samples = pcm16_to_float(frame.pcm)
         chunks = await coded(self.plan.output_format, self._encoder.encode, samples)
-        await self._output.put(AgentFrameOut(frame.seq, audio.speaking, chunks))
+        await self._output.put(AgentFrameOut(frame.seq, audio.speaking, chunks, audio.held))
 
     async def _on_agent_text(self, text: common_pb2.AgentText) -> None:
         await self._output.put(gateway_pb2.ConverseResponse(agent_text=text))

@@ -38,7 +38,11 @@ EXAMPLES = [
     ),
     (
         Response(audio=gateway_pb2.AgentAudioChunk(data=b"\x01\x02", seq=7, speaking=True)),
-        {"type": "agent_audio", "seq": 7, "speaking": True, "data": b"\x01\x02"},
+        {"type": "agent_audio", "seq": 7, "speaking": True, "held": False, "data": b"\x01\x02"},
+    ),
+    (
+        Response(audio=gateway_pb2.AgentAudioChunk(data=b"\x00\x00", seq=8, held=True)),
+        {"type": "agent_audio", "seq": 8, "speaking": False, "held": True, "data": b"\x00\x00"},
     ),
     (
         Response(

@@ -2,7 +2,9 @@
 speech: a backchannel pauses the answer, which then finishes; a real
 interruption (long, or short with words that are not a backchannel) stops it,
 silent within 200 ms of the caller's speech start; stt's final (given here as
-the gateway would relay it) decides, and is asked for at the caller's pause."""
+the gateway would relay it) decides, and is asked for at the caller's pause.
+The paused frames are `held` (the gateway and the Realtime endpoint keep the
+answer open through them), up to the resumed answer or the BargeIn."""
 
 from __future__ import annotations
 
@@ -94,6 +96,15 @@ async def talk_over_the_answer(
     return outputs, onset
 
 
+def held_frames(outputs: list[StepOutput], onset: int) -> list[int]:
+    """The frames the agent was paused on: one stretch of silent `held` frames
+    from the caller's speech start (its second voiced frame)."""
+    held = [i for i, out in enumerate(outputs) if out.held]
+    assert held and held == list(range(onset + 1, onset + 1 + len(held))), held
+    assert not any(outputs[i].speaking for i in held)
+    return held
+
+
 @pytest.mark.parametrize("nod", ["Uh-huh.", "Yeah.", "Okay.", "Right."])
 async def test_a_backchannel_pauses_the_answer_which_then_finishes(engine, speak, nod):
     nods_before = counted("kame_frontend_backchannels_total")
@@ -103,6 +114,8 @@ async def test_a_backchannel_pauses_the_answer_which_then_finishes(engine, speak
     assert spoken(outputs) == [(word, 1) for word in ANSWER.split()]
     assert not any(out.barged_in for out in outputs)
     assert any(out.speaking for out in outputs[onset + 4 :]), "the answer goes on"
+    held = held_frames(outputs, onset)
+    assert outputs[held[-1] + 1].speaking, "the answer resumes after the hold"
     assert counted("kame_frontend_backchannels_total") == nods_before + 1
 
 
@@ -120,6 +133,7 @@ async def test_a_question_over_the_agent_stops_it_within_200_ms(engine, speak):
     # One BargeIn, once the speech outlasted backchannel_max_s or went on after a pause.
     [barge_in] = [i for i, out in enumerate(outputs) if out.barged_in]
     assert onset < barge_in <= onset + 2 + round(Backchannels().max_speech_s / FRAME_SECONDS)
+    assert held_frames(outputs, onset)[-1] == barge_in - 1, "held up to the BargeIn"
     words = spoken(outputs)
     said_of_first = [w for w, generation in words if generation == 1]
     assert 0 < len(said_of_first) < len(ANSWER.split()), "the first answer was cut"
@@ -132,6 +146,7 @@ async def test_a_short_stop_is_a_barge_in_by_its_words(engine, speak):
     [barge_in] = [i for i, out in enumerate(outputs) if out.barged_in]
     [pause_reported] = [i for i, o in enumerate(outputs) if o.turn_end_s and i > onset]
     assert barge_in == pause_reported + STT_DELAY_FRAMES  # on the frame the final came
+    assert held_frames(outputs, onset)[-1] == barge_in - 1, "held up to the BargeIn"
     assert len(spoken(outputs)) < len(ANSWER.split())
 
 

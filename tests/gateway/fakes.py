@@ -126,9 +126,10 @@ def _marks_cancellation(handler: Handler) -> Handler:
 
 class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
     """One agent frame per caller frame. `speak_at`: frames from this seq on are
-    speaking; `words`: {seq: (text, generation)} agent words starting in that
-    frame; `turn_end_at`: a TurnEnd after that frame; `barge_in_at`: a BargeIn
-    after that frame; `fail_at`/`end_at`: abort
+    speaking; `held`: frames silent and `held` (the agent paused while the
+    caller speaks over it); `words`: {seq: (text, generation)} agent words
+    starting in that frame; `turn_end_at`: a TurnEnd after that frame;
+    `barge_in_at`: a BargeIn after that frame; `fail_at`/`end_at`: abort
     UNAVAILABLE / end the stream at that frame; `mute_at`: answer no frame from
     that one on, and end normally once the input ends; `refuse`: abort at the config;
     `silent_start`: never send ready."""
@@ -136,6 +137,7 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
     def __init__(self) -> None:
         self.log = StreamLog()
         self.speak_at: int | None = None
+        self.held = range(0)
         self.words: dict[int, tuple[str, int]] = {}
         self.turn_end_at: int | None = None
         self.barge_in_at: int | None = None
@@ -170,9 +172,10 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
                 return
             if self.mute_at is not None and seq >= self.mute_at:
                 continue
-            speaking = self.speak_at is not None and seq >= self.speak_at
+            held = seq in self.held
+            speaking = self.speak_at is not None and seq >= self.speak_at and not held
             yield frontend_pb2.FrontendResponse(
-                audio=frontend_pb2.AgentAudio(frame=request.audio, speaking=speaking)
+                audio=frontend_pb2.AgentAudio(frame=request.audio, speaking=speaking, held=held)
             )
             if seq in self.words:
                 text, generation = self.words[seq]

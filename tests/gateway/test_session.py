@@ -136,6 +136,7 @@ async def test_a_call_flows_through_every_upstream_and_ends_in_order(fakes):
     fakes.frontend.speak_at = 12
     fakes.frontend.words = {12: ("Hmm,", 0), 14: ("Paris", 1)}
     fakes.frontend.turn_end_at = 11
+    fakes.frontend.held = range(16, 18)  # the agent paused: the caller talks over it
     for fake in (fakes.frontend, fakes.stt, fakes.oracle):
         fake.log.expect_normal_end()
     gateway = await fakes.gateway()
@@ -145,6 +146,8 @@ async def test_a_call_flows_through_every_upstream_and_ends_in_order(fakes):
     (started,) = outcome.of("started")
     assert started.frontend_replica == "fake-1" and started.engine == "fake"
     assert len(outcome.of("audio")) == 20  # one agent frame per caller frame
+    held = [(a.seq, a.speaking) for a in outcome.of("audio") if a.held]
+    assert held == [(16, False), (17, False)]
     assert [t.text for t in outcome.of("user_transcript")] == [
         "what is the",
         "what is the capital",

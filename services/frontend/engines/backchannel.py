@@ -7,6 +7,8 @@ or "Stop." tell it to stop, and both last 240-640 ms to the level VAD
 agent must be silent within 200 ms of a real interruption. So the agent does
 not stop at once; it pauses: the tts engine stops playing on the frame the
 caller's speech starts (its second voiced frame) and keeps what it was to say.
+Its silent frames until the verdict are `held` (AgentAudio.held), so that a
+client does not take the pause for the end of the answer.
 An `Overlap` then follows that stretch of speech:
 
 - speech longer than `max_speech_s` is a barge-in (a question, not a nod);

@@ -101,6 +101,9 @@ class StepOutput:
     # ... and this too when a request of the caller's (CANCEL, a typed message)
     # cut it rather than its speech.
     cancelled: bool = False
+    # Set while the agent is paused because the caller speaks over it (silent
+    # frames): its answer may resume, or a frame with `barged_in` stops it.
+    held: bool = False
 
 
 class EngineSession(abc.ABC):

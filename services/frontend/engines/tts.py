@@ -155,7 +155,8 @@ class TtsSession(EngineSession):
             barged_in = self._follow_overlap() or barged_in
         self._policy.tick()
         self._follow_policy()
-        if self._overlap is not None:  # paused: the answer waits where it was
+        held = self._overlap is not None
+        if held:  # paused: the answer waits where it was
             rendered = Rendered(np.zeros(FRAME_SAMPLES, dtype=np.float32), [], 0, [])
         else:
             rendered = self._player.render(self._frame_index * FRAME_SECONDS)
@@ -170,6 +171,7 @@ class TtsSession(EngineSession):
             turn_end_s=turn_end_s,
             barged_in=barged_in or cancelled,
             cancelled=cancelled and not barged_in,
+            held=held,
         )
 
     # --- caller speech over the agent: a barge-in or a backchannel (backchannel.py) ---
