@@ -17,7 +17,10 @@ How a full-duplex agent reads in this protocol:
   its frames are output_audio deltas, its words output_audio_transcript
   deltas, and `RESPONSE_GAP_S` of silence closes it (completed). Silence
   inside a stretch is sent with the next speech, so a pause between two
-  sentences keeps its length; silence between stretches is not sent;
+  sentences keeps its length; silence between stretches is not sent. The
+  agent paused while the caller speaks over it (`held` frames, until the
+  stack tells a backchannel from a barge-in) is no gap: the response stays
+  open;
 - the caller's words are an item of their own: the first partial transcript
   is input_audio_buffer.speech_started (not with push-to-talk: no voice
   activity detection), partials are transcription deltas, the final stops,
@@ -396,6 +399,8 @@ class RealtimeSession:
 
     def _agent_audio(self, event: AgentAudioEvent) -> list[Event]:
         seconds = self.config.output.seconds(event["data"])
+        if event["held"]:
+            return self._held(event["data"])
         if not event["speaking"]:
             self.silent_s += seconds
             if self.silent_s >= RESPONSE_GAP_S:
@@ -422,6 +427,16 @@ class RealtimeSession:
                 "delta": base64.b64encode(audio).decode(),
             },
         ]
+
+    def _held(self, silence: bytes) -> list[Event]:
+        """The agent paused while the caller speaks over it: no gap, so a barge-in
+        ends the response cancelled and a backchannel lets it go on (the pause
+        sent with its next speech). No speech_started: clients stop their own
+        playback on it, which would cut the agent at every "uh-huh"."""
+        self.silent_s = 0.0
+        if self.response is not None and not self.muted:
+            self.response.held_silence.append(silence)
+        return []
 
     def _agent_text(self, event: AgentTextEvent) -> list[Event]:
         text = event["text"]

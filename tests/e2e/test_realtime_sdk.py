@@ -207,11 +207,6 @@ async def test_talking_over_the_agent_cancels_its_response_and_the_next_question
         "cancelled",
         "client_cancelled",
     ), described(cancelled)
-    if done.response.status == "completed" and started > done_at:
-        # The frontend's backchannel pause (844f4b4, #32) is silence, and the endpoint
-        # closes a response after RESPONSE_GAP_S (0.5 s) of it, before the barge-in
-        # (backchannel_max_s of speech, 0.72 s) comes. Remove once the pause holds it open.
-        pytest.xfail("#32's pause over the agent ends its response before the barge-in")
     assert started < done_at, f"speech_started came after {described(done)}"
     assert (done.response.status, done.response.status_details.reason) == (
         "cancelled",

@@ -39,10 +39,18 @@ def sent(realtime: RealtimeSession, **event) -> list[dict]:
     return realtime.on_client(json.dumps(event)).events
 
 
-def agent(realtime: RealtimeSession, speaking: bool, frames: int = 1, seq: int = 0) -> list[dict]:
+def agent(
+    realtime: RealtimeSession, speaking: bool, frames: int = 1, seq: int = 0, held: bool = False
+) -> list[dict]:
     events: list[dict] = []
     for n in range(frames):
-        event = {"type": "agent_audio", "seq": seq + n, "speaking": speaking, "data": FRAME}
+        event = {
+            "type": "agent_audio",
+            "seq": seq + n,
+            "speaking": speaking,
+            "held": held,
+            "data": FRAME,
+        }
         events += realtime.on_converse(event)
     return events
 

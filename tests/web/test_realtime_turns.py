@@ -3,7 +3,10 @@
 next turn, and a committed turn stt never finalizes ends at the next commit or
 when the agent answers, so the next turn is an item of its own. Then the
 `openai` SDK through the web service and a real gateway: a typed message right
-after a cancel gets its answer heard."""
+after a cancel gets its answer heard. The agent held while the caller talks
+over it (a backchannel or a barge-in, still undecided) keeps its response
+open past RESPONSE_GAP_S: a barge-in then cancels it, a backchannel lets it
+go on."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import json
 
 import pytest
 
+from services.web.realtime import RESPONSE_GAP_S
 from tests.web.test_realtime import (
     CLOSED,
     ONE_SECOND,
@@ -22,7 +26,15 @@ from tests.web.test_realtime import (
     typed,
     web_service,
 )
-from tests.web.test_realtime_protocol import agent, appended, heard, push_to_talk, sent, session
+from tests.web.test_realtime_protocol import (
+    FRAME,
+    agent,
+    appended,
+    heard,
+    push_to_talk,
+    sent,
+    session,
+)
 
 TYPED = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
 # Client events that end the caller's turn or ask for the answer.
@@ -119,3 +131,69 @@ async def test_a_typed_message_right_after_a_cancel_is_answered_through_the_gate
     assert kinds(cancelled) == CLOSED
     assert cancelled[-1].response.status_details.reason == "client_cancelled"
     assert kinds(answered) == ["conversation.item.added", "conversation.item.done", *OPENED]
+
+
+# Held frames longer than the gap that would end a response of silent ones.
+HELD_FRAMES = round(2 * RESPONSE_GAP_S / 0.08)
+
+
+def test_a_barge_in_after_a_long_hold_cancels_the_response_the_caller_talked_over():
+    realtime = session()
+    agent(realtime, speaking=True)
+    assert agent(realtime, speaking=False, frames=HELD_FRAMES, seq=1, held=True) == []
+    barge_in = realtime.on_converse({"type": "barge_in", "seq": 1, "cancelled": False})
+    assert [e["type"] for e in barge_in][:2] == [
+        "input_audio_buffer.speech_started",
+        "response.output_audio.done",
+    ]
+    done = barge_in[-1]["response"]
+    assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "turn_detected")
+
+
+def test_a_backchannel_after_a_long_hold_lets_the_same_response_go_on():
+    realtime = session()
+    agent(realtime, speaking=True)
+    agent(realtime, speaking=False, frames=HELD_FRAMES, seq=1, held=True)
+    # The agent resumes: the pause's silence comes with its next speech, in the
+    # same response (no response.created), and nothing says the caller spoke.
+    (delta,) = agent(realtime, speaking=True, seq=1 + HELD_FRAMES)
+    assert delta["type"] == "response.output_audio.delta"
+    assert len(base64.b64decode(delta["delta"])) == (HELD_FRAMES + 1) * len(FRAME)
+    closing = agent(realtime, speaking=False, frames=HELD_FRAMES, seq=2 + HELD_FRAMES)
+    assert closing[-1]["response"]["status"] == "completed"
+
+
+async def test_the_agent_held_past_the_gap_then_cut_by_a_barge_in_ends_cancelled(fakes):
+    fakes.frontend.speak_at = 2
+    fakes.frontend.held = range(4, 4 + HELD_FRAMES)
+    fakes.frontend.barge_in_at = 4 + HELD_FRAMES
+    async with web_service(fakes) as web, connect(web) as connection:
+        await connection.recv()  # session.created
+        await connection.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        seen = await events_until(connection, "response.done")
+
+    assert kinds(seen) == [*OPENED, "input_audio_buffer.speech_started", *CLOSED]
+    done = seen[-1].response
+    assert (done.status, done.status_details.reason) == ("cancelled", "turn_detected")
+
+
+async def test_the_agent_held_past_the_gap_then_resumed_is_one_response(fakes):
+    fakes.frontend.speak_at = 2
+    fakes.frontend.held = range(4, 4 + HELD_FRAMES)
+    async with web_service(fakes) as web, connect(web) as connection:
+        await connection.recv()  # session.created
+        await connection.input_audio_buffer.append(audio=base64.b64encode(ONE_SECOND).decode())
+        seen = []
+        # The delta after the hold carries its silence too (the output is PCM16
+        # at 24 kHz, as the frames): then the agent falls silent.
+        while not any(
+            len(base64.b64decode(e.delta)) > HELD_FRAMES * len(FRAME)
+            for e in seen
+            if e.type == "response.output_audio.delta"
+        ):
+            seen += await events_until(connection, "response.output_audio.delta")
+        fakes.frontend.speak_at = None
+        seen += await events_until(connection, "response.done")
+
+    assert kinds(seen) == [*OPENED, *CLOSED]
+    assert seen[-1].response.status == "completed"
