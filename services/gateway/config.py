@@ -167,6 +167,12 @@ class GatewaySettings(ServiceSettings):
         "most caller audio kept for a reopened stt stream: the utterance the failed one had "
         "not finalized is sent to the new one first, so its transcript is whole",
     )
+    cascade_stt_endpoint_s: float = setting(
+        3.0,
+        "cascade calls on the tts engine: stt's own pause that ends an utterance, longer than "
+        "the engine's turn detection waits, so the final (and the LLM) come at the caller's "
+        "turn end, as a true cascade's do (0.1-5; tandem keeps stt's short default, 0.5 s)",
+    )
     readiness_interval_s: float = setting(
         0.5,
         "how often the gateway checks that stt, the oracle and a frontend answer SERVING; "
@@ -199,6 +205,10 @@ class GatewaySettings(ServiceSettings):
         check_secret("resume_secret", self.resume_secret)
         if self.resume_ttl_s <= 0:
             raise ConfigError(f"resume_ttl_s: must be above 0, got {self.resume_ttl_s:g}")
+        if not 0.1 <= self.cascade_stt_endpoint_s <= 5.0:  # stt's range (stt/config.py)
+            raise ConfigError(
+                f"cascade_stt_endpoint_s: 0.1 to 5, got {self.cascade_stt_endpoint_s:g}"
+            )
         if bool(self.upstream_cert_file) != bool(self.upstream_key_file):
             raise ConfigError("upstream_cert_file, upstream_key_file: set both (mTLS) or neither")
         if self.upstream_cert_file and not self.upstream_ca_file:

@@ -145,6 +145,11 @@ def side_policy(settings: GatewaySettings, depth: int) -> SidePolicy:
     )
 
 
+# The frontend engine whose turn detector reports the caller's turn ends
+# (frontend.proto TurnEnd); the kame and moshi engines take turns in the model.
+TURN_TAKING_ENGINE = "tts"
+
+
 class SideOpeners:
     """The openers of one session's stt and oracle calls (sidestream.Opener)."""
 
@@ -167,6 +172,9 @@ class SideOpeners:
         self._heard_s = heard_s  # seconds of caller audio so far
         self._forget_utterances = forget_utterances  # tells the oracle to drop them
         self.stt_start_s = 0.0  # where the current stt stream began in the session's audio
+        # The frontend reports the caller's turn ends (the tts engine), so stt's
+        # own pause timer may wait for them (a cascade's final at the turn end).
+        self.frontend_ends_turns = False
 
     def stt(
         self, attempt: int
@@ -182,6 +190,7 @@ class SideOpeners:
             session_id=session_id if attempt == 0 else f"{session_id}.{attempt}",
             language=self._plan.language,
             progress_interval_s=self._settings.side_heartbeat_s,
+            endpoint_silence_s=self._endpoint_silence_s(),
         )
         opening = [stt_pb2.TranscribeRequest(config=config)]
         call = stt_pb2_grpc.SttStub(channel).Transcribe()
@@ -198,6 +207,16 @@ class SideOpeners:
             opening.append(stt_pb2.TranscribeRequest(end_of_turn=end_of_turn))
         metrics.REPLAYED_SECONDS.observe(len(frames) * FRAME_SECONDS)
         return call, opening
+
+    def _endpoint_silence_s(self) -> float:
+        """stt's pause that ends an utterance (0: stt's default). A cascade on a
+        frontend that ends turns waits for its turn end (EndOfTurn finalizes at
+        once), so its LLM starts only once the caller's turn is over: a true
+        cascade, judged by the same turn detector as tandem, whose stt ends
+        utterances by its own short pause to speculate on them."""
+        if self._plan.mode is Mode.CASCADE and self.frontend_ends_turns:
+            return self._settings.cascade_stt_endpoint_s
+        return 0.0
 
     def oracle(
         self, attempt: int

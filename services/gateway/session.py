@@ -79,7 +79,12 @@ from services.gateway.client_functions import FunctionRouter
 from services.gateway.client_output import AgentFrameOut, ClientOutput, EndOfSession
 from services.gateway.codecs import Encoder, coded
 from services.gateway.connections import Connections
-from services.gateway.opening import SideOpeners, open_frontend, side_policy
+from services.gateway.opening import (
+    TURN_TAKING_ENGINE,
+    SideOpeners,
+    open_frontend,
+    side_policy,
+)
 from services.gateway.oracle_health import OracleHealth, notice
 from services.gateway.plan import CALL_INFO_FIELDS, Mode, SessionError, SessionPlan
 from services.gateway.records import SessionRecords
@@ -196,6 +201,7 @@ class GatewaySession:
         with trace.use_span(self._span, end_on_exit=False):
             opened = await open_frontend(self.connections, self.plan, self.id)
             self.frontend, self.replica, self.ready = opened.upstream, opened.replica, opened.ready
+            self._openers.frontend_ends_turns = self.ready.engine == TURN_TAKING_ENGINE
             self._span.set_attribute("kame.frontend", self.replica.address)
             self.stt = self._side_stream("stt", 1, self._openers.stt, self._on_stt_response)
             if self.plan.mode.uses_oracle:

@@ -132,7 +132,7 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
     `barge_in_at`: a BargeIn after that frame; `fail_at`/`end_at`: abort
     UNAVAILABLE / end the stream at that frame; `mute_at`: answer no frame from
     that one on, and end normally once the input ends; `refuse`: abort at the config;
-    `silent_start`: never send ready."""
+    `silent_start`: never send ready; `engine`: the engine its ready names."""
 
     def __init__(self) -> None:
         self.log = StreamLog()
@@ -146,6 +146,7 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
         self.mute_at: int | None = None
         self.refuse: grpc.StatusCode | None = None
         self.silent_start = False
+        self.engine = "fake"  # what its FrontendReady says it is
 
     @_marks_cancellation
     async def Stream(self, request_iterator, context):  # noqa: N802 (gRPC method name)
@@ -160,7 +161,7 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
         if self.silent_start:
             await asyncio.Event().wait()
         yield frontend_pb2.FrontendResponse(
-            ready=frontend_pb2.FrontendReady(engine="fake", replica_id="fake-1", slot=0)
+            ready=frontend_pb2.FrontendReady(engine=self.engine, replica_id="fake-1", slot=0)
         )
         async for request in requests:
             if request.WhichOneof("msg") != "audio":

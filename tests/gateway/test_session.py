@@ -528,6 +528,25 @@ async def test_s2s_opens_no_oracle_and_logs_the_conversation(fakes):
     ]
 
 
+@pytest.mark.parametrize(
+    ("mode", "engine", "endpoint_s"),
+    [
+        (Config.CASCADE, "tts", 3.0),  # stt waits for the frontend's turn end: a true cascade
+        (Config.TANDEM, "tts", 0.0),  # stt's own short pause: tandem speculates on it
+        (Config.CASCADE, "kame", 0.0),  # the kame engine reports no turn ends
+    ],
+)
+async def test_a_cascade_on_the_tts_engine_finalizes_at_the_turn_end(
+    fakes, mode, engine, endpoint_s
+):
+    fakes.frontend.engine = engine
+    gateway = await fakes.gateway()
+    outcome = await converse(gateway.address, frames=3, config=Config(mode=mode))
+    assert outcome.code == grpc.StatusCode.OK, outcome.details
+    (config,) = fakes.stt.log.of("config")
+    assert config.endpoint_silence_s == pytest.approx(endpoint_s)
+
+
 RESUME = {"resume_secret": "resume-secret-of-the-test-gateways"}
 
 
