@@ -3,8 +3,9 @@ call, without a network: `RealtimeSession` turns the client's events into what
 to do (audio and requests for the gateway, events to answer) and the gateway's
 events (kame_common/converse.py) into Realtime server events.
 realtime_config.py holds what session.update may choose, realtime_items.py
-the conversation's items; realtime_bridge.py carries the events over the
-WebSocket and the call.
+the conversation's items, realtime_responses.py the events that open and close
+a response; realtime_bridge.py carries the events over the WebSocket and the
+call.
 
 How a full-duplex agent reads in this protocol:
 - with turn detection on (server_vad, the default) the stack's own decides:
@@ -75,6 +76,7 @@ from services.web.realtime_items import (
     new_id,
     typed_message,
 )
+from services.web.realtime_responses import call_response, closed, opened
 
 # Seconds of agent silence that end a response (a shorter pause is within it).
 RESPONSE_GAP_S = 0.5
@@ -452,80 +454,14 @@ class RealtimeSession:
         response = self.response = AgentResponse(stream_start_s)
         early = [response.said(text, start_s) for text, start_s in self.early_words]
         self.early_words.clear()
-        return [
-            *unheard,
-            {
-                "type": "response.created",
-                "response": self._response_object(response.id, "in_progress"),
-            },
-            {
-                "type": "response.output_item.added",
-                "response_id": response.id,
-                "output_index": 0,
-                "item": response.item(),
-            },
-            self.history.add(response),
-            {
-                "type": "response.content_part.added",
-                **response.where(),
-                "part": {"type": "audio", "transcript": ""},
-            },
-            *early,
-        ]
+        return [*unheard, *opened(self.config, response, self.history), *early]
 
     def _closed(self, status: str, reason: str = "") -> list[Event]:
         """The response under way ends: `status` completed, cancelled or failed."""
-        response = self.response
-        assert response is not None
-        response.status = "completed" if status == "completed" else "incomplete"
-        response.held_silence.clear()  # silence after the last speech is not sent
-        where = response.where()
-        item = response.item()
-        events = [
-            {"type": "response.output_audio.done", **where},
-            {
-                "type": "response.output_audio_transcript.done",
-                **where,
-                "transcript": response.transcript,
-            },
-            {
-                "type": "response.content_part.done",
-                **where,
-                "part": item["content"][0] | {"type": "audio"},
-            },
-            {
-                "type": "response.output_item.done",
-                "response_id": response.id,
-                "output_index": 0,
-                "item": item,
-            },
-            {"type": "conversation.item.done", "item": item},
-            {
-                "type": "response.done",
-                "response": self._response_object(
-                    response.id, status, reason, [item, *(call.item() for call in response.calls)]
-                ),
-            },
-        ]
+        assert self.response is not None
+        events = closed(self.config, self.response, status, reason)
         self.response = None
         return events
-
-    def _response_object(
-        self, response_id: str, status: str, reason: str = "", output: list[Event] | None = None
-    ) -> Event:
-        details = {"type": status, **({"reason": reason} if reason else {})}
-        return {
-            "id": response_id,
-            "object": "realtime.response",
-            "status": status,
-            "status_details": None if status == "in_progress" else details,
-            "output": output or [],
-            "output_modalities": ["audio"],
-            "audio": {
-                "output": {"format": self.config.output.described(), "voice": self.config.voice}
-            },
-            "usage": None,
-        }
 
     def _function_call(self, event: FunctionCallEvent) -> list[Event]:
         """The agent calls a function of the client's: an output of the response
@@ -537,19 +473,7 @@ class RealtimeSession:
         if self.response is not None:
             self.response.calls.append(call)
             return call.made(self.response.id, len(self.response.calls), self.history)
-        response_id = new_id("resp")
-        made = call.made(response_id, 0, self.history)
-        return [
-            {
-                "type": "response.created",
-                "response": self._response_object(response_id, "in_progress"),
-            },
-            *made,
-            {
-                "type": "response.done",
-                "response": self._response_object(response_id, "completed", output=[call.item()]),
-            },
-        ]
+        return call_response(self.config, call, self.history)
 
     def _cancelled(self, reason: str, quiet: bool = False) -> list[Event]:
         """Ends the response under way as cancelled, and drops the rest of its
