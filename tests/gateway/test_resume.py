@@ -1,0 +1,124 @@
+"""Resuming a session: a call's resume token opens the same session again, on
+another gateway too (the oracle loads the conversation so far), tokens that
+resume nothing are refused before any upstream is touched, and a draining
+gateway asks its calls to reconnect with theirs. Same fakes and real Redis as
+test_session.py, whose call helpers these share."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from kame_common import store
+from kamepb import gateway_pb2_grpc
+from services.gateway import resume
+from tests.gateway.test_session import Config, Notice, converse, held_open
+from tests.support import wait_until
+
+RESUME = {"resume_secret": "resume-secret-of-the-test-gateways"}
+
+
+async def test_a_call_resumes_its_session_on_another_gateway(fakes):
+    first_gateway, second_gateway = await fakes.gateway(**RESUME), await fakes.gateway(**RESUME)
+    first = await converse(first_gateway.address, frames=3)
+    (started,) = first.of("started")
+    assert started.resume_token.startswith(f"{started.session_id}.") and not started.resumed
+
+    config = Config(include_oracle_updates=True, resume_token=started.resume_token)
+    second = await converse(second_gateway.address, frames=3, config=config)
+    assert second.code == grpc.StatusCode.OK, second.details
+    (again,) = second.of("started")
+    assert again.session_id == started.session_id and again.resumed
+    # The oracle gets the same session id again: it loads the conversation so far.
+    assert [c.session_id for c in fakes.oracle.log.of("config")] == [started.session_id] * 2
+    record = await fakes.session_record(started.session_id)
+    assert float(record["resumed_at"]) >= float(record["started_at"])
+
+
+@pytest.mark.parametrize(
+    ("token", "code", "message"),
+    [
+        ("0123.forged", grpc.StatusCode.PERMISSION_DENIED, "not a token this service issued"),
+        ("no-dot", grpc.StatusCode.PERMISSION_DENIED, "not a token this service issued"),
+        ("valid-for-a-session-never-seen", grpc.StatusCode.NOT_FOUND, "has expired"),
+    ],
+)
+async def test_a_token_that_resumes_nothing_is_refused(fakes, token, code, message):
+
+    if token.startswith("valid"):
+        token = resume.issue(RESUME["resume_secret"], token)
+    gateway = await fakes.gateway(**RESUME)
+    outcome = await converse(gateway.address, frames=1, config=Config(resume_token=token))
+    assert outcome.code == code and message in outcome.details
+    assert fakes.frontend.log.opened == 0  # refused before any upstream was touched
+
+
+async def test_a_resumed_session_keeps_its_mode_and_needs_resume_on(fakes):
+    gateway = await fakes.gateway(**RESUME)
+    first = await converse(gateway.address, frames=1)
+    token = first.of("started")[0].resume_token
+    other_mode = await converse(
+        gateway.address, frames=1, config=Config(mode=Config.CASCADE, resume_token=token)
+    )
+    assert other_mode.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "a tandem session, not cascade" in other_mode.details
+    no_resume = await fakes.gateway()
+    refused = await converse(no_resume.address, frames=1, config=Config(resume_token=token))
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "does not resume sessions" in refused.details
+    assert not (await converse(no_resume.address, frames=1)).of("started")[0].resume_token
+
+
+async def test_a_call_resumes_after_redis_lost_its_record_under_it(fakes):
+    """Redis restarts empty while a call is live (a soak's kill of Redis did): the
+    call's lease renewal writes its binding again, so its own caller can still
+    resume it later (it was refused PERMISSION_DENIED, 'another caller')."""
+    gateway = await fakes.gateway(**RESUME)
+    release = asyncio.Event()
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(held_open(release))
+        started = (await call.read()).started
+        session_id = started.session_id
+
+        async def bound() -> bool:
+            return resume.PRINCIPAL_FIELD in await fakes.session_record(session_id)
+
+        await wait_until(bound, "the session's binding in its record", 3)
+        client = store.connect(fakes.redis_url)
+        try:  # what a Redis restarted without its data holds of the session: nothing
+            await client.delete(f"{store.PREFIX}:session:{session_id}")
+            await client.delete(f"{store.PREFIX}:lease:{session_id}")
+        finally:
+            await client.aclose()
+        await wait_until(bound, "a lease renewal to write the binding again", 5)
+        release.set()
+        while await call.read() is not grpc.aio.EOF:
+            pass
+        assert await call.code() == grpc.StatusCode.OK
+    again = await converse(
+        gateway.address, frames=1, config=Config(resume_token=started.resume_token)
+    )
+    assert again.code == grpc.StatusCode.OK, again.details
+    assert again.of("started")[0].resumed
+
+
+async def test_a_draining_gateway_asks_its_calls_to_reconnect(fakes):
+    gateway = await fakes.gateway(grace_s=5, **RESUME)
+    release = asyncio.Event()
+
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(held_open(release))
+        assert (await call.read()).HasField("started")
+        drain = asyncio.ensure_future(gateway.drain())
+        responses = []
+        while not (response := await call.read()).HasField("notice"):
+            responses.append(response)
+        assert response.notice.kind == Notice.RECONNECT
+        assert "resume token" in response.notice.message
+        release.set()  # the caller moves on: this call ends normally
+        while (response := await call.read()) is not grpc.aio.EOF:
+            responses.append(response)
+        assert await call.code() == grpc.StatusCode.OK
+    await asyncio.wait_for(drain, 5)
