@@ -169,9 +169,18 @@ async def test_a_call_flows_through_every_upstream_and_ends_in_order(fakes):
         assert fake.log.outcome == "finished"
     (turn,) = outcome.of("turn")
     assert turn.user_text == "what is the capital"
-    # The hold phrase started the audio; the answer word came two frames (at 40 ms
-    # each here) later: a hold phrase is no answer.
-    assert turn.answer_latency_s - turn.response_latency_s == pytest.approx(0.08, abs=0.035)
+    # The hold phrase started the audio; the answer word came two frames later: a
+    # hold phrase is no answer. The turn's summary leaves the gateway once its
+    # answer word is known, so it follows "Paris", not "Hmm,". How far apart the
+    # two latencies are is wall-clock time between two frames (nominally 0.10 s)
+    # that a busy machine stretches or bunches: only their order is certain.
+    words_and_turns = [
+        r.agent_text.text if r.HasField("agent_text") else "(turn)"
+        for r in outcome.responses
+        if r.WhichOneof("msg") in ("agent_text", "turn")
+    ]
+    assert words_and_turns == ["Hmm,", "Paris", "(turn)"]
+    assert turn.answer_latency_s > turn.response_latency_s
     record = await fakes.session_record(started.session_id)
     assert record["state"] == "ended" and record["replica_id"] == "fake-1"
     await wait_until(lambda: not gateway_tasks(), "the session's tasks to end", 2)
