@@ -30,7 +30,7 @@ words so far end in a word no question ends with (an article, a preposition,
 an auxiliary...), on the exact words (what a right transcript says); "with"
 ends the turn only when the model says complete and the words do not dangle.
 
-Then (bench/turn_replay.py) the same questions, whole and with a 0.6-0.9 s
+Then (kame_cli/bench/turn_replay.py) the same questions, whole and with a 0.6-0.9 s
 pause in the middle, go frame by frame through the front-end's own turn
 detectors (the fixed 0.4 s pause; Smart Turn with the default settings and
 some variants): how many paused questions are cut off in their pause, and
@@ -52,23 +52,33 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import turn_replay  # bench/, the script's own folder
 
+from kame_cli.bench import turn_replay
 from kame_cli.bench.report import write_json
-from kame_cli.talk import read_wav
+from kame_cli.bench.turn_questions import (
+    Question,
+    WordClock,
+    cut_words,
+    espeak_ssml,
+    load_questions,
+    longest_gap,
+    pause_s,
+    phone_quality,
+    quietest_near,
+    replay_questions,
+    speech_of,
+    speech_span,
+    with_break,
+)
 from kame_common import turn_model
-from kame_common.audio import float_to_pcm16, mulaw_decode, mulaw_encode, pcm16_to_float, resample
 from kame_common.turn_model import MODEL_RATE, SmartTurn
 
 ROOT = Path(__file__).resolve().parent.parent
-QUESTIONS = ROOT / "bench" / "questions" / "espeak" / "questions.json"
 OUT = ROOT / "bench" / "results" / "turn_bench.json"
 THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7)
 # The silences (after the speech) at which the model is asked: the front-end's
@@ -77,7 +87,6 @@ SILENCES_S = tuple(round(0.08 * frames, 2) for frames in range(2, 13))
 DEFAULT_SILENCE_S = 0.4  # services/frontend/engines/base.py DEFAULT_TURN_END_SILENCE_S
 COMPLETE_VARIANTS = ("whole", "pause+rest")
 LEAD_S = 0.3
-PHONE_RATE = 8_000
 # Words no English question ends with: when the words so far end in one, the
 # caller has more to say. (Function words only; "first", "now"... can end one.)
 DANGLING = frozenset(
@@ -85,16 +94,6 @@ DANGLING = frozenset(
     "is are was were be do does did can could will would should has have had "
     "what which who whose where when how why my your his her their our its this that".split()
 )
-
-
-@dataclass(frozen=True)
-class Question:
-    text: str
-    source: str  # "espeak-ng" or "piper"
-    voice: str
-    speed_wpm: int = 0
-    pitch: int = 0
-    wav: str = ""
 
 
 @dataclass
@@ -127,31 +126,7 @@ def text_rule_complete(heard: str) -> bool:
     return bool(said) and said[-1] not in DANGLING
 
 
-def cut_words(index: int, count: int) -> int:
-    """How many of `count` words the cut keeps: 60 to 80 % (varied by question),
-    at least one, never all."""
-    share = 0.6 + 0.2 * (index % 5) / 4
-    return min(count - 1, max(1, round(share * count)))
-
-
-def pause_s(index: int) -> float:
-    return (0.6, 0.7, 0.8, 0.9)[index % 4]
-
-
 # --- audio ---------------------------------------------------------------------
-
-
-def levels_db(audio: np.ndarray, hop: int) -> np.ndarray:
-    frames = audio[: len(audio) // hop * hop].reshape(-1, hop)
-    return 10 * np.log10(np.mean(frames**2, axis=1) + 1e-12)
-
-
-def speech_span(audio: np.ndarray, below_peak_db: float = 40.0) -> tuple[int, int]:
-    """First and last sample of the 10 ms frames within `below_peak_db` of the loudest."""
-    hop = MODEL_RATE // 100
-    levels = levels_db(audio, hop)
-    voiced = np.flatnonzero(levels > levels.max() - below_peak_db)
-    return int(voiced[0]) * hop, (int(voiced[-1]) + 1) * hop
 
 
 def as_heard(speech: np.ndarray, tail_s: float) -> np.ndarray:
@@ -161,92 +136,7 @@ def as_heard(speech: np.ndarray, tail_s: float) -> np.ndarray:
     return np.concatenate([lead, speech[start:end], tail]).astype(np.float32)
 
 
-def phone_quality(audio: np.ndarray) -> np.ndarray:
-    """8 kHz G.711 mu-law and back up to 16 kHz: a telephone caller."""
-    narrow = resample(audio, MODEL_RATE, PHONE_RATE)
-    coded = mulaw_decode(mulaw_encode(float_to_pcm16(narrow)))
-    return resample(pcm16_to_float(coded), PHONE_RATE, MODEL_RATE)
-
-
-def quietest_near(audio: np.ndarray, at_s: float, within_s: float = 0.06) -> int:
-    """The sample at the quietest 10 ms frame within `within_s` of `at_s`: a cut
-    there does not clip the next word's onset."""
-    hop = MODEL_RATE // 100
-    first = max(0, int((at_s - within_s) * MODEL_RATE) // hop)
-    levels = levels_db(audio, hop)
-    last = min(len(levels), int((at_s + within_s) * MODEL_RATE) // hop + 1)
-    return (first + int(np.argmin(levels[first:last]))) * hop
-
-
-def longest_gap(audio: np.ndarray) -> tuple[int, int]:
-    """Start and end sample of the longest run of silent 10 ms frames inside the speech."""
-    hop = MODEL_RATE // 100
-    start, end = speech_span(audio)
-    levels = levels_db(audio[start:end], hop)
-    silent = levels < levels.max() - 40.0
-    best, run_start, best_span = 0, 0, (0, 0)
-    for index, quiet in enumerate([*silent, False]):
-        if quiet and (index == 0 or not silent[index - 1]):
-            run_start = index
-        if not quiet and index > 0 and silent[index - 1] and index - run_start > best:
-            best, best_span = index - run_start, (run_start, index)
-    return start + best_span[0] * hop, start + best_span[1] * hop
-
-
 # --- voices --------------------------------------------------------------------
-
-
-def espeak_ssml(question: Question, ssml: str) -> np.ndarray:
-    """espeak-ng with SSML (-m) in the question's voice, speed and pitch, at 16 kHz."""
-    with tempfile.TemporaryDirectory() as scratch:
-        wav = Path(scratch) / "q.wav"
-        command = ["espeak-ng", "-m", "-v", question.voice, "-s", str(question.speed_wpm)]
-        command += ["-p", str(question.pitch), "-w", str(wav), f"<speak>{ssml}</speak>"]
-        subprocess.run(command, check=True)
-        samples, rate = read_wav(wav)
-    return resample(samples, rate, MODEL_RATE)
-
-
-def with_break(text: str, keep: int, pause: float) -> str:
-    spoken = text.split()
-    return " ".join([*spoken[:keep], f'<break time="{round(pause * 1000)}ms"/>', *spoken[keep:]])
-
-
-class WordClock:
-    """Whisper tiny.en's word timestamps (the STT's own embedded model)."""
-
-    def __init__(self) -> None:
-        from faster_whisper import WhisperModel
-
-        from kame_common.models import whisper_tiny_en_dir
-
-        self._model = WhisperModel(
-            str(whisper_tiny_en_dir()), device="cpu", compute_type="int8", cpu_threads=1
-        )
-
-    def boundary_s(self, audio: np.ndarray, keep: int) -> float:
-        """Between word `keep` and the next, in seconds (the words as Whisper hears them)."""
-        segments, _ = self._model.transcribe(audio, beam_size=1, word_timestamps=True)
-        heard = [word for segment in segments for word in (segment.words or [])]
-        if len(heard) <= keep:
-            raise ValueError(f"Whisper heard {len(heard)} words, the cut keeps {keep}")
-        return (heard[keep - 1].end + heard[keep].start) / 2
-
-
-def load_questions() -> list[Question]:
-    entries = json.loads(QUESTIONS.read_text())
-    espeak = [
-        Question(e["text"], "espeak-ng", e["voice"], e["speed_wpm"], e["pitch"], e["wav"])
-        for e in entries
-    ]
-    return espeak + [Question(e["text"], "piper", "en_US-joe-medium") for e in entries]
-
-
-def speech_of(question: Question, piper_voice) -> np.ndarray:
-    if question.source == "piper":
-        return resample(piper_voice.synthesize(question.text), 24_000, MODEL_RATE)
-    samples, rate = read_wav(QUESTIONS.parent / question.wav)
-    return resample(samples, rate, MODEL_RATE)
 
 
 def clips(
@@ -304,56 +194,6 @@ def measure(model: SmartTurn) -> list[Case]:
                 )
         print(f"  {question.source:9} {question.voice:20} {question.text}", flush=True)
     return cases
-
-
-def recordings(
-    number: int, question: Question, speech: np.ndarray, clock: WordClock
-) -> list[turn_replay.Recording]:
-    """The question whole and with its pause (turn_replay's doc), in both qualities."""
-    start, end = speech_span(speech)
-    spoken = question.text.split()
-    keep, pause = cut_words(number, len(spoken)), pause_s(number)
-    if question.source == "piper":
-        cut_at = quietest_near(speech, clock.boundary_s(speech, keep))
-        gap = np.zeros(round(pause * MODEL_RATE), np.float32)
-        paused = np.concatenate([speech[start:cut_at], gap, speech[cut_at:end]])
-        pause_start, pause_end = cut_at - start, cut_at - start + len(gap)
-    else:
-        with_pause = espeak_ssml(question, with_break(question.text, keep, pause))
-        first, last = speech_span(with_pause)
-        paused = with_pause[first:last]
-        gap_start, gap_end = longest_gap(with_pause)
-        pause_start, pause_end = gap_start - first, gap_end - first
-    made = []
-    for quality, heard in (("16k", lambda a: a), ("phone", phone_quality)):
-        common = (question.source, question.voice, question.text)
-        whole = turn_replay.to_frontend(heard(speech[start:end]))
-        made.append(turn_replay.Recording(*common, "whole", quality, whole))
-        made.append(
-            turn_replay.Recording(
-                *common,
-                "paused",
-                quality,
-                turn_replay.to_frontend(heard(paused)),
-                pause_start / MODEL_RATE,
-                pause_end / MODEL_RATE,
-                " ".join(spoken[:keep]),
-            )
-        )
-    return made
-
-
-def replay_questions(model: SmartTurn) -> dict[str, object]:
-    from kame_common.voice import load_voice
-
-    piper_voice = load_voice(varied=False)
-    clock = WordClock()
-    questions = load_questions()
-    count = len(questions) // 2
-    made = []
-    for number, question in enumerate(questions):
-        made += recordings(number % count, question, speech_of(question, piper_voice), clock)
-    return turn_replay.run(made, model)
 
 
 # --- the summary ---------------------------------------------------------------
@@ -535,7 +375,7 @@ def main() -> int:
     if args.part != "replay":
         report |= clip_tables(args, model)
     if args.part != "clips" and model is not None:
-        report["replay"] = replay_questions(model)
+        report["replay"] = replay_questions(model, load_questions())
     elif args.tables_from and "replay" in (saved := json.loads(args.tables_from.read_text())):
         report["replay"] = saved["replay"] | {
             "summary": turn_replay.summary(saved["replay"]["recordings"])

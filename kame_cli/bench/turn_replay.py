@@ -1,4 +1,5 @@
-"""turn_bench.py's second part: spoken questions through the front-end's own turn detectors.
+"""Spoken questions through the front-end's own turn detectors (bench/turn_bench.py's
+second part, and `kame bench --turn-taking`).
 
 Each question is played, in 80 ms frames at 24 kHz (what the front-end
 receives: 16 kHz, or phone quality, 8 kHz G.711 mu-law, resampled up), with
@@ -118,9 +119,12 @@ def replay(
         decided_s = (index + 1) * FRAME_SECONDS
         outcome.turn_ends_s.append(round(decided_s - LEAD_S, 3))
         outcome.latencies_s.append(round(decided_s - detector.speech_end_s, 3))
-        semantic = isinstance(detector, SmartTurnDetector)
-        outcome.ended_by.append(detector.ended_by if semantic else "silence")
-        outcome.probabilities.append(list(detector.probabilities) if semantic else [])
+        if isinstance(detector, SmartTurnDetector):
+            outcome.ended_by.append(detector.ended_by)
+            outcome.probabilities.append(list(detector.probabilities))
+        else:
+            outcome.ended_by.append("silence")
+            outcome.probabilities.append([])
     return outcome
 
 
@@ -201,10 +205,12 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def run(recordings: list[Recording], model: SmartTurn) -> dict[str, Any]:
+def run(
+    recordings: list[Recording], model: SmartTurn, policies: tuple[Policy, ...] = POLICIES
+) -> dict[str, Any]:
     results = []
     worker = ThreadPoolExecutor(1, thread_name_prefix="smart-turn")
-    for policy in POLICIES:
+    for policy in policies:
         for recording in recordings:
             outcome = replay(recording, policy, model, worker)
             cut_off = recording.kind == "paused" and any(
@@ -226,7 +232,7 @@ def run(recordings: list[Recording], model: SmartTurn) -> dict[str, Any]:
         print(f"  replayed: {policy.name}", flush=True)
     worker.shutdown()
     return {
-        "policies": {p.name: vars(p.taking) if p.taking else None for p in POLICIES},
+        "policies": {p.name: vars(p.taking) if p.taking else None for p in policies},
         "summary": summary(results),
         "recordings": results,
     }
