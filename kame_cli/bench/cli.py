@@ -21,6 +21,8 @@ from kame_cli.bench.report import render_markdown
 from kame_cli.bench.runner import CHUNK_MS, Bench
 from kame_cli.bench.runs import Run, pick_load_run, plan_runs, select_runs
 from kame_cli.bench.summary import cold_calls, summarize
+from kame_cli.bench.turn_taking import DEFAULT_SET, FULL_SET, measure_turn_taking
+from kame_cli.bench.turn_taking import render_markdown as render_turn_taking
 from kame_cli.errors import USAGE, CliError, file_error, one_line
 from kame_common.audio import SAMPLE_RATE
 
@@ -99,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_bench(config: BenchConfig) -> int:
+    if config.turn_taking or config.turn_taking_full:
+        return run_turn_taking(config)
     command = invoked_command()
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     if config.repeats < 1 or config.warmup < 0:
@@ -144,3 +148,29 @@ def run_bench(config: BenchConfig) -> int:
             file=sys.stderr,
         )
     return 1 if bench.failures else 0
+
+
+def run_turn_taking(config: BenchConfig) -> int:
+    """`kame bench --turn-taking`: the section alone, in this process (no stack)."""
+    header = {
+        "name": config.name,
+        "command": invoked_command(),
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    machine = machine_description()
+    began = time.monotonic()
+    section = measure_turn_taking(FULL_SET if config.turn_taking_full else DEFAULT_SET)
+    machine["load_average_end"] = load_average()
+    report = header | {
+        "duration_s": round(time.monotonic() - began, 1),
+        "machine": machine,
+        "turn_taking": section,
+    }
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = config.out_dir / config.name
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    markdown = render_turn_taking(report)
+    stem.with_suffix(".md").write_text(markdown)
+    print(markdown)
+    print(f"kame bench: wrote {stem}.json and .md")
+    return 0

@@ -106,6 +106,22 @@ class BenchConfig:
     )
     llm_model: str = field(default="", metadata=_flag("model name for the oracle"))
     startup_timeout_s: float = field(default=300.0, metadata=_flag(type=float))
+    turn_taking: bool = field(
+        default=False,
+        metadata=_flag(
+            "instead of the runs, the turn-taking section (no stack): end-of-turn "
+            "latency, paused questions cut off (Smart Turn against the fixed 0.4 s pause), "
+            "backchannels and interruptions over the agent; piper and 4 espeak-ng voices",
+            action="store_true",
+        ),
+    )
+    turn_taking_full: bool = field(
+        default=False,
+        metadata=_flag(
+            "the turn-taking section on all 14 questions of bench/questions/espeak (13 voices)",
+            action="store_true",
+        ),
+    )
     capacity_admission: bool = field(
         default=True,
         metadata=_flag(
