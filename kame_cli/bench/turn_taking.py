@@ -146,7 +146,7 @@ def render_section(table: dict[str, Any]) -> list[str]:
 
 def render_markdown(report: dict[str, Any]) -> str:
     machine, chosen = report["machine"], report["turn_taking"]["set"]
-    questions = chosen["questions"] or "all"
+    questions = f"first {chosen['questions']}" if chosen["questions"] else "all"
     lines = [
         f"# kame bench: {report['name']}",
         "",
@@ -154,7 +154,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- date: {report['started_at']}, {report['duration_s']:.0f} s",
         f"- machine: {machine['cpu']}, {machine['cores']} cores; load average at start "
         f"{machine['load_average']} (a shared machine)",
-        f"- questions: the first {questions} of bench/questions/espeak (one espeak-ng voice "
+        f"- questions: the {questions} of bench/questions/espeak (one espeak-ng voice "
         "each) and the same texts in piper, whole and with a 0.6-0.9 s pause, 16 kHz and "
         "8 kHz G.711, through the tts engine's turn detectors",
         f"- said over the agent: {len(chosen['backchannels'])} backchannels and "
