@@ -4,7 +4,9 @@ text in; oracle updates and timing events out (see protos/kamepb/oracle.proto)."
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -131,6 +133,7 @@ async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> Se
         lambda server: oracle_pb2_grpc.add_OracleServicer_to_server(servicer, server)
     )
     start_publishing()
+    _preload_other_backends(settings)
     log.info(
         "oracle: default backend %s model %s at %s",
         settings.backend,
@@ -142,3 +145,15 @@ async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> Se
 
 def main(argv: Sequence[str] | None = None) -> int:
     return service_main(OracleSettings, serve, argv)
+
+
+def _preload_other_backends(settings: OracleSettings) -> None:
+    """A back-end callers may choose but the service does not use itself is
+    imported in a thread once the oracle serves: imported at the first session
+    that chooses it, its SDK (seconds on a busy host) would stall the event
+    loop, and every call on it; imported before serving, a restart would be
+    that much slower."""
+    others = set(settings.allowed_backends.replace(" ", "").split(",")) - {settings.backend, ""}
+    if "anthropic" in others:
+        module = "services.oracle.anthropic_backend"
+        threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()

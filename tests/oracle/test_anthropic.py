@@ -182,3 +182,32 @@ def test_the_service_starts_without_the_anthropic_sdk():
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
     )
     assert shown.stdout.strip() == "False", shown.stderr
+
+
+def test_an_allowed_anthropic_backend_is_imported_in_a_thread_once_serving():
+    """A back-end callers may choose is imported off the event loop after the
+    oracle serves, not at the first session choosing it (which would stall
+    every call on the loop for as long as the import takes)."""
+    probe = """
+import asyncio, sys, time
+from services.oracle.config import OracleSettings
+from services.oracle.server import serve
+
+async def main():
+    settings = OracleSettings(
+        host="127.0.0.1", port=0, metrics_port=0, redis_url="", warmup_timeout_s=0,
+        base_url="http://127.0.0.1:1/v1", allowed_backends="openai,anthropic",
+    )
+    runtime = await serve(settings)
+    deadline = time.monotonic() + 60
+    while "services.oracle.anthropic_backend" not in sys.modules and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    print("services.oracle.anthropic_backend" in sys.modules)
+    await runtime.stop()
+
+asyncio.run(main())
+"""
+    shown = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert shown.stdout.split()[-1:] == ["True"], shown.stdout + shown.stderr
