@@ -28,7 +28,8 @@ def keypress_text(digit: str) -> str:
 
 # What a listener says to show it follows, not to take the turn: spoken while the
 # agent talks, the agent goes on (the frontend's tts engine) and the oracle keeps
-# it as context instead of answering it. Both services read this one list (their
+# it as context instead of answering it, and the web service's Realtime endpoint
+# tells a client no turn for it. The three read this one list (their
 # `backchannel_phrases` settings default to it); stt spells "uh-huh" and "mm-hmm"
 # with or without the hyphen, which normalization drops, and Whisper writes a hum
 # as "m", "mm" or "mmm", a short "uh-huh" as "oh" or "ah"

@@ -16,6 +16,7 @@ from typing import ClassVar
 from kame_common.config import ConfigError, ServiceSettings, setting
 from kame_common.gateway_client import GatewayClientSettings
 from kame_common.ports import WEB_PORTS
+from kame_common.words import BACKCHANNEL_PHRASES
 
 MODES = ("tandem", "cascade", "s2s")
 # Host names a browser on this machine uses for the page; always allowed.
@@ -66,6 +67,12 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
         "give a /v1/realtime session's instructions to the agent (the gateway's "
         "allow_instructions must be on too, or the call is refused); off: they are kept and "
         "shown back only",
+    )
+    backchannel_phrases: str = setting(
+        ", ".join(BACKCHANNEL_PHRASES),
+        "comma-separated phrases that, said over the agent (alone or in a row), are a "
+        "backchannel to a /v1/realtime client: no speech_started, the response goes on; keep "
+        "equal to the frontend's and oracle's backchannel_phrases",
     )
     relay_token_behind_login: bool = setting(
         False,

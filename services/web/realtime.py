@@ -29,6 +29,14 @@ How a full-duplex agent reads in this protocol:
   having heard nothing, completes empty at the next commit or when the agent
   answers); a typed message (conversation.item.create) is an item at once,
   sent as the gateway's send_text;
+- a backchannel ("uh-huh", "okay": words that are only phrases of the
+  `backchannel_phrases` setting, kame_common/words.py's list, or no words)
+  heard while a response is under way or the agent is held is no turn: no
+  speech_started, no transcription events, and the response goes on. Its
+  final joins the conversation as a user item (conversation.item.added and
+  .done only), as the oracle keeps it: context, not a question. Should the
+  stack take it as a barge-in after all, its speech_started comes then, with
+  the words heard so far;
 - a barge-in (the caller talking over the agent) is speech_started, and the
   response under way ends `cancelled`; `response.cancel` ends it the same way
   and stops the agent at the gateway (cancel_response). The agent's audio is
@@ -59,6 +67,7 @@ from kame_common.converse import (
     FunctionCallEvent,
     UserTranscriptEvent,
 )
+from kame_common.words import BACKCHANNEL_PHRASES, is_backchannel, normalize_words, parse_phrases
 from services.web.realtime_config import (
     ClientError,
     Event,
@@ -94,6 +103,9 @@ ITEM_EDITS = frozenset(
 # Client events not served (WebRTC's output buffer): an error names them, and
 # the session goes on.
 NOT_SERVED = frozenset(("output_audio_buffer.clear",))
+# What a listener says to show it follows (kame_common/words.py: the frontend's
+# and the oracle's list too), as a session takes it unless told otherwise.
+DEFAULT_BACKCHANNELS = parse_phrases(", ".join(BACKCHANNEL_PHRASES))
 # The agent's function calls a session keeps waiting for their output; the
 # oldest beyond are forgotten (the oracle waits for none that long).
 MAX_WAITING_CALLS = 64
@@ -143,21 +155,37 @@ class UserTurn:
     committed: bool = False  # input_audio_buffer.committed was sent (the client's commit)
 
 
+@dataclass
+class Backchannel:
+    """A caller utterance over the agent whose words are, so far, a backchannel:
+    kept from the client until its final, or a barge-in, says what it was."""
+
+    utterance_id: str
+    heard: str = ""  # its latest partial transcript
+
+
 class RealtimeSession:
     """One Realtime session's protocol state. `on_client` for each client
     message, `on_converse` for each gateway event, `on_call_end` once; each
     returns the server events to send, in order, already stamped."""
 
     def __init__(
-        self, model: str, offered_modes: list[str], relay_instructions: bool = False
+        self,
+        model: str,
+        offered_modes: list[str],
+        relay_instructions: bool = False,
+        backchannels: tuple[tuple[str, ...], ...] = DEFAULT_BACKCHANNELS,
     ) -> None:
         self.mode = mode_of_model(model, offered_modes)
         self.model = model
         self.config = SessionConfig(relay_instructions=relay_instructions)
+        self.backchannels = backchannels
         self.call_opened = False  # the gateway call is opened with the config of then
         self.history = History()
         self.response: AgentResponse | None = None
         self.user: UserTurn | None = None
+        self.held = False  # the agent's last frame was `held`: paused for the caller
+        self.nod: Backchannel | None = None  # caller words over the agent, a backchannel so far
         # The agent's stretch was cancelled: drop its audio until its silence or
         # the caller's next turn (_caller_turn).
         self.muted = False
@@ -382,7 +410,12 @@ class RealtimeSession:
             # under way ends), or a response.cancel (it ended already).
             events = self._cancelled("client_cancelled", quiet=True)
         elif event["type"] == "barge_in":
-            events = [*self._speech_started(), *self._cancelled("turn_detected", quiet=True)]
+            self.held = False
+            events = [
+                *self._speech_started(),
+                *self._nod_was_a_turn(),
+                *self._cancelled("turn_detected", quiet=True),
+            ]
         elif event["type"] == "function_call":
             events = self._function_call(event)
         elif event["type"] == "notice" and event["kind"] == "REFUSED":
@@ -401,6 +434,7 @@ class RealtimeSession:
 
     def _agent_audio(self, event: AgentAudioEvent) -> list[Event]:
         seconds = self.config.output.seconds(event["data"])
+        self.held = event["held"]
         if event["held"]:
             return self._held(event["data"])
         if not event["speaking"]:
@@ -434,7 +468,8 @@ class RealtimeSession:
         """The agent paused while the caller speaks over it: no gap, so a barge-in
         ends the response cancelled and a backchannel lets it go on (the pause
         sent with its next speech). No speech_started: clients stop their own
-        playback on it, which would cut the agent at every "uh-huh"."""
+        playback on it, which would cut the agent at every "uh-huh" (nor
+        when the caller's words come, if they are a backchannel: _nodded)."""
         self.silent_s = 0.0
         if self.response is not None and not self.muted:
             self.response.held_silence.append(silence)
@@ -505,6 +540,9 @@ class RealtimeSession:
     def _user_transcript(self, event: UserTranscriptEvent) -> list[Event]:
         if is_typed_echo(event["utterance_id"]):
             return []  # a typed message, echoed: its item is there
+        if self._is_nod(event):
+            return self._nodded(event)
+        self.nod = None  # words beyond a backchannel: the caller's turn, told as any
         events = self._speech_started()
         user = self.user
         assert user is not None
@@ -518,6 +556,51 @@ class RealtimeSession:
         self.uncommitted_s = 0.0  # the turn ended: a commit needs new audio
         self._caller_turn()
         return [*events, *self._user_said(user, event["text"])]
+
+    def _is_nod(self, event: UserTranscriptEvent) -> bool:
+        """The caller's words are a backchannel: only backchannel phrases, or none
+        (the frontend's rule, services/frontend/engines/backchannel.py), said
+        while the agent speaks (a response under way, or the agent held for
+        them), or more of an utterance that was one so far. Not with
+        push-to-talk: the client's commit ends every turn there, and the
+        frontend stops the agent at any caller speech."""
+        text = event["text"]
+        if normalize_words(text) and not is_backchannel(text, self.backchannels):
+            return False
+        if self.nod is not None and self.nod.utterance_id == event["utterance_id"]:
+            return True
+        over_the_agent = self.response is not None or self.held
+        return over_the_agent and self.user is None and not self.config.manual_turns
+
+    def _nodded(self, event: UserTranscriptEvent) -> list[Event]:
+        """A backchannel's transcript. No speech_started and no transcription
+        events: LiveKit's and Pipecat's clients stop their playback on
+        speech_started, and Pipecat's user aggregator takes any transcription
+        while the bot speaks as the user's turn and interrupts too, so either
+        would cut the agent the stack lets go on. Its final, with words, is
+        still a user item of the conversation (added and done: the item
+        events no client takes for a turn), after the agent's item it was
+        said over, as the oracle keeps it: context for the next answer, no
+        response of its own. A partial waits in `nod` for a barge-in."""
+        if event["type"] == "user_partial":
+            self.nod = Backchannel(event["utterance_id"], event["text"])
+            return []
+        self.nod = None
+        if not normalize_words(event["text"]):
+            return []  # a cough: nothing was said
+        message = UserMessage(content=[{"type": "input_audio", "transcript": event["text"]}])
+        added = self.history.add(message)
+        return [added, {"type": "conversation.item.done", "item": message.item()}]
+
+    def _nod_was_a_turn(self) -> list[Event]:
+        """The stack took the caller's speech over the agent as a barge-in: what
+        was kept as a backchannel is the start of the caller's item."""
+        nod, self.nod = self.nod, None
+        user = self.user
+        if nod is None or user is None or not nod.heard or user.heard:
+            return []
+        user.heard = nod.heard
+        return [self._transcription("delta", user.item_id, delta=nod.heard)]
 
     def _user_said(self, user: UserTurn, text: str) -> list[Event]:
         """The caller's final transcript: the turn ends (unless the client's

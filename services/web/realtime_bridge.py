@@ -24,6 +24,7 @@ import grpc
 
 from kame_common.aio import cancel_and_wait, wait_first
 from kame_common.converse import ConverseClient
+from kame_common.words import parse_phrases
 from services.web import bridge
 from services.web.bridge import PageSocket
 from services.web.config import WebSettings
@@ -86,7 +87,10 @@ class RealtimeBridge:
         the call. A model the web service does not offer: an error, and no session."""
         try:
             session = RealtimeSession(
-                model, self.settings.mode_choices, self.settings.realtime_relay_instructions
+                model,
+                self.settings.mode_choices,
+                self.settings.realtime_relay_instructions,
+                parse_phrases(self.settings.backchannel_phrases),
             )
         except ClientError as exc:
             await bridge.send_json(socket, lone_error(exc.code, exc.message))
