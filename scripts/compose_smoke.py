@@ -11,10 +11,11 @@ machines without systemd lack, so this script runs every container's check itsel
 
 Then, from this machine: one spoken question (piper) through the containerized gateway
 on 127.0.0.1:50051, answered by the oracle's LLM; Prometheus has scraped every running
-service; every KAME container runs as a non-root user on a read-only root filesystem.
-Prints a table (image size, time to healthy, user, read-only) and the conversation,
-writes it as JSON (build/compose-smoke.json), and tears the stack down (volumes too)
-unless --keep.
+service; every KAME container runs as a non-root user on a read-only root filesystem; the
+frontend's tts engine found the Smart Turn model its image carries (its log has the Smart
+Turn line, not `turn detection falls back to ...`). Prints a table (image size, time to
+healthy, user, read-only) and the conversation, writes it as JSON (build/compose-smoke.json),
+and tears the stack down (volumes too) unless --keep.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ GATEWAY = "127.0.0.1:50051"
 PROMETHEUS = "http://127.0.0.1:9090"
 QUESTION = "What is the capital of France?"
 HEALTH_EVERY_S = 3.0
+# What the frontend's tts engine logs at start when it loaded the Smart Turn model
+# (services/frontend/engines/semantic_turns.py); without it, `turn detection falls back to ...`.
+SMART_TURN_LINE = "turn detection: Smart Turn"
 
 
 @dataclass
@@ -129,6 +133,15 @@ def converse() -> dict[str, Any]:
     }
 
 
+def frontend_turn_detection(env: dict[str, str]) -> str:
+    """The CPU frontend's last log line about its turn detection ("" if it logged none)."""
+    logs = subprocess.run(
+        compose_command("logs", "--no-color", "frontend"), env=env, capture_output=True, text=True
+    )
+    lines = [line for line in (logs.stdout + logs.stderr).splitlines() if "turn detection" in line]
+    return lines[-1] if lines else ""
+
+
 def inspect(container: dict[str, Any], healthy_at: dict[str, float]) -> Container:
     name = container["Names"][0]
     (details,) = podman_json("inspect", name)
@@ -156,9 +169,11 @@ def table(containers: list[Container]) -> str:
 
 
 def problems(
-    containers: list[Container], scraped: dict[str, str], talk: dict[str, Any]
+    containers: list[Container], scraped: dict[str, str], talk: dict[str, Any], turns: str
 ) -> list[str]:
     found = [f"{c.service}: never healthy" for c in containers if c.healthy_after_s is None]
+    if SMART_TURN_LINE not in turns:
+        found.append(f"frontend: no Smart Turn model ({turns or 'no turn detection logged'})")
     kame = [c for c in containers if c.image.split("/")[-2:-1] == ["kame"]]
     found += [f"{c.service}: runs as root" for c in kame if c.user in ("root", "0", "")]
     found += [f"{c.service}: root filesystem writable" for c in kame if not c.read_only]
@@ -225,10 +240,16 @@ def smoke(env: dict[str, str], args: argparse.Namespace) -> int:
     print(table(containers))
     print("prometheus targets: " + ", ".join(f"{t} {h}" for t, h in sorted(scraped.items())))
     print("conversation: " + json.dumps(talked))
-    found = problems(containers, scraped, talked)
+    turns = frontend_turn_detection(env)
+    print(f"frontend: {turns}")
+    found = problems(containers, scraped, talked, turns)
     for problem in found:
         print(f"FAIL {problem}")
-    record = {"containers": [asdict(c) for c in containers], "prometheus": scraped}
+    record = {
+        "containers": [asdict(c) for c in containers],
+        "prometheus": scraped,
+        "frontend_turn_detection": turns,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({**record, "talk": talked, "problems": found}, indent=2))
     return 1 if found or up.returncode else 0

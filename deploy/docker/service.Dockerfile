@@ -25,6 +25,8 @@
 #                  telephony)
 #   frontend-cpu   the same on python:3.11, with the lock's CPU torch from PyTorch's CPU index
 #   frontend-cuda  on a CUDA torch base image (moshi needs torch<2.10, the lock pins the CPU 2.13)
+# Both frontend images carry the Smart Turn end-of-turn model (the smart-turn-model stage), at
+# $KAME_SMART_TURN_MODEL.
 # Configure the container with KAME_<SERVICE>_* variables (services/<SERVICE>/config.py).
 # BuildKit builds only the stages the chosen SERVICE and DEPS need.
 
@@ -103,6 +105,24 @@ ENV KAME_FRONTEND_ENGINE=kame \
     KAME_FRONTEND_DEVICE=cuda \
     KAME_FRONTEND_DTYPE=bfloat16
 
+# The Smart Turn model, with which the frontend's tts engine ends the caller's turn (without it
+# the engine falls back to a fixed pause). The stage runs what make setup runs,
+# kame_cli/smart_turn_model.py: pip downloads the pipecat-ai wheel that kame_common/turn_model.py
+# pins (alone, through PIP_CERT, PIP_FIND_LINKS and the cache mount), the one file comes out and
+# its sha256 is checked against the pinned one; --check then runs it once on the image's own
+# onnxruntime. The version and the hash live only in turn_model.py. Only service-frontend copies
+# the file, to a path outside /home/kame/.cache, over which compose and the chart mount a cache.
+FROM deps-${DEPS} AS smart-turn-model
+ARG PIP_CACHE_DIR=/var/cache/pip
+ARG PIP_CERT
+ARG PIP_FIND_LINKS
+COPY kame_common/ kame_common/
+COPY kame_cli/__init__.py kame_cli/smart_turn_model.py kame_cli/
+ENV KAME_SMART_TURN_MODEL=/opt/kame/models/smart-turn-v3.2-cpu.onnx
+RUN --mount=type=cache,target=/var/cache/pip \
+    python -m kame_cli.smart_turn_model \
+ && python -m kame_cli.smart_turn_model --check
+
 FROM deps-${DEPS} AS app
 ARG SERVICE
 COPY kamepb/ kamepb/
@@ -127,6 +147,9 @@ CMD ["sh", "-c", "exec python -m \"services.${KAME_SERVICE}\""]
 FROM app AS service-gateway
 EXPOSE 50051 9101 9111
 FROM app AS service-frontend
+# Root's file, mode 0644: the service's user reads it, nothing writes it.
+COPY --from=smart-turn-model /opt/kame/models/ /opt/kame/models/
+ENV KAME_SMART_TURN_MODEL=/opt/kame/models/smart-turn-v3.2-cpu.onnx
 EXPOSE 50052 9102 9112
 FROM app AS service-stt
 EXPOSE 50053 9103 9113

@@ -309,11 +309,14 @@ class Image:
         return self.exposed_ports("tcp")
 
 
-def build_image(path: Path, build_args: dict[str, str] | None = None) -> Image:
-    """Resolve the final stage of `path` for `build_args` as BuildKit does: global ARGs (before
-    the first FROM) feed FROM lines, a FROM naming an earlier stage continues it, an ARG inside
-    a stage takes the build argument or the global default. KeyError: a FROM names no stage or
-    image the file defines (e.g. SERVICE=nothing -> `service-nothing`)."""
+def build_image(
+    path: Path, build_args: dict[str, str] | None = None, target: str | None = None
+) -> Image:
+    """Resolve the final stage of `path` (or the stage `target`, as `--target` does) for
+    `build_args` as BuildKit does: global ARGs (before the first FROM) feed FROM lines, a FROM
+    naming an earlier stage continues it, an ARG inside a stage takes the build argument or the
+    global default. KeyError: a FROM names no stage or image the file defines (e.g.
+    SERVICE=nothing -> `service-nothing`)."""
     build_args = build_args or {}
     steps = instructions(path)
     first_from = next(i for i, (kw, _) in enumerate(steps) if kw == "FROM")
@@ -331,7 +334,7 @@ def build_image(path: Path, build_args: dict[str, str] | None = None) -> Image:
             order.append(name)
         else:
             stages[order[-1]][1].append((keyword, args))
-    chain, name = [], order[-1]
+    chain, name = [], target or order[-1]
     while name in stages:
         chain.insert(0, name)
         name = stages[name][0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import hashlib
 import http.server
 import importlib.util
 import json
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import zipfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from kame_cli import llama_build
+from kame_common import turn_model
+from kame_common.models import ModelNotInstalled
 from kame_common.ports import SERVICE_PORTS
 from kame_common.server import ServiceRuntime
 from services.stt.config import SttSettings
@@ -44,6 +48,8 @@ from tests.deploy.conftest import (
     build_image,
     compose_config,
     compose_image,
+    containers,
+    env_of,
     free_port,
     instructions,
 )
@@ -175,7 +181,12 @@ def test_health_check_asks_the_service_or_the_llm(image):
 
 def test_image_settings_are_real_fields(image, configs):
     service, built = image
-    settings = {k: v for k, v in built.env.items() if k.startswith("KAME_") and k != "KAME_SERVICE"}
+    # KAME_SERVICE names the service; $KAME_SMART_TURN_MODEL (the frontend's) is read by
+    # kame_common/turn_model.py, no service's setting.
+    not_settings = {"KAME_SERVICE", turn_model.PATH_ENV}
+    settings = {
+        k: v for k, v in built.env.items() if k.startswith("KAME_") and k not in not_settings
+    }
     if service is None:
         # The llm image runs kame llm-server, no service: its one setting names the
         # llama-server binary its build stage compiled and copied in.
@@ -414,6 +425,184 @@ def test_cpu_frontend_gets_the_cpu_torch_of_the_lock():
     assert any("download.pytorch.org/whl/cpu" in a for a in built.arguments("ARG"))
     (torch_pin,) = re.findall(r"^torch==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M)
     assert "+" not in torch_pin or torch_pin.endswith("+cpu")
+
+
+# ---- the Smart Turn model in the frontend images ----------------------------------------------
+
+FRONTEND_DEPS = ("frontend-cpu", "frontend-cuda")
+
+
+def frontend_args(deps: str) -> dict[str, str]:
+    return {"SERVICE": "frontend", "DEPS": deps}
+
+
+def frontend_image(deps: str) -> Image:
+    return build_image(SERVICE_DOCKERFILE, frontend_args(deps))
+
+
+def model_copy(built: Image) -> tuple[str, str, str]:
+    """(stage, source, destination) of the frontend's one COPY of the model out of a stage."""
+    (copy,) = [
+        args for args in built.arguments("COPY") if args.startswith("--from=smart-turn-model ")
+    ]
+    flag, source, destination = copy.split()
+    return flag.removeprefix("--from="), source, destination
+
+
+def own_steps(build_args: dict[str, str], stage: str, keyword: str) -> list[str]:
+    """The `keyword` instructions of `stage` itself, not of the stages it is built on."""
+    chain = build_image(SERVICE_DOCKERFILE, build_args, target=stage)
+    base = build_image(SERVICE_DOCKERFILE, build_args, target=chain.stages[-2])
+    return chain.arguments(keyword)[len(base.arguments(keyword)) :]
+
+
+@pytest.mark.parametrize("deps", FRONTEND_DEPS)
+def test_the_frontend_images_carry_the_smart_turn_model(deps):
+    """The old recipe had no model: a containerized tts engine logged `turn detection falls
+    back to ...` and ended every turn on the fixed pause. Both frontend images now copy it out
+    of the stage that fetches it, to where $KAME_SMART_TURN_MODEL points, and that stage is
+    built on the image's own dependency stage (its --check runs the model on the image's
+    onnxruntime)."""
+    built = frontend_image(deps)
+    path = Path(built.env[turn_model.PATH_ENV])
+    assert path.is_absolute() and path.name == turn_model.MODEL_FILE
+    # compose's tmpfs and the chart's emptyDir cover the cache; /app holds the copied code.
+    assert not path.is_relative_to("/home/kame") and not path.is_relative_to("/app")
+    stage, source, destination = model_copy(built)
+    assert source.rstrip("/") == destination.rstrip("/") == str(path.parent)
+    fetch = build_image(SERVICE_DOCKERFILE, frontend_args(deps), target=stage)
+    assert fetch.stages[:-1] == built.stages[: len(fetch.stages) - 1]
+    assert fetch.stages[-2] == f"deps-{deps}"
+    assert fetch.env[turn_model.PATH_ENV] == str(path)
+    (run,) = own_steps(frontend_args(deps), stage, "RUN")
+    assert run.startswith("--mount=type=cache,target=/var/cache/pip ")
+    commands = [c.strip() for c in run.split(" ", 1)[1].split("&&")]
+    assert commands == [turn_model.FETCH_COMMAND, f"{turn_model.FETCH_COMMAND} --check"]
+    declared = {args.partition("=")[0] for args in own_steps(frontend_args(deps), stage, "ARG")}
+    assert {"PIP_CACHE_DIR", "PIP_CERT", "PIP_FIND_LINKS"} <= declared
+    for args in own_steps(frontend_args(deps), stage, "COPY"):
+        for copied in args.split()[:-1]:
+            assert (ROOT / copied).exists(), copied
+            assert not any(fnmatch.fnmatch(copied.rstrip("/"), p) for p in _ignored()), copied
+
+
+def test_only_the_frontend_images_carry_the_model(image):
+    service, built = image
+    copies = [args for args in built.arguments("COPY") if "smart-turn-model" in args]
+    assert bool(copies) == (service == "frontend"), service
+    assert (turn_model.PATH_ENV in built.env) == (service == "frontend"), service
+
+
+def test_the_model_pin_has_one_home():
+    """The wheel, its version, the member and the hash are kame_common/turn_model.py's: the
+    recipe runs kame_cli/smart_turn_model.py, which reads them from there, and names none of
+    them itself (its comments aside). The path's file name is turn_model.MODEL_FILE, checked
+    above."""
+    recipe = " ".join(args for _, args in instructions(SERVICE_DOCKERFILE))
+    for pinned in (
+        turn_model.SOURCE_PACKAGE,
+        turn_model.SOURCE_VERSION,
+        turn_model.SOURCE_MEMBER,
+        turn_model.MODEL_SHA256,
+    ):
+        assert pinned not in recipe, pinned
+
+
+def pipecat_wheel(folder: Path, model: bytes) -> Path:
+    """A wheel named and described as the pinned pipecat-ai release that holds `model` where
+    the release holds the Smart Turn file: what pip finds in PIP_FIND_LINKS (offline here)."""
+    name = turn_model.SOURCE_PACKAGE.replace("-", "_")
+    version = turn_model.SOURCE_VERSION
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    dist_info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(turn_model.SOURCE_MEMBER, model)
+        archive.writestr(
+            f"{dist_info}/METADATA",
+            f"Metadata-Version: 2.1\nName: {turn_model.SOURCE_PACKAGE}\nVersion: {version}\n",
+        )
+        archive.writestr(
+            f"{dist_info}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: kame-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        archive.writestr(f"{dist_info}/RECORD", "")
+    return wheel
+
+
+def run_the_model_stage(tmp_path: Path, model: bytes) -> tuple[subprocess.CompletedProcess, Path]:
+    """The smart-turn-model stage's own RUN, as the build runs it: in /app as the stage's COPYs
+    lay it out, with the stage's ENV path (under tmp_path) and pip offline on a folder of wheels
+    through PIP_FIND_LINKS, as scripts/images.py passes it. The result and where the file
+    would be."""
+    built = frontend_image("frontend-cpu")
+    stage, _, _ = model_copy(built)
+    fetch = build_image(SERVICE_DOCKERFILE, frontend_args("frontend-cpu"), target=stage)
+    app, wheels = tmp_path / "app", tmp_path / "wheels"
+    wheels.mkdir()
+    pipecat_wheel(wheels, model)
+    copy_like_the_image(fetch, app)
+    (run,) = own_steps(frontend_args("frontend-cpu"), stage, "RUN")
+    script = run.split(" ", 1)[1]  # without the cache mount
+    target = tmp_path / "root" / fetch.env[turn_model.PATH_ENV].lstrip("/")
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:{os.defpath}",
+        "HOME": str(tmp_path / "home"),
+        "PYTHONPATH": str(app),
+        turn_model.PATH_ENV: str(target),
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(wheels),
+        "PIP_CACHE_DIR": str(tmp_path / "pip-cache"),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    result = subprocess.run(
+        ["sh", "-c", script], cwd=app, env=env, capture_output=True, text=True, timeout=300
+    )
+    return result, target
+
+
+def installed_model() -> bytes:
+    try:
+        return turn_model.smart_turn_path().read_bytes()
+    except ModelNotInstalled as exc:
+        pytest.skip(str(exc))
+
+
+def test_the_model_stage_fetches_checks_and_places_the_model(tmp_path):
+    result, target = run_the_model_stage(tmp_path, installed_model())
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "sha256 ok" in result.stdout, result.stdout
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == turn_model.MODEL_SHA256
+    assert target.stat().st_mode & 0o777 == 0o644  # the service's user (10001) reads root's file
+    # The frontend copies the whole folder: nothing but the model may be in it.
+    assert [p.name for p in target.parent.iterdir()] == [turn_model.MODEL_FILE]
+
+
+def test_the_model_stage_fails_the_build_on_a_wheel_with_another_file(tmp_path):
+    """A pipecat-ai release whose model is not the pinned one fails the build: no image
+    carries a model the engine's thresholds were not measured on."""
+    result, target = run_the_model_stage(tmp_path, installed_model()[:-1] + b"\0")
+    assert result.returncode != 0
+    assert f"not the pinned {turn_model.MODEL_SHA256}" in result.stderr, result.stderr[-2000:]
+    assert not target.exists()
+
+
+def test_compose_and_the_chart_leave_the_frontends_model_in_place(rendered):
+    """Neither mounts over the folder the image carries the model in nor points
+    $KAME_SMART_TURN_MODEL elsewhere (the image's path wins)."""
+    path = Path(frontend_image("frontend-cpu").env[turn_model.PATH_ENV])
+
+    def covers(mount: str) -> bool:
+        return path.is_relative_to(mount.split(":")[0])
+
+    for name, spec in compose_config("--profile", "gpu")["services"].items():
+        if ((spec.get("build") or {}).get("args") or {}).get("SERVICE") != "frontend":
+            continue
+        mounts = [*(spec.get("tmpfs") or []), *(v["target"] for v in spec.get("volumes") or [])]
+        assert not any(covers(m) for m in mounts), (name, mounts)
+        assert turn_model.PATH_ENV not in (spec.get("environment") or {}), name
+    container = containers(rendered.one("Deployment", "frontend"))[0]
+    assert not any(covers(m["mountPath"]) for m in container.get("volumeMounts", []))
+    assert turn_model.PATH_ENV not in env_of(container)
 
 
 # ---- the health check script against real servers --------------------------------------------
