@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13kamepb/common.proto\x12\x07kame.v1\"W\n\nAudioFrame\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\x12\x16\n\x0esample_rate_hz\x18\x02 \x01(\x05\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x17\n\x0f\x63\x61pture_time_us\x18\x04 \x01(\x03\"+\n\tAudioSpan\x12\x0f\n\x07start_s\x18\x01 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x02 \x01(\x01\"O\n\nWordTiming\x12\x0c\n\x04word\x18\x01 \x01(\t\x12\x0f\n\x07start_s\x18\x02 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x03 \x01(\x01\x12\x13\n\x0bprobability\x18\x04 \x01(\x02\"\xc4\x01\n\x0fTranscriptEvent\x12\x14\n\x0cutterance_id\x18\x01 \x01(\t\x12\x10\n\x08is_final\x18\x02 \x01(\x08\x12\x11\n\tstability\x18\x03 \x01(\x02\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x13\n\x0bstable_text\x18\x05 \x01(\t\x12\"\n\x05words\x18\x06 \x03(\x0b\x32\x13.kame.v1.WordTiming\x12 \n\x04span\x18\x07 \x01(\x0b\x32\x12.kame.v1.AudioSpan\x12\r\n\x05lag_s\x18\x08 \x01(\x01\"\xa0\x01\n\x0eSpeechActivity\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.kame.v1.SpeechActivity.Kind\x12\x14\n\x0cutterance_id\x18\x02 \x01(\t\x12\x0c\n\x04\x61t_s\x18\x03 \x01(\x01\">\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cSPEECH_START\x10\x01\x12\x0e\n\nSPEECH_END\x10\x02\"G\n\x0f\x43\x61ndidateSource\x12\x14\n\x0cutterance_id\x18\x01 \x01(\t\x12\x10\n\x08is_final\x18\x02 \x01(\x08\x12\x0c\n\x04text\x18\x03 \x01(\t\"\xca\x01\n\x0cOracleUpdate\x12$\n\x02op\x18\x01 \x01(\x0e\x32\x18.kame.v1.OracleUpdate.Op\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x17\n\x0f\x63reated_time_us\x18\x04 \x01(\x03\x12(\n\x06source\x18\x05 \x01(\x0b\x32\x18.kame.v1.CandidateSource\"/\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\t\n\x05RESET\x10\x01\x12\n\n\x06\x41PPEND\x10\x02\"*\n\x04\x44tmf\x12\r\n\x05\x64igit\x18\x01 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x05\")\n\x07\x42\x61rgeIn\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\tcancelled\x18\x02 \x01(\x08\"\x83\x01\n\x0bTurnControl\x12+\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1b.kame.v1.TurnControl.Action\"G\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x45ND_TURN\x10\x01\x12\x0b\n\x07RESPOND\x10\x02\x12\n\n\x06\x43\x41NCEL\x10\x03\"_\n\x0e\x43lientFunction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\x12\x11\n\tread_only\x18\x04 \x01(\x08\"E\n\x0c\x46unctionCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"C\n\x0e\x46unctionResult\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\"\xec\x01\n\x0cToolActivity\x12*\n\x05phase\x18\x01 \x01(\x0e\x32\x1b.kame.v1.ToolActivity.Phase\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x11\n\tread_only\x18\x05 \x01(\x08\x12\x10\n\x08is_error\x18\x06 \x01(\x08\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\x12\x0e\n\x06reused\x18\x08 \x01(\x08\"9\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x0b\n\x07STARTED\x10\x01\x12\x0c\n\x08\x46INISHED\x10\x02\"]\n\tAgentText\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07start_s\x18\x02 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x03 \x01(\x01\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x0e\n\x06\x66iller\x18\x05 \x01(\x08*\\\n\nLlmBackend\x12\x1b\n\x17LLM_BACKEND_UNSPECIFIED\x10\x00\x12\x16\n\x12LLM_BACKEND_OPENAI\x10\x01\x12\x19\n\x15LLM_BACKEND_ANTHROPIC\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13kamepb/common.proto\x12\x07kame.v1\"W\n\nAudioFrame\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\x12\x16\n\x0esample_rate_hz\x18\x02 \x01(\x05\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x17\n\x0f\x63\x61pture_time_us\x18\x04 \x01(\x03\"+\n\tAudioSpan\x12\x0f\n\x07start_s\x18\x01 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x02 \x01(\x01\"O\n\nWordTiming\x12\x0c\n\x04word\x18\x01 \x01(\t\x12\x0f\n\x07start_s\x18\x02 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x03 \x01(\x01\x12\x13\n\x0bprobability\x18\x04 \x01(\x02\"\xc4\x01\n\x0fTranscriptEvent\x12\x14\n\x0cutterance_id\x18\x01 \x01(\t\x12\x10\n\x08is_final\x18\x02 \x01(\x08\x12\x11\n\tstability\x18\x03 \x01(\x02\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x13\n\x0bstable_text\x18\x05 \x01(\t\x12\"\n\x05words\x18\x06 \x03(\x0b\x32\x13.kame.v1.WordTiming\x12 \n\x04span\x18\x07 \x01(\x0b\x32\x12.kame.v1.AudioSpan\x12\r\n\x05lag_s\x18\x08 \x01(\x01\"\xb2\x01\n\x0eSpeechActivity\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.kame.v1.SpeechActivity.Kind\x12\x14\n\x0cutterance_id\x18\x02 \x01(\t\x12\x0c\n\x04\x61t_s\x18\x03 \x01(\x01\"P\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cSPEECH_START\x10\x01\x12\x0e\n\nSPEECH_END\x10\x02\x12\x10\n\x0c\x46INAL_DECODE\x10\x03\"G\n\x0f\x43\x61ndidateSource\x12\x14\n\x0cutterance_id\x18\x01 \x01(\t\x12\x10\n\x08is_final\x18\x02 \x01(\x08\x12\x0c\n\x04text\x18\x03 \x01(\t\"\xca\x01\n\x0cOracleUpdate\x12$\n\x02op\x18\x01 \x01(\x0e\x32\x18.kame.v1.OracleUpdate.Op\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x17\n\x0f\x63reated_time_us\x18\x04 \x01(\x03\x12(\n\x06source\x18\x05 \x01(\x0b\x32\x18.kame.v1.CandidateSource\"/\n\x02Op\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\t\n\x05RESET\x10\x01\x12\n\n\x06\x41PPEND\x10\x02\"*\n\x04\x44tmf\x12\r\n\x05\x64igit\x18\x01 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\x02 \x01(\x05\")\n\x07\x42\x61rgeIn\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x11\n\tcancelled\x18\x02 \x01(\x08\"\x83\x01\n\x0bTurnControl\x12+\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1b.kame.v1.TurnControl.Action\"G\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x45ND_TURN\x10\x01\x12\x0b\n\x07RESPOND\x10\x02\x12\n\n\x06\x43\x41NCEL\x10\x03\"_\n\x0e\x43lientFunction\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\x12\x11\n\tread_only\x18\x04 \x01(\x08\"E\n\x0c\x46unctionCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"C\n\x0e\x46unctionResult\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\"\xec\x01\n\x0cToolActivity\x12*\n\x05phase\x18\x01 \x01(\x0e\x32\x1b.kame.v1.ToolActivity.Phase\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x11\n\tread_only\x18\x05 \x01(\x08\x12\x10\n\x08is_error\x18\x06 \x01(\x08\x12\x11\n\telapsed_s\x18\x07 \x01(\x01\x12\x0e\n\x06reused\x18\x08 \x01(\x08\"9\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x0b\n\x07STARTED\x10\x01\x12\x0c\n\x08\x46INISHED\x10\x02\"]\n\tAgentText\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07start_s\x18\x02 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x03 \x01(\x01\x12\x12\n\ngeneration\x18\x04 \x01(\x04\x12\x0e\n\x06\x66iller\x18\x05 \x01(\x08*\\\n\nLlmBackend\x12\x1b\n\x17LLM_BACKEND_UNSPECIFIED\x10\x00\x12\x16\n\x12LLM_BACKEND_OPENAI\x10\x01\x12\x19\n\x15LLM_BACKEND_ANTHROPIC\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kamepb.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LLMBACKEND']._serialized_start=1679
-  _globals['_LLMBACKEND']._serialized_end=1771
+  _globals['_LLMBACKEND']._serialized_start=1697
+  _globals['_LLMBACKEND']._serialized_end=1789
   _globals['_AUDIOFRAME']._serialized_start=32
   _globals['_AUDIOFRAME']._serialized_end=119
   _globals['_AUDIOSPAN']._serialized_start=121
@@ -42,33 +42,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRANSCRIPTEVENT']._serialized_start=248
   _globals['_TRANSCRIPTEVENT']._serialized_end=444
   _globals['_SPEECHACTIVITY']._serialized_start=447
-  _globals['_SPEECHACTIVITY']._serialized_end=607
+  _globals['_SPEECHACTIVITY']._serialized_end=625
   _globals['_SPEECHACTIVITY_KIND']._serialized_start=545
-  _globals['_SPEECHACTIVITY_KIND']._serialized_end=607
-  _globals['_CANDIDATESOURCE']._serialized_start=609
-  _globals['_CANDIDATESOURCE']._serialized_end=680
-  _globals['_ORACLEUPDATE']._serialized_start=683
-  _globals['_ORACLEUPDATE']._serialized_end=885
-  _globals['_ORACLEUPDATE_OP']._serialized_start=838
-  _globals['_ORACLEUPDATE_OP']._serialized_end=885
-  _globals['_DTMF']._serialized_start=887
-  _globals['_DTMF']._serialized_end=929
-  _globals['_BARGEIN']._serialized_start=931
-  _globals['_BARGEIN']._serialized_end=972
-  _globals['_TURNCONTROL']._serialized_start=975
-  _globals['_TURNCONTROL']._serialized_end=1106
-  _globals['_TURNCONTROL_ACTION']._serialized_start=1035
-  _globals['_TURNCONTROL_ACTION']._serialized_end=1106
-  _globals['_CLIENTFUNCTION']._serialized_start=1108
-  _globals['_CLIENTFUNCTION']._serialized_end=1203
-  _globals['_FUNCTIONCALL']._serialized_start=1205
-  _globals['_FUNCTIONCALL']._serialized_end=1274
-  _globals['_FUNCTIONRESULT']._serialized_start=1276
-  _globals['_FUNCTIONRESULT']._serialized_end=1343
-  _globals['_TOOLACTIVITY']._serialized_start=1346
-  _globals['_TOOLACTIVITY']._serialized_end=1582
-  _globals['_TOOLACTIVITY_PHASE']._serialized_start=1525
-  _globals['_TOOLACTIVITY_PHASE']._serialized_end=1582
-  _globals['_AGENTTEXT']._serialized_start=1584
-  _globals['_AGENTTEXT']._serialized_end=1677
+  _globals['_SPEECHACTIVITY_KIND']._serialized_end=625
+  _globals['_CANDIDATESOURCE']._serialized_start=627
+  _globals['_CANDIDATESOURCE']._serialized_end=698
+  _globals['_ORACLEUPDATE']._serialized_start=701
+  _globals['_ORACLEUPDATE']._serialized_end=903
+  _globals['_ORACLEUPDATE_OP']._serialized_start=856
+  _globals['_ORACLEUPDATE_OP']._serialized_end=903
+  _globals['_DTMF']._serialized_start=905
+  _globals['_DTMF']._serialized_end=947
+  _globals['_BARGEIN']._serialized_start=949
+  _globals['_BARGEIN']._serialized_end=990
+  _globals['_TURNCONTROL']._serialized_start=993
+  _globals['_TURNCONTROL']._serialized_end=1124
+  _globals['_TURNCONTROL_ACTION']._serialized_start=1053
+  _globals['_TURNCONTROL_ACTION']._serialized_end=1124
+  _globals['_CLIENTFUNCTION']._serialized_start=1126
+  _globals['_CLIENTFUNCTION']._serialized_end=1221
+  _globals['_FUNCTIONCALL']._serialized_start=1223
+  _globals['_FUNCTIONCALL']._serialized_end=1292
+  _globals['_FUNCTIONRESULT']._serialized_start=1294
+  _globals['_FUNCTIONRESULT']._serialized_end=1361
+  _globals['_TOOLACTIVITY']._serialized_start=1364
+  _globals['_TOOLACTIVITY']._serialized_end=1600
+  _globals['_TOOLACTIVITY_PHASE']._serialized_start=1543
+  _globals['_TOOLACTIVITY_PHASE']._serialized_end=1600
+  _globals['_AGENTTEXT']._serialized_start=1602
+  _globals['_AGENTTEXT']._serialized_end=1695
 # @@protoc_insertion_point(module_scope)

@@ -210,11 +210,23 @@ class SpeechActivity(_message.Message):
         KIND_UNSPECIFIED: SpeechActivity._Kind.ValueType  # 0
         SPEECH_START: SpeechActivity._Kind.ValueType  # 1
         SPEECH_END: SpeechActivity._Kind.ValueType  # 2
+        FINAL_DECODE: SpeechActivity._Kind.ValueType  # 3
+        """stt started decoding the utterance's final: the early final a short pause
+        into the caller's silence, or the final at the turn end, endpoint or
+        max-length cut (at_s: where the final's audio ends). Work done only on
+        speculation (the oracle's LLM on ordinary partials) yields the CPU to it.
+        """
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
     KIND_UNSPECIFIED: SpeechActivity.Kind.ValueType  # 0
     SPEECH_START: SpeechActivity.Kind.ValueType  # 1
     SPEECH_END: SpeechActivity.Kind.ValueType  # 2
+    FINAL_DECODE: SpeechActivity.Kind.ValueType  # 3
+    """stt started decoding the utterance's final: the early final a short pause
+    into the caller's silence, or the final at the turn end, endpoint or
+    max-length cut (at_s: where the final's audio ends). Work done only on
+    speculation (the oracle's LLM on ordinary partials) yields the CPU to it.
+    """
 
     KIND_FIELD_NUMBER: _builtins.int
     UTTERANCE_ID_FIELD_NUMBER: _builtins.int

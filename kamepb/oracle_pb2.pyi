@@ -150,6 +150,7 @@ class GuideRequest(_message.Message):
     AGENT_TEXT_FIELD_NUMBER: _builtins.int
     DTMF_FIELD_NUMBER: _builtins.int
     FUNCTION_RESULT_FIELD_NUMBER: _builtins.int
+    SPEECH_ACTIVITY_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def config(self) -> Global___OracleConfig: ...
     @_builtins.property
@@ -164,6 +165,13 @@ class GuideRequest(_message.Message):
     def function_result(self) -> _common_pb2.FunctionResult:
         """The client's answer to a function_call."""
 
+    @_builtins.property
+    def speech_activity(self) -> _common_pb2.SpeechActivity:
+        """stt's FINAL_DECODE, forwarded: the LLM stream started on an ordinary
+        partial is cancelled and none starts until the final's words arrive
+        (the service's final_priority), so the final never waits for the CPU.
+        """
+
     def __init__(
         self,
         *,
@@ -172,12 +180,13 @@ class GuideRequest(_message.Message):
         agent_text: _common_pb2.AgentText | None = ...,
         dtmf: _common_pb2.Dtmf | None = ...,
         function_result: _common_pb2.FunctionResult | None = ...,
+        speech_activity: _common_pb2.SpeechActivity | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "speech_activity", b"speech_activity", "user_transcript", b"user_transcript"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "speech_activity", b"speech_activity", "user_transcript", b"user_transcript"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "user_transcript", "agent_text", "dtmf", "function_result"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "user_transcript", "agent_text", "dtmf", "function_result", "speech_activity"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 

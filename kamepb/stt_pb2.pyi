@@ -130,6 +130,9 @@ class SttProgress(_message.Message):
         only grows within an utterance (words two consecutive hypotheses agreed
         on); `text` may revise what follows it. stability = stable words / words.
         Under load partials are skipped (kame_stt_partials_skipped_total).
+      SpeechActivity FINAL_DECODE when the final's decode starts: a short pause
+        into the caller's silence (the early final; discarded if the caller goes
+        on, then a later one follows), else at the end of the utterance below.
       SpeechActivity SPEECH_END once a pause of endpoint_silence_s confirms the
         end (at_s: where the pause began, i.e. the caller's end of speech).
       TranscriptEvent final (is_final true, stability 1): exactly one per

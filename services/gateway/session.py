@@ -16,6 +16,7 @@ stt and oracle (no oracle in s2s mode; opening.py): the frontend's is an
                                 TurnEnd ────► stt.push (EndOfTurn: finalize now)
     stt ──────► _on_stt_response: transcripts ─► client queue, frontend.send, oracle.push
                                   SPEECH_START/END ─► turn tracker (latencies)
+                                  FINAL_DECODE ─► oracle.push (speculation yields)
     oracle ───► _on_oracle_response: updates ─► frontend.send (and client queue if opted in)
                                      function calls, tool activity ─► client queue
     client queue ─► responses() ─► the caller (the servicer yields what it yields;
@@ -426,6 +427,10 @@ class GatewaySession:
             self._tracker.on_speech_start(activity.utterance_id, wall)
         elif activity.kind == common_pb2.SpeechActivity.SPEECH_END:
             self._tracker.on_speech_end(activity.utterance_id, wall)
+        elif activity.kind == common_pb2.SpeechActivity.FINAL_DECODE:
+            if self.oracle is not None:  # its speculative LLM work yields to the decode
+                self.oracle.push(oracle_pb2.GuideRequest(speech_activity=activity))
+            return
         await self._output.report_ready_turns()
 
     async def _on_oracle_response(self, response: oracle_pb2.GuideResponse) -> None:

@@ -63,6 +63,7 @@ class Generation:
     failed: bool = False
     words_sent: bool = False  # its RESET went out
     deferred: bool = False  # it stopped at a side-effect tool, to be run on the final
+    speculative: bool = False  # an ordinary partial started it (not a settled one or a final)
 
     def answers(self, utterance_id: str, text: str) -> bool:
         """Whether this candidate already answers a final: it was started from the

@@ -84,6 +84,17 @@ class OracleSettings(MeasuredCapacitySettings):
     model: str = setting("gemma-3-270m", "default model (the embedded llm server's alias)")
     base_url: str = setting(LOCAL_LLM_URL, "default back-end base URL")
     policy: str = setting("tandem", "default restart policy", choices=POLICY_NAMES)
+    partial_starts: bool = setting(
+        True,
+        "tandem: ordinary partials start candidates (every min_new_words new words); off: "
+        "only settled partials (stt's early final) and finals do",
+    )
+    final_priority: bool = setting(
+        True,
+        "tandem: when stt starts decoding a final, the LLM stream an ordinary partial started "
+        "is cancelled and none starts until the final's words come, so the decode the turn "
+        "waits for has the CPU (off where the LLM runs on other hardware than stt)",
+    )
     request_timeout_s: float = setting(10.0, "limit on connect and on each wait for LLM output")
     check_timeout_s: float = setting(3.0, "limit on the config-time reachability check")
     warmup_timeout_s: float = setting(
@@ -217,6 +228,8 @@ def _policy(config: oracle_pb2.OracleConfig, service: OracleSettings) -> PolicyP
         min_new_words=given.min_new_words or defaults.min_new_words,
         max_starts=given.max_starts or defaults.max_starts,
         start_window_s=given.start_window_s or defaults.start_window_s,
+        partial_starts=service.partial_starts,
+        final_priority=service.final_priority,
     )
     try:
         params.validate()

@@ -18,7 +18,16 @@ whenever it returns a reason.
   the stream in flight, or the one just finished, was started from the same
   words) commits its words but wants no start;
 - at most `max_starts` starts in any sliding window of `start_window_s`: a
-  start that would exceed it stays pending until the window frees up.
+  start that would exceed it stays pending until the window frees up;
+- `partial_starts` off: ordinary partials start nothing (only settled
+  partials and finals do);
+- `final_priority` (a priority, not niceness): once stt starts decoding the
+  final (`on_final_decode`), ordinary partials start nothing until that
+  decode's words arrive (a settled partial or the final), a partial covers
+  speech after the decoded audio (the caller went on), or FINAL_DECODE_YIELD_S
+  passed; the session also cancels the stream in flight if a partial
+  started it. On a CPU the LLM and Whisper share the cores, and a turn waits
+  for the final, never for a speculative candidate.
 
 `cascade` (the baseline): the LLM runs only when a final transcript landed.
 """
@@ -27,11 +36,15 @@ from __future__ import annotations
 
 import collections
 import enum
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 POLICY_NAMES = ("tandem", "cascade")
+# The longest speculation yields to one final decode (a safety bound: the decode's
+# words normally arrive in well under a second, and end the yield).
+FINAL_DECODE_YIELD_S = 2.0
 
 
 class StartReason(enum.Enum):
@@ -48,6 +61,8 @@ class PolicyParams:
     min_new_words: int = 2
     max_starts: int = 5
     start_window_s: float = 2.0
+    partial_starts: bool = True  # tandem: ordinary partials may start a stream
+    final_priority: bool = True  # tandem: speculation yields to stt's final decode
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad parameter."""
@@ -79,11 +94,22 @@ class RestartPolicy:
         self._settled_pending = False
         self._words_at_last_start: int | None = None  # None: no stream started yet
         self._recent_starts: collections.deque[float] = collections.deque()
+        # While stt decodes a final: the end of its audio and when the yield began.
+        self._final_decode: tuple[float, float] | None = None
 
     def on_partial(
-        self, utterance_id: str, text: str, settled: bool = False, answered: bool = False
+        self,
+        utterance_id: str,
+        text: str,
+        settled: bool = False,
+        answered: bool = False,
+        end_s: float = math.inf,
     ) -> None:
-        """A partial; a `settled` one that is not `answered` wants a start (tandem)."""
+        """A partial (its audio ends at `end_s`); a `settled` one that is not `answered`
+        wants a start (tandem). A settled one, or one past the final decode's audio,
+        ends that decode's yield."""
+        if self._final_decode is not None and (settled or end_s > self._final_decode[0]):
+            self._final_decode = None
         words = count_words(text)
         if words > self._longest_partial.get(utterance_id, 0):
             self._longest_partial[utterance_id] = words
@@ -94,9 +120,26 @@ class RestartPolicy:
         """Commit an utterance. A blank final (nothing was said after all) only
         drops the utterance's partials; an `answered` one starts nothing."""
         self._longest_partial.pop(utterance_id, None)
+        self._final_decode = None
         words = count_words(text)
         self._final_words += words
         self._final_pending = self._final_pending or (words > 0 and not answered)
+
+    def on_final_decode(self, end_s: float) -> bool:
+        """stt started decoding a final over the audio up to `end_s`: whether
+        speculation yields to it (tandem with final_priority)."""
+        if self.params.name != "tandem" or not self.params.final_priority:
+            return False
+        self._final_decode = (end_s, self._clock())
+        return True
+
+    def _yielding_to_final(self) -> bool:
+        if self._final_decode is None:
+            return False
+        if self._clock() - self._final_decode[1] >= FINAL_DECODE_YIELD_S:
+            self._final_decode = None
+            return False
+        return True
 
     def on_answer_deferred(self) -> None:
         """The final still wants a candidate of its own: the one it was kept for
@@ -116,6 +159,8 @@ class RestartPolicy:
             return None
         if self._settled_pending:
             return StartReason.SETTLED
+        if not self.params.partial_starts or self._yielding_to_final():
+            return None
         if self._words_at_last_start is None:
             return StartReason.FIRST_TEXT if self.user_words > 0 else None
         if self.user_words - self._words_at_last_start >= self.params.min_new_words:

@@ -85,12 +85,14 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
                     session.keypress(request.dtmf.digit)
                 elif kind == "function_result":
                     session.function_result(request.function_result)
+                elif kind == "speech_activity":
+                    session.speech_activity(request.speech_activity)
                 elif kind == "config":
                     raise ProtocolError("a second config arrived; send config once, first")
                 else:
                     raise ProtocolError(
-                        "empty GuideRequest: set user_transcript, agent_text, dtmf or "
-                        "function_result"
+                        "empty GuideRequest: set user_transcript, agent_text, dtmf, "
+                        "function_result or speech_activity"
                     )
         finally:
             await session.close()

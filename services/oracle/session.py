@@ -46,7 +46,9 @@ at once, without waiting for the next poll tick, and so does (in tandem) a
 settled partial, one whose every word stt marks stable: stt sends the early
 final's words so as soon as the caller pauses, and the final that follows
 says the same words, so the candidate started on them is kept. Other
-partials wait for the tick.
+partials wait for the tick, and none starts a stream while stt decodes a
+final (SpeechActivity FINAL_DECODE, the policy's `final_priority`): the
+stream in flight, if an ordinary partial started it, is cancelled then.
 
 The oracle writes the conversation log in Redis: each user final is a user
 turn; agent words (AgentText, word by word) wait and are written as one agent
@@ -129,6 +131,10 @@ FINALS_KEPT = Counter(
     "kame_oracle_finals_kept",
     "Finals that started no stream: the generation in flight (or just finished) was "
     "started from the same words",
+)
+SPECULATION_YIELDS = Counter(
+    "kame_oracle_speculation_yields",
+    "LLM streams started on ordinary partials, cancelled because stt began decoding the final",
 )
 
 # On close, how long pending Redis writes may take before they are dropped.
@@ -280,9 +286,26 @@ class OracleSession:
             and self._current is not None
             and self._current.answers(event.utterance_id, text)
         )
-        self.policy.on_partial(event.utterance_id, text, settled=settled, answered=answered)
+        end_s = event.span.end_s if event.HasField("span") else math.inf
+        self.policy.on_partial(
+            event.utterance_id, text, settled=settled, answered=answered, end_s=end_s
+        )
         if settled and not answered:
             self._start_wanted.set()
+
+    def speech_activity(self, activity: common_pb2.SpeechActivity) -> None:
+        """stt began decoding a final (FINAL_DECODE): with the policy's final_priority,
+        the stream a partial started is cancelled and speculation waits for the
+        final's words, so the decode the turn waits for does not share the CPU."""
+        if activity.kind != common_pb2.SpeechActivity.FINAL_DECODE:
+            return
+        if not self.policy.on_final_decode(activity.at_s):
+            return
+        current = self._current
+        if current is not None and current.running and current.speculative:
+            SPECULATION_YIELDS.inc()
+            for task in self._streams:
+                task.cancel()
 
     def keypress(self, digit: str) -> None:
         """A key the caller pressed joins the caller's side of the conversation, so
@@ -423,7 +446,8 @@ class OracleSession:
         self.generation += 1
         source = common_pb2.CandidateSource()
         source.CopyFrom(self._latest)
-        self._current = Generation(self.generation, source)
+        speculative = reason in (StartReason.FIRST_TEXT, StartReason.NEW_WORDS)
+        self._current = Generation(self.generation, source, speculative=speculative)
         turns = build_turns(
             self._history,
             " ".join(w.text for w in self._agent_words),

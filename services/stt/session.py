@@ -4,8 +4,8 @@
       speech start  -> SPEECH_START, open an utterance
       every `partial_interval_s` of new speech -> partial decode of the whole
                        utterance; local agreement keeps its prefix stable
-      pause of 0.2 s -> the final decode starts early (discarded if the caller
-                       goes on), so it is usually done when the endpoint is;
+      pause of 0.2 s -> FINAL_DECODE, the final decode starts early (discarded if
+                       the caller goes on), so it is usually done when the endpoint is;
                        done before it, its words go out at once as a partial
                        whose every word is stable (stability 1.0)
       pause of `endpoint_silence_s` -> SPEECH_END, final transcript
@@ -75,6 +75,7 @@ OUTPUT_QUEUE_SIZE = 64
 
 SPEECH_START = common_pb2.SpeechActivity.SPEECH_START
 SPEECH_END = common_pb2.SpeechActivity.SPEECH_END
+FINAL_DECODE = common_pb2.SpeechActivity.FINAL_DECODE
 
 
 class SessionFailed(RuntimeError):
@@ -311,6 +312,7 @@ class SttSession:
             self._discard_early_final(utterance)
             utterance.final_end_s = self._final_end(utterance, speech_end_s)
             utterance.final = self._submit_final(utterance, utterance.final_end_s)
+            await self._emit_activity(FINAL_DECODE, utterance.utterance_id, utterance.final_end_s)
         await self._queue_final(utterance)
 
     async def _queue_final(self, utterance: Utterance) -> None:
@@ -330,6 +332,7 @@ class SttSession:
                 early_final = self._submit_final(utterance, end_s)
                 utterance.early_final = early_final
                 utterance.early_final_pause_s, utterance.early_final_end_s = pause, end_s
+                await self._emit_activity(FINAL_DECODE, utterance.utterance_id, end_s)
                 self._start_task(self._announce_early_final(utterance, early_final))
         elif self._audio.end_s - utterance.last_partial_end_s >= self.settings.partial_interval_s:
             self._submit_partial(utterance)
@@ -341,6 +344,7 @@ class SttSession:
         self._discard_early_final(utterance)
         end_s = self._audio.end_s
         utterance.final, utterance.final_end_s = self._submit_final(utterance, end_s), end_s
+        await self._emit_activity(FINAL_DECODE, utterance.utterance_id, end_s)
         await self._queue_final(utterance)
         self._utterance_count += 1
         self._utterance = Utterance(
@@ -371,6 +375,8 @@ class SttSession:
         )
 
     def _submit_final(self, utterance: Utterance, end_s: float) -> Future[Decoded]:
+        """Queue the final's decode; the caller then sends FINAL_DECODE, so the oracle's
+        speculative LLM work stops and the decode a turn waits for has the CPU."""
         request = self._decode_request(utterance, end_s, self._engine.settings.beam_size)
         # A waiting partial would only run after the final: drop it. A running one
         # is still emitted if it ends before the final does.

@@ -127,6 +127,7 @@ async def test_a_call_flows_through_every_upstream_and_ends_in_order(fakes):
         2: [activity(Activity.SPEECH_START, "s-1", 0.1)],
         4: [transcript("s-1", "what is the", False, 0.3)],
         8: [
+            activity(Activity.FINAL_DECODE, "s-1", 0.7),
             activity(Activity.SPEECH_END, "s-1", 0.5),
             transcript("s-1", "what is the capital", True, 0.6),
         ],
@@ -160,6 +161,9 @@ async def test_a_call_flows_through_every_upstream_and_ends_in_order(fakes):
     assert update.text == "Paris is the capital." and update.source.text == "what is the capital"
     assert len(outcome.of("oracle_update")) == 1
     assert [a.text for a in fakes.oracle.log.of("agent_text")] == ["Hmm,", "Paris"]
+    # stt's FINAL_DECODE reaches the oracle (its speculation yields), not the client.
+    (decode,) = fakes.oracle.log.of("speech_activity")
+    assert (decode.kind, decode.utterance_id) == (Activity.FINAL_DECODE, "s-1")
     # The frontend's turn end reaches stt as EndOfTurn.
     (end_of_turn,) = fakes.stt.log.of("end_of_turn")
     assert end_of_turn.speech_end_s == pytest.approx(11 * 0.08 - 0.4)

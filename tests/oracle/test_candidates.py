@@ -228,3 +228,74 @@ async def test_a_settled_partial_starts_at_once_and_its_final_keeps_that_candida
     assert (reset.source.text, reset.source.is_final) == (QUESTION, False)
     assert client.answer(1) == "Paris."
     assert await client.finish() == grpc.StatusCode.OK
+
+
+def final_decode(at_s: float) -> oracle_pb2.GuideRequest:
+    activity = common_pb2.SpeechActivity(
+        kind=common_pb2.SpeechActivity.FINAL_DECODE, utterance_id="u1", at_s=at_s
+    )
+    return oracle_pb2.GuideRequest(speech_activity=activity)
+
+
+async def test_speculation_yields_to_the_final_decode_until_its_words_come(
+    oracle_service, guide_client, stub_http, session_id
+):
+    """stt starts decoding the final (FINAL_DECODE): the stream an ordinary partial
+    started is cancelled, a later partial of the same audio starts nothing, and the
+    settled partial (the decode's words) starts the answer at once."""
+    hold = asyncio.Event()
+    handler = scripted_chat(["Well,", " the"], ["Paris."], hold=hold)
+    client = await open_client(handler, oracle_service, guide_client, stub_http, session_id)
+    await client.user("What is the capital", span=(0.0, 1.5))
+    await client.wait_event(Event.FIRST_TOKEN, 1, timeout_s=20)
+    await client.send(final_decode(at_s=2.4))
+    await client.wait_event(Event.CANCELLED, 1, timeout_s=20)
+    hold.set()  # (it holds every request while unset)
+    await client.user("What is the capital of France", span=(0.0, 2.2))  # 2 new words
+    await asyncio.sleep(0.3)  # six poll ticks
+    assert [e.generation for e in client.events(Event.REQUEST_START)] == [1]
+    settled = common_pb2.TranscriptEvent(
+        utterance_id="u1", text=QUESTION, stable_text=QUESTION, stability=1.0
+    )
+    settled.span.start_s, settled.span.end_s = 0.0, 2.4
+    await client.send(oracle_pb2.GuideRequest(user_transcript=settled))
+    start = await client.wait_event(Event.REQUEST_START, 2, timeout_s=20)
+    assert start.detail == QUESTION
+    await client.wait_event(Event.DONE, 2, timeout_s=20)
+    assert client.answer(2) == "Paris."
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_speech_after_the_decoded_audio_ends_the_yield(
+    oracle_service, guide_client, stub_http, session_id
+):
+    """The caller went on talking (stt discards its early final): a partial of audio
+    past the decoded end starts a candidate as before."""
+    client = await open_client(
+        scripted_chat(["Hmm."]), oracle_service, guide_client, stub_http, session_id
+    )
+    await client.send(final_decode(at_s=1.0))
+    await client.user("What is the capital of France", span=(0.0, 2.0))
+    start = await client.wait_event(Event.REQUEST_START, 1, timeout_s=20)
+    assert start.detail == "What is the capital of France"
+    assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_without_final_priority_the_partials_stream_runs_through_the_decode(
+    oracle_service, guide_client, stub_http, session_id
+):
+    """final_priority off (an LLM on other hardware than stt): nothing yields."""
+    hold = asyncio.Event()
+    _server, url = await stub_http(
+        {("POST", "/v1/chat/completions"): scripted_chat(["Well,", " the"], hold=hold)}
+    )
+    runtime = await oracle_service(base_url=f"{url}/v1", model="stub-model", final_priority=False)
+    client = guide_client(runtime.port)
+    await client.config(session_id=session_id, policy=oracle_pb2.OraclePolicy(poll_interval_s=0.05))
+    await client.user("What is the capital", span=(0.0, 1.5))
+    await client.wait_event(Event.FIRST_TOKEN, 1, timeout_s=20)
+    await client.send(final_decode(at_s=2.4))
+    await client.user("What is the capital of France", span=(0.0, 2.2))
+    await client.wait_event(Event.REQUEST_START, 2, timeout_s=20)  # the new words restart it
+    hold.set()
+    assert await client.finish() == grpc.StatusCode.OK

@@ -202,3 +202,60 @@ def test_a_settled_partial_starts_at_once_in_tandem_only_and_not_when_answered()
     assert cascade.decide() is None  # the baseline waits for the final
     cascade.on_final("u1", "What is the capital of France?")
     assert cascade.decide() is StartReason.FINAL
+
+
+def test_ordinary_partials_start_nothing_while_stt_decodes_the_final():
+    """final_priority: from FINAL_DECODE until the decode's words (a settled partial,
+    or the final) arrive, new partial words of the decoded audio start nothing."""
+    policy, clock = make_policy()
+    policy.on_partial("u1", "What is", end_s=0.8)
+    assert policy.decide() is StartReason.FIRST_TEXT
+    assert policy.on_final_decode(2.4) is True
+    policy.on_partial("u1", "What is the capital of", end_s=2.2)
+    clock.now = 0.5
+    assert policy.decide() is None
+    policy.on_partial("u1", "What is the capital of France?", settled=True, end_s=2.4)
+    assert policy.decide() is StartReason.SETTLED
+
+
+def test_the_yield_ends_with_a_final_with_speech_past_the_decode_or_after_its_bound():
+    policy, clock = make_policy()
+    policy.on_final_decode(1.0)
+    policy.on_partial("u1", "Tell me", end_s=0.9)
+    assert policy.decide() is None
+    policy.on_partial("u1", "Tell me about", end_s=1.5)  # the caller went on talking
+    assert policy.decide() is StartReason.FIRST_TEXT
+
+    policy, clock = make_policy()
+    policy.on_final_decode(1.0)
+    policy.on_partial("u1", "Tell me", end_s=0.9)
+    clock.now = 1.9
+    assert policy.decide() is None
+    clock.now = 2.0  # FINAL_DECODE_YIELD_S: a decode whose words never came
+    assert policy.decide() is StartReason.FIRST_TEXT
+
+    policy, clock = make_policy()
+    policy.on_final_decode(1.0)
+    policy.on_final("u1", "Tell me")
+    assert policy.decide() is StartReason.FINAL
+
+
+def test_without_final_priority_or_in_cascade_nothing_yields():
+    for params in ({"final_priority": False}, {"name": "cascade"}):
+        policy, _clock = make_policy(**params)
+        assert policy.on_final_decode(1.0) is False
+    policy, _clock = make_policy(final_priority=False)
+    policy.on_partial("u1", "Tell me", end_s=0.9)
+    assert policy.decide() is StartReason.FIRST_TEXT
+
+
+def test_without_partial_starts_only_settled_partials_and_finals_start():
+    policy, clock = make_policy(partial_starts=False)
+    for step, words in enumerate(("What", "What is the", "What is the capital of")):
+        clock.now = step * 0.5
+        policy.on_partial("u1", words)
+        assert policy.decide() is None
+    policy.on_partial("u1", "What is the capital of France?", settled=True)
+    assert policy.decide() is StartReason.SETTLED
+    policy.on_final("u2", "And Germany?")
+    assert policy.decide() is StartReason.FINAL

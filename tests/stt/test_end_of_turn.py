@@ -24,6 +24,7 @@ TURN_DETECTOR_S = 0.4  # the front-end ends the turn after this much pause
 VAD_TOLERANCE_S = 0.35
 SPEECH_START = common_pb2.SpeechActivity.SPEECH_START
 SPEECH_END = common_pb2.SpeechActivity.SPEECH_END
+FINAL_DECODE = common_pb2.SpeechActivity.FINAL_DECODE
 
 
 def end_of_turn_total(outcome: str) -> float:
@@ -96,12 +97,23 @@ class Caller:
             if r.HasField("transcript") and r.transcript.is_final
         ]
 
+    def final_decodes(self) -> list[tuple[int, float, common_pb2.SpeechActivity]]:
+        """(index among the responses, position, message) of each FINAL_DECODE."""
+        return [
+            (index, at, r.activity)
+            for index, (at, r) in enumerate(self.received)
+            if r.HasField("activity") and r.activity.kind == FINAL_DECODE
+        ]
+
     def of_utterance(self, utterance_id: str) -> list[tuple[float, str, object]]:
-        """(position, kind, message) of one utterance's activity and finals, in order."""
+        """(position, kind, message) of one utterance's SPEECH_START/END and finals, in
+        order (FINAL_DECODE: `final_decodes`)."""
         out = []
         for at, response in self.received:
             message = getattr(response, response.WhichOneof("msg"))
             if message.utterance_id != utterance_id:
+                continue
+            if response.HasField("activity") and message.kind == FINAL_DECODE:
                 continue
             if response.HasField("activity"):
                 out.append((at, "start" if message.kind == SPEECH_START else "end", message))
@@ -226,6 +238,12 @@ async def test_the_early_final_goes_out_as_a_settled_partial_before_the_endpoint
     (early,) = settled_partials()
     assert not early.is_final and caller.finals() == []
     assert early.stable_text == early.text
+    # FINAL_DECODE said when the decode started (the oracle's speculation yields to
+    # it), before its words, for the audio they cover.
+    ((decode_index, _at, decode),) = caller.final_decodes()
+    early_index = next(i for i, (_at, r) in enumerate(caller.received) if r.transcript == early)
+    assert decode_index < early_index
+    assert (decode.utterance_id, decode.at_s) == (early.utterance_id, early.span.end_s)
     assert text_metrics.wer(QUESTION, early.text) <= 0.3, early.text
     assert early.span.end_s == pytest.approx(question_end + 0.2, abs=VAD_TOLERANCE_S)
 
@@ -234,5 +252,6 @@ async def test_the_early_final_goes_out_as_a_settled_partial_before_the_endpoint
     ((_at, final),) = caller.finals()
     assert (final.utterance_id, final.text) == (early.utterance_id, early.text)
     assert final_decodes() == decodes_before + 1  # one decode for both
+    assert len(caller.final_decodes()) == 1  # and one FINAL_DECODE
     await caller.send_until(frames)
     await caller.finish()
