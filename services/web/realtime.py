@@ -4,7 +4,8 @@ to do (audio and requests for the gateway, events to answer) and the gateway's
 events (kame_common/converse.py) into Realtime server events.
 realtime_config.py holds what session.update may choose, realtime_items.py
 the conversation's items, realtime_responses.py the events that open and close
-a response; realtime_bridge.py carries the events over the WebSocket and the
+a response, realtime_caller.py those of the caller's turn and the
+backchannels; realtime_bridge.py carries the events over the WebSocket and the
 call.
 
 How a full-duplex agent reads in this protocol:
@@ -29,14 +30,9 @@ How a full-duplex agent reads in this protocol:
   having heard nothing, completes empty at the next commit or when the agent
   answers); a typed message (conversation.item.create) is an item at once,
   sent as the gateway's send_text;
-- a backchannel ("uh-huh", "okay": words that are only phrases of the
-  `backchannel_phrases` setting, kame_common/words.py's list, or no words)
-  heard while a response is under way or the agent is held is no turn: no
-  speech_started, no transcription events, and the response goes on. Its
-  final joins the conversation as a user item (conversation.item.added and
-  .done only), as the oracle keeps it: context, not a question. Should the
-  stack take it as a barge-in after all, its speech_started comes then, with
-  the words heard so far;
+- a backchannel ("uh-huh", "okay") heard while a response is under way or
+  the agent is held is no turn (realtime_caller.py): no speech_started, no
+  transcription events, and the response goes on; its final is a user item;
 - a barge-in (the caller talking over the agent) is speech_started, and the
   response under way ends `cancelled`; `response.cancel` ends it the same way
   and stops the agent at the gateway (cancel_response). The agent's audio is
@@ -67,7 +63,7 @@ from kame_common.converse import (
     FunctionCallEvent,
     UserTranscriptEvent,
 )
-from kame_common.words import BACKCHANNEL_PHRASES, is_backchannel, normalize_words, parse_phrases
+from services.web.realtime_caller import DEFAULT_BACKCHANNELS, Nods, UserTurn
 from services.web.realtime_config import (
     ClientError,
     Event,
@@ -79,7 +75,6 @@ from services.web.realtime_items import (
     AgentResponse,
     FunctionCall,
     History,
-    UserMessage,
     function_output,
     is_typed_echo,
     new_id,
@@ -103,9 +98,6 @@ ITEM_EDITS = frozenset(
 # Client events not served (WebRTC's output buffer): an error names them, and
 # the session goes on.
 NOT_SERVED = frozenset(("output_audio_buffer.clear",))
-# What a listener says to show it follows (kame_common/words.py: the frontend's
-# and the oracle's list too), as a session takes it unless told otherwise.
-DEFAULT_BACKCHANNELS = parse_phrases(", ".join(BACKCHANNEL_PHRASES))
 # The agent's function calls a session keeps waiting for their output; the
 # oldest beyond are forgotten (the oracle waits for none that long).
 MAX_WAITING_CALLS = 64
@@ -146,24 +138,6 @@ class Reply:
         return bool(self.audio) or any(not r.urgent for r in self.requests)
 
 
-@dataclass
-class UserTurn:
-    """What the caller is saying, as a user item."""
-
-    item_id: str = field(default_factory=lambda: new_id("item"))
-    heard: str = ""  # the transcript sent in deltas so far
-    committed: bool = False  # input_audio_buffer.committed was sent (the client's commit)
-
-
-@dataclass
-class Backchannel:
-    """A caller utterance over the agent whose words are, so far, a backchannel:
-    kept from the client until its final, or a barge-in, says what it was."""
-
-    utterance_id: str
-    heard: str = ""  # its latest partial transcript
-
-
 class RealtimeSession:
     """One Realtime session's protocol state. `on_client` for each client
     message, `on_converse` for each gateway event, `on_call_end` once; each
@@ -179,13 +153,12 @@ class RealtimeSession:
         self.mode = mode_of_model(model, offered_modes)
         self.model = model
         self.config = SessionConfig(relay_instructions=relay_instructions)
-        self.backchannels = backchannels
+        self.nods = Nods(backchannels)  # the caller's backchannels over the agent
         self.call_opened = False  # the gateway call is opened with the config of then
         self.history = History()
         self.response: AgentResponse | None = None
         self.user: UserTurn | None = None
         self.held = False  # the agent's last frame was `held`: paused for the caller
-        self.nod: Backchannel | None = None  # caller words over the agent, a backchannel so far
         # The agent's stretch was cancelled: drop its audio until its silence or
         # the caller's next turn (_caller_turn).
         self.muted = False
@@ -299,12 +272,7 @@ class RealtimeSession:
         unheard = self._unheard_turn_closed(heard_or_not=True)
         user = self.user = self.user or UserTurn()
         user.committed = True
-        committed = {
-            "type": "input_audio_buffer.committed",
-            "previous_item_id": self.history.last_id,
-            "item_id": user.item_id,
-        }
-        return Reply([*unheard, committed], requests=[END_TURN])
+        return Reply([*unheard, user.commit(self.history)], requests=[END_TURN])
 
     def _caller_turn(self) -> None:
         """The caller's turn ended, or the client asked for the answer: what the
@@ -413,7 +381,7 @@ class RealtimeSession:
             self.held = False
             events = [
                 *self._speech_started(),
-                *self._nod_was_a_turn(),
+                *self.nods.was_a_turn(self.user),
                 *self._cancelled("turn_detected", quiet=True),
             ]
         elif event["type"] == "function_call":
@@ -469,7 +437,7 @@ class RealtimeSession:
         ends the response cancelled and a backchannel lets it go on (the pause
         sent with its next speech). No speech_started: clients stop their own
         playback on it, which would cut the agent at every "uh-huh" (nor
-        when the caller's words come, if they are a backchannel: _nodded)."""
+        when the caller's words come, if they are a backchannel: Nods.nodded)."""
         self.silent_s = 0.0
         if self.response is not None and not self.muted:
             self.response.held_silence.append(silence)
@@ -528,118 +496,37 @@ class RealtimeSession:
         self.user = UserTurn()
         if self.config.manual_turns:
             return []
-        started_ms = int(self.appended_s * 1000)
-        return [
-            {
-                "type": "input_audio_buffer.speech_started",
-                "audio_start_ms": started_ms,
-                "item_id": self.user.item_id,
-            }
-        ]
+        return [self.user.speech_started(int(self.appended_s * 1000))]
 
     def _user_transcript(self, event: UserTranscriptEvent) -> list[Event]:
         if is_typed_echo(event["utterance_id"]):
             return []  # a typed message, echoed: its item is there
-        if self._is_nod(event):
-            return self._nodded(event)
-        self.nod = None  # words beyond a backchannel: the caller's turn, told as any
+        if self.nods.is_nod(event, may_begin=self._may_nod()):
+            return self.nods.nodded(event, self.history)
+        self.nods.pending = None  # words beyond a backchannel: the caller's turn, told as any
         events = self._speech_started()
         user = self.user
         assert user is not None
         if event["type"] == "user_partial":
-            text = event["text"]
-            if not text.startswith(user.heard) or text == user.heard:
-                return events  # a revised partial: the final says it right
-            delta, user.heard = text[len(user.heard) :], text
-            return [*events, self._transcription("delta", user.item_id, delta=delta)]
+            return [*events, *user.partial(event["text"])]
         self.user = None
         self.uncommitted_s = 0.0  # the turn ended: a commit needs new audio
         self._caller_turn()
         return [*events, *self._user_said(user, event["text"])]
 
-    def _is_nod(self, event: UserTranscriptEvent) -> bool:
-        """The caller's words are a backchannel: only backchannel phrases, or none
-        (the frontend's rule, services/frontend/engines/backchannel.py), said
-        while the agent speaks (a response under way, or the agent held for
-        them), or more of an utterance that was one so far. Not with
-        push-to-talk: the client's commit ends every turn there, and the
-        frontend stops the agent at any caller speech."""
-        text = event["text"]
-        if normalize_words(text) and not is_backchannel(text, self.backchannels):
-            return False
-        if self.nod is not None and self.nod.utterance_id == event["utterance_id"]:
-            return True
+    def _may_nod(self) -> bool:
+        """Caller words now may begin a backchannel: said while the agent speaks
+        (a response under way, or the agent held for them) and outside a turn
+        of the caller's. Not with push-to-talk: the client's commit ends every
+        turn there, and the frontend stops the agent at any caller speech."""
         over_the_agent = self.response is not None or self.held
         return over_the_agent and self.user is None and not self.config.manual_turns
 
-    def _nodded(self, event: UserTranscriptEvent) -> list[Event]:
-        """A backchannel's transcript. No speech_started and no transcription
-        events: LiveKit's and Pipecat's clients stop their playback on
-        speech_started, and Pipecat's user aggregator takes any transcription
-        while the bot speaks as the user's turn and interrupts too, so either
-        would cut the agent the stack lets go on. Its final, with words, is
-        still a user item of the conversation (added and done: the item
-        events no client takes for a turn), after the agent's item it was
-        said over, as the oracle keeps it: context for the next answer, no
-        response of its own. A partial waits in `nod` for a barge-in."""
-        if event["type"] == "user_partial":
-            self.nod = Backchannel(event["utterance_id"], event["text"])
-            return []
-        self.nod = None
-        if not normalize_words(event["text"]):
-            return []  # a cough: nothing was said
-        message = UserMessage(content=[{"type": "input_audio", "transcript": event["text"]}])
-        added = self.history.add(message)
-        return [added, {"type": "conversation.item.done", "item": message.item()}]
-
-    def _nod_was_a_turn(self) -> list[Event]:
-        """The stack took the caller's speech over the agent as a barge-in: what
-        was kept as a backchannel is the start of the caller's item."""
-        nod, self.nod = self.nod, None
-        user = self.user
-        if nod is None or user is None or not nod.heard or user.heard:
-            return []
-        user.heard = nod.heard
-        return [self._transcription("delta", user.item_id, delta=nod.heard)]
-
     def _user_said(self, user: UserTurn, text: str) -> list[Event]:
-        """The caller's final transcript: the turn ends (unless the client's
-        commit ended it) and its item joins the conversation."""
-        message = UserMessage(user.item_id, [{"type": "input_audio", "transcript": text}])
-        ended = []
-        if not self.config.manual_turns and not user.committed:
-            ended.append(
-                {
-                    "type": "input_audio_buffer.speech_stopped",
-                    "audio_end_ms": int(self.appended_s * 1000),
-                    "item_id": user.item_id,
-                }
-            )
-        if not user.committed:
-            ended.append(
-                {
-                    "type": "input_audio_buffer.committed",
-                    "previous_item_id": self.history.last_id,
-                    "item_id": user.item_id,
-                }
-            )
-        return [
-            *ended,
-            self.history.add(message),
-            self._transcription(
-                "completed", user.item_id, transcript=text, usage={"type": "duration", "seconds": 0}
-            ),
-            {"type": "conversation.item.done", "item": message.item()},
-        ]
-
-    @staticmethod
-    def _transcription(kind: str, item_id: str, **fields: Any) -> Event:
-        return {
-            "type": f"conversation.item.input_audio_transcription.{kind}",
-            "item_id": item_id,
-            "content_index": 0,
-            **fields,
-        }
+        """The caller's final transcript (UserTurn.said): speech_stopped only
+        with voice activity detection."""
+        audio_end_ms = None if self.config.manual_turns else int(self.appended_s * 1000)
+        return user.said(text, self.history, audio_end_ms)
 
 
 def lone_error(code: str, message: str, error_type: str = "invalid_request_error") -> Event:
