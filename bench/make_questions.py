@@ -1,4 +1,4 @@
-"""Make the bench's espeak-ng question set, bench/questions/espeak/.
+"""Make the bench's espeak-ng question sets, bench/questions/<set>/.
 
 Factual questions (none of `kame bench`'s six built-in ones) spoken by
 espeak-ng in several English voices, speeds and pitches, so that the bench
@@ -8,8 +8,17 @@ sox, loudness normalized to -3 dBFS peak, 0.3 s of silence either side) and an
 entry of questions.json in `kame bench --questions` format, which also names
 the voice, speed (words per minute) and pitch (0-99).
 
-    python bench/make_questions.py            # the WAVs and questions.json
-    python bench/make_questions.py --check    # and check.json (below)
+Two sets:
+- espeak: 14 questions in 13 voices; the tests use it too (tests/conftest.py).
+- heldout: 14 other questions in voice+variant combinations that neither the
+  espeak set nor any test uses, about a third of them at telephone quality
+  (8 kHz mu-law and back to 16 kHz; "telephone": true in questions.json). No
+  test may use it (tests/bench/test_heldout_questions.py guards that), so the
+  bench can measure on voices the tests never tuned anything to.
+
+    python bench/make_questions.py                  # espeak: WAVs, questions.json
+    python bench/make_questions.py --set heldout    # the held-out set
+    python bench/make_questions.py --check          # and check.json (below)
 
 --check asks two questions of every entry and writes the answers to
 check.json:
@@ -46,23 +55,25 @@ from kame_cli.bench.questions import heard, words
 from kame_cli.stack_options import free_ports
 from kame_common.audio import SAMPLE_RATE, resample
 
-OUT_DIR = Path(__file__).resolve().parent / "questions" / "espeak"
+QUESTIONS_DIR = Path(__file__).resolve().parent / "questions"
 MADE_WITH = {"espeak-ng": "1.51", "sox": "14.4.2"}  # the versions the committed WAVs came from
 WAV_RATE = 16_000
 PAD_S = 0.3
 PEAK_DBFS = -3
+PHONE_RATE = 8_000  # G.711's rate; a telephone question is mu-law at this rate on the way
 
 
 @dataclass(frozen=True)
 class SpokenQuestion:
     text: str
     keywords: tuple[str, ...]
-    voice: str  # an espeak-ng voice, optionally with a variant: en-gb+f3
+    voice: str  # an espeak-ng voice, optionally with a variant: en-us+f3
     speed_wpm: int
     pitch: int  # 0-99, espeak-ng's default 50
+    telephone: bool = False  # heard as over a phone line: 8 kHz mu-law, then back up
 
     def entry(self, wav: str) -> dict[str, Any]:
-        return {
+        entry = {
             "wav": wav,
             "text": self.text,
             "keywords": list(self.keywords),
@@ -70,8 +81,12 @@ class SpokenQuestion:
             "speed_wpm": self.speed_wpm,
             "pitch": self.pitch,
         }
+        if self.telephone:  # only then, so the espeak set's entries stay as committed
+            entry["telephone"] = True
+        return entry
 
 
+# The espeak set; the tests use it too (tests/conftest.py's espeak_questions).
 QUESTIONS = (
     SpokenQuestion(
         "What is the fastest land animal?", ("cheetah|cheetahs",), "en-us-nyc+f2", 130, 45
@@ -97,6 +112,36 @@ QUESTIONS = (
     SpokenQuestion("What gas do humans need to breathe?", ("oxygen",), "en-us-nyc+f2", 145, 35),
 )
 
+# The held-out set: no test may use it (tests/bench/test_heldout_questions.py).
+# Voice+variant combinations that neither the tests nor the espeak set use
+# (British English as en+VARIANT: espeak-ng ignores a variant after en-gb);
+# about a third over a phone line.
+HELDOUT_QUESTIONS = (
+    SpokenQuestion("What is the capital of Egypt?", ("cairo",), "en-us-nyc+m6", 140, 55),
+    SpokenQuestion(
+        "Who painted the Sistine Chapel ceiling?", ("michelangelo",), "en-us+m3", 145, 45
+    ),
+    SpokenQuestion("What is the hottest planet?", ("venus",), "en+steph", 130, 50, True),
+    SpokenQuestion("What do bees make?", ("honey",), "en-gb-x-rp+m5", 145, 40),
+    SpokenQuestion(
+        "Which animal is called the king of the jungle?", ("lion|lions",), "en-gb-x-rp+m1", 130, 50
+    ),
+    SpokenQuestion("What language do people speak in France?", ("french",), "en+f2", 155, 55, True),
+    SpokenQuestion(
+        "What color is the sky on a clear day?", ("blue",), "en-gb-x-gbclan+m4", 150, 35
+    ),
+    SpokenQuestion("What is the capital of Russia?", ("moscow",), "en+f3", 135, 50, True),
+    SpokenQuestion("What planet do we live on?", ("earth",), "en-gb-scotland+f2", 140, 50),
+    SpokenQuestion("Who developed the theory of relativity?", ("einstein",), "en+m6", 135, 50),
+    SpokenQuestion("What is the capital of Norway?", ("oslo",), "en-029+f2", 140, 50, True),
+    SpokenQuestion("What color is grass?", ("green",), "en-us+f5", 140, 60),
+    SpokenQuestion(
+        "Which bird is a symbol of peace?", ("dove|doves",), "en-gb-x-gbcwmd+f3", 130, 50
+    ),
+    SpokenQuestion("What is the capital of Greece?", ("athens",), "en-us+david", 140, 40, True),
+)
+SETS = {"espeak": QUESTIONS, "heldout": HELDOUT_QUESTIONS}
+
 
 def tool_version(tool: str) -> str:
     """The installed espeak-ng's or sox's version, e.g. "1.51"; "" if unknown."""
@@ -105,53 +150,107 @@ def tool_version(tool: str) -> str:
     return found.group(1) if found else ""
 
 
+def speak(question: SpokenQuestion, wav: Path) -> None:
+    """espeak-ng's own output (22.05 kHz) for the question's voice, speed and pitch."""
+    subprocess.run(
+        [
+            "espeak-ng",
+            "-v",
+            question.voice,
+            "-s",
+            str(question.speed_wpm),
+            "-p",
+            str(question.pitch),
+            "-w",
+            str(wav),
+            question.text,
+        ],
+        check=True,
+    )
+
+
+def through_phone_line(source: Path, phone: Path) -> None:
+    """What a G.711 call carries: 8 kHz mono mu-law, at a normal level."""
+    subprocess.run(
+        [
+            "sox",
+            "-D",
+            str(source),
+            "-r",
+            str(PHONE_RATE),
+            "-c",
+            "1",
+            "-e",
+            "mu-law",
+            str(phone),
+            "gain",
+            "-n",
+            str(PEAK_DBFS),
+        ],
+        check=True,
+    )
+
+
+def to_set_format(source: Path, wav: Path) -> None:
+    """16 kHz mono 16-bit, normalized, padded; no dither, so the bytes are the
+    same every time."""
+    subprocess.run(
+        [
+            "sox",
+            "-D",
+            str(source),
+            "-r",
+            str(WAV_RATE),
+            "-c",
+            "1",
+            "-b",
+            "16",
+            "-e",
+            "signed-integer",
+            str(wav),
+            "gain",
+            "-n",
+            str(PEAK_DBFS),
+            "pad",
+            str(PAD_S),
+            str(PAD_S),
+        ],
+        check=True,
+    )
+
+
 def synthesize(question: SpokenQuestion, wav: Path) -> None:
-    """espeak-ng -> sox: 16 kHz mono 16-bit, normalized, padded; no dither, so
-    the bytes are the same every time."""
+    """espeak-ng -> (the phone line, for a telephone question) -> the set's WAV."""
     with tempfile.TemporaryDirectory() as scratch:
-        raw = Path(scratch) / "raw.wav"
-        subprocess.run(
-            [
-                "espeak-ng",
-                "-v",
-                question.voice,
-                "-s",
-                str(question.speed_wpm),
-                "-p",
-                str(question.pitch),
-                "-w",
-                str(raw),
-                question.text,
-            ],
-            check=True,
-        )
-        subprocess.run(
-            [
-                "sox",
-                "-D",
-                str(raw),
-                "-r",
-                str(WAV_RATE),
-                "-c",
-                "1",
-                "-b",
-                "16",
-                str(wav),
-                "gain",
-                "-n",
-                str(PEAK_DBFS),
-                "pad",
-                str(PAD_S),
-                str(PAD_S),
-            ],
-            check=True,
-        )
+        source = Path(scratch) / "raw.wav"
+        speak(question, source)
+        if question.telephone:
+            phone = Path(scratch) / "phone.wav"
+            through_phone_line(source, phone)
+            source = phone
+        to_set_format(source, wav)
 
 
-def make(out_dir: Path) -> list[dict[str, Any]]:
+def variant_is_ignored(voice: str) -> bool:
+    """Whether espeak-ng speaks `voice` ("en-gb+m4") exactly as its base voice:
+    1.51 ignores any variant after en-gb (use en+m4 for British English), so such a
+    voice is not the new voice its name says."""
+    if "+" not in voice:
+        return False
+    base = voice.split("+")[0]
+    with tempfile.TemporaryDirectory() as scratch:
+        spoken = []
+        for name in (voice, base):
+            wav = Path(scratch) / "probe.wav"
+            subprocess.run(["espeak-ng", "-v", name, "-w", str(wav), "Hello there."], check=True)
+            spoken.append(wav.read_bytes())
+    return spoken[0] == spoken[1]
+
+
+def make(questions: tuple[SpokenQuestion, ...], out_dir: Path) -> list[dict[str, Any]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     entries = []
-    for number, question in enumerate(QUESTIONS, start=1):
+    for number, question in enumerate(questions, start=1):
         name = f"q{number:02d}.wav"
         synthesize(question, out_dir / name)
         entries.append(question.entry(name))
@@ -243,38 +342,62 @@ def check(out_dir: Path, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--set", choices=sorted(SETS), default="espeak", dest="set_name")
+    parser.add_argument(
+        "--out-dir", type=Path, help="default: bench/questions/<set>/, where the set is committed"
+    )
     parser.add_argument(
         "--check",
         action="store_true",
         help="also ask the embedded LLM and Whisper about every question (check.json)",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def tools_ready(questions: tuple[SpokenQuestion, ...]) -> bool:
+    """espeak-ng and sox are installed (notes where their versions or a voice's
+    variant would not give the committed WAVs)."""
     missing = [tool for tool in ("espeak-ng", "sox") if shutil.which(tool) is None]
     if missing:
         print(f"make_questions: install {' and '.join(missing)} (Debian packages)", file=sys.stderr)
-        return 1
+        return False
     for tool, made_with in MADE_WITH.items():
         if (installed := tool_version(tool)) != made_with:
             print(f"note: {tool} {installed} here, the committed WAVs came from {made_with}")
-    entries = make(args.out_dir)
-    print(f"wrote {len(entries)} WAVs and questions.json to {args.out_dir}")
-    if args.check:
-        rows = check(args.out_dir, entries)
-        for row in rows:
-            print(
-                f"{row['wav']}  llm {'right' if row['llm_right_from_text'] else 'WRONG'}: "
-                f"{row['llm_answer_from_text']!r:60}  whisper recall "
-                f"{row['whisper_word_recall']:.2f}: {row['whisper_transcript']!r}"
-            )
-        right = sum(r["llm_right_from_text"] for r in rows)
-        heard_right = sum(r["llm_right_from_transcript"] for r in rows)
+    for voice in sorted({q.voice for q in questions}):
+        if variant_is_ignored(voice):
+            base = voice.split("+")[0]
+            print(f"note: espeak-ng ignores the variant of {voice}: it speaks as {base}")
+    return True
+
+
+def print_check(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
         print(
-            f"the LLM answers {right} of {len(rows)} right from the exact text, "
-            f"{heard_right} of {len(rows)} from Whisper's transcript"
+            f"{row['wav']}  llm {'right' if row['llm_right_from_text'] else 'WRONG'}: "
+            f"{row['llm_answer_from_text']!r:60}  whisper recall "
+            f"{row['whisper_word_recall']:.2f}: {row['whisper_transcript']!r}"
         )
+    right = sum(r["llm_right_from_text"] for r in rows)
+    heard_right = sum(r["llm_right_from_transcript"] for r in rows)
+    print(
+        f"the LLM answers {right} of {len(rows)} right from the exact text, "
+        f"{heard_right} of {len(rows)} from Whisper's transcript"
+    )
+
+
+def main() -> int:
+    args = parse_args()
+    questions = SETS[args.set_name]
+    out_dir = args.out_dir or QUESTIONS_DIR / args.set_name
+    if not tools_ready(questions):
+        return 1
+    entries = make(questions, out_dir)
+    print(f"wrote {len(entries)} WAVs and questions.json to {out_dir}")
+    if args.check:
+        print_check(check(out_dir, entries))
     return 0
 
 
