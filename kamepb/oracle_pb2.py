@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kamepb import common_pb2 as kamepb_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13kamepb/oracle.proto\x12\x07kame.v1\x1a\x13kamepb/common.proto\"x\n\x0cOraclePolicy\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x17\n\x0fpoll_interval_s\x18\x02 \x01(\x01\x12\x15\n\rmin_new_words\x18\x03 \x01(\x05\x12\x12\n\nmax_starts\x18\x04 \x01(\x05\x12\x16\n\x0estart_window_s\x18\x05 \x01(\x01\"\xe9\x02\n\x0cOracleConfig\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x07\x62\x61\x63kend\x18\x0c \x01(\x0e\x32\x13.kame.v1.LlmBackend\x12\r\n\x05model\x18\x03 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x04 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x05 \x01(\t\x12\x15\n\rsystem_prompt\x18\x06 \x01(\t\x12%\n\x06policy\x18\x07 \x01(\x0b\x32\x15.kame.v1.OraclePolicy\x12\x19\n\x11request_timeout_s\x18\x08 \x01(\x01\x12\x12\n\nmax_tokens\x18\t \x01(\x05\x12\x13\n\x0btemperature\x18\n \x01(\x02\x12\x1c\n\x14heartbeat_interval_s\x18\x0b \x01(\x01\x12\x14\n\x0cinstructions\x18\r \x01(\t\x12\x31\n\x10\x63lient_functions\x18\x0e \x03(\x0b\x32\x17.kame.v1.ClientFunctionJ\x04\x08\x02\x10\x03\"\xa4\x02\n\x0cGuideRequest\x12\'\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x15.kame.v1.OracleConfigH\x00\x12\x33\n\x0fuser_transcript\x18\x02 \x01(\x0b\x32\x18.kame.v1.TranscriptEventH\x00\x12(\n\nagent_text\x18\x03 \x01(\x0b\x32\x12.kame.v1.AgentTextH\x00\x12\x1d\n\x04\x64tmf\x18\x04 \x01(\x0b\x32\r.kame.v1.DtmfH\x00\x12\x32\n\x0f\x66unction_result\x18\x05 \x01(\x0b\x32\x17.kame.v1.FunctionResultH\x00\x12\x32\n\x0fspeech_activity\x18\x06 \x01(\x0b\x32\x17.kame.v1.SpeechActivityH\x00\x42\x05\n\x03msg\"\xe0\x01\n\x0bOracleEvent\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.kame.v1.OracleEvent.Kind\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0f\n\x07time_us\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"s\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n\rREQUEST_START\x10\x01\x12\x0f\n\x0b\x46IRST_TOKEN\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\x12\r\n\tCANCELLED\x10\x04\x12\t\n\x05\x45RROR\x10\x05\x12\r\n\tHEARTBEAT\x10\x06\"\xbd\x01\n\rGuideResponse\x12\'\n\x06update\x18\x01 \x01(\x0b\x32\x15.kame.v1.OracleUpdateH\x00\x12%\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x14.kame.v1.OracleEventH\x00\x12.\n\rfunction_call\x18\x03 \x01(\x0b\x32\x15.kame.v1.FunctionCallH\x00\x12%\n\x04tool\x18\x04 \x01(\x0b\x32\x15.kame.v1.ToolActivityH\x00\x42\x05\n\x03msg2D\n\x06Oracle\x12:\n\x05Guide\x12\x15.kame.v1.GuideRequest\x1a\x16.kame.v1.GuideResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13kamepb/oracle.proto\x12\x07kame.v1\x1a\x13kamepb/common.proto\"x\n\x0cOraclePolicy\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x17\n\x0fpoll_interval_s\x18\x02 \x01(\x01\x12\x15\n\rmin_new_words\x18\x03 \x01(\x05\x12\x12\n\nmax_starts\x18\x04 \x01(\x05\x12\x16\n\x0estart_window_s\x18\x05 \x01(\x01\"\x86\x03\n\x0cOracleConfig\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x07\x62\x61\x63kend\x18\x0c \x01(\x0e\x32\x13.kame.v1.LlmBackend\x12\r\n\x05model\x18\x03 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x04 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x05 \x01(\t\x12\x15\n\rsystem_prompt\x18\x06 \x01(\t\x12%\n\x06policy\x18\x07 \x01(\x0b\x32\x15.kame.v1.OraclePolicy\x12\x19\n\x11request_timeout_s\x18\x08 \x01(\x01\x12\x12\n\nmax_tokens\x18\t \x01(\x05\x12\x13\n\x0btemperature\x18\n \x01(\x02\x12\x1c\n\x14heartbeat_interval_s\x18\x0b \x01(\x01\x12\x14\n\x0cinstructions\x18\r \x01(\t\x12\x31\n\x10\x63lient_functions\x18\x0e \x03(\x0b\x32\x17.kame.v1.ClientFunction\x12\x1b\n\x13\x66rontend_ends_turns\x18\x0f \x01(\x08J\x04\x08\x02\x10\x03\"\xa4\x02\n\x0cGuideRequest\x12\'\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x15.kame.v1.OracleConfigH\x00\x12\x33\n\x0fuser_transcript\x18\x02 \x01(\x0b\x32\x18.kame.v1.TranscriptEventH\x00\x12(\n\nagent_text\x18\x03 \x01(\x0b\x32\x12.kame.v1.AgentTextH\x00\x12\x1d\n\x04\x64tmf\x18\x04 \x01(\x0b\x32\r.kame.v1.DtmfH\x00\x12\x32\n\x0f\x66unction_result\x18\x05 \x01(\x0b\x32\x17.kame.v1.FunctionResultH\x00\x12\x32\n\x0fspeech_activity\x18\x06 \x01(\x0b\x32\x17.kame.v1.SpeechActivityH\x00\x42\x05\n\x03msg\"\xe0\x01\n\x0bOracleEvent\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.kame.v1.OracleEvent.Kind\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0f\n\x07time_us\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"s\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x11\n\rREQUEST_START\x10\x01\x12\x0f\n\x0b\x46IRST_TOKEN\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\x12\r\n\tCANCELLED\x10\x04\x12\t\n\x05\x45RROR\x10\x05\x12\r\n\tHEARTBEAT\x10\x06\"\xbd\x01\n\rGuideResponse\x12\'\n\x06update\x18\x01 \x01(\x0b\x32\x15.kame.v1.OracleUpdateH\x00\x12%\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x14.kame.v1.OracleEventH\x00\x12.\n\rfunction_call\x18\x03 \x01(\x0b\x32\x15.kame.v1.FunctionCallH\x00\x12%\n\x04tool\x18\x04 \x01(\x0b\x32\x15.kame.v1.ToolActivityH\x00\x42\x05\n\x03msg2D\n\x06Oracle\x12:\n\x05Guide\x12\x15.kame.v1.GuideRequest\x1a\x16.kame.v1.GuideResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,15 +35,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ORACLEPOLICY']._serialized_start=53
   _globals['_ORACLEPOLICY']._serialized_end=173
   _globals['_ORACLECONFIG']._serialized_start=176
-  _globals['_ORACLECONFIG']._serialized_end=537
-  _globals['_GUIDEREQUEST']._serialized_start=540
-  _globals['_GUIDEREQUEST']._serialized_end=832
-  _globals['_ORACLEEVENT']._serialized_start=835
-  _globals['_ORACLEEVENT']._serialized_end=1059
-  _globals['_ORACLEEVENT_KIND']._serialized_start=944
-  _globals['_ORACLEEVENT_KIND']._serialized_end=1059
-  _globals['_GUIDERESPONSE']._serialized_start=1062
-  _globals['_GUIDERESPONSE']._serialized_end=1251
-  _globals['_ORACLE']._serialized_start=1253
-  _globals['_ORACLE']._serialized_end=1321
+  _globals['_ORACLECONFIG']._serialized_end=566
+  _globals['_GUIDEREQUEST']._serialized_start=569
+  _globals['_GUIDEREQUEST']._serialized_end=861
+  _globals['_ORACLEEVENT']._serialized_start=864
+  _globals['_ORACLEEVENT']._serialized_end=1088
+  _globals['_ORACLEEVENT_KIND']._serialized_start=973
+  _globals['_ORACLEEVENT_KIND']._serialized_end=1088
+  _globals['_GUIDERESPONSE']._serialized_start=1091
+  _globals['_GUIDERESPONSE']._serialized_end=1280
+  _globals['_ORACLE']._serialized_start=1282
+  _globals['_ORACLE']._serialized_end=1350
 # @@protoc_insertion_point(module_scope)

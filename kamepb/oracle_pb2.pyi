@@ -75,6 +75,7 @@ class OracleConfig(_message.Message):
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     CLIENT_FUNCTIONS_FIELD_NUMBER: _builtins.int
+    FRONTEND_ENDS_TURNS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     backend: _common_pb2.LlmBackend.ValueType
     """UNSPECIFIED = the service's default back-end."""
@@ -108,6 +109,12 @@ class OracleConfig(_message.Message):
     gateway let them through): added after the system prompt, whichever it
     is (system_prompt, the KAME reference prompt or the few-shot header).
     """
+    frontend_ends_turns: _builtins.bool
+    """The front-end speaks only once the caller's turn is over (the tts engine):
+    it keeps a candidate only if its source says the final's words, which an
+    ordinary partial's rarely does, so by default (the service's
+    partial_starts "auto") only settled partials and finals start one there.
+    """
     @_builtins.property
     def policy(self) -> Global___OraclePolicy: ...
     @_builtins.property
@@ -132,10 +139,11 @@ class OracleConfig(_message.Message):
         heartbeat_interval_s: _builtins.float = ...,
         instructions: _builtins.str = ...,
         client_functions: _abc.Iterable[_common_pb2.ClientFunction] | None = ...,
+        frontend_ends_turns: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "client_functions", b"client_functions", "heartbeat_interval_s", b"heartbeat_interval_s", "instructions", b"instructions", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "client_functions", b"client_functions", "frontend_ends_turns", b"frontend_ends_turns", "heartbeat_interval_s", b"heartbeat_interval_s", "instructions", b"instructions", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

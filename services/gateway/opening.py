@@ -237,6 +237,7 @@ class SideOpeners:
             heartbeat_interval_s=self._settings.side_heartbeat_s,
             instructions=self._plan.instructions,
             client_functions=self._plan.functions,
+            frontend_ends_turns=self.frontend_ends_turns,
         )
         call = oracle_pb2_grpc.OracleStub(channel).Guide()
         opening = [oracle_pb2.GuideRequest(config=config)]

@@ -44,7 +44,7 @@ from services.oracle.backends import (
     BackendSettings,
     is_vendor_api,
 )
-from services.oracle.policy import POLICY_NAMES, PolicyParams
+from services.oracle.policy import PARTIAL_STARTS, POLICY_NAMES, PolicyParams
 from services.oracle.prompts import GEMMA_HEADER, KAME_SYSTEM_PROMPT, is_gemma_270m_base
 from services.oracle.tools.client_functions import client_function_specs
 from services.oracle.tools.settings import parse_allowed, parse_servers
@@ -84,10 +84,13 @@ class OracleSettings(MeasuredCapacitySettings):
     model: str = setting("gemma-3-270m", "default model (the embedded llm server's alias)")
     base_url: str = setting(LOCAL_LLM_URL, "default back-end base URL")
     policy: str = setting("tandem", "default restart policy", choices=POLICY_NAMES)
-    partial_starts: bool = setting(
-        True,
-        "tandem: ordinary partials start candidates (every min_new_words new words); off: "
-        "only settled partials (stt's early final) and finals do",
+    partial_starts: str = setting(
+        "auto",
+        "tandem: whether ordinary partials start candidates (every min_new_words new words); "
+        "off: only settled partials (stt's early final) and finals do; auto: off for a "
+        "front-end that speaks only once the caller's turn is over (the tts engine: measured, "
+        "they never made its answer sooner), on otherwise (the kame engine reads them)",
+        choices=PARTIAL_STARTS,
     )
     final_priority: bool = setting(
         True,
@@ -228,7 +231,8 @@ def _policy(config: oracle_pb2.OracleConfig, service: OracleSettings) -> PolicyP
         min_new_words=given.min_new_words or defaults.min_new_words,
         max_starts=given.max_starts or defaults.max_starts,
         start_window_s=given.start_window_s or defaults.start_window_s,
-        partial_starts=service.partial_starts,
+        partial_starts=service.partial_starts == "on"
+        or (service.partial_starts == "auto" and not config.frontend_ends_turns),
         final_priority=service.final_priority,
     )
     try:

@@ -42,6 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 POLICY_NAMES = ("tandem", "cascade")
+# The service's partial_starts setting: "auto" decides per session (config.py).
+PARTIAL_STARTS = ("auto", "on", "off")
 # The longest speculation yields to one final decode (a safety bound: the decode's
 # words normally arrive in well under a second, and end the yield).
 FINAL_DECODE_YIELD_S = 2.0

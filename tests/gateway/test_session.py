@@ -556,6 +556,10 @@ async def test_a_cascade_on_the_tts_engine_finalizes_at_the_turn_end(
     assert outcome.code == grpc.StatusCode.OK, outcome.details
     (config,) = fakes.stt.log.of("config")
     assert config.endpoint_silence_s == pytest.approx(endpoint_s)
+    # The oracle learns whether the front-end speaks only at the turn end (its
+    # partial_starts "auto" decides on it).
+    (oracle_config,) = fakes.oracle.log.of("config")
+    assert oracle_config.frontend_ends_turns is (engine == "tts")
 
 
 async def test_call_events_reach_the_client_the_oracle_and_the_session_record(fakes):

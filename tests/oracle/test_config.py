@@ -118,3 +118,24 @@ def test_a_key_is_required_for_vendor_apis_only():
     )
     local = resolve_session(oracle_pb2.OracleConfig(session_id="s"), local_service, ApiKeys())
     assert (local.backend.base_url, local.backend.api_key) == ("http://vllm:8000/v1", "")
+
+
+@pytest.mark.parametrize(
+    ("setting", "frontend_ends_turns", "partial_starts"),
+    [
+        ("auto", True, False),  # the tts engine keeps only a final's words: settled starts
+        ("auto", False, True),  # the kame engine reads candidates while the caller speaks
+        ("on", True, True),
+        ("off", False, False),
+    ],
+)
+def test_partial_starts_auto_follows_the_front_end(setting, frontend_ends_turns, partial_starts):
+    service = OracleSettings(partial_starts=setting)
+    config = oracle_pb2.OracleConfig(session_id="s", frontend_ends_turns=frontend_ends_turns)
+    session = resolve_session(config, service, ApiKeys())
+    assert session.policy.partial_starts is partial_starts
+
+
+def test_partial_starts_names_its_choices():
+    with pytest.raises(ConfigError, match="partial_starts"):
+        load_settings(OracleSettings, [], env={"KAME_ORACLE_PARTIAL_STARTS": "maybe"})
