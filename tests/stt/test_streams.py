@@ -48,6 +48,7 @@ async def test_two_sessions_at_once_do_not_cross(stt_stub, speak, stream_helpers
     assert not heard_a & (said_b - said_a), heard_a
     assert not heard_b & (said_a - said_b), heard_b
 
+
 SPEECH_START = common_pb2.SpeechActivity.SPEECH_START
 SPEECH_END = common_pb2.SpeechActivity.SPEECH_END
 FINAL_DECODE = common_pb2.SpeechActivity.FINAL_DECODE
