@@ -67,6 +67,16 @@ class LocalAgreement:
         self._previous_tail = tail[agreed:]
         return tail[agreed:]
 
+    def settled(self, decoded: list[Word]) -> list[Word] | None:
+        """A final decode's words as a partial whose every word is stable: the stable
+        words spelled as partials already said them ("i" stays "i" where the beam
+        decode says "I"), since stable words are never revised, then the decode's
+        own; None when the decode revised a stable word (it is not settled then)."""
+        count = len(self.stable)
+        if [word.key for word in decoded[:count]] != [word.key for word in self.stable]:
+            return None
+        return [*self.stable, *decoded[count:]]
+
     def stability(self, tail: list[Word]) -> float:
         """Share of the hypothesis's words that are settled, in [0, 1]."""
         total = len(self.stable) + len(tail)

@@ -7,7 +7,8 @@
       pause of 0.2 s -> FINAL_DECODE, the final decode starts early (discarded if
                        the caller goes on), so it is usually done when the endpoint is;
                        done before it, its words go out at once as a partial
-                       whose every word is stable (stability 1.0)
+                       whose every word is stable (stability 1.0), if they
+                       extend the words partials made stable
       pause of `endpoint_silence_s` -> SPEECH_END, final transcript
       EndOfTurn (the front-end's turn detector: the caller's turn is over)
                     -> SPEECH_END and final at once, without waiting for the
@@ -413,14 +414,17 @@ class SttSession:
             return  # the caller went on, or the endpoint came: the final is on its way
         if end_s <= utterance.applied_partial_end_s or not decoded.words:
             return
+        words = utterance.agreement.settled(decoded.words)
+        if words is None:
+            return  # it revised a stable word: not settled; the final says what it heard
         utterance.applied_partial_end_s = end_s
-        text = join_words(decoded.words)
+        text = join_words(words)
         lag = time.monotonic() - received_at
         event = _transcript(
             utterance,
             is_final=False,
             stability=1.0,
-            words=decoded.words,
+            words=words,
             stable_text=text,
             end_s=end_s,
             lag_s=lag,

@@ -52,3 +52,14 @@ def test_punctuation_and_case_do_not_count_as_disagreement():
     agreement.update(_hypothesis("What is... twelve"))
     agreement.update(_hypothesis("what is twelve times?"))
     assert _texts(agreement.stable) == "what is twelve"
+
+
+def test_a_final_decode_is_settled_only_as_an_extension_of_the_stable_words():
+    agreement = LocalAgreement()
+    agreement.update(_hypothesis("i would like to"))
+    agreement.update(_hypothesis("i would like to book"))
+    assert _texts(agreement.stable) == "i would like to"
+    settled = agreement.settled(_hypothesis("I would like to book a table."))
+    assert settled is not None
+    assert _texts(settled) == "i would like to book a table."  # stable words keep their spelling
+    assert agreement.settled(_hypothesis("I wood like to book a table.")) is None  # a revision
