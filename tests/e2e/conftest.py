@@ -55,7 +55,7 @@ from services.web.config import WebSettings
 from services.web.server import WebServer
 from services.web.server import serve as serve_web
 from tests.clients.runs import write_wav
-from tests.support import wait_until
+from tests.support import conversation, wait_until
 
 QUESTION = "What is the capital of France?"
 E2E_DB = 9
@@ -317,3 +317,20 @@ class LiveCall:
 def session_tasks(session_id: str) -> list[asyncio.Task]:
     """The gateway's pump tasks of one session still alive (named gateway-<id>-<role>)."""
     return [t for t in asyncio.all_tasks() if t.get_name().startswith(f"gateway-{session_id}-")]
+
+
+async def latest_caller_words(redis_url: str) -> str:
+    """The caller's words in the conversation of the session that started last."""
+    client = store.connect(redis_url)
+    try:
+        sessions = {}
+        async for key in client.scan_iter(match=f"{store.PREFIX}:session:*"):
+            record = await client.hgetall(key)
+            if "started_at" in record:
+                sessions[key.rsplit(":", 1)[1]] = float(record["started_at"])
+    finally:
+        await client.aclose()
+    assert sessions, "no session in the stack's Redis"
+    latest = max(sessions, key=sessions.__getitem__)
+    turns = await conversation(redis_url, latest)
+    return " ".join(turn["text"] for turn in turns if turn["role"] == "user")

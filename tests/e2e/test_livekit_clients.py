@@ -17,10 +17,9 @@ import asyncio
 
 import pytest
 
-from kame_common import store
 from tests.clients.runs import ClientRun, ask_from_wav
-from tests.e2e.conftest import QUESTION
-from tests.support import conversation, word_recall, words_of
+from tests.e2e.conftest import QUESTION, latest_caller_words
+from tests.support import word_recall, words_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -61,20 +60,3 @@ async def test_livekit_personaplex_plugin_asks_a_spoken_question_and_hears_the_a
     assert word_recall(QUESTION, question) >= 0.6, (question, str(run))
     if "france" in words_of(question):  # else the model cannot know ('friends', seen once)
         assert "paris" in words_of(run.said), (heard, str(run))  # its voice says these words
-
-
-async def latest_caller_words(redis_url: str) -> str:
-    """The caller's words in the conversation of the session that started last."""
-    client = store.connect(redis_url)
-    try:
-        sessions = {}
-        async for key in client.scan_iter(match=f"{store.PREFIX}:session:*"):
-            record = await client.hgetall(key)
-            if "started_at" in record:
-                sessions[key.rsplit(":", 1)[1]] = float(record["started_at"])
-    finally:
-        await client.aclose()
-    assert sessions, "no session in the stack's Redis"
-    latest = max(sessions, key=sessions.__getitem__)
-    turns = await conversation(redis_url, latest)
-    return " ".join(turn["text"] for turn in turns if turn["role"] == "user")
