@@ -24,7 +24,7 @@ from kame_common.converse import ConverseClient, ConverseEvent
 from kamepb import common_pb2, gateway_pb2
 from services.frontend.config import FrontendSettings
 from services.frontend.server import serve as serve_frontend
-from services.gateway.turn_control import TURN_CONTROL_BURST
+from services.gateway.turn_control import TURN_CONTROL_BURST, TURN_CONTROLS_PER_S
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.server import serve as serve_oracle
 from tests.frontend.calls import frames_of, silence
@@ -163,15 +163,20 @@ async def test_a_flood_of_turn_controls_is_bounded(fakes):
     call = Call(f"127.0.0.1:{runtime.port}")
     await call.start(Config(mode=Config.CASCADE))
     await call.send([SILENT_FRAME] * 3, pace_s=0)
+    started = time.monotonic()
     for _ in range(200):
         await call.client.end_turn()
     await call.send([SILENT_FRAME] * 3, pace_s=0)
     assert await call.finish() == grpc.StatusCode.OK
+    # The rate refills while the flood is sent (seconds on a busy host): each token
+    # let through later may end a run of refusals, and the next run gets a notice.
+    refilled = int(TURN_CONTROLS_PER_S * (time.monotonic() - started)) + 1
     relayed = len(fakes.stt.log.of("end_of_turn"))
-    assert TURN_CONTROL_BURST <= relayed < TURN_CONTROL_BURST + 10, relayed
+    assert TURN_CONTROL_BURST <= relayed <= TURN_CONTROL_BURST + refilled, (relayed, refilled)
     assert len(fakes.frontend.log.of("turn_control")) == relayed
     refused = [e["message"] for e in call.of("notice") if e["kind"] == "REFUSED"]
-    assert len(refused) == 1 and "turn_control: more than" in refused[0], refused
+    assert 1 <= len(refused) <= refilled, refused
+    assert all("turn_control: more than" in message for message in refused), refused
 
 
 async def test_manual_turns_reach_the_frontend_config(fakes):
