@@ -10,7 +10,7 @@ line, which `kame up` waits for), and stops it on Ctrl-C or SIGTERM.
 llama-cpp-python's server decodes one request at a time and finishes
 evaluating a prompt whose client already left. `llama-server` decodes up to
 --parallel requests at once (one slot each, continuously batched) and drops a
-request whose client disconnected; bench/llm_bench.py measures the two side by
+request whose client disconnected; kame_cli/bench/llm_bench.py measures the two side by
 side. On two cores the slots share the same cores with Whisper and the voice
 path, which is why the default is still llama-cpp-python's server.
 
@@ -54,7 +54,7 @@ ENGINES = (LLAMA_SERVER, LLAMA_CPP_PYTHON)
 # (README, Capacity), so the server the stack was tuned with stays the default.
 DEFAULT_ENGINE = LLAMA_CPP_PYTHON
 # Requests llama-server decodes at once. On two cores four slots keep every
-# caller's stream moving (bench/llm_bench.py) though they share the same cores,
+# caller's stream moving (kame_cli/bench/llm_bench.py) though they share the same cores,
 # which is why the oracle counts the server's capacity as one request at a time
 # (its llm_parallel, 1) on CPU.
 DEFAULT_PARALLEL = 4

@@ -142,7 +142,7 @@ def log_mel_features(audio_16k: npt.ArrayLike) -> npt.NDArray[np.float32]:
 class SmartTurn:
     """The model in one ONNX Runtime session on one thread (the front-end's
     cores are busy with the voice; one call took 35 ms median, 85 ms p90 on
-    the 2 shared cores of bench/turn_bench.py). `predict` may be
+    the 2 shared cores of kame_cli/bench/turn_bench.py). `predict` may be
     called from several threads at once (ONNX Runtime's run is thread-safe);
     `last_latency_s` is then the latest call's."""
 

@@ -33,7 +33,7 @@ def keypress_text(digit: str) -> str:
 # `backchannel_phrases` settings default to it); stt spells "uh-huh" and "mm-hmm"
 # with or without the hyphen, which normalization drops, and Whisper writes a hum
 # as "m", "mm" or "mmm", a short "uh-huh" as "oh" or "ah"
-# (bench/backchannel_bench.py: the words stt heard in each clip).
+# (kame_cli/bench/backchannel_bench.py: the words stt heard in each clip).
 BACKCHANNEL_PHRASES = (
     "yeah",
     "yes",

@@ -3,7 +3,7 @@
 # the full 7B config with random weights in bfloat16, batched parity, step time at
 # batch 1/8/32/64 with CUDA graphs, one gateway conversation with the kame engine on
 # the GPU, Whisper on the GPU at 1 and 16 sessions. Writes bench/results/gpu_*.json
-# and bench/results/gpu_check.md (bench/gpu_check.py does the work).
+# and bench/results/gpu_check.md (kame_cli/bench/gpu_check.py does the work).
 #
 #   scripts/gpu_check.sh [--out DIR] [--keep-scratch]
 #   scripts/gpu_check.sh --cpu-smoke    # the same code on the CPU, tiny config (tests)
@@ -41,4 +41,4 @@ fi
 
 cd "$root"
 # A hard stop well past the 8-minute goal, so that a hung part cannot hold the GPU.
-exec timeout 900 "$python" -m bench.gpu_check "$@"
+exec timeout 900 "$python" -m kame_cli.bench.gpu_check "$@"

@@ -144,7 +144,7 @@ def speak(voice):
 def espeak_questions():
     """Callers that do not sound like piper: the bench's factual questions spoken by
     espeak-ng in 13 English voices, speeds and pitches (bench/questions/espeak,
-    made by bench/make_questions.py), as kame bench loads them (24 kHz)."""
+    made by kame_cli/bench/make_questions.py), as kame bench loads them (24 kHz)."""
     from kame_cli.bench.questions import load_questions
 
     return load_questions(ESPEAK_QUESTIONS)

@@ -17,7 +17,7 @@ drift on a shared machine favours no run.
 
 Questions (questions.py): six built-in ones spoken by the piper voice, or
 --questions FILE (bench/questions/espeak/questions.json: spoken by espeak-ng
-in several English voices, speeds and pitches; bench/make_questions.py).
+in several English voices, speeds and pitches; kame_cli/bench/make_questions.py).
 
 A call is `kame talk` (`kame_cli.talk.talk`): the question streamed at real
 time in 80 ms chunks, then silence until the agent has answered and been quiet

@@ -1,7 +1,7 @@
 """Backchannels and interruptions said while the agent speaks, through the tts
 engine's turn detector and backchannel rule (services/frontend/engines/backchannel.py),
 with the words the stt service's Whisper tiny.en decoder hears in each clip
-(bench/backchannel_bench.py, `kame bench --turn-taking`; the method: that script's doc)."""
+(kame_cli/bench/backchannel_bench.py, `kame bench --turn-taking`; the method: that script's doc)."""
 
 from __future__ import annotations
 

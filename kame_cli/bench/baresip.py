@@ -1,5 +1,5 @@
 """A baresip softphone driven from Python: the SIP load bench's callers
-(bench/sip_load.py) and the SIP tests' phone (tests/telephony/).
+(kame_cli/bench/sip_load.py) and the SIP tests' phone (tests/telephony/).
 
 `Baresip` runs one baresip process (the Debian package) with its own config in
 a temp dir: the microphone is a WAV file (aufile; the call ends when the file

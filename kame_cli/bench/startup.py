@@ -5,7 +5,7 @@ stack is up: it calls as soon as the gateway's port answers. Such a call must
 either be refused with a retry hint (the gateway is not ready yet: UNAVAILABLE,
 "try again in N s") or be served right: the caller's whole question in the
 transcript and an answer. Anything else lost the caller's words
-(bench/startup_race.py runs this again and again; tests/e2e/test_cli_stack.py once).
+(kame_cli/bench/startup_race.py runs this again and again; tests/e2e/test_cli_stack.py once).
 """
 
 from __future__ import annotations

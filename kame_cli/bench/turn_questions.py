@@ -1,7 +1,7 @@
-"""The turn-taking questions: the espeak-ng set (bench/make_questions.py) and the
+"""The turn-taking questions: the espeak-ng set (kame_cli/bench/make_questions.py) and the
 same texts in the piper voice, each whole and with a 0.6-0.9 s pause after
 60-80 % of its words, at 16 kHz and at phone quality (8 kHz G.711 mu-law and
-back), as recordings for turn_replay (bench/turn_bench.py, `kame bench --turn-taking`)."""
+back), as recordings for turn_replay (kame_cli/bench/turn_bench.py, `kame bench --turn-taking`)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ from typing import Any
 import numpy as np
 
 from kame_cli.bench import turn_replay
+from kame_cli.bench.paths import ESPEAK_QUESTIONS
 from kame_cli.talk import read_wav
 from kame_common.audio import float_to_pcm16, mulaw_decode, mulaw_encode, pcm16_to_float, resample
 from kame_common.turn_model import MODEL_RATE, SmartTurn
 
-ROOT = Path(__file__).resolve().parents[2]
-QUESTIONS = ROOT / "bench" / "questions" / "espeak" / "questions.json"
 PHONE_RATE = 8_000
 
 
@@ -131,7 +130,7 @@ class WordClock:
 def load_questions(count: int | None = None) -> list[Question]:
     """The first `count` questions of the espeak-ng set (each in its own voice),
     then the same texts in the piper voice; every question by default."""
-    entries = json.loads(QUESTIONS.read_text())[:count]
+    entries = json.loads(ESPEAK_QUESTIONS.read_text())[:count]
     espeak = [
         Question(e["text"], "espeak-ng", e["voice"], e["speed_wpm"], e["pitch"], e["wav"])
         for e in entries
@@ -142,7 +141,7 @@ def load_questions(count: int | None = None) -> list[Question]:
 def speech_of(question: Question, piper_voice: Any) -> np.ndarray:
     if question.source == "piper":
         return resample(piper_voice.synthesize(question.text), 24_000, MODEL_RATE)
-    samples, rate = read_wav(QUESTIONS.parent / question.wav)
+    samples, rate = read_wav(ESPEAK_QUESTIONS.parent / question.wav)
     return resample(samples, rate, MODEL_RATE)
 
 

@@ -1,4 +1,4 @@
-"""Spoken questions through the front-end's own turn detectors (bench/turn_bench.py's
+"""Spoken questions through the front-end's own turn detectors (kame_cli/bench/turn_bench.py's
 second part, and `kame bench --turn-taking`).
 
 Each question is played, in 80 ms frames at 24 kHz (what the front-end

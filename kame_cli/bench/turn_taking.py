@@ -3,7 +3,7 @@
 Two measurements, both through the engine's own code on synthetic voices:
 
 - questions (turn_questions, turn_replay): each question of the espeak-ng set
-  (bench/make_questions.py, one voice per question) and the same text in the
+  (kame_cli/bench/make_questions.py, one voice per question) and the same text in the
   piper voice, whole and with a 0.6-0.9 s pause in the middle, at 16 kHz and
   8 kHz G.711, played frame by frame into Smart Turn's detector (the default)
   and the fixed 0.4 s pause it replaced: the end-of-turn latency after a
@@ -16,7 +16,7 @@ Two measurements, both through the engine's own code on synthetic voices:
 
 The default set (the first 4 questions, so 4 espeak-ng voices, plus piper)
 runs in a few minutes; --turn-taking-full takes all 14 questions (13 voices),
-what bench/turn_bench.py replays.
+what kame_cli/bench/turn_bench.py replays.
 """
 
 from __future__ import annotations

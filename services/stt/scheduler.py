@@ -5,7 +5,7 @@ in batches: each round a worker takes up to `max_batch` waiting finals, or
 when none waits up to `max_batch` partials, and hands them to `run_batch` in
 one call, so concurrent sessions share one encoder and one decoder pass.
 Finals never share a batch with partials: a batch takes longer than each of
-its decodes, and a turn waits for its final (bench/stt_bench.py at 32
+its decodes, and a turn waits for its final (kame_cli/bench/stt_bench.py at 32
 sessions: final lag p90 0.67 s alone, 1.01 s mixed in).
 Each session has at most one partial waiting and one running: a newer partial
 replaces the waiting one (its audio is a superset), which is how overload

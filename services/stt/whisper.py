@@ -25,7 +25,7 @@ is dropped too.
 
 Utterances decoded together share one window (the longest one's): on two CPU
 cores eight questions decode in one batch in about half the time they take
-one by one (`bench/stt_bench.py` measures the whole service).
+one by one (`kame_cli/bench/stt_bench.py` measures the whole service).
 """
 
 from __future__ import annotations

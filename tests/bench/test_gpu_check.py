@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh and bench/gpu_check.py: without a GPU the script fails with
+"""scripts/gpu_check.sh and kame_cli/bench/gpu_check.py: without a GPU the script fails with
 one clear line; the parity check catches rows that mix; `--cpu-smoke` runs every
 part of the GPU check (build, parity, step time, a conversation through a whole
 stack, STT) on the CPU with a tiny config and writes the results."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import gpu_check
+from kame_cli.bench import gpu_check
 from services.frontend.engines.kame.batch import SlotBatch
 
 ROOT = Path(__file__).resolve().parents[2]

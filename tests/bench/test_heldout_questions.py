@@ -1,7 +1,7 @@
 """The held-out question set (bench/questions/heldout/) stays held out: no other
 file under tests/ names one of its voices, one of its questions or its directory,
 so a bench on it measures voices and questions that nothing here was tuned on
-(issue #32). And its entries are well formed and are what bench/make_questions.py
+(issue #32). And its entries are well formed and are what kame_cli/bench/make_questions.py
 makes.
 
 This file reads the voices and questions from the set and never spells them out,
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from kame_cli.bench import make_questions
 from kame_cli.bench.questions import BUILTIN_QUESTIONS, load_questions, words
-from tests.bench.test_questions import make_questions_module
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS_DIR = ROOT / "tests"
@@ -122,7 +122,6 @@ def test_the_voices_and_questions_are_new(entries):
 
 
 def test_the_script_describes_the_committed_set(entries):
-    make_questions = make_questions_module()
     made = [
         q.entry(e["wav"]) for q, e in zip(make_questions.HELDOUT_QUESTIONS, entries, strict=True)
     ]
@@ -137,7 +136,6 @@ def test_each_variant_is_spoken_and_a_phone_question_regenerates(tmp_path, entri
     """espeak-ng 1.51 speaks "en-gb+m4" as plain en-gb, a voice the tests use:
     every held-out variant must change the voice. And a telephone question comes
     out of the script byte for byte."""
-    make_questions = make_questions_module()
     if not (shutil.which("espeak-ng") and shutil.which("sox")):
         pytest.skip("espeak-ng and sox are not installed")
     for tool, version in make_questions.MADE_WITH.items():

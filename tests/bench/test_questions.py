@@ -1,32 +1,20 @@
 """The committed espeak-ng question set (bench/questions/espeak/): what the bench
-and the issue ask of it, and that bench/make_questions.py makes exactly it."""
+and the issue ask of it, and that kame_cli/bench/make_questions.py makes exactly it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 import wave
 from pathlib import Path
 
 import pytest
 
+from kame_cli.bench import make_questions
 from kame_cli.bench.questions import BUILTIN_QUESTIONS, load_questions, words
 
 ROOT = Path(__file__).resolve().parents[2]
 SET_DIR = ROOT / "bench" / "questions" / "espeak"
-
-
-def make_questions_module():
-    """bench/make_questions.py, a script rather than a package module."""
-    if "make_questions" not in sys.modules:
-        path = ROOT / "bench" / "make_questions.py"
-        spec = importlib.util.spec_from_file_location("make_questions", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["make_questions"] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules["make_questions"]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +43,6 @@ def test_the_wavs_are_small_mono_16_bit_speech(entries):
 
 
 def test_the_script_describes_the_committed_set(entries):
-    make_questions = make_questions_module()
     assert [q.entry(e["wav"]) for q, e in zip(make_questions.QUESTIONS, entries, strict=True)] == (
         entries
     )
@@ -66,7 +53,6 @@ def test_the_script_describes_the_committed_set(entries):
 
 
 def test_regenerating_gives_the_same_bytes(tmp_path, entries):
-    make_questions = make_questions_module()
     if not (shutil.which("espeak-ng") and shutil.which("sox")):
         pytest.skip("espeak-ng and sox are not installed")
     for tool, version in make_questions.MADE_WITH.items():

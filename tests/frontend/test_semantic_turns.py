@@ -7,7 +7,7 @@ question ends the turn sooner than the fixed 0.4 s pause; a question with a
 thread; after each frame the test waits for the answers asked so far (a no-op
 behind them on the one worker thread), as a live session has them on the next
 frame when the model is faster than a frame. Cases where the model is wrong
-are strict xfails (bench/turn_bench.py has the whole question set).
+are strict xfails (kame_cli/bench/turn_bench.py has the whole question set).
 """
 
 from __future__ import annotations

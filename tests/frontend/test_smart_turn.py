@@ -4,7 +4,7 @@ espeak-ng's, at 16 kHz and at phone quality (8 kHz G.711 mu-law and back).
 A finished question must score "complete", the same audio cut before its last
 words "incomplete". The model is asked as the turn detector will ask it: the
 speech, then 0.24 s of silence (three 80 ms frames after the speech ended).
-bench/turn_bench.py measures the same on the whole question set; where the
+kame_cli/bench/turn_bench.py measures the same on the whole question set; where the
 model is wrong there (espeak-ng's formant voices cut mid-question mostly sound
 finished to it), the tests say so with a strict xfail, so a better model shows.
 
@@ -109,8 +109,8 @@ MISSES_THE_CUT = pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
     reason="Smart Turn v3.2 hears 'What is the capital of' (cut out of the whole question) as "
-    "finished, p 0.9 and more in piper and espeak-ng alike (bench/turn_bench.py: most questions "
-    "cut at 60-80 % of their words score complete); the turn detector needs the "
+    "finished, p 0.9 and more in piper and espeak-ng alike (kame_cli/bench/turn_bench.py: "
+    "most questions cut at 60-80 % of their words score complete); the turn detector needs the "
     "transcript and the fallback silence too",
 )
 

@@ -18,6 +18,7 @@ import torch
 from moshi.models import loaders
 from safetensors.torch import load_file
 
+from kame_cli.bench import kame_step_bench
 from kame_cli.stack import Stack
 from kame_cli.stack_options import StackOptions
 from services.frontend.config import DTYPES, FrontendSettings
@@ -299,8 +300,7 @@ def test_kame_up_hands_the_dtype_to_the_frontend(tmp_path):
 
 
 def test_step_bench_resolves_auto_for_its_device(tmp_path):
-    bench = importlib.import_module("bench.kame_step_bench")
     out = tmp_path / "bench.json"
     args = ["--batch-sizes", "1", "--steps", "1", "--warmup", "0", "--out", str(out)]
-    assert bench.main(args) == 0
+    assert kame_step_bench.main(args) == 0
     assert json.loads(out.read_text())["dtype"] == "float32"

@@ -3,7 +3,7 @@ the caller's words say whether they took the turn. Pure: no audio.
 
 "Uh-huh", "yeah", "okay" said while the agent talks tell it to go on; "Wait."
 or "Stop." tell it to stop, and both last 240-640 ms to the level VAD
-(bench/backchannel_bench.py): their length cannot tell them apart, and the
+(kame_cli/bench/backchannel_bench.py): their length cannot tell them apart, and the
 agent must be silent within 200 ms of a real interruption. So the agent does
 not stop at once; it pauses: the tts engine stops playing on the frame the
 caller's speech starts (its second voiced frame) and keeps what it was to say.

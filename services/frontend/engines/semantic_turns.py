@@ -21,7 +21,7 @@ another rule for the pause:
 
 Why ask only early in the pause, and demand a high threshold: the model's
 "complete" grows with the silence it hears, on unfinished questions as
-well (bench/turn_bench.py: asked on every frame, 71-100 % of questions cut
+well (kame_cli/bench/turn_bench.py: asked on every frame, 71-100 % of questions cut
 0.6-0.9 s before their end were cut off at any threshold). Asked at 0.16 and
 0.24 s with 0.96, replayed through this detector (the same script, the
 README's Turn-taking section), it ends 61 % of piper's finished questions

@@ -16,9 +16,9 @@ Two sets:
   test may use it (tests/bench/test_heldout_questions.py guards that), so the
   bench can measure on voices the tests never tuned anything to.
 
-    python bench/make_questions.py                  # espeak: WAVs, questions.json
-    python bench/make_questions.py --set heldout    # the held-out set
-    python bench/make_questions.py --check          # and check.json (below)
+    python -m kame_cli.bench.make_questions                  # espeak: WAVs, questions.json
+    python -m kame_cli.bench.make_questions --set heldout    # the held-out set
+    python -m kame_cli.bench.make_questions --check          # and check.json (below)
 
 --check asks two questions of every entry and writes the answers to
 check.json:
@@ -51,11 +51,11 @@ from pathlib import Path
 from typing import Any
 
 from kame_cli import llm_server, talk
+from kame_cli.bench.paths import QUESTIONS_DIR
 from kame_cli.bench.questions import heard, words
 from kame_cli.stack_options import free_ports
 from kame_common.audio import SAMPLE_RATE, resample
 
-QUESTIONS_DIR = Path(__file__).resolve().parent / "questions"
 MADE_WITH = {"espeak-ng": "1.51", "sox": "14.4.2"}  # the versions the committed WAVs came from
 WAV_RATE = 16_000
 PAD_S = 0.3

@@ -29,8 +29,8 @@ up in the silences: a question's window is from when it was last sent to when
 the next one was, and frame lags from then on include that delay (with
 kills, read the questions, not the late frames).
 
-    .venv/bin/python bench/soak.py [--sessions 8] [--minutes 10]
-    .venv/bin/python bench/soak.py --sessions 4 --minutes 60 --kill-every-s 300
+    .venv/bin/python -m kame_cli.bench.soak [--sessions 8] [--minutes 10]
+    .venv/bin/python -m kame_cli.bench.soak --sessions 4 --minutes 60 --kill-every-s 300
 
 Prints a table and writes bench/results/soak.json (or --out).
 """
@@ -53,6 +53,7 @@ import redis
 
 from kame_cli import talk
 from kame_cli.bench.conversation import frame_lag_stats, frame_lags
+from kame_cli.bench.paths import ESPEAK_QUESTIONS, RESULTS_DIR
 from kame_cli.bench.questions import Question, load_questions
 from kame_cli.bench.report import write_json
 from kame_cli.bench.stacks import BenchStack
@@ -61,8 +62,6 @@ from kame_cli.stack_options import Ports, add_arguments, free_ports, options_fro
 from kame_cli.supervise import Supervisor
 from kame_common.audio import SAMPLE_RATE
 
-ROOT = Path(__file__).resolve().parent.parent
-QUESTIONS = ROOT / "bench" / "questions" / "espeak" / "questions.json"
 MIB = 1024 * 1024
 
 
@@ -396,7 +395,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--gap-s", type=float, default=10.0, help="silence after each question")
-    parser.add_argument("--questions", type=Path, default=QUESTIONS)
+    parser.add_argument("--questions", type=Path, default=ESPEAK_QUESTIONS)
     parser.add_argument("--sample-s", type=float, default=15.0, help="memory sampling period")
     parser.add_argument("--late-ms", type=float, default=80.0)
     parser.add_argument(
@@ -405,7 +404,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--kills", default=",".join(KILL_ORDER), help="the processes to kill, in turn"
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "soak.json")
     add_arguments(parser)  # kame up's stack options (engine, checkpoint, LLM, ...)
     return parser.parse_args()
 
@@ -428,7 +427,7 @@ def main() -> None:
         if not args.kill_every_s:
             stack.check()
     report["machine"] = f"{platform.processor() or platform.machine()}, {platform.platform()}"
-    report["command"] = "bench/soak.py " + " ".join(
+    report["command"] = "python -m kame_cli.bench.soak " + " ".join(
         f"--{k} {v}"
         for k, v in (
             ("sessions", args.sessions),

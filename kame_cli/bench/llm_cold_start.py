@@ -11,7 +11,7 @@ Then one oracle session asks a question (a final transcript) and we time the
 LLM stream start -> first token (ttft_s) and the final -> RESET of its answer,
 for the first call and for a second question right after it.
 
-Usage: .venv/bin/python bench/llm_cold_start.py [--trials 3] [--threads 0]
+Usage: .venv/bin/python -m kame_cli.bench.llm_cold_start [--trials 3] [--threads 0]
 Prints medians per mode and writes bench/results/llm_cold_start.json.
 """
 
@@ -23,9 +23,9 @@ import statistics
 import sys
 import time
 import uuid
-from pathlib import Path
 
 from kame_cli import llm_server
+from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import print_table, write_json
 from kame_cli.stack_options import free_ports
 from kamepb import common_pb2, oracle_pb2
@@ -36,7 +36,7 @@ Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate
 MODES = ("none", "llm-server", "oracle")
 QUESTIONS = ("What is the capital of France?", "Who wrote Romeo and Juliet?")
-RESULTS = Path(__file__).resolve().parent / "results" / "llm_cold_start.json"
+RESULTS = RESULTS_DIR / "llm_cold_start.json"
 
 
 async def ask(factory: SessionFactory, question: str) -> dict[str, float]:

@@ -8,7 +8,8 @@ length alone could use: the span from the first to the last voiced frame
 (turns.LevelVad, the engine's own VAD) of each phrase, in the piper voice and
 four espeak-ng voices, at 16 kHz and through 8 kHz G.711 mu-law.
 
-    .venv/bin/python bench/backchannel_bench.py [--out bench/results/backchannel_bench.json]
+    .venv/bin/python -m kame_cli.bench.backchannel_bench
+        [--out bench/results/backchannel_bench.json]
 
 Prints a table (milliseconds, per phrase and voice) and each group's range;
 writes the JSON.
@@ -43,11 +44,12 @@ from kame_cli.bench.backchannels import (
     measure,
     outcomes,
 )
+from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import write_json
 from kame_common.words import normalize_words
 from services.frontend.engines.backchannel import Backchannels
 
-OUT = Path(__file__).resolve().parent / "results" / "backchannel_bench.json"
+OUT = RESULTS_DIR / "backchannel_bench.json"
 
 
 def main() -> int:

@@ -31,7 +31,7 @@ Per call, from when the question was sent:
 The bound is on the difference of the answer word's medians (tool minus none),
 with each hold.
 
-    .venv/bin/python bench/tool_bench.py [--rounds 8] [--tool-ms 300]
+    .venv/bin/python -m kame_cli.bench.tool_bench [--rounds 8] [--tool-ms 300]
 
 Starts the stack (tts engine, its own Redis, free ports), prints a table and
 writes bench/results/tool_bench.json (or --out).
@@ -61,6 +61,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import print_table, write_json
 from kame_cli.bench.stacks import BenchStack
 from kame_cli.stack_options import Ports, add_arguments, free_ports, options_from_args
@@ -69,8 +70,7 @@ from kame_common.converse import ConverseClient, ConverseEvent
 from kame_common.words import normalize_words
 from kamepb import gateway_pb2
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "results" / "tool_bench.json"
+OUT = RESULTS_DIR / "tool_bench.json"
 MODEL = "stub-model"
 TOOL_RESULT = "The next train to Paris leaves from platform nine."
 ANSWER = f"Here you go: {TOOL_RESULT}"
@@ -360,7 +360,8 @@ def main() -> None:
             **facts,
             "wall_s": round(time.monotonic() - started, 1),
             "machine": f"{platform.processor() or platform.machine()}, {platform.platform()}",
-            "command": f"bench/tool_bench.py --rounds {args.rounds} --tool-ms {args.tool_ms}",
+            "command": "python -m kame_cli.bench.tool_bench"
+            f" --rounds {args.rounds} --tool-ms {args.tool_ms}",
         },
     )
 

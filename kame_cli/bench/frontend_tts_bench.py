@@ -1,6 +1,6 @@
 """Frontend `tts` engine speed on this machine: synthesis real-time factor and first-audio latency.
 
-    .venv/bin/python bench/frontend_tts_bench.py [--repeats 5] [--sessions 1 4]
+    .venv/bin/python -m kame_cli.bench.frontend_tts_bench [--repeats 5] [--sessions 1 4]
 
 1. Synthesis RTF: the piper voice (24 kHz, as the engine uses it) on phrases of
    the sizes the engine cuts (3, 6, 12 words) and a whole answer; median of
@@ -36,6 +36,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import write_json
 from kame_common.audio import (
     FRAME_SAMPLES,
@@ -49,8 +50,6 @@ from kame_common.voice import load_voice
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
 from services.frontend.config import FrontendSettings
 from services.frontend.server import serve
-
-ROOT = Path(__file__).resolve().parents[1]
 
 PHRASES = {
     "3 words": "Tomorrow in Paris",
@@ -245,7 +244,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/frontend_tts_bench.json")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "frontend_tts_bench.json")
     args = parser.parse_args()
     rtf_rows = synthesis_rtf(args.repeats)
     latency_rows = asyncio.run(first_audio(args.repeats, args.sessions))

@@ -21,7 +21,7 @@
    4 slots), and one `kame talk` conversation through the gateway. Random
    weights say nothing of the answer; timing is what counts: frame lag at the
    caller, the frontend's tick time and sessions per tick.
-5. stt: bench/stt_bench.py with Whisper on the GPU (float16) at 1 and 16
+5. stt: kame_cli/bench/stt_bench.py with Whisper on the GPU (float16) at 1 and 16
    real-time sessions.
 
 Each part writes gpu_<part>.json under --out (bench/results) as soon as it is
@@ -64,10 +64,11 @@ from moshi.utils.compile import _is_cuda_graph_enabled
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import save_file
 
-from bench import kame_step_bench, stt_bench
 from kame_cli import talk
+from kame_cli.bench import kame_step_bench, stt_bench
 from kame_cli.bench.conversation import frame_lag_stats, frame_lags
 from kame_cli.bench.metrics import parse_histogram
+from kame_cli.bench.paths import ESPEAK_QUESTIONS, RESULTS_DIR
 from kame_cli.bench.questions import load_questions
 from kame_cli.bench.stacks import BenchStack
 from kame_cli.stack_options import Ports, StackOptions, free_ports
@@ -76,8 +77,6 @@ from services.frontend.engines.kame.batch import SlotBatch
 from services.frontend.engines.kame.checkpoint import parse_dtype
 from services.frontend.engines.kame.oracle import KameLMModel
 
-ROOT = Path(__file__).resolve().parents[1]
-QUESTIONS = ROOT / "bench" / "questions" / "espeak" / "questions.json"
 BUDGET_S = 8 * 60
 LATE_S = FRAME_SECONDS  # an agent frame later than one frame after its caller frame
 GOAL_SESSIONS = 32
@@ -552,7 +551,7 @@ def run(profile: Profile, out: Path, scratch: Path) -> dict[str, Any]:
         return result
 
     def end_to_end() -> dict[str, Any]:
-        questions = load_questions(QUESTIONS)
+        questions = load_questions(ESPEAK_QUESTIONS)
         checkpoint = scratch / "checkpoint"
         try:
             texts = [question.text for question in questions]
@@ -699,9 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     if profile.device == "cpu":
         torch.set_num_threads(2)
     out = args.out or (
-        Path(tempfile.mkdtemp(prefix="kame-gpu-check-smoke-"))
-        if args.cpu_smoke
-        else ROOT / "bench" / "results"
+        Path(tempfile.mkdtemp(prefix="kame-gpu-check-smoke-")) if args.cpu_smoke else RESULTS_DIR
     )
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="kame-gpu-check-"))
     summary = run(profile, out, scratch)

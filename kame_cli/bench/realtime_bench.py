@@ -19,7 +19,7 @@ Per call, on the caller's clock, from the end of the question's speech
 The endpoint's cost is the median of the per-question differences (Realtime
 minus talk); issue #31 bounds it at 15 ms for first audio.
 
-    .venv/bin/python bench/realtime_bench.py [--piper 4] [--espeak 4]
+    .venv/bin/python -m kame_cli.bench.realtime_bench [--piper 4] [--espeak 4]
 
 Starts `kame up`'s stack (its own Redis, free ports; the web service is one
 of its children, as deployed), prints a table and writes
@@ -40,6 +40,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
+from kame_cli.bench.paths import ESPEAK_QUESTIONS, RESULTS_DIR
 from kame_cli.bench.questions import Question, heard, load_questions
 from kame_cli.bench.report import print_table, write_json
 from kame_cli.bench.stacks import BenchStack
@@ -47,9 +48,7 @@ from kame_cli.caller import TalkOptions, speech_region, talk
 from kame_cli.stack_options import Ports, add_arguments, free_ports, options_from_args
 from kame_common.audio import SAMPLE_RATE, float_to_pcm16
 
-ROOT = Path(__file__).resolve().parent.parent
-ESPEAK = ROOT / "bench" / "questions" / "espeak" / "questions.json"
-OUT = ROOT / "bench" / "results" / "realtime_bench.json"
+OUT = RESULTS_DIR / "realtime_bench.json"
 CHUNK_S = 0.08  # what each caller sends at a time (kame talk's default chunk)
 MAX_WAIT_S = 25.0  # after the question, for the answer
 TAIL_S = 1.0  # kame talk: quiet after the answer before it hangs up
@@ -256,7 +255,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    questions = load_questions(None)[: args.piper] + load_questions(ESPEAK)[: args.espeak]
+    questions = load_questions(None)[: args.piper] + load_questions(ESPEAK_QUESTIONS)[: args.espeak]
     ports = Ports.free(redis=free_ports(1)[0])  # its own Redis, beside any other stack
     options = options_from_args(args, ports, args.frontend_engine, args.log_dir)
     stack = BenchStack(options, frontend_slots=2)  # the last call may still hold one
@@ -277,7 +276,8 @@ def main() -> None:
             "chunk_s": CHUNK_S,
             "wall_s": round(time.monotonic() - started, 1),
             "machine": f"{platform.processor() or platform.machine()}, {platform.platform()}",
-            "command": f"bench/realtime_bench.py --piper {args.piper} --espeak {args.espeak}",
+            "command": "python -m kame_cli.bench.realtime_bench"
+            f" --piper {args.piper} --espeak {args.espeak}",
         },
     )
 

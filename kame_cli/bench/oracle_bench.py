@@ -16,7 +16,7 @@ reference policy (tandem) or finals only (cascade), and we measure:
 - starts / cancellations per question, decode tokens/s, and whether the answer
   names the expected fact.
 
-Usage: .venv/bin/python bench/oracle_bench.py [--threads 1] [--base-url URL]
+Usage: .venv/bin/python -m kame_cli.bench.oracle_bench [--threads 1] [--base-url URL]
 Prints a table of medians and writes bench/results/oracle_bench.json.
 """
 
@@ -29,11 +29,11 @@ import statistics
 import sys
 import time
 import uuid
-from pathlib import Path
 
 from prometheus_client import REGISTRY
 
 from kame_cli import llm_server
+from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import print_table, write_json
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.config import ApiKeys, OracleSettings
@@ -49,7 +49,7 @@ QUESTIONS = {
     "Who painted the Mona Lisa?": ("leonardo", "vinci"),
     "What is the capital of Japan?": ("tokyo",),
 }
-RESULTS = Path(__file__).resolve().parent / "results" / "oracle_bench.json"
+RESULTS = RESULTS_DIR / "oracle_bench.json"
 
 
 def finals_kept() -> float:
@@ -158,7 +158,7 @@ def median(values: list[float]) -> float | None:
 async def bench(base_url: str, rounds: int, words_per_s: float) -> dict:
     factory = SessionFactory(OracleSettings(base_url=base_url), ApiKeys(), store=None)
     # As the oracle service does at start: the first request evaluates the few-shot
-    # prefix, later ones reuse it (bench/llm_cold_start.py measures the cold call).
+    # prefix, later ones reuse it (kame_cli/bench/llm_cold_start.py measures the cold call).
     await factory.warm_up()
     report = {}
     for policy in ("tandem", "cascade"):

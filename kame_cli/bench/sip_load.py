@@ -21,7 +21,7 @@ Without --sip it starts `kame up`'s stack (its own Redis, free ports) and the
 telephony service in this process; with --sip HOST:PORT it calls a running
 service (then the packet figures are not known here).
 
-    .venv/bin/python bench/sip_load.py [--calls 1,4,8] [--listen-s 12]
+    .venv/bin/python -m kame_cli.bench.sip_load [--calls 1,4,8] [--listen-s 12]
 
 Prints a table and writes bench/results/telephony/sip_load.json (or --out).
 """
@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from kame_cli.bench.baresip import Baresip, caller_wav
+from kame_cli.bench.paths import ESPEAK_QUESTIONS, REPO_ROOT, RESULTS_DIR
 from kame_cli.bench.questions import Question, load_questions
 from kame_cli.bench.report import write_json
 from kame_cli.bench.stacks import BenchStack
@@ -51,9 +52,7 @@ from services.telephony.call import PhoneCall
 from services.telephony.config import TelephonySettings
 from services.telephony.server import TelephonyServer
 
-ROOT = Path(__file__).resolve().parent.parent
-QUESTIONS = ROOT / "bench" / "questions" / "espeak" / "questions.json"
-OUT = ROOT / "bench" / "results" / "telephony" / "sip_load.json"
+OUT = RESULTS_DIR / "telephony" / "sip_load.json"
 LEAD_S = 0.5  # silence before each question in the caller's file
 WINDOW_S = 0.02
 SPEECH_DBFS = -35.0  # a 20 ms window this loud is speech
@@ -274,7 +273,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--listen-s", type=float, default=12.0, help="silence after the question")
     parser.add_argument("--stagger-s", type=float, default=0.25, help="between two callers dialing")
     parser.add_argument("--sip", default="", help="HOST:PORT of a running telephony service")
-    parser.add_argument("--questions", type=Path, default=QUESTIONS)
+    parser.add_argument("--questions", type=Path, default=ESPEAK_QUESTIONS)
     parser.add_argument("--out", type=Path, default=OUT)
     add_arguments(parser)  # kame up's stack options (engine, checkpoint, LLM, ...)
     return parser.parse_args()
@@ -296,11 +295,12 @@ def main() -> None:
     report = {
         "levels": levels,
         "listen_s": args.listen_s,
-        "questions": str(args.questions.relative_to(ROOT))
-        if args.questions.is_relative_to(ROOT)
+        "questions": str(args.questions.relative_to(REPO_ROOT))
+        if args.questions.is_relative_to(REPO_ROOT)
         else str(args.questions),
         "machine": f"{platform.processor() or platform.machine()}, {platform.platform()}",
-        "command": "bench/sip_load.py --calls " + ",".join(str(n) for n in args.calls),
+        "command": "python -m kame_cli.bench.sip_load --calls "
+        + ",".join(str(n) for n in args.calls),
     }
     print_report(levels)
     write_json(args.out, report)

@@ -7,7 +7,7 @@ the call must be refused with a retry hint or answered with the whole question
 in its transcript (kame_cli.bench.startup). Then the stack is stopped (SIGINT,
 as Ctrl-C) and the next run starts from nothing.
 
-    .venv/bin/python bench/startup_race.py [--runs 10]
+    .venv/bin/python -m kame_cli.bench.startup_race [--runs 10]
 
 Prints a table and writes bench/results/startup_race.json (or --out).
 """
@@ -26,11 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from kame_cli.bench import startup
+from kame_cli.bench.paths import ESPEAK_QUESTIONS, RESULTS_DIR
 from kame_cli.bench.questions import load_questions
 from kame_cli.bench.report import write_json
-
-ROOT = Path(__file__).resolve().parent.parent
-QUESTIONS = ROOT / "bench" / "questions" / "espeak" / "questions.json"
 
 
 def one_run(index: int, question: Any) -> dict[str, Any]:
@@ -72,9 +70,9 @@ def one_run(index: int, question: Any) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/startup_race.json")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "startup_race.json")
     args = parser.parse_args()
-    questions = load_questions(QUESTIONS)
+    questions = load_questions(ESPEAK_QUESTIONS)
     runs = []
     for index in range(args.runs):
         row = one_run(index, questions[index % len(questions)])

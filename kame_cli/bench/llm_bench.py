@@ -17,7 +17,7 @@ Gemma 3 270M and warmed up as `kame llm-server` does:
   server goes on working for a client that left (its time to first token,
   against the same request on an idle server).
 
-Usage: .venv/bin/python bench/llm_bench.py [--sessions 1,2,4,8] [--threads 2]
+Usage: .venv/bin/python -m kame_cli.bench.llm_bench [--sessions 1,2,4,8] [--threads 2]
 Prints a table of medians and writes bench/results/llm_bench.json.
 """
 
@@ -33,15 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from openai import AsyncOpenAI
-from oracle_bench import QUESTIONS, ask, median  # bench/ is the script's own folder
 
 from kame_cli import llm_server
+from kame_cli.bench.oracle_bench import QUESTIONS, ask, median
+from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import print_table, write_json
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.factory import SessionFactory
 from services.oracle.prompts import gemma_prefix
 
-RESULTS = Path(__file__).resolve().parent / "results" / "llm_bench.json"
+RESULTS = RESULTS_DIR / "llm_bench.json"
 PORT = 18091
 
 

@@ -14,7 +14,7 @@ largest N whose median, and whose p90, do. Also shown: partials per utterance,
 partials skipped under load, the mean Whisper decode time (partial/final) and the
 machine's load average before and after the level.
 
-    .venv/bin/python bench/stt_bench.py [--sessions 1,2,4,8] [--decode-workers 1]
+    .venv/bin/python -m kame_cli.bench.stt_bench [--sessions 1,2,4,8] [--decode-workers 1]
 
 Writes bench/results/stt.json (or --out).
 """
@@ -36,6 +36,7 @@ import grpc
 import numpy as np
 from prometheus_client import REGISTRY
 
+from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import write_json
 from kame_common.audio import FRAME_BYTES, FRAME_SECONDS, SAMPLE_RATE, float_to_pcm16
 from kame_common.voice import load_voice
@@ -43,8 +44,6 @@ from kamepb import common_pb2, stt_pb2, stt_pb2_grpc
 from services.stt.config import SttSettings
 from services.stt.engine import SttEngine
 from services.stt.server import serve
-
-ROOT = Path(__file__).resolve().parent.parent
 
 SENTENCES = [
     "What is twelve times four?",
@@ -336,7 +335,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="times each client speaks the four sentences (more samples)",
     )
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "stt.json"))
+    parser.add_argument("--out", default=str(RESULTS_DIR / "stt.json"))
     return parser.parse_args(argv)
 
 

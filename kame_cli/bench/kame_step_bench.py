@@ -6,9 +6,9 @@ budget is 80 ms per tick; "per session" is tick time / batch size. Weights are
 random (timing does not depend on them), built directly on the device.
 
 CPU, small config (what this 2-core machine can run):
-    .venv/bin/python bench/kame_step_bench.py
+    .venv/bin/python -m kame_cli.bench.kame_step_bench
 GPU, the real 7B Moshi LM and the real Mimi config, random weights:
-    python bench/kame_step_bench.py --full --device cuda --dtype bfloat16
+    python -m kame_cli.bench.kame_step_bench --full --device cuda --dtype bfloat16
 (needs ~16 GB for the bf16 weights plus ~1.6 GB of KV cache per session at the
 real context of 3000 steps, ~42 GB at batch 16; moshi uses CUDA graphs there,
 so the first steps of each batch size are warm-up and capture, not counted.)
@@ -32,14 +32,13 @@ import torch
 from moshi.models import loaders
 from moshi.models.compression import MimiModel
 
+from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import write_json
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
 from services.frontend.config import DTYPES
 from services.frontend.engines.kame.batch import SlotBatch
 from services.frontend.engines.kame.checkpoint import resolve_dtype
 from services.frontend.engines.kame.oracle import KameLMModel
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # A small Moshi: the real 16-codebook layout and vocabularies, narrow and shallow.
 SMALL_LM = {
@@ -169,9 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
 
-    out = args.out or REPO_ROOT / "bench" / "results" / (
-        f"kame_step_bench_{config}_{args.device.split(':')[0]}.json"
-    )
+    out = args.out or RESULTS_DIR / (f"kame_step_bench_{config}_{args.device.split(':')[0]}.json")
     write_json(
         out,
         {

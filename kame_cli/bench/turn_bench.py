@@ -1,7 +1,7 @@
 """Smart Turn v3.2 on the bench's questions: does it tell a finished question from one cut short?
 
 For each question of the espeak-ng set (bench/questions/espeak, made by
-bench/make_questions.py: 14 questions in 13 voices) and for the same texts in
+kame_cli/bench/make_questions.py: 14 questions in 13 voices) and for the same texts in
 the piper voice, the model hears (at 16 kHz, and at phone quality: 8 kHz
 G.711 mu-law and back):
 
@@ -36,7 +36,8 @@ detectors (the fixed 0.4 s pause; Smart Turn with the default settings and
 some variants): how many paused questions are cut off in their pause, and
 how soon the turn ends after a finished question.
 
-    .venv/bin/python bench/turn_bench.py [--silence-s 0.24] [--fallback-s 1.0] [--part replay]
+    .venv/bin/python -m kame_cli.bench.turn_bench
+        [--silence-s 0.24] [--fallback-s 1.0] [--part replay]
 
 Writes bench/results/turn_bench.json (or --out): every clip's probabilities
 and latencies, every replay's turn ends, the tables, the machine and its load.
@@ -59,6 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from kame_cli.bench import turn_replay
+from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import write_json
 from kame_cli.bench.turn_questions import (
     Question,
@@ -78,8 +80,7 @@ from kame_cli.bench.turn_questions import (
 from kame_common import turn_model
 from kame_common.turn_model import MODEL_RATE, SmartTurn
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "results" / "turn_bench.json"
+OUT = RESULTS_DIR / "turn_bench.json"
 THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7)
 # The silences (after the speech) at which the model is asked: the front-end's
 # 80 ms frames from two frames on.
