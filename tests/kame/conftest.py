@@ -1,11 +1,11 @@
-"""Fixtures for the kame engine tests: the shared parity fixture, and a tiny random
-checkpoint written here in the real Hugging Face layout (config.json, LM and Mimi
-safetensors, a SentencePiece model trained on a few sentences)."""
+"""Fixtures for the kame engine tests: the parity fixture (tests/kame/fixtures/parity),
+and a tiny random checkpoint written here in the real Hugging Face layout
+(config.json, LM and Mimi safetensors, a SentencePiece model trained on a few
+sentences)."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,8 @@ from services.frontend.engines.kame.batch import SlotBatch
 from services.frontend.engines.kame.engine import DEFAULT_JITTER_FRAMES, KameEngine
 from services.frontend.engines.kame.oracle import KameLMModel
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# A random-weight KAME checkpoint and the reference implementation's tokens for it.
+PARITY_DIR = Path(__file__).resolve().parent / "fixtures" / "parity"
 
 SENTENCES = [
     "the weather in paris is sunny today",
@@ -154,16 +155,9 @@ def write_moshiko_checkpoint(directory: Path, seed: int = 0) -> dict:
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    return Path(os.environ.get("KAME_SHARED_DIR", REPO_ROOT.parent / "shared"))
-
-
-@pytest.fixture(scope="session")
-def parity_dir(shared_dir) -> Path:
-    directory = shared_dir / "fixtures" / "kame-parity"
-    if not (directory / "trace.json").is_file():
-        pytest.fail(f"parity fixture missing: {directory} (set KAME_SHARED_DIR)")
-    return directory
+def parity_dir() -> Path:
+    """The parity fixture (tests/kame/fixtures/parity/README.md says what it holds)."""
+    return PARITY_DIR
 
 
 @pytest.fixture(scope="session")

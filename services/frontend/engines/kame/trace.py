@@ -1,6 +1,6 @@
 """Parity traces: oracle operations and user codes per step, and the expected tokens.
 
-The format is that of the shared `kame-parity` fixture (its README): `steps`,
+The format is that of the parity fixture (tests/kame/fixtures/parity/README.md): `steps`,
 each with `oracle` (ops applied before the step: `{"op": "reset"}` or
 `{"op": "append", "tokens": [...]}`), `user_codes` and `expect`
 (`[text, audio...]` or null while the acoustic delay fills).
