@@ -58,9 +58,7 @@ import moshi
 import numpy as np
 import sentencepiece
 import torch
-from moshi.models import loaders
 from moshi.models.compression import MimiModel
-from moshi.utils.compile import _is_cuda_graph_enabled
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import save_file
 
@@ -75,6 +73,11 @@ from kame_cli.stack_options import Ports, StackOptions, free_ports
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
 from services.frontend.engines.kame.batch import SlotBatch
 from services.frontend.engines.kame.checkpoint import parse_dtype
+from services.frontend.engines.kame.moshi_adapter import (
+    builtin_lm_kwargs,
+    builtin_mimi_config,
+    cuda_graphs_enabled,
+)
 from services.frontend.engines.kame.oracle import KameLMModel
 
 BUDGET_S = 8 * 60
@@ -85,7 +88,7 @@ LM_GEN_CONFIG = {"temp": 0.8, "temp_text": 0.7, "top_k": 250, "top_k_text": 25}
 
 # The smoke test's LM: Moshi's layout and vocabularies, a few thousand times smaller.
 TINY_LM = {
-    **loaders._lm_kwargs,
+    **builtin_lm_kwargs(),
     "dim": 64,
     "num_heads": 4,
     "num_layers": 2,
@@ -122,8 +125,8 @@ GPU = Profile(
     name="gpu",
     device="cuda",
     dtype="bfloat16",
-    lm_kwargs=loaders._lm_kwargs,
-    mimi_config=loaders._mimi_config,
+    lm_kwargs=builtin_lm_kwargs(),
+    mimi_config=builtin_mimi_config(),
     batch_sizes=(1, 8, 32, 64),
     timed_ticks=100,
     warmup_ticks=10,
@@ -180,7 +183,7 @@ def environment(profile: Profile) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "moshi": moshi.__version__,
-        "cuda_graphs": profile.device.startswith("cuda") and _is_cuda_graph_enabled(),
+        "cuda_graphs": profile.device.startswith("cuda") and cuda_graphs_enabled(),
         "python": platform.python_version(),
         "machine": platform.machine(),
     }
@@ -396,7 +399,7 @@ def write_checkpoint(
         "model_type": "kame",
         "lm_gen_config": LM_GEN_CONFIG,
     }
-    if profile.mimi_config != loaders._mimi_config:
+    if profile.mimi_config != builtin_mimi_config():
         (directory / "mimi_config.json").write_text(json.dumps(profile.mimi_config))
         config["mimi_config_name"] = "mimi_config.json"
     (directory / "config.json").write_text(json.dumps(config, indent=1))

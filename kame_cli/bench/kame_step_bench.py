@@ -38,11 +38,13 @@ from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
 from services.frontend.config import DTYPES
 from services.frontend.engines.kame.batch import SlotBatch
 from services.frontend.engines.kame.checkpoint import resolve_dtype
+from services.frontend.engines.kame.moshi_adapter import builtin_lm_kwargs, builtin_mimi_config
 from services.frontend.engines.kame.oracle import KameLMModel
 
+BUILTIN_MIMI = builtin_mimi_config()
 # A small Moshi: the real 16-codebook layout and vocabularies, narrow and shallow.
 SMALL_LM = {
-    **loaders._lm_kwargs,
+    **builtin_lm_kwargs(),
     "dim": 256,
     "num_heads": 4,
     "num_layers": 4,
@@ -57,16 +59,16 @@ SMALL_MIMI = {
     "sample_rate": 24000,
     "channels": 1,
     "frame_rate": 12.5,
-    "seanet": {**loaders._seanet_kwargs, "dimension": 64, "n_filters": 8},
+    "seanet": {**BUILTIN_MIMI["seanet"], "dimension": 64, "n_filters": 8},
     "quantizer": {
-        **loaders._quantizer_kwargs,
+        **BUILTIN_MIMI["quantizer"],
         "dimension": 32,
         "n_q": 8,
         "input_dimension": 64,
         "output_dimension": 64,
     },
     "transformer": {
-        **loaders._transformer_kwargs,
+        **BUILTIN_MIMI["transformer"],
         "d_model": 64,
         "num_heads": 4,
         "num_layers": 2,
@@ -75,7 +77,6 @@ SMALL_MIMI = {
         "output_dimensions": [64],
     },
 }
-FULL_MIMI = loaders._mimi_config
 
 
 def build_models(
@@ -94,7 +95,10 @@ def build_models(
 
 def build(full: bool, batch_size: int, device: str, dtype: torch.dtype) -> SlotBatch:
     lm, mimi = build_models(
-        loaders._lm_kwargs if full else SMALL_LM, FULL_MIMI if full else SMALL_MIMI, device, dtype
+        builtin_lm_kwargs() if full else SMALL_LM,
+        BUILTIN_MIMI if full else SMALL_MIMI,
+        device,
+        dtype,
     )
     return SlotBatch(lm, batch_size, mimi=mimi, use_sampling=True)
 

@@ -6,8 +6,9 @@ front of RTP receiving, the marker bit, a UDP transport Python 3.11 can run,
 putting a dialog back), so this module reaches into their internals, and only
 this module: sip.py uses its classes and functions and the libraries' public
 API. Each private name relied on, and why (GUARDED holds them all, with the
-shape expected, and `missing_private_names` checks them; the SIP service does
-so when it starts, and tests/telephony/test_sip_adapter.py on every test run):
+shape expected, and `missing_private_names` checks them with
+kame_common/private_names.py; the SIP service does so when it starts, and
+tests/telephony/test_sip_adapter.py on every test run):
 
 aiortp
 - `RTPSession._handle_rtp(data, addr)`, `RTPSession._handle_rtcp(data, addr)`:
@@ -41,16 +42,16 @@ aiosipua
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from importlib.metadata import version
+from collections.abc import Mapping
 from typing import Any
 
 import aiortp
 import aiosipua
 from aiosipua import IncomingCall, SipUAS, UdpSipTransport
+
+from kame_common import private_names
+from kame_common.private_names import Guarded
 
 log = logging.getLogger(__name__)
 
@@ -64,21 +65,6 @@ def _rtp_session(owner: type) -> object:
 
 def _uas(owner: type) -> object:
     return owner(aiosipua.UdpSipTransport())
-
-
-@dataclass(frozen=True)
-class Guarded:
-    """A private name this module relies on, and the shape it expects of it."""
-
-    owner: str  # the class's dotted path: its package, then attributes down to it
-    name: str
-    params: tuple[str, ...] | None = None  # a method: the parameters it takes after self
-    # The name is set by __init__: looked for on an instance `sample(owner)` made.
-    sample: Callable[[type], object] | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.owner}.{self.name}"
 
 
 GUARDED = [
@@ -103,54 +89,15 @@ GUARDED = [
 
 def missing_private_names(packages: Mapping[str, object] | None = None) -> list[str]:
     """What of GUARDED the installed libraries (or `packages`, by package name)
-    lack or have in another shape: "aiortp.RTPSession._sender: missing", ...;
-    empty when all is as this module expects."""
-    if packages is None:
-        packages = {"aiosipua": aiosipua, "aiortp": aiortp}
-    problems = ((guarded, _problem(guarded, packages)) for guarded in GUARDED)
-    return [f"{guarded.label}: {problem}" for guarded, problem in problems if problem]
-
-
-def _problem(guarded: Guarded, packages: Mapping[str, object]) -> str:
-    """What is wrong with one guarded name ("" = nothing)."""
-    package, *path = guarded.owner.split(".")
-    try:
-        holder = packages[package]
-        for step in path:
-            holder = getattr(holder, step)
-        if guarded.sample is not None:
-            holder = guarded.sample(holder)  # type: ignore[arg-type]
-    except Exception as error:  # the class moved, or its constructor changed
-        return f"cannot be looked for ({error!r})"
-    if not hasattr(holder, guarded.name):
-        return "missing"
-    if guarded.params is None:
-        return ""
-    value = getattr(holder, guarded.name)
-    if not callable(value):
-        return "not callable"
-    takes = [name for name in inspect.signature(value).parameters if name != "self"]
-    if takes[: len(guarded.params)] != list(guarded.params):
-        return f"takes ({', '.join(takes)}), expected ({', '.join(guarded.params)})"
-    return ""
-
-
-class IncompatibleSipLibraries(RuntimeError):
-    """The installed aiosipua or aiortp lacks a private name this module uses."""
+    lack or have in another shape; empty when all is as this module expects."""
+    return private_names.missing(GUARDED, packages or {"aiosipua": aiosipua, "aiortp": aiortp})
 
 
 def check_private_names() -> None:
     """Refuse to run on library versions this module does not fit: an operator who
     upgraded one is told which names went, at start, not by an AttributeError in
-    the middle of a call."""
-    problems = missing_private_names()
-    if problems:
-        pinned = ", ".join(f"{name} {pin}" for name, pin in PINNED.items())
-        installed = ", ".join(f"{name} {version(name)}" for name in PINNED)
-        raise IncompatibleSipLibraries(
-            f"services/telephony/sip_adapter.py is written for {pinned} (constraints.txt); "
-            f"the installed {installed} differ in: {'; '.join(problems)}"
-        )
+    the middle of a call (private_names.IncompatibleLibraries)."""
+    private_names.check("services/telephony/sip_adapter.py", PINNED, missing_private_names())
 
 
 # ---- aiortp ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from kame_common.audio import FRAME_SAMPLES
 from services.frontend.engines.kame import checkpoint
 from services.frontend.engines.kame.batch import SlotBatch
 from services.frontend.engines.kame.engine import DEFAULT_JITTER_FRAMES, KameEngine
+from services.frontend.engines.kame.moshi_adapter import builtin_mimi_config
 from services.frontend.engines.kame.oracle import KameLMModel
 
 # A random-weight KAME checkpoint and the reference implementation's tokens for it.
@@ -38,13 +39,14 @@ SENTENCES = [
     "thank you very much for calling",
 ]
 MIMI_BINS = 64
+BUILTIN_MIMI = builtin_mimi_config()
 TINY_MIMI_CONFIG = {
     "sample_rate": 24000,
     "channels": 1,
     "frame_rate": 12.5,
-    "seanet": {**loaders._seanet_kwargs, "dimension": 32, "n_filters": 4},
+    "seanet": {**BUILTIN_MIMI["seanet"], "dimension": 32, "n_filters": 4},
     "quantizer": {
-        **loaders._quantizer_kwargs,
+        **BUILTIN_MIMI["quantizer"],
         "dimension": 16,
         "n_q": 8,
         "bins": MIMI_BINS,
@@ -52,7 +54,7 @@ TINY_MIMI_CONFIG = {
         "output_dimension": 32,
     },
     "transformer": {
-        **loaders._transformer_kwargs,
+        **BUILTIN_MIMI["transformer"],
         "d_model": 32,
         "num_heads": 2,
         "num_layers": 1,

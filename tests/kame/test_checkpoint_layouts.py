@@ -23,7 +23,7 @@ from kame_cli.stack import Stack
 from kame_cli.stack_options import StackOptions
 from services.frontend.config import DTYPES, FrontendSettings
 from services.frontend.engines.base import SessionParams
-from services.frontend.engines.kame import checkpoint
+from services.frontend.engines.kame import checkpoint, moshi_adapter
 from services.frontend.engines.kame.checkpoint import CheckpointError
 from services.frontend.engines.kame.engine import KameEngine
 from tests.kame.conftest import TINY_MIMI_CONFIG, write_moshiko_checkpoint
@@ -111,7 +111,7 @@ def test_without_config_json_the_builtin_moshi_7b_settings_apply(tmp_path, caplo
     (tmp_path / loaders.MOSHI_NAME).write_bytes(b"")  # read() only locates the files
     with caplog.at_level(logging.WARNING, logger=checkpoint.__name__):
         ckpt = checkpoint.read(tmp_path)
-    assert ckpt.lm_kwargs == loaders._lm_kwargs and ckpt.lm_kwargs is not loaders._lm_kwargs
+    assert ckpt.lm_kwargs == moshi_adapter.builtin_lm_kwargs()
     assert ckpt.lm_kwargs["dim"] == 4096 and ckpt.lm_kwargs["num_layers"] == 32
     assert ckpt.lm_weights == tmp_path / loaders.MOSHI_NAME
     assert ckpt.mimi_config is None  # moshi's built-in Mimi config
@@ -135,8 +135,8 @@ async def test_a_moshiko_checkpoint_runs_with_the_builtin_settings(
     directory = tmp_path / "moshiko"
     tiny_kwargs = write_moshiko_checkpoint(directory)
     # The built-in settings are the 7B's; shrink them to what these weights were made with.
-    monkeypatch.setattr(loaders, "_lm_kwargs", tiny_kwargs)
-    monkeypatch.setattr(loaders, "_mimi_config", TINY_MIMI_CONFIG)
+    monkeypatch.setattr(moshi_adapter, "builtin_lm_kwargs", lambda: dict(tiny_kwargs))
+    monkeypatch.setattr(moshi_adapter, "builtin_mimi_config", lambda: dict(TINY_MIMI_CONFIG))
     assert not (directory / "config.json").exists()
     engine = KameEngine.from_config(engine_settings(directory), with_oracle=True)
     try:
@@ -162,7 +162,7 @@ def test_a_moshiko_repo_id_in_the_cache_resolves_without_config_json(tmp_path, h
     (no_config / "config.json").touch()
     directory = checkpoint.resolve(MOSHIKO)
     assert directory == hf_cache / f"models--{MOSHIKO.replace('/', '--')}" / "snapshots" / REVISION
-    assert checkpoint.read(directory).lm_kwargs == loaders._lm_kwargs
+    assert checkpoint.read(directory).lm_kwargs == moshi_adapter.builtin_lm_kwargs()
 
 
 # --- hf:// references ----------------------------------------------------------------

@@ -9,8 +9,9 @@ LM-only checkpoint, the engine also needs Mimi and the tokenizer.
 Layouts read, as the reference loader (moshi.models.loaders) reads them:
 - SakanaAI/kame and newer kyutai repositories: `config.json` as above.
 - plain kyutai/moshiko-* repositories have no `config.json`: the moshi
-  package's built-in Moshi 7B settings apply (its `_lm_kwargs`, its Mimi
-  config and its default file names), and a log line says so.
+  package's built-in Moshi 7B settings apply (its LMModel arguments and Mimi
+  config, through moshi_adapter.py, and its default file names), and a log
+  line says so.
 - a file name in `config.json` may be `hf://owner/repo/path`, a file of another
   Hugging Face repository (moshiko's Mimi, for instance): it is looked up in
   the local Hugging Face cache only (HF_HUB_CACHE / HF_HOME), never
@@ -45,6 +46,7 @@ from moshi.models.compression import MimiModel
 from moshi.models.lm import LMGen
 from safetensors.torch import load_file
 
+from services.frontend.engines.kame import moshi_adapter
 from services.frontend.engines.kame.oracle import KameLMModel
 
 log = logging.getLogger(__name__)
@@ -172,13 +174,16 @@ def _fetch_from_hub(repo_id: str) -> Path:
 
 def _hub_config_file(repo_id: str) -> Path | None:
     """The repo's config.json; None for a plain kyutai/moshiko repo, which has none."""
-    from huggingface_hub import _CACHED_NO_EXIST, hf_hub_download, try_to_load_from_cache
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     try:
         return Path(hf_hub_download(repo_id, CONFIG_NAME))
     except LocalEntryNotFoundError:  # offline: the cache may know the repo has none
-        if try_to_load_from_cache(repo_id, CONFIG_NAME) is not _CACHED_NO_EXIST:
+        cached = try_to_load_from_cache(repo_id, CONFIG_NAME)
+        # A path (cached) or None (not known): only its third answer, a marker
+        # object, says the Hub had no such file when last asked.
+        if cached is None or isinstance(cached, str):
             raise
     except EntryNotFoundError:  # the Hub answered: no such file
         pass
@@ -244,16 +249,17 @@ def _locate(directory: Path, name: str) -> Path | str:
 def read(directory: str | Path) -> Checkpoint:
     """Parse a checkpoint directory (its `config.json`, or the built-in Moshi 7B
     settings where it has none) and locate its files."""
+    moshi_adapter.check_private_names()
     directory = Path(directory)
     config_path = directory / CONFIG_NAME
     if config_path.is_file():
         raw = _read_config(config_path)
         lm_kwargs = _lm_kwargs_of(raw, config_path)
     elif (directory / loaders.MOSHI_NAME).is_file():
-        raw, lm_kwargs = {}, builtin_lm_kwargs()
+        raw, lm_kwargs = {}, moshi_adapter.builtin_lm_kwargs()
         log.warning(
             "%s has no %s: a plain kyutai/moshiko checkpoint, read with the moshi "
-            "package's built-in Moshi 7B settings (moshi.models.loaders._lm_kwargs, its "
+            "package's built-in Moshi 7B settings (its LMModel arguments and "
             "Mimi config, files %s, %s, %s), as the reference loader does",
             directory,
             CONFIG_NAME,
@@ -284,18 +290,12 @@ def read(directory: str | Path) -> Checkpoint:
         lm_kwargs=lm_kwargs,
         lm_weights=lm_weights,
         mimi_weights=_existing(files["mimi_name"]),
-        mimi_config=_mimi_config(files.get("mimi_config_name")),
+        mimi_config=_read_mimi_config(files.get("mimi_config_name")),
         tokenizer_path=_existing(files["tokenizer_name"]),
         model_type=raw.get("model_type", "moshi"),
         lm_gen_config=dict(raw.get("lm_gen_config") or {}),
         unresolved=unresolved,
     )
-
-
-def builtin_lm_kwargs() -> dict[str, Any]:
-    """The Moshi 7B LMModel arguments the moshi package builds when a repository
-    has no config.json (read at each call, so that tests can shrink them)."""
-    return dict(loaders._lm_kwargs)
 
 
 def _read_config(config_path: Path) -> dict[str, Any]:
@@ -328,7 +328,7 @@ def _existing(found: Path | str) -> Path | None:
     return found if isinstance(found, Path) and found.is_file() else None
 
 
-def _mimi_config(found: Path | str | None) -> dict[str, Any] | None:
+def _read_mimi_config(found: Path | str | None) -> dict[str, Any] | None:
     if found is None or isinstance(found, str):  # an unresolved one fails in load_mimi
         return None
     if not found.is_file():
@@ -386,9 +386,12 @@ def load_mimi(checkpoint: Checkpoint, device: str | torch.device = "cpu") -> Mim
             "them to encode the caller's audio and decode the agent's"
         )
     codebooks = max(checkpoint.lm_kwargs["dep_q"], checkpoint.user_codebooks)
+    config = checkpoint.mimi_config
+    if config is None:  # as moshi's loader does
+        config = moshi_adapter.builtin_mimi_config()
     try:
         return loaders.get_mimi(
-            checkpoint.mimi_weights, checkpoint.mimi_config, device=device, num_codebooks=codebooks
+            checkpoint.mimi_weights, config, device=device, num_codebooks=codebooks
         )
     except RuntimeError as exc:  # load_state_dict names the mismatching keys
         raise CheckpointError(f"{checkpoint.mimi_weights}: {exc}") from exc

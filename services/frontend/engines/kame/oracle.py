@@ -27,9 +27,15 @@ from typing import Any
 
 import torch
 from moshi.conditioners.base import ConditionTensors
-from moshi.models.lm import LMModel, LMOutput
-from moshi.models.lm_utils import ScaledEmbedding, _delay_sequence, _init_layer
+from moshi.models.lm import LMOutput
+from moshi.models.lm_utils import ScaledEmbedding
 from moshi.modules.streaming import State
+
+from services.frontend.engines.kame.moshi_adapter import (
+    StreamingStateLM,
+    delay_sequence,
+    init_layer,
+)
 
 
 @dataclass
@@ -48,7 +54,7 @@ class _KameLMState(State):
         )
 
 
-class KameLMModel(LMModel):
+class KameLMModel(StreamingStateLM):
     """Moshi's LMModel plus the oracle embedding.
 
     `oracle_enabled=False` is the plain Moshi model (engine `moshi`): the oracle
@@ -81,7 +87,7 @@ class KameLMModel(LMModel):
             device=device,
             dtype=dtype,
         )
-        _init_layer(self.oracle_emb)
+        init_layer(self.oracle_emb)
         self.oracle_enabled = True
         self._forward_oracle: torch.Tensor | None = None
         self.text_emb.register_forward_hook(self._add_oracle_embedding)
@@ -98,12 +104,12 @@ class KameLMModel(LMModel):
     def _current_oracle_tokens(self) -> torch.Tensor | None:
         if self._forward_oracle is not None:
             return self._forward_oracle
-        state = self._streaming_state
+        state = self.streaming_state
         if self.oracle_enabled and isinstance(state, _KameLMState):
             return state.oracle_tokens
         return None
 
-    def _init_streaming_state(self, batch_size: int) -> _KameLMState:
+    def new_streaming_state(self, batch_size: int) -> _KameLMState:
         device = next(iter(self.parameters())).device
         tokens = torch.full(
             (batch_size, 1), self.text_padding_token_id, dtype=torch.long, device=device
@@ -117,7 +123,7 @@ class KameLMModel(LMModel):
 
         `tokens` has one entry per session; with CFG the model streams twice as
         many rows, and both halves get the same token."""
-        state = self._streaming_state
+        state = self.streaming_state
         if not isinstance(state, _KameLMState):
             raise RuntimeError("set_oracle_tokens needs the model in streaming mode (LMGen)")
         repeats = state.batch_size // tokens.shape[0]
@@ -136,7 +142,7 @@ class KameLMModel(LMModel):
         initial = torch.full(
             (batch, 1, 1), self.text_initial_token_id, dtype=torch.long, device=oracle_tokens.device
         )
-        delayed = _delay_sequence(self.delays[:1], oracle_tokens[:, None], initial)
+        delayed = delay_sequence(self.delays[:1], oracle_tokens[:, None], initial)
         self._forward_oracle = torch.cat([initial, delayed], dim=2)[:, 0, :-1]
         try:
             return super().forward(codes, condition_tensors)
