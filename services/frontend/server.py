@@ -37,6 +37,7 @@ from kame_common import tracing
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import SAMPLE_RATE, check_frame, float_to_pcm16, pcm16_to_float
 from kame_common.capacity import CapacityPublisher
+from kame_common.hold import DEFAULT_HOLD_MAX_S, check_hold_max_s, hold_phrases
 from kame_common.server import ServiceRuntime, service_main
 from kame_common.words import normalize_words
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
@@ -44,7 +45,6 @@ from services.frontend import metrics
 from services.frontend.config import ENGINES, FrontendSettings
 from services.frontend.engines import build_engine
 from services.frontend.engines.base import (
-    DEFAULT_HOLD_MAX_S,
     CandidateSource,
     Engine,
     EngineSession,
@@ -60,11 +60,6 @@ log = logging.getLogger(__name__)
 
 GRPC_SERVICE = frontend_pb2.DESCRIPTOR.services_by_name["Frontend"].full_name
 MAX_TURN_END_SILENCE_S = 5.0
-MAX_HOLD_MAX_S = 10.0
-# Hold phrases are short acknowledgements that the engine synthesizes once and
-# caches; a long one would delay the answer (a hold phrase is never cut).
-MAX_HOLD_PHRASES = 8
-MAX_HOLD_PHRASE_CHARS = 60
 # Caller frames a stream reads ahead of their answers (6.4 s of audio): enough for
 # an engine's jitter buffer to see any backlog the gateway admits (its input
 # burst, 2 s); past it the stream stops reading until answers are sent.
@@ -200,31 +195,17 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                 "turn_end_silence_s must be 0 (the replica's turn-taking) to "
                 f"{MAX_TURN_END_SILENCE_S} seconds, got {config.turn_end_silence_s}",
             )
-        if not 0 <= config.hold_max_s <= MAX_HOLD_MAX_S:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"hold_max_s must be 0 (default {DEFAULT_HOLD_MAX_S}) to {MAX_HOLD_MAX_S} "
-                f"seconds, got {config.hold_max_s}",
-            )
-        hold_phrases = tuple(" ".join(p.split()) for p in config.hold_phrases if p.strip())
-        if len(hold_phrases) > MAX_HOLD_PHRASES:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"hold_phrases takes at most {MAX_HOLD_PHRASES} phrases, got {len(hold_phrases)}",
-            )
-        too_long = [p for p in hold_phrases if len(p) > MAX_HOLD_PHRASE_CHARS]
-        if too_long:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"hold_phrases must be at most {MAX_HOLD_PHRASE_CHARS} characters each, "
-                f"got {too_long[0][:MAX_HOLD_PHRASE_CHARS]!r}...",
-            )
+        try:  # the gateway checked them too; any client may open a stream
+            phrases = hold_phrases(config.hold_phrases)
+            max_s = check_hold_max_s(config.hold_max_s)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return SessionParams(
             session_id=config.session_id,
             voice=config.voice,
             turn_end_silence_s=config.turn_end_silence_s,  # 0: the replica's turn-taking
-            hold_phrases=hold_phrases,
-            hold_max_s=config.hold_max_s or DEFAULT_HOLD_MAX_S,
+            hold_phrases=phrases,
+            hold_max_s=max_s or DEFAULT_HOLD_MAX_S,
             manual_turns=config.manual_turns,
         )
 

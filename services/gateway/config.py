@@ -14,6 +14,7 @@ from kame_common.config import (
     redis_timeout_setting,
     setting,
 )
+from kame_common.hold import check_hold_max_s, split_hold_phrases
 from kame_common.ports import LOCAL_REDIS_URL, loopback_address
 from kame_common.tls import ClientTls
 
@@ -117,8 +118,8 @@ class GatewaySettings(ServiceSettings):
     )
     hold_max_s: float = setting(
         0.0,
-        "tts engine: longest hold before the agent gives the floor back "
-        "(0 = the frontend's default, 5 s)",
+        "tts engine: longest hold before the agent gives the floor back, up to 10 s "
+        "(0 = the default, 5 s)",
     )
     allow_instructions: bool = setting(
         False,
@@ -236,6 +237,11 @@ class GatewaySettings(ServiceSettings):
         if self.upstream_server_name and not self.upstream_ca_file:
             raise ConfigError("upstream_server_name: applies to TLS only: set upstream_ca_file")
         self._validate_side_streams()
+        try:
+            split_hold_phrases(self.hold_phrases)
+            check_hold_max_s(self.hold_max_s)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _validate_side_streams(self) -> None:
         if not 0.1 <= self.side_heartbeat_s <= 60:

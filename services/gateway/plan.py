@@ -5,12 +5,12 @@ message names the field."""
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 
 import grpc
 
 from kame_common.client_functions import FunctionError, check_functions
+from kame_common.hold import check_hold_max_s, hold_phrases, split_hold_phrases
 from kame_common.llm import backend_name
 from kamepb import common_pb2, gateway_pb2
 from services.gateway.codecs import AudioFormat, CodecError, resolve_format
@@ -131,8 +131,11 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
             backend_name(llm.backend)
         except ValueError as exc:
             raise SessionError(invalid, f"llm.backend: {exc}") from None
-    if not 0 <= config.hold.max_s < math.inf:  # NaN fails too
-        raise SessionError(invalid, f"hold.max_s: must be >= 0 and finite, got {config.hold.max_s}")
+    try:
+        phrases = _hold_phrases(config.hold, mode, settings)
+        check_hold_max_s(config.hold.max_s, "hold.max_s")
+    except ValueError as exc:
+        raise SessionError(invalid, str(exc)) from None
     if config.turn_detection not in _TURN_DETECTIONS:
         raise SessionError(
             invalid,
@@ -156,7 +159,7 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
         language=config.language or "en",
         llm=llm,
         include_oracle_updates=config.include_oracle_updates,
-        hold_phrases=_hold_phrases(config.hold, mode, settings),
+        hold_phrases=phrases,
         hold_max_s=config.hold.max_s or settings.hold_max_s,
         call=config.call,
         manual_turns=config.turn_detection == TurnDetection.MANUAL,
@@ -198,13 +201,14 @@ def _mode(requested: gateway_pb2.ConverseConfig.Mode.ValueType, settings: Gatewa
 def _hold_phrases(
     hold: gateway_pb2.HoldConfig, mode: Mode, settings: GatewaySettings
 ) -> tuple[str, ...]:
-    """The client's phrases; else the gateway's defaults in tandem mode (the mode
-    that speculates, so the one that may have to wait for a fresh answer);
-    silence otherwise."""
+    """The client's phrases (ValueError naming hold.phrases when kame_common.hold
+    refuses them); else the gateway's defaults in tandem mode (the mode that
+    speculates, so the one that may have to wait for a fresh answer); silence
+    otherwise."""
     if hold.silent:
         return ()
     if hold.phrases:
-        return tuple(p.strip() for p in hold.phrases if p.strip())
+        return hold_phrases(hold.phrases, "hold.phrases")
     if mode is not Mode.TANDEM:
         return ()
-    return tuple(p.strip() for p in settings.hold_phrases.split("|") if p.strip())
+    return split_hold_phrases(settings.hold_phrases)

@@ -212,6 +212,7 @@ def test_plan_session_plans_or_names_the_bad_field(config):
             "output_format.sample_rate_hz",
             "llm.backend",
             "hold.max_s",
+            "hold.phrases",
         }, exc.message
         return
     assert math.isfinite(plan.hold_max_s) and plan.hold_max_s >= 0

@@ -65,9 +65,9 @@ def test_modes_and_overrides():
             (
                 Config(hold=gateway_pb2.HoldConfig(max_s=bad)),
                 grpc.StatusCode.INVALID_ARGUMENT,
-                "hold.max_s: must be >= 0 and finite",
+                "hold.max_s: must be 0 \\(the default, 5 s\\) to 10 seconds",
             )
-            for bad in (-1.0, float("inf"), float("nan"))
+            for bad in (-1.0, 10.5, float("inf"), float("nan"))
         ),
     ],
 )
@@ -102,3 +102,42 @@ def test_hold_phrases_default_in_tandem_only():
 def test_a_negative_hold_time_names_the_field():
     with pytest.raises(SessionError, match=r"hold\.max_s"):
         plan_session(Config(hold=gateway_pb2.HoldConfig(max_s=-1)), GatewaySettings())
+
+
+@pytest.mark.parametrize(
+    ("hold", "message"),
+    [
+        (gateway_pb2.HoldConfig(phrases=["Hmm,"] * 9), "hold.phrases: at most 8 phrases, got 9"),
+        (
+            gateway_pb2.HoldConfig(phrases=["Let me see " * 8]),
+            "hold.phrases: at most 60 characters each",
+        ),
+    ],
+)
+def test_hold_phrases_a_frontend_would_refuse_are_refused_here(hold, message):
+    """The gateway holds the frontend's limits (kame_common/hold.py): a caller's
+    phrases are refused before any upstream is touched, naming the field."""
+    with pytest.raises(SessionError, match=message) as caught:
+        plan_session(Config(hold=hold), GatewaySettings())
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_hold_phrases_are_collapsed_as_the_frontend_would():
+    own = gateway_pb2.HoldConfig(phrases=["  One\tmoment. ", "", "Let  me see,"])
+    plan = plan_session(Config(hold=own), GatewaySettings())
+    assert plan.hold_phrases == ("One moment.", "Let me see,")
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (["--hold-max-s", "12"], "hold_max_s: must be 0 .* to 10 seconds, got 12"),
+        (["--hold-phrases", "|".join(["Hmm,"] * 9)], "hold_phrases: at most 8 phrases"),
+        (["--hold-phrases", "Let me see " * 8], "hold_phrases: at most 60 characters"),
+    ],
+)
+def test_hold_settings_every_call_would_fail_on_are_refused_at_start(flag, message):
+    """Settings the frontend would refuse in every tandem call are a ConfigError
+    at start, not an INVALID_ARGUMENT for each caller."""
+    with pytest.raises(ConfigError, match=message):
+        load_settings(GatewaySettings, flag, env={})

@@ -20,12 +20,13 @@ import abc
 from dataclasses import dataclass, field
 
 from kame_common.audio import Samples
+from kame_common.hold import DEFAULT_HOLD_MAX_S
 
-# The one home of the turn-taking defaults: a session config that leaves them 0
-# gets these (the gateway's settings default to 0, so they pass them on); the
+# The one home of the turn-taking default: a session config that leaves it 0
+# gets this (the gateway's settings default to 0, so they pass it on); the
 # pause is the tts replica's in its silence mode (FrontendSettings.turn_mode).
+# The hold's default and limits are kame_common/hold.py's.
 DEFAULT_TURN_END_SILENCE_S = 0.4
-DEFAULT_HOLD_MAX_S = 5.0
 
 
 class SlotsExhausted(RuntimeError):

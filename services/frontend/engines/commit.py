@@ -93,9 +93,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from kame_common.hold import DEFAULT_HOLD_MAX_S
 from kame_common.words import normalize_word, normalize_words
 from services.frontend import metrics
-from services.frontend.engines.base import DEFAULT_HOLD_MAX_S, CandidateSource, Transcript
+from services.frontend.engines.base import CandidateSource, Transcript
 
 COVER_TOLERANCE_S = 0.16
 REPAIR_PHRASE = "Sorry,"
