@@ -39,6 +39,7 @@ from kame_common.audio import SAMPLE_RATE, check_frame, float_to_pcm16, pcm16_to
 from kame_common.capacity import CapacityPublisher
 from kame_common.hold import DEFAULT_HOLD_MAX_S, check_hold_max_s, hold_phrases
 from kame_common.server import ServiceRuntime, service_main
+from kame_common.streams import aborting, dispatch, read_config
 from kame_common.words import normalize_words
 from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
 from services.frontend import metrics
@@ -85,10 +86,9 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[frontend_pb2.FrontendResponse]:
         async with self._runtime.session(context):
-            first = await anext(request_iterator, None)
-            if first is None:
-                return
-            params = await self._session_params(first, context)
+            async with aborting(context):
+                first = await read_config(request_iterator, "FrontendConfig")
+            params = await self._session_params(first.config, context)
             session = await self._open_session(params, context)
             span = tracing.tracer(__name__).start_span(
                 "frontend.session",
@@ -140,44 +140,37 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
 
         Frames are read ahead of their answers, so that a batched engine's jitter
         buffer sees a caller's backlog (and cuts it) instead of gRPC holding it."""
+
+        async def audio(request: frontend_pb2.FrontendRequest) -> None:
+            await self._check_audio(request.audio, context)
+            await read_ahead.acquire()  # released once the frame's answer is sent
+            steps.put_nowait(asyncio.create_task(self._step(session, request.audio)))
+            # Let the step start (an engine takes frames in the order steps
+            # start) before a later message reaches the session.
+            await asyncio.sleep(0)
+
         try:
-            async for request in request_iterator:
-                kind = request.WhichOneof("msg")
-                if kind == "audio":
-                    await self._check_audio(request.audio, context)
-                    await read_ahead.acquire()  # released once the frame's answer is sent
-                    steps.put_nowait(asyncio.create_task(self._step(session, request.audio)))
-                    # Let the step start (an engine takes frames in the order steps
-                    # start) before a later message reaches the session.
-                    await asyncio.sleep(0)
-                elif kind == "oracle":
-                    await self._apply_oracle(session, request.oracle, context)
-                elif kind == "user_transcript":
-                    session.user_transcript(transcript_of(request.user_transcript))
-                elif kind == "turn_control":
-                    await self._apply_turn_control(session, request.turn_control, context)
-                elif kind == "user_text":
-                    session.user_text(transcript_of(request.user_text))
-                else:
-                    await context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        "after the first message (the config) a stream takes only audio, "
-                        "oracle, user_transcript, turn_control and user_text messages, "
-                        f"got {kind or 'an empty message'}",
-                    )
+            async with aborting(context):
+                await dispatch(
+                    request_iterator,
+                    {
+                        "audio": audio,
+                        "oracle": lambda r: self._apply_oracle(session, r.oracle, context),
+                        "user_transcript": lambda r: session.user_transcript(
+                            transcript_of(r.user_transcript)
+                        ),
+                        "turn_control": lambda r: self._apply_turn_control(
+                            session, r.turn_control, context
+                        ),
+                        "user_text": lambda r: session.user_text(transcript_of(r.user_text)),
+                    },
+                )
         finally:
             steps.put_nowait(None)
 
     async def _session_params(
-        self, request: frontend_pb2.FrontendRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, config: frontend_pb2.FrontendConfig, context: grpc.aio.ServicerContext[Any, Any]
     ) -> SessionParams:
-        kind = request.WhichOneof("msg")
-        if kind != "config":
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"the first message must be a config, got {kind or 'an empty message'}",
-            )
-        config = request.config
         served = self._engine.name
         if config.engine and config.engine not in ENGINES:
             await context.abort(

@@ -3,8 +3,9 @@
 - `read_requests` routes each request: audio to `CallerAudio`, keys pressed
   to `CallerKeys`, turn controls and typed text to `CallerTurns`
   (turn_control.py), function results to the oracle stream that asked
-  (client_functions.py). A second config, a request that carries nothing it
-  knows, or audio that does not decode ends the session (SessionError).
+  (client_functions.py), through kame_common.streams' dispatch. A second config,
+  a request that carries nothing it knows (a StreamError), or audio that does
+  not decode (a SessionError) ends the session.
 - `CallerAudio` decodes the caller's chunks and cuts them into FRAME_SECONDS
   frames, each stamped with its seq and the time its chunk arrived, for the
   session to send to the frontend and stt. Those capture times are the
@@ -25,6 +26,7 @@ import grpc
 
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE, Framer, Samples, float_to_pcm16
 from kame_common.converse import DTMF_KEYS
+from kame_common.streams import dispatch
 from kamepb import common_pb2, gateway_pb2, oracle_pb2
 from services.gateway import metrics
 from services.gateway.client_output import ClientOutput
@@ -54,29 +56,16 @@ async def read_requests(
 ) -> None:
     """Every request after the config, until the caller half-closes; then the
     audio's last frames go out."""
-    async for request in requests:
-        kind = request.WhichOneof("msg")
-        if kind == "config":
-            raise SessionError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "a second config arrived: send the config once, first",
-            )
-        if kind == "dtmf":
-            await keys.press(request.dtmf)
-            continue
-        if kind in ("turn_control", "user_text"):  # turn_control.py
-            await turns.handle(request)
-            continue
-        if kind == "function_result":
-            answer(request.function_result)
-            continue
-        if kind != "audio":
-            raise SessionError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "a request carries no config, audio, dtmf, turn_control, user_text "
-                "or function_result",
-            )
-        await audio.push(request.audio)
+    await dispatch(
+        requests,
+        {
+            "audio": lambda r: audio.push(r.audio),
+            "dtmf": lambda r: keys.press(r.dtmf),
+            "turn_control": turns.handle,  # turn_control.py
+            "user_text": turns.handle,
+            "function_result": lambda r: answer(r.function_result),
+        },
+    )
     await audio.flush()
 
 

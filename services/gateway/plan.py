@@ -12,6 +12,7 @@ import grpc
 from kame_common.client_functions import FunctionError, check_functions
 from kame_common.hold import check_hold_max_s, hold_phrases, split_hold_phrases
 from kame_common.llm import backend_name
+from kame_common.streams import StreamError
 from kamepb import common_pb2, gateway_pb2
 from services.gateway.codecs import AudioFormat, CodecError, resolve_format
 from services.gateway.config import GatewaySettings
@@ -21,16 +22,14 @@ TurnDetection = gateway_pb2.ConverseConfig.TurnDetection
 _TURN_DETECTIONS = (TurnDetection.TURN_DETECTION_UNSPECIFIED, TurnDetection.MANUAL)
 
 
-class SessionError(Exception):
+class SessionError(StreamError):
     """Ends the session with this gRPC status; the message says what went wrong
     in words a client may see (no internal addresses)."""
 
     def __init__(
         self, code: grpc.StatusCode, message: str, retry_after_s: float | None = None
     ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        super().__init__(code, message)
         self.retry_after_s = retry_after_s  # sent as `retry-after-s` trailing metadata
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:

@@ -13,7 +13,6 @@ client can move to another replica before the grace period ends.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -25,6 +24,7 @@ from kame_common import store
 from kame_common.auth import BearerAuth, parse_tokens
 from kame_common.redact import redact_addresses
 from kame_common.server import ServiceRuntime, service_main
+from kame_common.streams import StreamError, read_config
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.gateway import resume
 from services.gateway.admission import CapacityGate
@@ -71,7 +71,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         requests = aiter(request_iterator)
         principal = await self.auth.check(context, first_message=lambda: anext(requests))
         try:
-            config = await self._read_config(requests)
+            first = await read_config(requests, "ConverseConfig", self.settings.connect_timeout_s)
+            config = first.config
             plan = plan_session(config, self.settings)
             self._check_ready(plan)
             resumed_id = await self._resumed_session(config.resume_token, plan, principal)
@@ -85,7 +86,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 plan,
                 principal,
             )
-        except SessionError as exc:
+        except StreamError as exc:
             await context.abort(exc.code, redact_addresses(exc.message), exc.trailing_metadata())
         cap_call_time(context, self.settings.max_session_s + self.settings.drain_timeout_s)
         async with self.runtime.session(context):
@@ -99,7 +100,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             try:
                 async for response in session.responses(limited):
                     yield _for_client(response)
-            except SessionError as exc:
+            except StreamError as exc:
                 log.info("session %s ended: %s: %s", session.id, exc.code.name, exc.message)
                 await context.abort(exc.code, redact_addresses(exc.message))
             finally:
@@ -141,29 +142,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         """Drain: every open call is told to move to another replica."""
         for session in self.sessions:
             session.ask_to_reconnect()
-
-    async def _read_config(
-        self, requests: AsyncIterator[gateway_pb2.ConverseRequest]
-    ) -> gateway_pb2.ConverseConfig:
-        invalid = grpc.StatusCode.INVALID_ARGUMENT
-        timeout = self.settings.connect_timeout_s
-        try:
-            first = await asyncio.wait_for(anext(requests), timeout)
-        except StopAsyncIteration:
-            raise SessionError(invalid, "the stream ended before the config arrived") from None
-        except TimeoutError:
-            raise SessionError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"no config within {timeout} s of opening the stream",
-            ) from None
-        kind = first.WhichOneof("msg")
-        if kind != "config":
-            raise SessionError(
-                invalid,
-                "the first message must be the config (ConverseConfig), "
-                f"got {kind or 'an empty request'}",
-            )
-        return first.config
 
 
 async def serve(settings: GatewaySettings) -> ServiceRuntime:

@@ -73,6 +73,7 @@ from kame_common import tracing
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import pcm16_to_float
 from kame_common.store import Replica
+from kame_common.streams import StreamError
 from kamepb import common_pb2, frontend_pb2, gateway_pb2, oracle_pb2, stt_pb2
 from services.gateway import metrics, resume
 from services.gateway.caller_input import CallerAudio, CallerKeys, now_us, read_requests
@@ -175,7 +176,7 @@ class GatewaySession:
                 for response in self._output.responses_for(item):
                     yield response
             outcome = "ok"
-        except SessionError as exc:
+        except StreamError as exc:
             outcome = exc.code.name
             self._span.set_status(trace.StatusCode.ERROR, exc.message)
             raise

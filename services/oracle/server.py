@@ -16,6 +16,7 @@ from kame_common import store
 from kame_common.aio import cancel_and_wait
 from kame_common.capacity import publish_measured_capacity
 from kame_common.server import ServiceRuntime, service_main
+from kame_common.streams import StreamError, aborting, dispatch, read_config
 from kamepb import oracle_pb2, oracle_pb2_grpc
 from services.oracle.backends import loggable_url
 from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleSettings
@@ -26,10 +27,6 @@ from services.oracle.tools.settings import parse_allowed, parse_servers
 log = logging.getLogger(__name__)
 
 GRPC_SERVICE = oracle_pb2.DESCRIPTOR.services_by_name["Oracle"].full_name
-
-
-class ProtocolError(Exception):
-    """The client broke the stream protocol (-> INVALID_ARGUMENT)."""
 
 
 class OracleServicer(oracle_pb2_grpc.OracleServicer):
@@ -44,14 +41,8 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
     ) -> AsyncIterator[oracle_pb2.GuideResponse]:
         async with self.runtime.session(context):
             requests = aiter(request_iterator)
-            first = await anext(requests, None)
-            if first is None:
-                return
-            if first.WhichOneof("msg") != "config":
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"the first GuideRequest must carry config, got {first.WhichOneof('msg')}",
-                )
+            async with aborting(context):
+                first = await read_config(requests, "OracleConfig")
             try:
                 session = await self.factory.open(first.config)
             except InvalidSessionConfig as exc:
@@ -62,8 +53,8 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
                     yield response
                 # The responses end once the feeder closed the session; did it fail?
                 (outcome,) = await asyncio.gather(feeder, return_exceptions=True)
-                if isinstance(outcome, ProtocolError):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(outcome))
+                if isinstance(outcome, StreamError):
+                    await context.abort(outcome.code, outcome.message)
             finally:
                 await cancel_and_wait(feeder)
                 await session.close()
@@ -75,25 +66,16 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
         """Route client messages into the session; the client's half-close (or a
         protocol error) closes the session, which ends the response stream."""
         try:
-            async for request in requests:
-                kind = request.WhichOneof("msg")
-                if kind == "user_transcript":
-                    session.user_transcript(request.user_transcript)
-                elif kind == "agent_text":
-                    session.agent_text(request.agent_text)
-                elif kind == "dtmf":
-                    session.keypress(request.dtmf.digit)
-                elif kind == "function_result":
-                    session.function_result(request.function_result)
-                elif kind == "speech_activity":
-                    session.speech_activity(request.speech_activity)
-                elif kind == "config":
-                    raise ProtocolError("a second config arrived; send config once, first")
-                else:
-                    raise ProtocolError(
-                        "empty GuideRequest: set user_transcript, agent_text, dtmf, "
-                        "function_result or speech_activity"
-                    )
+            await dispatch(
+                requests,
+                {
+                    "user_transcript": lambda r: session.user_transcript(r.user_transcript),
+                    "agent_text": lambda r: session.agent_text(r.agent_text),
+                    "dtmf": lambda r: session.keypress(r.dtmf.digit),
+                    "function_result": lambda r: session.function_result(r.function_result),
+                    "speech_activity": lambda r: session.speech_activity(r.speech_activity),
+                },
+            )
         finally:
             await session.close()
 

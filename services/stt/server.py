@@ -26,6 +26,7 @@ from kame_common.aio import cancel_and_wait
 from kame_common.audio import check_frame
 from kame_common.capacity import publish_measured_capacity
 from kame_common.server import ServiceRuntime, service_main
+from kame_common.streams import StreamError, aborting, dispatch, read_config
 from kamepb import stt_pb2, stt_pb2_grpc
 from services.stt.config import StreamSettings, SttSettings, stream_settings
 from services.stt.engine import SttEngine
@@ -37,8 +38,11 @@ _tracer = tracing.tracer(__name__)
 GRPC_SERVICE = stt_pb2.DESCRIPTOR.services_by_name["Stt"].full_name
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(StreamError):
     """The client sent something the protocol does not allow (-> INVALID_ARGUMENT)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 class SttServicer(stt_pb2_grpc.SttServicer):
@@ -52,36 +56,26 @@ class SttServicer(stt_pb2_grpc.SttServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[stt_pb2.TranscribeResponse]:
         async with self.runtime.session(context):
-            try:
-                settings = self._stream_settings(await anext(request_iterator, None))
-            except InvalidRequest as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            async with aborting(context):
+                first = await read_config(request_iterator, "SttConfig")
+                settings = self._stream_settings(first.config)
             with _tracer.start_as_current_span(
                 "stt.session", attributes={"session.id": settings.session_id}
             ):
                 session = SttSession(self.engine, settings)
                 reader = asyncio.create_task(self._read_audio(request_iterator, session))
                 try:
-                    async for response in session.events():
-                        yield response
-                    await reader
-                except InvalidRequest as exc:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                    async with aborting(context):
+                        async for response in session.events():
+                            yield response
+                        await reader
                 except SessionFailed as exc:
                     await context.abort(grpc.StatusCode.INTERNAL, str(exc))
                 finally:
                     await cancel_and_wait(reader)
                     await session.aclose()
 
-    def _stream_settings(self, first: stt_pb2.TranscribeRequest | None) -> StreamSettings:
-        if first is None:
-            raise InvalidRequest("the stream ended before its config: send an SttConfig first")
-        if first.WhichOneof("msg") != "config":
-            raise InvalidRequest(
-                "the first message must be an SttConfig (config), then audio frames; "
-                f"got {first.WhichOneof('msg') or 'an empty message'}"
-            )
-        config = first.config
+    def _stream_settings(self, config: stt_pb2.SttConfig) -> StreamSettings:
         try:
             self.engine.check_model(config.model)
             settings = stream_settings(
@@ -107,28 +101,28 @@ class SttServicer(stt_pb2_grpc.SttServicer):
         """Feed the session until the client half-closes. A bad message ends the stream:
         the error goes to the response side, which aborts the call with it."""
         try:
-            async for request in request_iterator:
-                received_at = time.monotonic()
-                kind = request.WhichOneof("msg")
-                if kind == "end_of_turn":
-                    await session.end_turn(_speech_end_s(request.end_of_turn))
-                    continue
-                if kind != "audio":
-                    raise InvalidRequest(
-                        "after the SttConfig only audio frames and end_of_turn may follow; "
-                        f"got {'a second config' if kind == 'config' else 'an empty message'}"
-                    )
-                try:
-                    check_frame(request.audio.pcm, request.audio.sample_rate_hz)
-                except ValueError as exc:
-                    raise InvalidRequest(f"audio frame seq {request.audio.seq}: {exc}") from None
-                await session.push_frame(request.audio.pcm, received_at)
+            await dispatch(
+                request_iterator,
+                {
+                    "audio": partial(self._push_audio, session),
+                    "end_of_turn": lambda r: session.end_turn(_speech_end_s(r.end_of_turn)),
+                },
+            )
             await session.finish()
-        except InvalidRequest as exc:
+        except StreamError as exc:
             session.fail(exc)
         except Exception as exc:  # a bug: end the stream rather than leave it hanging
             log.exception("stt stream %s failed", session.settings.session_id)
             session.fail(SessionFailed(f"internal error: {exc}"))
+
+    @staticmethod
+    async def _push_audio(session: SttSession, request: stt_pb2.TranscribeRequest) -> None:
+        received_at = time.monotonic()
+        try:
+            check_frame(request.audio.pcm, request.audio.sample_rate_hz)
+        except ValueError as exc:
+            raise InvalidRequest(f"audio frame seq {request.audio.seq}: {exc}") from None
+        await session.push_frame(request.audio.pcm, received_at)
 
 
 def _speech_end_s(end_of_turn: stt_pb2.EndOfTurn) -> float:

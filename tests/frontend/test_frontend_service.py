@@ -56,16 +56,19 @@ async def stream_error(stub, requests: list[frontend_pb2.FrontendRequest]) -> gr
 @pytest.mark.parametrize(
     ("requests", "expected"),
     [
-        ([frontend_pb2.FrontendRequest(oracle=reset(1))], "first message must be a config"),
+        (
+            [frontend_pb2.FrontendRequest(oracle=reset(1))],
+            "first message must be the config (FrontendConfig)",
+        ),
         (
             [frontend_pb2.FrontendRequest(user_transcript=transcript("Hi.", end_s=1.0))],
-            "first message must be a config",
+            "first message must be the config (FrontendConfig)",
         ),
-        ([audio_request(SILENT_FRAME)], "first message must be a config"),
+        ([audio_request(SILENT_FRAME)], "first message must be the config (FrontendConfig)"),
         ([config_request(), audio_request(SILENT_FRAME[:-2])], "must be 1920 samples"),
         ([config_request(), audio_request(SILENT_FRAME[:-1])], "even byte count"),
         ([config_request(), audio_request(SILENT_FRAME, rate=16_000)], "must be 24000"),
-        ([config_request(), config_request()], "got config"),
+        ([config_request(), config_request()], "a second config arrived"),
         ([config_request(engine="wavenet")], "unknown engine 'wavenet'"),
         ([config_request(engine="kame")], "serves engine 'tts', not 'kame'"),
         ([config_request(voice="en_GB-alba")], "voice 'en_GB-alba' is not served"),

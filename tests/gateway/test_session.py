@@ -477,7 +477,8 @@ async def test_limits(fakes):
         (gateway_pb2.ConverseRequest(config=Config()), "a second config"),
         (
             gateway_pb2.ConverseRequest(),
-            "no config, audio, dtmf, turn_control, user_text or function_result",
+            "after the config a stream takes only audio, dtmf, turn_control, user_text, "
+            "function_result; got an empty message",
         ),
         (gateway_pb2.ConverseRequest(dtmf=common_pb2.Dtmf(digit="x")), "dtmf.digit"),
         (gateway_pb2.ConverseRequest(audio=b"\x01"), "audio chunk 0"),

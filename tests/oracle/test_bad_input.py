@@ -105,9 +105,12 @@ async def test_a_local_server_needs_no_key_and_a_service_key_is_used(
     [
         (
             oracle_pb2.GuideRequest(user_transcript=common_pb2.TranscriptEvent(text="hi")),
-            "the first GuideRequest must carry config, got user_transcript",
+            "the first message must be the config (OracleConfig), got user_transcript",
         ),
-        (oracle_pb2.GuideRequest(), "the first GuideRequest must carry config, got None"),
+        (
+            oracle_pb2.GuideRequest(),
+            "the first message must be the config (OracleConfig), got an empty message",
+        ),
     ],
 )
 async def test_events_before_the_config_are_refused(first, message, oracle_service, guide_client):

@@ -35,8 +35,12 @@ async def _status_of(stub, requests: list[stt_pb2.TranscribeRequest]) -> grpc.ai
 @pytest.mark.parametrize(
     ("name", "requests", "expected"),
     [
-        ("audio before the config", lambda f: [f(SILENT_FRAME, 0)], "must be an SttConfig"),
-        ("no config at all", lambda f: [], "send an SttConfig first"),
+        (
+            "audio before the config",
+            lambda f: [f(SILENT_FRAME, 0)],
+            "must be the config (SttConfig)",
+        ),
+        ("no config at all", lambda f: [], "the stream ended before the config (SttConfig)"),
         ("empty message first", lambda f: [stt_pb2.TranscribeRequest()], "an empty message"),
         (
             "wrong frame size",
@@ -61,12 +65,12 @@ async def _status_of(stub, requests: list[stt_pb2.TranscribeRequest]) -> grpc.ai
         (
             "a second config",
             lambda f: [_config(), f(SILENT_FRAME, 0), _config()],
-            "got a second config",
+            "a second config arrived",
         ),
         (
             "an end of turn before the config",
             lambda f: [_end_of_turn(1.0)],
-            "must be an SttConfig (config), then audio frames; got end_of_turn",
+            "the first message must be the config (SttConfig), got end_of_turn",
         ),
         (
             "a negative speech end",
