@@ -46,7 +46,8 @@ lock: setup
 protos: setup
 	$(PY) scripts/gen_protos.py
 
-# Style and types: `make check` is what CI runs before the tests.
+# Style, layering and types: `make check` is what CI runs before the tests. The
+# layering is pyproject.toml's import-linter contracts (README, "Where the code lives").
 fmt: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
@@ -54,6 +55,7 @@ fmt: setup
 lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 typecheck: setup
 	$(VENV)/bin/mypy
