@@ -34,7 +34,7 @@ import contextlib
 import platform
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,7 @@ from kame_cli.bench.report import write_json
 from kame_cli.bench.stacks import BenchStack
 from kame_cli.stack_options import Ports, add_arguments, free_ports, options_from_args
 from kame_common.audio import SAMPLE_RATE
-from kamepb import gateway_pb2
-from services.telephony.call import PhoneCall
+from services.telephony.call import HANG_UP_GRACE_S, PhoneCall
 from services.telephony.config import TelephonySettings
 from services.telephony.server import TelephonyServer
 
@@ -113,23 +112,55 @@ async def one_call(
         await phone.close()
 
 
+@dataclass
+class Service:
+    """The telephony service the phones call, and what the bench sees of its side:
+    with `server` (in this process) each call once it has ended."""
+
+    address: str  # host:port of its SIP side
+    server: TelephonyServer | None = None
+    ended: list[PhoneCall] = field(default_factory=list)
+
+    @classmethod
+    async def start(cls, gateway_address: str) -> Service:
+        server = TelephonyServer(TelephonySettings.loopback_sip(gateway_address))
+        await server.start()
+        assert server.sip is not None
+        service = cls(f"127.0.0.1:{server.sip.port}", server)
+        server.telephony.on_call_ended = service.ended.append
+        return service
+
+    async def settle(self) -> None:
+        """Wait for the service's side of the last hang-ups: a call ends up to
+        HANG_UP_GRACE_S after its phone hung up (the gateway's last TurnSummary
+        may come then). Without the server here, a moment."""
+        if self.server is None:
+            await asyncio.sleep(0.5)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.server.telephony.idle.wait(), HANG_UP_GRACE_S + 2)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+
+
 async def load_level(
     args: argparse.Namespace,
-    target: str,
+    service: Service,
     questions: list[Question],
     wavs: list[Path],
-    ended: list[PhoneCall],
     calls: int,
 ) -> dict[str, Any]:
+    ended = service.ended
     ended.clear()
-    TURNS.clear()
     longest = max(len(q.audio) for q in questions) / SAMPLE_RATE
     timeout_s = LEAD_S + longest + args.listen_s + 30
     started = time.monotonic()
     outcomes = await asyncio.gather(
         *(
             one_call(
-                target,
+                service.address,
                 questions[i % len(questions)],
                 wavs[i % len(wavs)],
                 i * args.stagger_s,
@@ -138,12 +169,12 @@ async def load_level(
             for i in range(calls)
         )
     )
-    await asyncio.sleep(0.5)  # the service's side of the last hang-ups
+    await service.settle()
     playouts = [vars(call.playout.stats) for call in ended]
     latencies = [lat for o in outcomes if (lat := o.response_latency_s()) is not None]
     packets = sum(p["packets"] for p in playouts)
     late = sum(p["late"] for p in playouts)
-    turns = [turn for call_turns in TURNS.values() for turn in call_turns]
+    turns = [turn for call in ended for turn in call.turns]
     underruns = sum(p["underruns"] for p in playouts)
     return {
         "calls": calls,
@@ -162,9 +193,9 @@ async def load_level(
             "all": latencies,
         },
         "gateway_turns": len(turns),
-        "gateway_response_latency_s": percentiles([t.response_latency_s for t in turns]),
+        "gateway_response_latency_s": percentiles([t["response_latency_s"] for t in turns]),
         "gateway_answer_latency_s": percentiles(
-            [t.answer_latency_s for t in turns if t.answer_latency_s]
+            [t["answer_latency_s"] for t in turns if t["answer_latency_s"]]
         ),
         "per_call_playout": playouts,
     }
@@ -179,60 +210,38 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
     }
 
 
-# The gateway's TurnSummary of each call in this process (PhoneCall itself has
-# no use for them; the bench reads them on the way past).
-TURNS: dict[int, list[gateway_pb2.TurnSummary]] = {}
-
-
-def record_turn_summaries() -> None:
-    handle = PhoneCall._on_response
-
-    async def on_response(call: PhoneCall, response: gateway_pb2.ConverseResponse) -> None:
-        if response.WhichOneof("msg") == "turn":
-            TURNS.setdefault(id(call), []).append(response.turn)
-        await handle(call, response)
-
-    PhoneCall._on_response = on_response  # type: ignore[method-assign]
-
-
 async def run_levels(
     args: argparse.Namespace, gateway_address: str | None, questions: list[Question]
 ) -> list[dict[str, Any]]:
-    scratch = Path(tempfile.mkdtemp(prefix="sip-load-"))
-    wavs = [
-        caller_wav(scratch, f"q{i}", q.audio, SAMPLE_RATE, lead_s=LEAD_S, tail_s=args.listen_s)
-        for i, q in enumerate(questions)
-    ]
-    ended: list[PhoneCall] = []
-    server: TelephonyServer | None = None
-    target = args.sip
-    if not target:
+    """A warm-up call, then each load level of args.calls: to the service at
+    args.sip, or to one started here in front of the gateway at `gateway_address`."""
+    if args.sip:
+        service = Service(args.sip)
+    else:
         assert gateway_address is not None
-        server = TelephonyServer(TelephonySettings.loopback_sip(gateway_address))
-        await server.start()
-        assert server.sip is not None
-        target = f"127.0.0.1:{server.sip.port}"
-        run = server.telephony.run
-
-        async def counted(call: PhoneCall) -> Any:
-            try:
-                return await run(call)
-            finally:
-                ended.append(call)
-
-        server.telephony.run = counted  # type: ignore[method-assign]
-        record_turn_summaries()
+        service = await Service.start(gateway_address)
     try:
-        print(f"sip load: warm-up call to {target} ...", flush=True)
-        await load_level(args, target, questions[:1], wavs[:1], ended, 1)
-        results = []
-        for calls in args.calls:
-            print(f"sip load: {calls} calls at once ...", flush=True)
-            results.append(await load_level(args, target, questions, wavs, ended, calls))
-        return results
+        with tempfile.TemporaryDirectory(prefix="sip-load-") as scratch:
+            wavs = [
+                caller_wav(
+                    Path(scratch),
+                    f"q{i}",
+                    q.audio,
+                    SAMPLE_RATE,
+                    lead_s=LEAD_S,
+                    tail_s=args.listen_s,
+                )
+                for i, q in enumerate(questions)
+            ]
+            print(f"sip load: warm-up call to {service.address} ...", flush=True)
+            await load_level(args, service, questions[:1], wavs[:1], 1)
+            results = []
+            for calls in args.calls:
+                print(f"sip load: {calls} calls at once ...", flush=True)
+                results.append(await load_level(args, service, questions, wavs, calls))
+            return results
     finally:
-        if server is not None:
-            await server.stop()
+        await service.stop()
 
 
 def print_report(levels: list[dict[str, Any]]) -> None:
@@ -262,7 +271,7 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--calls",
@@ -276,11 +285,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--questions", type=Path, default=ESPEAK_QUESTIONS)
     parser.add_argument("--out", type=Path, default=OUT)
     add_arguments(parser)  # kame up's stack options (engine, checkpoint, LLM, ...)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     questions = load_questions(args.questions)
     if args.sip:
         levels = asyncio.run(run_levels(args, None, questions))

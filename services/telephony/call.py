@@ -41,7 +41,13 @@ import grpc
 
 from kame_common import converse
 from kame_common.aio import cancel_and_wait
-from kame_common.converse import DTMF_KEYS, ConverseClient, ConverseEvent, FunctionCallEvent
+from kame_common.converse import (
+    DTMF_KEYS,
+    ConverseClient,
+    ConverseEvent,
+    FunctionCallEvent,
+    TurnEvent,
+)
 from kamepb import common_pb2, gateway_pb2
 from services.telephony import metrics
 from services.telephony.playout import PhoneCodec, Playout
@@ -221,6 +227,9 @@ class PhoneCall:
         )
         self.dtmf_echoed: list[str] = []  # digits the gateway acknowledged
         self.barge_ins = 0
+        # What the gateway reported of each turn (its TurnSummary: latencies at the
+        # gateway), for whoever measures the call (kame_cli/bench/sip_load.py).
+        self.turns: list[TurnEvent] = []
 
     @property
     def leg(self) -> PhoneLeg:
@@ -435,6 +444,8 @@ class PhoneCall:
             self.started.set()
         elif event["type"] == "dtmf":
             self.dtmf_echoed.append(event["digit"])
+        elif event["type"] == "turn":
+            self.turns.append(event)
         elif event["type"] == "function_call":
             self._start_function(event)
         elif event["type"] == "notice":

@@ -5,6 +5,7 @@ what the agent may do to them (call control)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from kame_common.server import ACTIVE_SESSIONS
 from kamepb import gateway_pb2
@@ -36,6 +37,9 @@ class Telephony:
         self.draining = False
         self.idle = asyncio.Event()  # set while no call is open
         self.idle.set()
+        # Told of each call once it is over (its playout stats, its turns): how a
+        # load bench in the same process (kame_cli/bench/sip_load.py) reads them.
+        self.on_call_ended: Callable[[PhoneCall], None] | None = None
         self._gauge = ACTIVE_SESSIONS.labels(service="telephony")
 
     def refusal(self, provider: str, peer_ip: str | None = None) -> str:
@@ -89,6 +93,8 @@ class Telephony:
             self._gauge.set(len(self.calls))
             if not self.calls:
                 self.idle.set()
+            if self.on_call_ended is not None:
+                self.on_call_ended(call)
 
     def hang_up_all(self, reason: str = "the telephony service is stopping") -> None:
         """Hang up every open call: each phone is told (SIP BYE, Twilio socket closed,
