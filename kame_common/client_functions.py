@@ -9,10 +9,14 @@ oracle would refuse when its session opens, so a client learns it at once.
 - a description of at most MAX_DESCRIPTION_CHARS, counted with runs of
   whitespace as one space, as the model reads it;
 - `parameters_json` empty (no arguments) or, in at most MAX_PARAMETERS_CHARS,
-  a valid JSON Schema with `"type": "object"` at its root.
+  a valid JSON Schema with `"type": "object"` at its root;
+- all of them together at most MAX_DECLARATIONS_BYTES of JSON, as the model
+  reads them (name, description and schema of each, compact UTF-8).
 
 The bounds keep what a caller puts into the prompt the LLM reads with every
-request small.
+request small: that prompt is paid for by the operator (a vendor's key, or
+the GPU), with every request of the call. 32 functions of 16 KiB schemas each
+were 380 KB of tools sent with each request.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from kamepb import common_pb2
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_DESCRIPTION_CHARS = 1024
 MAX_PARAMETERS_CHARS = 16384
+# All of a call's declarations together, as JSON the model reads (declared_bytes).
+MAX_DECLARATIONS_BYTES = 16384
 
 
 class FunctionError(ValueError):
@@ -74,7 +80,24 @@ def check_functions(
             )
         parameters = _parameters(where, function.parameters_json)
         declared.append(DeclaredFunction(function.name, description, parameters))
+    total = sum(declared_bytes(function) for function in declared)
+    if total > MAX_DECLARATIONS_BYTES:
+        raise FunctionError(
+            f"{field}: the declarations take {total} bytes of JSON together (names, "
+            f"descriptions and parameters), at most {MAX_DECLARATIONS_BYTES} allowed"
+        )
     return tuple(declared)
+
+
+def declared_bytes(function: DeclaredFunction) -> int:
+    """How many bytes of JSON the model reads for `function`: its name, description
+    and parameters, compact, in UTF-8."""
+    shown = {
+        "name": function.name,
+        "description": function.description,
+        "parameters": function.parameters,
+    }
+    return len(json.dumps(shown, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def _parameters(where: str, parameters_json: str) -> dict[str, Any]:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from kame_common.client_functions import MAX_DECLARATIONS_BYTES
 from kamepb import common_pb2, gateway_pb2
 from tests.gateway.fakes import sync_converse
 from tests.gateway.test_push_to_talk import SILENT_FRAME, Call
@@ -81,6 +83,25 @@ async def test_functions_the_oracle_could_not_offer_are_refused_before_any_upstr
         return
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert message in details
+    assert fakes.frontend.log.opened == 0 and fakes.oracle.log.opened == 0
+
+
+async def test_declarations_too_large_together_are_refused_naming_the_limit(fakes):
+    """The abuse: 24 functions of 15 KB schemas each (360 KB of tools the operator's
+    LLM would read with every request) were admitted; each passed the per-function
+    limits."""
+    schema = {"type": "object", "properties": {"x": {"type": "string", "description": "d" * 15000}}}
+    functions = [Function(name=f"f{n}", parameters_json=json.dumps(schema)) for n in range(24)]
+    gateway = await fakes.gateway()
+    requests = [
+        gateway_pb2.ConverseRequest(config=call_config(*functions)),
+        gateway_pb2.ConverseRequest(audio=SILENT_FRAME),
+    ]
+    code, details, _ = await asyncio.to_thread(sync_converse, gateway.address, requests)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    taken = re.search(r"functions: the declarations take (\d+) bytes of JSON", details)
+    assert taken and int(taken.group(1)) > 24 * 15000, details
+    assert f"at most {MAX_DECLARATIONS_BYTES} allowed" in details
     assert fakes.frontend.log.opened == 0 and fakes.oracle.log.opened == 0
 
 

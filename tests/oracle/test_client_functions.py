@@ -379,6 +379,11 @@ def function(name: str = "f", parameters: object = None, description: str = "Doe
     return common_pb2.ClientFunction(name=name, description=description, parameters_json=text)
 
 
+def wide_schema(size: int) -> dict[str, object]:
+    """An object schema of about `size` bytes of JSON: one property, a long description."""
+    return {"type": "object", "properties": {"x": {"type": "string", "description": "d" * size}}}
+
+
 BAD_FUNCTIONS = [
     (
         [function("hang up")],
@@ -400,6 +405,11 @@ BAD_FUNCTIONS = [
     ([function(parameters="[" * 20000)], "parameters_json may have at most 16384 characters"),
     ([function(description="x" * 1025)], "the description may have at most 1024 characters"),
     ([function(f"f{n}") for n in range(3)], "client_functions: 3 declared, at most 2 allowed"),
+    (
+        # Each within its own limits, too much together: the LLM reads them all each time.
+        [function(f"f{n}", wide_schema(8300)) for n in range(2)],
+        "client_functions: the declarations take 16",
+    ),
 ]
 
 
