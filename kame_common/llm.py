@@ -7,6 +7,10 @@ from __future__ import annotations
 from kamepb.common_pb2 import LlmBackend
 
 _PREFIX = "LLM_BACKEND_"
+# The trailing metadata of an oracle stream ended with RESOURCE_EXHAUSTED because
+# a token budget is spent (services/oracle/budget.py): the gateway then ends the
+# call with its message instead of reopening the stream.
+BUDGET_SPENT_METADATA = ("kame-refusal", "llm-token-budget")
 UNSPECIFIED = LlmBackend.LLM_BACKEND_UNSPECIFIED
 
 BACKEND_NAMES: tuple[str, ...] = tuple(

@@ -6,6 +6,10 @@ Keys (all under the `kame:` prefix):
   trimmed to its newest `max_turns` turns.
 - `kame:lease:{id}`          the one call that holds the session now (a random owner id);
   expires unless its holder renews it (see SessionStore.hold_lease).
+- `kame:llm_tokens:session:{id}` the LLM tokens a session spent (estimated; the oracle's
+  budgets, services/oracle/budget.py), same TTL as its record.
+- `kame:llm_tokens:caller:{caller}:{window}` the LLM tokens one caller spent in one
+  window of the oracle's caller_budget_window_s; expires with its window.
 - `kame:replicas:{service}`  sorted set of replica ids scored by heartbeat expiry time.
 - `kame:replica:{service}:{id}` hash {address, free_slots, total_slots, expires_at_ms,
   signature}; expires with its heartbeat.
@@ -172,6 +176,38 @@ class SessionStore:
     async def release_lease(self, session_id: str, owner: str) -> None:
         """Give the lease up, if `owner` still holds it."""
         await self.client.eval(_RELEASE_LEASE, 1, self._lease_key(session_id), owner)
+
+    @staticmethod
+    def _token_keys(session_id: str, caller: str, window: int) -> tuple[str, str]:
+        return (
+            f"{PREFIX}:llm_tokens:session:{session_id}",
+            f"{PREFIX}:llm_tokens:caller:{caller}:{window}",
+        )
+
+    async def llm_tokens(self, session_id: str, caller: str, window: int) -> tuple[int, int]:
+        """The LLM tokens the session, and its caller in `window`, spent so far."""
+        values = await self.client.mget(self._token_keys(session_id, caller, window))
+        session, spent_by_caller = (int(value or 0) for value in values)
+        return session, spent_by_caller
+
+    async def add_llm_tokens(
+        self,
+        session_id: str,
+        caller: str,
+        window: int,
+        tokens: int,
+        session_ttl_s: int,
+        window_ttl_s: int,
+    ) -> tuple[int, int]:
+        """Count `tokens` spent by the session and its caller; the new totals."""
+        session_key, caller_key = self._token_keys(session_id, caller, window)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.incrby(session_key, tokens)
+            pipe.expire(session_key, session_ttl_s)
+            pipe.incrby(caller_key, tokens)
+            pipe.expire(caller_key, window_ttl_s)
+            session, _, spent_by_caller, _ = await pipe.execute()
+        return int(session), int(spent_by_caller)
 
     async def lease_left_s(self, session_id: str) -> float:
         """How long the session's lease has left (0 when nobody holds it)."""

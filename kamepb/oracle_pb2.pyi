@@ -76,6 +76,7 @@ class OracleConfig(_message.Message):
     INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     CLIENT_FUNCTIONS_FIELD_NUMBER: _builtins.int
     FRONTEND_ENDS_TURNS_FIELD_NUMBER: _builtins.int
+    CALLER_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     backend: _common_pb2.LlmBackend.ValueType
     """UNSPECIFIED = the service's default back-end."""
@@ -115,6 +116,11 @@ class OracleConfig(_message.Message):
     ordinary partial's rarely does, so by default (the service's
     partial_starts "auto") only settled partials and finals start one there.
     """
+    caller: _builtins.str
+    """Who the gateway admitted the call for (kame_common/auth.py's principal: a
+    hash of its bearer token, "anonymous" without auth): the key of the
+    oracle's caller_token_budget. Empty = one caller of its own per session.
+    """
     @_builtins.property
     def policy(self) -> Global___OraclePolicy: ...
     @_builtins.property
@@ -140,10 +146,11 @@ class OracleConfig(_message.Message):
         instructions: _builtins.str = ...,
         client_functions: _abc.Iterable[_common_pb2.ClientFunction] | None = ...,
         frontend_ends_turns: _builtins.bool = ...,
+        caller: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "client_functions", b"client_functions", "frontend_ends_turns", b"frontend_ends_turns", "heartbeat_interval_s", b"heartbeat_interval_s", "instructions", b"instructions", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "caller", b"caller", "client_functions", b"client_functions", "frontend_ends_turns", b"frontend_ends_turns", "heartbeat_interval_s", b"heartbeat_interval_s", "instructions", b"instructions", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -238,6 +238,7 @@ class SideOpeners:
             instructions=self._plan.instructions,
             client_functions=self._plan.functions,
             frontend_ends_turns=self.frontend_ends_turns,
+            caller=self._plan.caller,
         )
         call = oracle_pb2_grpc.OracleStub(channel).Guide()
         opening = [oracle_pb2.GuideRequest(config=config)]

@@ -82,6 +82,9 @@ class SessionPlan:
     # (kame_common/client_functions.py checks them); an s2s session has no
     # oracle to call them.
     functions: tuple[common_pb2.ClientFunction, ...] = ()
+    # Who the call is for (kame_common/auth.py's principal), once admitted: the
+    # oracle's caller_token_budget is counted per caller.
+    caller: str = ""
 
     @property
     def oracle_may_refuse(self) -> str:

@@ -13,6 +13,7 @@ client can move to another replica before the grace period ends.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -73,7 +74,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         try:
             first = await read_config(requests, "ConverseConfig", self.settings.connect_timeout_s)
             config = first.config
-            plan = plan_session(config, self.settings)
+            plan = dataclasses.replace(plan_session(config, self.settings), caller=principal)
             self._check_ready(plan)
             resumed_id = await self._resumed_session(config.resume_token, plan, principal)
             if self.gate is not None:  # a resumed call takes capacity like a new one

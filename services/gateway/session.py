@@ -46,7 +46,9 @@ starts at the caller's next frame, and the gateway shifts its audio times by
 where that stream began, so every time downstream stays on the session's
 clock (a dropped frame, though, shifts the stt's clock until it reopens). An
 oracle that rejects the client's llm override or functions ends the session
-with INVALID_ARGUMENT. Messages to the client never name internal addresses; the
+with INVALID_ARGUMENT; one whose token budget is spent (RESOURCE_EXHAUSTED,
+services/oracle/budget.py) ends it with its message. Messages to the client
+never name internal addresses; the
 log has them. A teardown that runs however the session ends (caller done,
 caller gone, error) cancels every task and every upstream call, so the
 upstream services see their sessions end.
@@ -72,6 +74,7 @@ from opentelemetry import trace
 from kame_common import tracing
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import pcm16_to_float
+from kame_common.llm import BUDGET_SPENT_METADATA
 from kame_common.store import Replica
 from kame_common.streams import StreamError
 from kamepb import common_pb2, frontend_pb2, gateway_pb2, oracle_pb2, stt_pb2
@@ -102,6 +105,13 @@ _tracer = tracing.tracer("kame.gateway")
 
 Notice = gateway_pb2.Notice
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def budget_spent(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether the oracle ended its stream because a token budget is spent."""
+    return exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and BUDGET_SPENT_METADATA in tuple(
+        exc.trailing_metadata() or ()
+    )
 
 
 class GatewaySession:
@@ -474,7 +484,7 @@ class GatewaySession:
     async def _side_down(self, side: SideStream[Any], exc: Exception) -> bool:
         """A side stream failed: tell the client if that lost the oracle; whether to
         reopen it (not when the oracle refused the client's own llm override or
-        functions)."""
+        functions, nor when the call's token budget is spent)."""
         if side is self.oracle:
             self._functions.oracle_lost()
             refusable = self.plan.oracle_may_refuse
@@ -482,6 +492,10 @@ class GatewaySession:
                 self._fail(
                     SessionError(INVALID, f"the oracle rejected the {refusable}: {exc.details()}")
                 )
+                return False
+            if isinstance(exc, grpc.aio.AioRpcError) and budget_spent(exc):
+                exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+                self._fail(SessionError(exhausted, f"oracle: {exc.details()}"))
                 return False
         await self._oracle_health.side_down(side, exc)
         return True

@@ -10,6 +10,7 @@ from typing import Any, cast
 import anthropic
 
 from services.oracle.backends import BackendSettings, LLMBackend, StreamStats, system_prompt
+from services.oracle.budget import estimate_tokens
 from services.oracle.prompts import Turn, chat_messages, warm_up_chat_messages
 from services.oracle.tools.spec import ToolCall, ToolExchange, ToolSpec
 from services.oracle.tools.wire import AnthropicToolUseBlocks, anthropic_rounds, anthropic_tools
@@ -53,6 +54,7 @@ class AnthropicBackend(LLMBackend):
         system, user = chat_messages(turns, system_prompt(self.settings, tools))
         messages = [{"role": "user", "content": user["content"]}, *anthropic_rounds(exchanges)]
         with_tools: dict[str, Any] = {"tools": anthropic_tools(tools)} if tools else {}
+        stats.input_tokens += estimate_tokens(system, messages, with_tools)
         stream = await self.client.messages.create(
             model=self.settings.model,
             system=system["content"],

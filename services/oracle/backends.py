@@ -52,6 +52,7 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 
 from kame_common.llm import BACKEND_NAMES
+from services.oracle.budget import estimate_tokens
 from services.oracle.prompts import (
     GEMMA_HEADER,
     KAME_SYSTEM_PROMPT,
@@ -116,8 +117,10 @@ class BackendSettings:
 
 @dataclass
 class StreamStats:
-    """Filled in while a stream runs: how many tokens the model produced."""
+    """Filled in while a stream runs: how many tokens the model read (estimated from
+    the request: services/oracle/budget.py) and produced."""
 
+    input_tokens: int = 0
     output_tokens: int = 0
 
 
@@ -378,9 +381,11 @@ class OpenAIBackend(LLMBackend):
     async def _complete(
         self, turns: Sequence[Turn], stats: StreamStats
     ) -> AsyncGenerator[str, None]:
+        prompt = gemma_prompt(turns, self._header)
+        stats.input_tokens += estimate_tokens(prompt)
         stream = await self.client.completions.create(
             model=self.settings.model,
-            prompt=gemma_prompt(turns, self._header),
+            prompt=prompt,
             stop=["\n"],
             max_tokens=self.settings.max_tokens,
             temperature=self.settings.temperature,
@@ -401,11 +406,13 @@ class OpenAIBackend(LLMBackend):
         exchanges: Sequence[ToolExchange],
     ) -> AsyncGenerator[str | ToolCall, None]:
         messages = _openai_chat(chat_messages(turns, system_prompt(self.settings, tools)))
+        messages += cast(list[ChatCompletionMessageParam], openai_rounds(exchanges))
         # Offered only when there are some: a server without tool support may refuse the field.
         with_tools: dict[str, Any] = {"tools": openai_tools(tools)} if tools else {}
+        stats.input_tokens += estimate_tokens(messages, with_tools)
         stream = await self.client.chat.completions.create(
             model=self.settings.model,
-            messages=[*messages, *cast(list[ChatCompletionMessageParam], openai_rounds(exchanges))],
+            messages=messages,
             max_tokens=self.settings.max_tokens,
             temperature=self.settings.temperature,
             stream=True,

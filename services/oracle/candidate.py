@@ -10,6 +10,10 @@ already speak "Let me check," while a tool runs), cut into whole words.
 A side-effect tool asked for on a partial transcript ends the candidate
 there, `deferred`: the final's candidate will ask for it again, and a final
 with the same words is then not taken as already answered.
+
+Each round starts only while the session's token budgets have tokens left
+(services/oracle/budget.py: BudgetSpent otherwise) and counts what it cost,
+however it ends.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import Histogram
@@ -27,6 +31,7 @@ from kame_common.metrics import TURN_BUCKETS
 from kame_common.words import normalize_words
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.backends import LLMBackend, StreamStats
+from services.oracle.budget import TokenBudget
 from services.oracle.prompts import Turn
 from services.oracle.tools.spec import ToolCall, ToolExchange, ToolSpec
 from services.oracle.tools.turn import TurnTools
@@ -113,8 +118,10 @@ class Candidate:
         emit_event: Callable[[oracle_pb2.OracleEvent.Kind.ValueType, int], None],
         send_words: Callable[[Generation, str], None],
         llm_load: LoadMeter | None = None,
+        budget: TokenBudget | None = None,
     ) -> None:
         self.generation = generation
+        self._budget = budget
         self._backend = backend
         # The service's LLM is busy during the rounds, not while a tool runs.
         self._llm_load = llm_load
@@ -164,9 +171,12 @@ class Candidate:
         """One LLM request: its text goes out as it comes; (that text, the calls asked for)."""
         said: list[str] = []
         calls: list[ToolCall] = []
-        stream = self._backend.stream_with_tools(turns, stats, self._specs, exchanges)
+        if self._budget is not None:
+            self._budget.check()
+        cost = StreamStats()  # this round's: an Anthropic stream sets its output count
+        stream = self._backend.stream_with_tools(turns, cost, self._specs, exchanges)
         busy = self._llm_load.busy() if self._llm_load else contextlib.nullcontext()
-        with busy:
+        with busy, self._counted(cost, stats):
             async with contextlib.aclosing(stream) as chunks:
                 async for chunk in chunks:
                     if isinstance(chunk, ToolCall):
@@ -183,3 +193,14 @@ class Candidate:
                         self._emit_event(Event.FIRST_TOKEN, self.generation.number)
                     self._send_words(self.generation, self._cutter.feed(chunk))
         return "".join(said), calls
+
+    @contextlib.contextmanager
+    def _counted(self, cost: StreamStats, stats: StreamStats) -> Iterator[None]:
+        """A round's cost joins the candidate's stats and the budget, however it ends."""
+        try:
+            yield
+        finally:
+            stats.input_tokens += cost.input_tokens
+            stats.output_tokens += cost.output_tokens
+            if self._budget is not None:
+                self._budget.spend(cost.input_tokens + cost.output_tokens)

@@ -26,12 +26,13 @@ from __future__ import annotations
 import os
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kame_common.config import (
     ConfigError,
     MeasuredCapacitySettings,
+    check_not_negative,
     setting,
 )
 from kame_common.llm import BACKEND_NAMES, backend_name
@@ -44,6 +45,7 @@ from services.oracle.backends import (
     BackendSettings,
     is_vendor_api,
 )
+from services.oracle.budget import BudgetLimits
 from services.oracle.policy import PARTIAL_STARTS, POLICY_NAMES, PolicyParams
 from services.oracle.prompts import GEMMA_HEADER, KAME_SYSTEM_PROMPT, is_gemma_270m_base
 from services.oracle.tools.client_functions import client_function_specs
@@ -149,6 +151,20 @@ class OracleSettings(MeasuredCapacitySettings):
     max_client_functions: int = setting(
         32, "functions a session's client may declare for the LLM to call (0 = none)"
     )
+    session_token_budget: int = setting(
+        2_000_000,
+        "LLM tokens (estimated: input as request characters / 4, plus output) one session "
+        "may spend, resumed calls included; then its call ends with RESOURCE_EXHAUSTED "
+        "(0 = no limit)",
+    )
+    caller_token_budget: int = setting(
+        0,
+        "LLM tokens one caller (one bearer token; without auth every caller is one) may "
+        "spend in caller_budget_window_s, all its sessions together (0 = no limit)",
+    )
+    caller_budget_window_s: float = setting(
+        86400.0, "the window of caller_token_budget, in seconds"
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -182,6 +198,11 @@ class OracleSettings(MeasuredCapacitySettings):
             raise ConfigError(
                 f"max_client_functions: must be at least 0, got {self.max_client_functions}"
             )
+        check_not_negative(self, "session_token_budget", "caller_token_budget")
+        if self.caller_budget_window_s <= 0:
+            raise ConfigError(
+                f"caller_budget_window_s: must be above 0, got {self.caller_budget_window_s:g}"
+            )
         if self.history_max_turns < max(self.history_turns, 1):
             raise ConfigError(
                 f"history_max_turns: must be at least history_turns ({self.history_turns}), "
@@ -212,6 +233,8 @@ class SessionSettings:
     backchannels: tuple[tuple[str, ...], ...] = ()
     tool_budget: int = 4  # tool calls per caller turn
     client_functions: tuple[ToolSpec, ...] = ()  # the client's functions, as tools
+    caller: str = ""  # whose caller_token_budget the session spends ("": its own)
+    budget: BudgetLimits = field(default_factory=BudgetLimits)
 
 
 # OracleConfig.heartbeat_interval_s when set (0 = no heartbeats).
@@ -445,4 +468,10 @@ def resolve_session(
         backchannels=parse_phrases(service.backchannel_phrases),
         tool_budget=service.tool_budget,
         client_functions=client_functions,
+        caller=config.caller,
+        budget=BudgetLimits(
+            service.session_token_budget,
+            service.caller_token_budget,
+            service.caller_budget_window_s,
+        ),
     )

@@ -3,7 +3,8 @@ against the service's settings, refusing before any LLM request what the
 operator does not allow or the client may not declare (InvalidSessionConfig
 -> INVALID_ARGUMENT: config.py, a client function named as one of the
 operator's tools); the back-end checked; the conversation so far loaded from
-Redis. Also the warm-up of the service's own LLM at start."""
+Redis, with what the session and its caller spent of their token budgets
+(budget.py). Also the warm-up of the service's own LLM at start."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kame_common.capacity import LoadMeter
 from kame_common.store import SessionStore
 from kamepb import oracle_pb2
 from services.oracle.backends import BackendConfigError, BackendError, create_backend, describe
+from services.oracle.budget import TokenBudget
 from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleSettings, resolve_session
 from services.oracle.prompts import AGENT, TOOL, USER, Turn
 from services.oracle.session import OracleSession
@@ -84,7 +86,8 @@ class SessionFactory:
             await backend.aclose()
 
     async def open(self, config: oracle_pb2.OracleConfig) -> OracleSession:
-        """A started session; raises InvalidSessionConfig (-> INVALID_ARGUMENT)."""
+        """A started session; raises InvalidSessionConfig (-> INVALID_ARGUMENT) or
+        BudgetSpent (its session's or caller's token budget is spent already)."""
         settings = resolve_session(config, self.service, self.keys)
         try:
             check_names(settings.client_functions, self.toolbox)
@@ -97,10 +100,20 @@ class SessionFactory:
                 settings.session_id,
                 settings.backend.model,
             )
+        budget = TokenBudget(
+            settings.budget,
+            settings.session_id,
+            settings.caller,
+            self.store,
+            self.service.history_ttl_s,
+        )
         try:
-            history, _ = await asyncio.gather(
-                self._load_history(settings.session_id), backend.check(self.service.check_timeout_s)
+            history, _, _ = await asyncio.gather(
+                self._load_history(settings.session_id),
+                backend.check(self.service.check_timeout_s),
+                budget.load(),
             )
+            budget.check()  # a session whose budget is spent starts no LLM request
         except BaseException as exc:
             await backend.aclose()
             if isinstance(exc, BackendConfigError):
@@ -117,6 +130,7 @@ class SessionFactory:
             self.store,
             self.llm_load if on_service_llm else None,
             self.toolbox,
+            budget,
         )
         session.start()
         return session

@@ -15,10 +15,12 @@ import grpc
 from kame_common import store
 from kame_common.aio import cancel_and_wait
 from kame_common.capacity import publish_measured_capacity
+from kame_common.llm import BUDGET_SPENT_METADATA
 from kame_common.server import ServiceRuntime, service_main
 from kame_common.streams import StreamError, aborting, dispatch, read_config
 from kamepb import oracle_pb2, oracle_pb2_grpc
 from services.oracle.backends import loggable_url
+from services.oracle.budget import BudgetSpent
 from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleSettings
 from services.oracle.factory import SessionFactory
 from services.oracle.session import OracleSession
@@ -47,10 +49,14 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
                 session = await self.factory.open(first.config)
             except InvalidSessionConfig as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except BudgetSpent as exc:
+                await _abort_spent(context, exc)
             feeder = asyncio.create_task(self._feed(requests, session))
             try:
                 async for response in session.responses():
                     yield response
+                if session.refusal is not None:  # it ended before the client was done
+                    await _abort_spent(context, session.refusal)
                 # The responses end once the feeder closed the session; did it fail?
                 (outcome,) = await asyncio.gather(feeder, return_exceptions=True)
                 if isinstance(outcome, StreamError):
@@ -78,6 +84,13 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
             )
         finally:
             await session.close()
+
+
+async def _abort_spent(context: grpc.aio.ServicerContext[Any, Any], spent: BudgetSpent) -> None:
+    """End the stream: a token budget is spent (the gateway ends the call on it)."""
+    await context.abort(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, str(spent), trailing_metadata=(BUDGET_SPENT_METADATA,)
+    )
 
 
 async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> ServiceRuntime:

@@ -97,6 +97,7 @@ from kame_common.tracing import TRANSCRIPTS_IN_SPANS, tracer
 from kame_common.words import is_backchannel, normalize_words
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.backends import BackendError, LLMBackend, describe
+from services.oracle.budget import BudgetSpent, TokenBudget
 from services.oracle.candidate import Candidate, Generation
 from services.oracle.config import SessionSettings
 from services.oracle.policy import FinalRetry, RestartPolicy, StartReason
@@ -172,9 +173,13 @@ class OracleSession:
         store: SessionStore | None,
         llm_load: LoadMeter | None = None,
         toolbox: Toolbox | None = None,
+        budget: TokenBudget | None = None,
     ) -> None:
         self.settings = settings
         self.backend = backend
+        self.budget = budget
+        # Why the session ends before its client is done (a token budget spent), if it does.
+        self.refusal: BudgetSpent | None = None
         self._outbox: asyncio.Queue[oracle_pb2.GuideResponse | None] = asyncio.Queue()
         respond = self._outbox.put_nowait
         # The client's functions: their calls go out on the response stream.
@@ -367,6 +372,8 @@ class OracleSession:
                     self.settings.session_id,
                 )
         await self.backend.aclose()
+        if self.budget is not None:
+            await self.budget.aclose()
         self._outbox.put_nowait(None)
 
     # -- conversation ---------------------------------------------------------
@@ -489,6 +496,11 @@ class OracleSession:
                 span.set_attribute("kame.cancelled", True)
                 self._emit_event(Event.CANCELLED, number)
                 raise
+            except BudgetSpent as exc:
+                generation.failed = True
+                ERRORS.labels(backend=backend, kind="budget").inc()
+                log.warning("session %s gen %d: %s", self.settings.session_id, number, exc)
+                self._end_refused(exc)
             except BackendError as exc:
                 generation.failed = True
                 ERRORS.labels(backend=backend, kind=exc.kind).inc()
@@ -515,6 +527,12 @@ class OracleSession:
                     # A final with its words may have been kept for it, but it stopped
                     # short of a side-effect tool: the final needs a candidate of its own.
                     self._start_for_final(generation)
+
+    def _end_refused(self, refusal: BudgetSpent) -> None:
+        """End the response stream: the service ends the session with `refusal`."""
+        if self.refusal is None:
+            self.refusal = refusal
+            self._outbox.put_nowait(None)
 
     def _retry_unreachable(self, generation: Generation) -> None:
         """The LLM server was unavailable: if the candidate answers a final, start
@@ -547,6 +565,7 @@ class OracleSession:
             self._emit_event,
             lambda generation, words: self._send_words(generation, words, trigger_at),
             self._llm_load,
+            self.budget,
         )
 
     def _send_words(self, generation: Generation, words: str, trigger_at: float | None) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
+from kame_common.llm import BUDGET_SPENT_METADATA
 from kame_common.server import ServiceRuntime
 from kamepb import (
     common_pb2,
@@ -242,7 +243,8 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
     ToolActivity STARTED and this call of a client function, with call_id
     call-1, call-2, ... in the order asked; a FunctionResult gets a
     ToolActivity FINISHED. `fail_after_call`: the next stream aborts after
-    sending its call."""
+    sending its call. `spent`: RESOURCE_EXHAUSTED with this message at the config,
+    as the real oracle says a token budget is spent."""
 
     def __init__(self) -> None:
         self.log = StreamLog()
@@ -252,6 +254,7 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
         self.stall = False
         self.function_call: common_pb2.FunctionCall | None = None
         self.fail_after_call = False
+        self.spent = ""
         self.calls_asked = 0
 
     @_marks_cancellation
@@ -261,6 +264,9 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
         first = await anext(requests)
         if self.reject:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "model 'x' is not allowed")
+        if self.spent:
+            spent = (BUDGET_SPENT_METADATA,)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.spent, spent)
         if self.stall:
             await asyncio.Event().wait()
         outbox: asyncio.Queue[oracle_pb2.GuideResponse | str | None] = asyncio.Queue()

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
+from collections.abc import Iterator
 
 import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from kame_common.auth import bearer_metadata, principal_of
 from kame_common.client_functions import MAX_DECLARATIONS_BYTES
 from kamepb import common_pb2, gateway_pb2
 from tests.gateway.fakes import sync_converse
@@ -198,3 +201,30 @@ async def test_an_s2s_call_may_declare_functions_it_never_calls(fakes):
     assert code == grpc.StatusCode.OK, details
     assert fakes.oracle.log.opened == 0
     assert sum(r.HasField("audio") for r in responses) == 3
+
+
+async def test_a_spent_token_budget_ends_the_call_with_its_message(fakes):
+    """The oracle ends its stream when the call's (or its caller's) LLM token budget
+    is spent: the gateway ends the call with that message, and does not reopen the
+    stream (the old gateway reopened it again and again, the call going on
+    without oracle). The oracle learns whose budget a call spends: the principal
+    of its bearer token."""
+    message = "this call's LLM token budget is spent (about 120 tokens of 100)"
+    fakes.oracle.spent = message
+    token = "budget-test-token-0123456789abcdef"
+    gateway = await fakes.gateway(auth_tokens=token, **QUICK_REOPEN)
+
+    def requests() -> Iterator[gateway_pb2.ConverseRequest]:
+        yield gateway_pb2.ConverseRequest(config=Config())
+        for _ in range(50):  # 4 s of a caller at real time, or until the call ends
+            yield gateway_pb2.ConverseRequest(audio=SILENT_FRAME)
+            time.sleep(0.08)
+
+    code, details, _ = await asyncio.to_thread(
+        sync_converse, gateway.address, requests(), bearer_metadata(token)
+    )
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+    assert message in details
+    assert fakes.oracle.log.opened == 1
+    (config,) = fakes.oracle.log.of("config")
+    assert config.caller == principal_of(token)
