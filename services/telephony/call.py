@@ -226,6 +226,7 @@ class PhoneCall:
             codec, leg.send_audio, settings.prebuffer_ms, settings.max_queued_ms, info.provider
         )
         self.dtmf_echoed: list[str] = []  # digits the gateway acknowledged
+        self.agent_keys_sent = 0  # keys the agent pressed on this call (call_control.py)
         self.barge_ins = 0
         # What the gateway reported of each turn (its TurnSummary: latencies at the
         # gateway), for whoever measures the call (kame_cli/bench/sip_load.py).

@@ -16,6 +16,11 @@ its protocol, under the operator's `CallControlPolicy`:
   Twilio is told to <Dial> the target (twilio_transfer.py); AudioSocket cannot;
 - `send_dtmf`: the leg presses the keys towards the phone (SIP: RFC 4733
   events in the call's RTP, sip_dtmf.py); Twilio and AudioSocket cannot.
+  The keys of one request must match the operator's `dtmf_send_allowed`
+  whole (digits only by default: `*` and `#` reach a PBX's features, a
+  transfer or an outside line, and the model may choose keys after reading
+  a tool's output or a caller's words), and a call presses at most
+  `dtmf_send_max_keys` in all.
 
 A refusal or failure is a `CallControlResult` with ok False and words the
 agent can say ("the transfer to sales failed: 486 Busy Here"); nothing raises
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -34,6 +40,7 @@ from services.telephony import metrics
 from services.telephony.call import PhoneCall
 from services.telephony.config import (
     CALL_CONTROL_ACTIONS,
+    DEFAULT_DTMF_SEND_ALLOWED,
     TelephonySettings,
     TransferTarget,
     transfer_targets,
@@ -107,11 +114,16 @@ class CallControlPolicy:
 
     actions: frozenset[str] = frozenset()
     targets: tuple[TransferTarget, ...] = ()
+    dtmf_allowed: str = DEFAULT_DTMF_SEND_ALLOWED  # what one send_dtmf's keys must match
+    dtmf_max_keys: int = MAX_DIGITS  # keys sent in one call, all requests together
 
     @classmethod
     def from_settings(cls, settings: TelephonySettings) -> CallControlPolicy:
         return cls(
-            settings.call_control_actions, tuple(transfer_targets(settings.transfer_targets))
+            settings.call_control_actions,
+            tuple(transfer_targets(settings.transfer_targets)),
+            settings.dtmf_send_allowed,
+            settings.dtmf_send_max_keys,
         )
 
     def offered(self, provider: str) -> tuple[list[str], list[str]]:
@@ -139,6 +151,20 @@ class CallControlPolicy:
             digits = request.digits.upper()
             if not 0 < len(digits) <= MAX_DIGITS or not set(digits) <= DTMF_KEYS:
                 return f"{request.digits!r}: 1 to {MAX_DIGITS} keys of 0-9, *, #, A-D"
+            if not re.fullmatch(self.dtmf_allowed, digits):
+                return (
+                    f"{digits!r} may not be pressed on this line (the keys allowed match "
+                    f"{self.dtmf_allowed})"
+                )
+        return ""
+
+    def keys_refusal(self, call: PhoneCall, digits: str) -> str:
+        """Why `call` may not press `digits` more ("" = it may): its cap."""
+        if call.agent_keys_sent + len(digits) > self.dtmf_max_keys:
+            return (
+                f"this call may press at most {self.dtmf_max_keys} keys in all "
+                f"({call.agent_keys_sent} pressed already)"
+            )
         return ""
 
 
@@ -181,6 +207,9 @@ async def _act(
             return CallControlResult(True, await leg.transfer(target.uri))
         if not isinstance(leg, ControlledLeg):
             raise CallControlError(f"{call.info.provider} calls cannot send keys")
+        if refusal := policy.keys_refusal(call, request.digits):
+            return CallControlResult(False, f"refused: {refusal}", refused=True)
+        call.agent_keys_sent += len(request.digits)
         await leg.send_dtmf(request.digits.upper())
         return CallControlResult(True, f"sent {request.digits.upper()}")
     except CallControlError as error:

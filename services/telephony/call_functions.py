@@ -10,7 +10,9 @@ words the model reads:
 - `hang_up`: no arguments;
 - `transfer_call`: `target`, one of the operator's target NAMES (the URIs stay
   in the telephony service: the model never sees nor chooses one);
-- `send_dtmf`: `digits`, 1 to MAX_DIGITS keys.
+- `send_dtmf`: `digits`, 1 to MAX_DIGITS keys, of those the operator allows
+  (its pattern and the call's cap are in the description; call_control.py
+  refuses the rest).
 
 Every function has side effects (not read-only: the oracle runs it on the
 final transcript only). Arguments that are not a JSON object with exactly the
@@ -128,7 +130,11 @@ class CallFunctions:
                 "type": "string",
                 "pattern": DIGITS_PATTERN,
                 "maxLength": MAX_DIGITS,
-                "description": f"The keys to press in order: 0-9, *, #, A-D; {MAX_DIGITS} at most.",
+                "description": (
+                    f"The keys to press in order. This line allows keys that match "
+                    f"{self.policy.dtmf_allowed} (a regular expression), at most "
+                    f"{self.policy.dtmf_max_keys} keys in the whole call."
+                ),
             }
         return {
             "type": "object",

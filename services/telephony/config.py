@@ -9,6 +9,7 @@ only from `allowed_networks`, Twilio only with a valid webhook signature.
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,6 +22,8 @@ SIP_CODECS = ("PCMU", "PCMA")
 # What the agent may do to a call (services/telephony/call_control.py), each only
 # when the operator lists it in call_control.
 CALL_CONTROL_ACTIONS = ("hang_up", "transfer", "send_dtmf")
+# The keys the agent may press in one send_dtmf unless the operator says otherwise.
+DEFAULT_DTMF_SEND_ALLOWED = "[0-9]{1,16}"
 # A transfer target's URI goes into a SIP header (Refer-To) or TwiML: none of these.
 URI_FORBIDDEN = frozenset(" \t\r\n<>\"',;")
 
@@ -138,6 +141,15 @@ class TelephonySettings(ServiceSettings, GatewayClientSettings):
         "comma-separated NAME=URI (or URI) the agent may transfer a call to, e.g. "
         "sales=sip:sales@pbx.example.net (empty = no transfers)",
     )
+    dtmf_send_allowed: str = setting(
+        DEFAULT_DTMF_SEND_ALLOWED,
+        "regular expression the keys of one send_dtmf must match whole (0-9, *, #, A-D; "
+        "alternatives with |, e.g. [0-9]|\\*9); the default allows digits only: * and # "
+        "reach a PBX's features (transfers, outside lines)",
+    )
+    dtmf_send_max_keys: int = setting(
+        32, "keys the agent may press in one call, all its send_dtmf together (0 = none)"
+    )
 
     @classmethod
     def loopback_sip(cls, gateway_address: str) -> TelephonySettings:
@@ -228,3 +240,11 @@ class TelephonySettings(ServiceSettings, GatewayClientSettings):
         targets = transfer_targets(self.transfer_targets)
         if "transfer" in self.call_control_actions and not targets:
             raise ConfigError("transfer_targets: call_control has transfer: list where to")
+        try:
+            re.compile(self.dtmf_send_allowed)
+        except re.error as exc:
+            raise ConfigError(
+                f"dtmf_send_allowed: {self.dtmf_send_allowed!r} is not a regular expression ({exc})"
+            ) from None
+        if self.dtmf_send_max_keys < 0:
+            raise ConfigError(f"dtmf_send_max_keys: 0 or more, got {self.dtmf_send_max_keys}")

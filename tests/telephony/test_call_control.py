@@ -42,7 +42,13 @@ from tests.telephony.test_sip import Rig, all_ended, baresip_call, one_session
 rig = test_sip.rig
 
 SALES = "sip:sales@127.0.0.1:5999"
-ALL_ON = {"call_control": "hang_up,transfer,send_dtmf", "transfer_targets": f"sales={SALES}"}
+# Everything on, and '#' among the keys the agent may press (off by default): the
+# tests hear RFC 4733's events for it.
+ALL_ON = {
+    "call_control": "hang_up,transfer,send_dtmf",
+    "transfer_targets": f"sales={SALES}",
+    "dtmf_send_allowed": "[0-9#]{1,8}",
+}
 
 
 async def the_call(sip: SipServer) -> tuple[SipCall, PhoneCall]:
@@ -161,7 +167,9 @@ async def test_a_twilio_transfer_closes_the_stream_and_dials_the_target_after_it
 
 
 async def test_an_action_the_operator_did_not_enable_is_refused():
-    policy = CallControlPolicy(frozenset({"send_dtmf"}), (TransferTarget("sales", SALES),))
+    policy = CallControlPolicy(
+        frozenset({"send_dtmf"}), (TransferTarget("sales", SALES),), dtmf_allowed="[0-9#]+"
+    )
     assert "not enabled" in policy.refusal(CallControlRequest("hang_up"))
     assert "not enabled" in policy.refusal(CallControlRequest("transfer", target="sales"))
     assert policy.refusal(CallControlRequest("send_dtmf", digits="12#")) == ""
@@ -183,16 +191,36 @@ async def test_an_action_the_operator_did_not_enable_is_refused():
     assert everything.offered("audiosocket") == (["hang_up"], [])
 
 
+def test_the_agent_presses_digits_only_unless_the_operator_allows_more():
+    """The abuse: behind a PBX, '*' and '#' reach its features (a '#' transfer, an
+    outside line); the model chose any keys, up to 32 a request, also right after
+    reading a tool's output (toll fraud). The old policy allowed '12#' and '*9'."""
+    default = CallControlPolicy.from_settings(TelephonySettings(call_control="send_dtmf"))
+    assert default.refusal(CallControlRequest("send_dtmf", digits="4711")) == ""
+    for keys in ("12#", "*9", "#", "1A", "1" * 17):
+        refusal = default.refusal(CallControlRequest("send_dtmf", digits=keys))
+        assert "may not be pressed on this line" in refusal, keys
+        assert "[0-9]{1,16}" in refusal  # it says what the line allows
+    menus = CallControlPolicy.from_settings(
+        TelephonySettings(call_control="send_dtmf", dtmf_send_allowed=r"[0-9]|\*9")
+    )
+    assert menus.refusal(CallControlRequest("send_dtmf", digits="*9")) == ""
+    assert menus.refusal(CallControlRequest("send_dtmf", digits="7")) == ""
+    assert "may not be pressed" in menus.refusal(CallControlRequest("send_dtmf", digits="77"))
+
+
 @pytest.mark.parametrize(
     ("settings", "error"),
     [
+        ({"dtmf_send_allowed": "[0-9"}, "dtmf_send_allowed: .* is not a regular expression"),
+        ({"dtmf_send_max_keys": -1}, "dtmf_send_max_keys: 0 or more"),
         ({"call_control": "hang_up,dial"}, "call_control: dial"),
         ({"call_control": "transfer"}, "transfer_targets"),
         ({"transfer_targets": "sales=http://example.net"}, "transfer_targets"),
         ({"transfer_targets": "sales=sip:a@b>;x=<sip:c@d"}, "transfer_targets"),
     ],
 )
-def test_call_control_settings_are_checked(settings: dict[str, str], error: str):
+def test_call_control_settings_are_checked(settings: dict[str, object], error: str):
     with pytest.raises(ConfigError, match=error):
         TelephonySettings(**settings).validate()  # type: ignore[arg-type]
 

@@ -31,11 +31,10 @@ from services.telephony.sip import SipServer
 from tests.gateway.fakes import serve_fake
 from tests.support import wait_until
 from tests.telephony.sip_support import sipp, transferee
-from tests.telephony.test_call_control import keys_heard, the_call
+from tests.telephony.test_call_control import ALL_ON, keys_heard, the_call
 from tests.telephony.test_sip import baresip_call, one_session
 
 SALES = "sip:sales@127.0.0.1:5999"
-ALL_ON = {"call_control": "hang_up,transfer,send_dtmf", "transfer_targets": f"sales={SALES}"}
 SETTINGS = CallSettings(mode=1, auth_token="", prebuffer_ms=40, max_queued_ms=1000)
 # The oracle's default tool_timeout_s: a function answered later is an error to the model.
 ORACLE_TOOL_TIMEOUT_S = OracleSettings().tool_timeout_s
@@ -228,6 +227,33 @@ async def test_bad_calls_get_error_results_and_the_hang_up_cancels_a_transfer_un
         assert await asyncio.wait_for(running, 5) is Ended.CALLER_HUNG_UP
         assert leg.transfer_cancelled
         assert gateway.half_closed.is_set()
+
+
+async def test_a_call_presses_at_most_its_cap_of_keys_and_digits_only_by_default():
+    """The abuse: the model pressed any keys it chose, up to 32 a request and
+    without end over a call; behind a PBX, '#' and '*' are toll fraud. The old
+    call sent '*9' and a fourth run of keys."""
+    settings = TelephonySettings(call_control="send_dtmf", dtmf_send_max_keys=5)  # type: ignore[arg-type]
+    leg = Leg()
+    async with (
+        scripted_gateway() as (gateway, address),
+        grpc.aio.insecure_channel(address) as channel,
+    ):
+        functions = CallFunctions(CallControlPolicy.from_settings(settings), "sip")
+        call = PhoneCall(channel, SETTINGS, CallInfo("sip"), PCMU, leg, functions)
+        running = asyncio.ensure_future(call.run())
+        await wait_until(call.started.is_set, "the session to start")
+        (declared_dtmf,) = gateway.configs[0].functions
+        assert "[0-9]{1,16}" in declared_dtmf.parameters_json  # the model is told
+        outcomes = [await gateway.call("send_dtmf", {"digits": keys}) for keys in ("*9", "12#")]
+        assert all(r.is_error and "may not be pressed" in r.output for r in outcomes)
+        assert not (await gateway.call("send_dtmf", {"digits": "12"})).is_error
+        assert not (await gateway.call("send_dtmf", {"digits": "345"})).is_error
+        refused = await gateway.call("send_dtmf", {"digits": "6"})
+        assert refused.is_error and "at most 5 keys in all (5 pressed already)" in refused.output
+        assert leg.keys == ["12", "345"]
+        call.caller_hung_up()
+        assert await asyncio.wait_for(running, 5) is Ended.CALLER_HUNG_UP
 
 
 async def test_a_hang_up_during_a_long_goodbye_is_answered_before_the_line_closes():
