@@ -6,6 +6,8 @@ Keys (all under the `kame:` prefix):
   trimmed to its newest `max_turns` turns.
 - `kame:lease:{id}`          the one call that holds the session now (a random owner id);
   expires unless its holder renews it (see SessionStore.hold_lease).
+- `kame:resume:{id}`         the nonce of the one resume token that continues the session
+  now (services/gateway/resume.py); same TTL as the record.
 - `kame:llm_tokens:session:{id}` the LLM tokens a session spent (estimated; the oracle's
   budgets, services/oracle/budget.py), same TTL as its record.
 - `kame:llm_tokens:caller:{caller}:{window}` the LLM tokens one caller spent in one
@@ -92,6 +94,19 @@ _RELEASE_LEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# Keep a resume nonce: write it where none is (Redis lost it), renew it where it is.
+_KEEP_NONCE = """
+local current = redis.call('GET', KEYS[1])
+if current and current ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+# Replace a resume nonce with a new one only if the presented one is current.
+_ROTATE_NONCE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
 
 
 def connect(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> redis.Redis:
@@ -176,6 +191,34 @@ class SessionStore:
     async def release_lease(self, session_id: str, owner: str) -> None:
         """Give the lease up, if `owner` still holds it."""
         await self.client.eval(_RELEASE_LEASE, 1, self._lease_key(session_id), owner)
+
+    @staticmethod
+    def _resume_key(session_id: str) -> str:
+        return f"{PREFIX}:resume:{session_id}"
+
+    async def keep_resume_nonce(self, session_id: str, nonce: str) -> bool:
+        """Write the nonce of the session's resume token, or renew it; False when
+        another nonce is current (a resume rotated it)."""
+        kept = await self.client.eval(
+            _KEEP_NONCE, 1, self._resume_key(session_id), nonce, self.ttl_s
+        )
+        return bool(kept)
+
+    async def resume_nonce(self, session_id: str) -> str:
+        """The nonce of the token that resumes the session now ("" = none does)."""
+        return str(await self.client.get(self._resume_key(session_id)) or "")
+
+    async def rotate_resume_nonce(self, session_id: str, presented: str, new: str) -> bool:
+        """Make `new` the session's nonce if `presented` is the current one (its
+        token is then used up); False otherwise."""
+        rotated = await self.client.eval(
+            _ROTATE_NONCE, 1, self._resume_key(session_id), presented, new, self.ttl_s
+        )
+        return bool(rotated)
+
+    async def forget_resume_nonce(self, session_id: str) -> None:
+        """No token resumes the session any more."""
+        await self.client.delete(self._resume_key(session_id))
 
     @staticmethod
     def _token_keys(session_id: str, caller: str, window: int) -> tuple[str, str]:

@@ -76,14 +76,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             config = first.config
             plan = dataclasses.replace(plan_session(config, self.settings), caller=principal)
             self._check_ready(plan)
-            resumed_id = await self._resumed_session(config.resume_token, plan, principal)
+            resumed = await self._resumed_session(config.resume_token, plan, principal)
             if self.gate is not None:  # a resumed call takes capacity like a new one
                 await self.gate.admit(plan.side_services)
-            session_id = await resume.hold(
+            held = await resume.hold(
                 self.connections.store,
                 self.settings.resume_secret,
                 context,
-                resumed_id,
+                resumed,
                 plan,
                 principal,
             )
@@ -91,8 +91,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             await context.abort(exc.code, redact_addresses(exc.message), exc.trailing_metadata())
         cap_call_time(context, self.settings.max_session_s + self.settings.drain_timeout_s)
         async with self.runtime.session(context):
-            session = GatewaySession(self.connections, plan, session_id, resumed=bool(resumed_id))
-            how = "resumed" if resumed_id else "started"
+            session = GatewaySession(
+                self.connections, plan, held.session_id, held.resume_token, bool(resumed)
+            )
+            how = "resumed" if resumed else "started"
             log.info("session %s %s (%s)", session.id, how, plan.mode.value)
             self.sessions.add(session)
             limited = limit_input(
@@ -101,6 +103,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             try:
                 async for response in session.responses(limited):
                     yield _for_client(response)
+                await held.hung_up()  # it ended normally: no token resumes it
             except StreamError as exc:
                 log.info("session %s ended: %s: %s", session.id, exc.code.name, exc.message)
                 await context.abort(exc.code, redact_addresses(exc.message))
@@ -117,27 +120,30 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if (refusal := self.readiness.refusal(needed)) is not None:
             raise refusal
 
-    async def _resumed_session(self, token: str, plan: SessionPlan, principal: str) -> str:
-        """The id of the session a resume token continues ("" without a token)."""
+    async def _resumed_session(
+        self, token: str, plan: SessionPlan, principal: str
+    ) -> tuple[str, str] | None:
+        """The session id and nonce of the token that continues a session (None
+        without a token)."""
         if not token:
-            return ""
+            return None
         secret = self.settings.resume_secret
-        session_id = resume.session_of(secret, token)
+        resumed = resume.session_of(secret, token)
         try:
             await resume.check_resumable(
                 self.connections.store,
                 secret,
-                session_id,
+                resumed,
                 plan,
                 principal,
                 self.settings.resume_ttl_s,
             )
         except (RedisError, OSError) as exc:
-            log.warning("resume of session %s: Redis failed: %s", session_id, exc)
+            log.warning("resume of session %s: Redis failed: %s", resumed[0], exc)
             raise SessionError(
                 grpc.StatusCode.UNAVAILABLE, "the session store is unavailable; try again"
             ) from None
-        return session_id
+        return resumed
 
     async def ask_to_reconnect(self) -> None:
         """Drain: every open call is told to move to another replica."""

@@ -78,7 +78,7 @@ from kame_common.llm import BUDGET_SPENT_METADATA
 from kame_common.store import Replica
 from kame_common.streams import StreamError
 from kamepb import common_pb2, frontend_pb2, gateway_pb2, oracle_pb2, stt_pb2
-from services.gateway import metrics, resume
+from services.gateway import metrics
 from services.gateway.caller_input import CallerAudio, CallerKeys, now_us, read_requests
 from services.gateway.client_functions import FunctionRouter
 from services.gateway.client_output import AgentFrameOut, ClientOutput, EndOfSession
@@ -120,12 +120,14 @@ class GatewaySession:
         connections: Connections,
         plan: SessionPlan,
         session_id: str = "",
+        resume_token: str = "",
         resumed: bool = False,
     ) -> None:
         self.connections = connections
         self.settings = connections.settings
         self.plan = plan
         self.id = session_id or uuid.uuid4().hex
+        self.resume_token = resume_token  # what continues the session ("" = nothing)
         self.resumed = resumed  # continues the session of an earlier call
         self.frontend: Upstream[frontend_pb2.FrontendRequest] | None = None
         self.stt: SideStream[stt_pb2.TranscribeRequest] | None = None
@@ -177,7 +179,7 @@ class GatewaySession:
                     session_id=self.id,
                     frontend_replica=self.ready.replica_id,
                     engine=self.ready.engine,
-                    resume_token=resume.issue(self.settings.resume_secret, self.id),
+                    resume_token=self.resume_token,
                     resumed=self.resumed,
                 )
             )

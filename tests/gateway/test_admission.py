@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 from kame_common import store
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from kamepb.common_pb2 import LLM_BACKEND_OPENAI
+from tests.gateway.test_resume import broken_off
 from tests.gateway.test_session import converse, frame_bytes, held_open
 
 Config = gateway_pb2.ConverseConfig
@@ -152,8 +153,7 @@ async def test_an_empty_override_is_no_override(fakes):
 async def test_a_resumed_call_is_admitted_like_a_new_one(fakes, registries):
     """The attack: a resume token used to be a way past every capacity check."""
     gateway = await fakes.gateway(resume_secret="resume-secret-of-at-least-32-chars!")
-    first = await converse(gateway.address, frames=2)
-    (started,) = first.of("started")
+    started = await broken_off(fakes, gateway.address)
     await registries["stt"].publish("stt-a", "10.0.0.1:50053", free_slots=0, total_slots=1)
     opened = fakes.frontend.log.opened
     code, details, trailing = await asyncio.to_thread(
@@ -168,8 +168,7 @@ async def test_a_resumed_call_counts_against_max_sessions(fakes):
     gateway = await fakes.gateway(
         max_sessions=1, resume_secret="resume-secret-of-at-least-32-chars!"
     )
-    first = await converse(gateway.address, frames=2)
-    token = first.of("started")[0].resume_token
+    token = (await broken_off(fakes, gateway.address)).resume_token
     release = asyncio.Event()
     async with grpc.aio.insecure_channel(gateway.address) as channel:
         holder = gateway_pb2_grpc.GatewayStub(channel).Converse(held_open(release, frames=0))

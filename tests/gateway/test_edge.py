@@ -24,6 +24,7 @@ from kame_common.auth import bearer_metadata
 from kamepb import common_pb2, gateway_pb2, gateway_pb2_grpc, stt_pb2_grpc
 from services.gateway import resume
 from tests.gateway.fakes import FakeStt, serve_fake, sync_converse
+from tests.gateway.test_resume import broken_off
 from tests.gateway.test_session import Config, converse, frame_bytes, gateway_tasks, held_open
 from tests.support import Blackhole, conversation, wait_until
 
@@ -362,8 +363,7 @@ async def test_a_resume_token_cannot_join_the_call_that_still_holds_it(fakes, qu
         assert code == grpc.StatusCode.UNAVAILABLE, details
         assert "the session is live in another call" in details
         assert fakes.frontend.log.opened == 1  # refused before any upstream
-        release.set()
-        assert await live.code() == grpc.StatusCode.OK
+        live.cancel()  # the first call breaks off
     # Once that call has ended, the token continues the session.
     code, details, responses = await asyncio.to_thread(call_with_token, gateway.address, token)
     assert code == grpc.StatusCode.OK, details
@@ -374,19 +374,18 @@ async def test_a_resume_takes_over_from_a_call_whose_gateway_died(fakes, quick_t
     """A dead gateway cannot release its lease: it expires (here: written by hand
     with 0.2 s left) and the resume waits for that, up to its takeover wait."""
     gateway = await fakes.gateway(**RESUME)
-    first = await converse(gateway.address, frames=1)
-    started = first.of("started")[0]
+    started = await broken_off(fakes, gateway.address)
     client = store.connect(fakes.redis_url)
     try:
         sessions = store.SessionStore(client)
         await take_lease(sessions, started.session_id, ttl_s=0.2)
-        code, details, _ = await asyncio.to_thread(
-            call_with_token, gateway.address, started.resume_token
+        resumed = await broken_off(
+            fakes, gateway.address, Config(resume_token=started.resume_token)
         )
-        assert code == grpc.StatusCode.OK, details
+        assert resumed.resumed
         await take_lease(sessions, started.session_id, ttl_s=60)
         code, details, _ = await asyncio.to_thread(
-            call_with_token, gateway.address, started.resume_token
+            call_with_token, gateway.address, resumed.resume_token
         )
         assert code == grpc.StatusCode.UNAVAILABLE and "retry in" in details
     finally:
@@ -408,12 +407,9 @@ async def test_a_resume_token_works_only_for_the_caller_it_was_issued_to(fakes):
     """The attack: a token leaked from one customer's calls (logs, a shared
     client) used to resume that customer's conversation on another token."""
     gateway = await fakes.gateway(auth_tokens=f"{TOKEN_A},{TOKEN_B}", **RESUME)
-    requests = [gateway_pb2.ConverseRequest(config=Config()), AUDIO]
-    code, _, responses = await asyncio.to_thread(
-        sync_converse, gateway.address, requests, bearer_metadata(TOKEN_A)
-    )
-    token = responses[0].started.resume_token
-    await wait_until_bound(fakes, responses[0].started.session_id)
+    started = await broken_off(fakes, gateway.address, bearer=TOKEN_A)
+    token = started.resume_token
+    await wait_until_bound(fakes, started.session_id)
     code, details, _ = await asyncio.to_thread(
         call_with_token, gateway.address, token, bearer=TOKEN_B
     )

@@ -1,7 +1,8 @@
 """Resuming a session: a call's resume token opens the same session again, on
-another gateway too (the oracle loads the conversation so far), tokens that
-resume nothing are refused before any upstream is touched, and a draining
-gateway asks its calls to reconnect with theirs. Same fakes and real Redis as
+another gateway too (the oracle loads the conversation so far), once (the
+resumed call gets a new token) and not after a hang-up; tokens that resume
+nothing are refused before any upstream is touched, and a draining gateway
+asks its calls to reconnect with theirs. Same fakes and real Redis as
 test_session.py, whose call helpers these share."""
 
 from __future__ import annotations
@@ -12,18 +13,48 @@ import grpc
 import pytest
 
 from kame_common import store
-from kamepb import gateway_pb2_grpc
+from kame_common.auth import bearer_metadata
+from kamepb import gateway_pb2, gateway_pb2_grpc
 from services.gateway import resume
-from tests.gateway.test_session import Config, Notice, converse, held_open
+from tests.gateway.test_session import Config, Notice, converse, frame_bytes, held_open
 from tests.support import wait_until
 
 RESUME = {"resume_secret": "resume-secret-of-the-test-gateways"}
 
 
+async def broken_off(
+    fakes, address: str, config: gateway_pb2.ConverseConfig | None = None, bearer: str = ""
+) -> gateway_pb2.SessionStarted:
+    """A call that breaks off (its client cancels it, as a lost connection ends it)
+    once the gateway has written its resume token's nonce: its SessionStarted."""
+
+    async def requests():
+        yield gateway_pb2.ConverseRequest(config=config or Config())
+        yield gateway_pb2.ConverseRequest(audio=frame_bytes())
+        await asyncio.Event().wait()
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = gateway_pb2_grpc.GatewayStub(channel).Converse(
+            requests(), metadata=bearer_metadata(bearer)
+        )
+        response = await call.read()
+        assert response is not grpc.aio.EOF, await call.details()
+        started = response.started
+        client = store.connect(fakes.redis_url)
+        try:
+            sessions = store.SessionStore(client)
+            await wait_until(
+                lambda: sessions.resume_nonce(started.session_id), "the token's nonce", 5
+            )
+        finally:
+            await client.aclose()
+        call.cancel()
+    return started
+
+
 async def test_a_call_resumes_its_session_on_another_gateway(fakes):
     first_gateway, second_gateway = await fakes.gateway(**RESUME), await fakes.gateway(**RESUME)
-    first = await converse(first_gateway.address, frames=3)
-    (started,) = first.of("started")
+    started = await broken_off(fakes, first_gateway.address)
     assert started.resume_token.startswith(f"{started.session_id}.") and not started.resumed
 
     config = Config(include_oracle_updates=True, resume_token=started.resume_token)
@@ -37,6 +68,41 @@ async def test_a_call_resumes_its_session_on_another_gateway(fakes):
     assert float(record["resumed_at"]) >= float(record["started_at"])
 
 
+async def test_a_token_resumes_once_and_the_resumed_call_gets_a_new_one(fakes):
+    """The attack: a copy of a token (a log, a shared client) used to resume the
+    session again and again, for as long as resume_ttl_s, each resume extending it."""
+    gateway = await fakes.gateway(**RESUME)
+    first = await broken_off(fakes, gateway.address)
+    second = await broken_off(fakes, gateway.address, Config(resume_token=first.resume_token))
+    assert second.resumed and second.session_id == first.session_id
+    assert second.resume_token != first.resume_token  # rotated
+    assert second.resume_token.startswith(f"{first.session_id}.")
+    opened = fakes.frontend.log.opened
+    replayed = await converse(
+        gateway.address, frames=1, config=Config(resume_token=first.resume_token)
+    )
+    assert replayed.code == grpc.StatusCode.PERMISSION_DENIED, replayed.details
+    assert "not valid any more" in replayed.details
+    assert fakes.frontend.log.opened == opened  # refused before any upstream
+    third = await converse(
+        gateway.address, frames=1, config=Config(resume_token=second.resume_token)
+    )
+    assert third.code == grpc.StatusCode.OK, third.details
+    assert third.of("started")[0].resumed
+
+
+async def test_no_token_resumes_a_call_that_hung_up(fakes):
+    """The attack: a token stayed good for resume_ttl_s after a normal hang-up."""
+    gateway = await fakes.gateway(**RESUME)
+    first = await converse(gateway.address, frames=2)  # the caller half-closes: hung up
+    assert first.code == grpc.StatusCode.OK
+    token = first.of("started")[0].resume_token
+    again = await converse(gateway.address, frames=1, config=Config(resume_token=token))
+    assert again.code == grpc.StatusCode.PERMISSION_DENIED, again.details
+    assert "none does after its call hung up" in again.details
+    assert fakes.frontend.log.opened == 1
+
+
 @pytest.mark.parametrize(
     ("token", "code", "message"),
     [
@@ -48,7 +114,7 @@ async def test_a_call_resumes_its_session_on_another_gateway(fakes):
 async def test_a_token_that_resumes_nothing_is_refused(fakes, token, code, message):
 
     if token.startswith("valid"):
-        token = resume.issue(RESUME["resume_secret"], token)
+        token = resume.issue(RESUME["resume_secret"], token, "a-nonce")
     gateway = await fakes.gateway(**RESUME)
     outcome = await converse(gateway.address, frames=1, config=Config(resume_token=token))
     assert outcome.code == code and message in outcome.details
@@ -90,13 +156,13 @@ async def test_a_call_resumes_after_redis_lost_its_record_under_it(fakes):
         try:  # what a Redis restarted without its data holds of the session: nothing
             await client.delete(f"{store.PREFIX}:session:{session_id}")
             await client.delete(f"{store.PREFIX}:lease:{session_id}")
+            await client.delete(f"{store.PREFIX}:resume:{session_id}")
+            await wait_until(bound, "a lease renewal to write the binding again", 5)
+            sessions = store.SessionStore(client)
+            await wait_until(lambda: sessions.resume_nonce(session_id), "the nonce again", 5)
         finally:
             await client.aclose()
-        await wait_until(bound, "a lease renewal to write the binding again", 5)
-        release.set()
-        while await call.read() is not grpc.aio.EOF:
-            pass
-        assert await call.code() == grpc.StatusCode.OK
+        call.cancel()  # the call breaks off
     again = await converse(
         gateway.address, frames=1, config=Config(resume_token=started.resume_token)
     )
