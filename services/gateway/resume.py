@@ -26,8 +26,10 @@ conversation so far. A token resumes its session only
   and released at its end. A resume waits up to TAKEOVER_WAIT_S for the
   earlier call to end (a client that moves drops its old call as it opens
   the new one); if it still holds the lease, the resume is UNAVAILABLE with
-  a retry hint (its token still valid). A call whose gateway died holds its
-  session until its lease expires, LEASE_TTL_S after the last renewal.
+  a retry hint (its token still valid). A resumed call that fails before its
+  SessionStarted went out gives the token it used back (`not_started`). A
+  call whose gateway died holds its session until its lease expires,
+  LEASE_TTL_S after the last renewal.
 
 A new call's lease, binding and nonce are written in the background, off the
 set-up path: a Redis that hangs costs the session its resumability, never
@@ -179,6 +181,7 @@ class SessionLease:
         self._store = store
         self.session_id = session_id
         self.nonce = new_nonce()  # of the token this call's caller gets
+        self.presented = ""  # the nonce of the token that resumed it, once used up
         self._owner = uuid.uuid4().hex
         self._renewal: asyncio.Task[None] | None = None
 
@@ -204,6 +207,18 @@ class SessionLease:
         not current: another resume used it first, or the call hung up."""
         if not await self._store.rotate_resume_nonce(self.session_id, presented, self.nonce):
             raise used_up()
+        self.presented = presented
+
+    async def give_back(self) -> None:
+        """The resumed call failed before its caller got the new token: the token it
+        presented is the current one again, so the caller can try once more."""
+        if not self.presented:
+            return
+        await self._stop_renewing()
+        try:
+            await self._store.rotate_resume_nonce(self.session_id, self.nonce, self.presented)
+        except (RedisError, OSError) as exc:
+            log.warning("session %s: resume token not given back: %s", self.session_id, exc)
 
     def keep(self, record_binding: dict[str, str | int | float]) -> None:
         """Hold the lease in the background until `release`: renew it every third of
@@ -272,6 +287,12 @@ class HeldSession:
         """The call ended normally: its token dies with it."""
         if self.lease is not None:
             await self.lease.hung_up()
+
+    async def not_started(self) -> None:
+        """The call failed before its caller got its token: the token that resumed
+        it (if one did) is valid again."""
+        if self.lease is not None:
+            await self.lease.give_back()
 
 
 async def hold(

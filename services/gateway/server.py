@@ -100,12 +100,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             limited = limit_input(
                 requests, plan.input_format, InputLimits.from_settings(self.settings)
             )
+            started = False  # its SessionStarted (with its resume token) went out
             try:
                 async for response in session.responses(limited):
+                    started = True
                     yield _for_client(response)
                 await held.hung_up()  # it ended normally: no token resumes it
             except StreamError as exc:
                 log.info("session %s ended: %s: %s", session.id, exc.code.name, exc.message)
+                if not started:
+                    await held.not_started()
                 await context.abort(exc.code, redact_addresses(exc.message))
             finally:
                 self.sessions.discard(session)

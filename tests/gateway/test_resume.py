@@ -91,6 +91,21 @@ async def test_a_token_resumes_once_and_the_resumed_call_gets_a_new_one(fakes):
     assert third.of("started")[0].resumed
 
 
+async def test_a_resume_that_fails_before_it_started_leaves_its_token_valid(fakes):
+    """Used up before the frontend answered, the token would be lost with a resumed
+    call that failed to open: the caller never got the new one."""
+    gateway = await fakes.gateway(**RESUME)
+    first = await broken_off(fakes, gateway.address)
+    fakes.frontend.refuse = grpc.StatusCode.UNAVAILABLE
+    config = Config(resume_token=first.resume_token)
+    failed = await converse(gateway.address, frames=1, config=config)
+    assert failed.code == grpc.StatusCode.UNAVAILABLE, failed.details
+    fakes.frontend.refuse = None
+    again = await converse(gateway.address, frames=1, config=config)
+    assert again.code == grpc.StatusCode.OK, again.details
+    assert again.of("started")[0].resumed
+
+
 async def test_no_token_resumes_a_call_that_hung_up(fakes):
     """The attack: a token stayed good for resume_ttl_s after a normal hang-up."""
     gateway = await fakes.gateway(**RESUME)
