@@ -1,7 +1,9 @@
 """An MCP server written for the oracle's tool tests with the `mcp` SDK.
 
 Run as a script it serves stdio, the way the oracle starts an operator's
-stdio server: `python mcp_tool_server.py SECRET CALLS_FILE`. `build()` makes
+stdio server: `python mcp_tool_server.py SECRET CALLS_FILE [STARTS_FILE]`
+(STARTS_FILE: each start's process id, and a way to make starts hang:
+`note_start`). `build()` makes
 the same server for streamable HTTP inside the test's process (without the
 tool that ends the server's process). SECRET is a
 value no model could guess (the test makes it up); every call is appended to
@@ -73,5 +75,18 @@ def build(secret: str, calls_file: Path, crashable: bool = False) -> MCPServer:
     return server
 
 
+def note_start(starts_file: Path) -> None:
+    """Append this process's id to STARTS_FILE; then, if STARTS_FILE.hang exists,
+    hang as a server that never answers (until its stdin closes, as the SDK's
+    client closes it before it kills)."""
+    with starts_file.open("a") as starts:
+        starts.write(f"{os.getpid()}\n")
+    if starts_file.with_suffix(".hang").exists():
+        sys.stdin.read()
+        sys.exit(0)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 3:
+        note_start(Path(sys.argv[3]))
     build(sys.argv[1], Path(sys.argv[2]), crashable=True).run()

@@ -35,6 +35,7 @@ from services.oracle.backends import BackendSettings, create_backend
 from services.oracle.candidate import Candidate, Generation
 from services.oracle.prompts import TOOLS_PROMPT, USER, Turn
 from services.oracle.tools import mcp_toolbox
+from services.oracle.tools.settings import parse_allowed, parse_servers
 from services.oracle.tools.turn import TurnTools
 from tests.oracle import mcp_tool_server
 from tests.oracle.mcp_tool_server import recorded_calls
@@ -365,6 +366,48 @@ async def test_a_stdio_server_that_died_is_started_again_by_the_next_call(
     assert secret in client.answer(2)
     assert [c["tool"] for c in recorded_calls(calls_file)] == ["crash_server", "door_code"]
     assert await client.finish() == grpc.StatusCode.OK
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+async def test_a_lost_server_whose_restart_hangs_holds_one_process_not_one_per_call(
+    secret, calls_file, tmp_path, monkeypatch
+):
+    """The leak: each call of a tool of a lost server started the server again
+    within the call's timeout, and a start that hung was left running when the
+    call timed out: 5 calls left 5 processes, 4 of them alive after close."""
+    monkeypatch.setattr(mcp_toolbox, "RECONNECT_S", 0.0)  # every call may reconnect
+    starts = tmp_path / "starts"
+    command = [sys.executable, mcp_tool_server.__file__, secret, str(calls_file), str(starts)]
+    toolbox = mcp_toolbox.McpToolbox(
+        parse_servers(f"vault={shlex.join(command)}"),
+        parse_allowed("vault.*"),
+        timeout_s=0.3,
+        connect_timeout_s=10.0,  # a first start on a busy machine takes seconds
+    )
+    await toolbox.start()
+    try:
+        crash, door_code = toolbox.spec("crash_server"), toolbox.spec("door_code")
+        assert crash is not None and door_code is not None
+        assert (await toolbox.call(crash, {}, "call-0")).is_error  # the server is lost
+        starts.with_suffix(".hang").touch()  # its restarts hang from now on
+        for n in range(1, 6):
+            result = await toolbox.call(door_code, {"office": "Paris"}, f"call-{n}")
+            assert result.is_error, result
+            pids = [int(line) for line in starts.read_text().split()]
+            assert sum(map(running, pids)) <= 1, f"after call {n}: {pids}"
+    finally:
+        await toolbox.aclose()
+    pids = [int(line) for line in starts.read_text().split()]
+    assert len(pids) >= 2  # it did start the server again
+    assert not [pid for pid in pids if running(pid)]
 
 
 async def test_an_unreachable_mcp_server_leaves_its_tools_out_and_the_oracle_serves(

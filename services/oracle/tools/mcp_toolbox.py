@@ -5,9 +5,14 @@ connected once at start (a stdio server is one subprocess for the service),
 its tools are listed and those on the operator's allow-list are kept. A
 server that cannot be reached at start is logged and its tools are not
 offered; the oracle serves without them. A connection lost later (a stdio
-server that exited, an HTTP server gone) is opened again by the next call
-of one of its tools (at most once every RECONNECT_S), within that call's
-timeout.
+server that exited, an HTTP server gone) is opened again when one of its
+tools is next called (at most once every RECONNECT_S). The reconnection
+runs in a task of its own, one per server at a time, bounded by
+mcp_connect_timeout_s: a call waits for it within its own timeout, and a
+call that times out leaves it running for the next one. A reconnection that
+fails or runs out of time cancels the connection's task, and with it the
+server's process: a server whose restart hangs holds one process, not one
+per call.
 
 Each connection lives in a task of its own: the SDK's client enters anyio
 task groups that must be left by the task that entered them, and sessions
@@ -27,7 +32,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import mcp
@@ -72,7 +77,7 @@ class _Connection:
     client: mcp.Client | None = None
     holder: asyncio.Task[None] | None = None
     last_try: float = -math.inf
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    reconnecting: asyncio.Task[None] | None = None  # one at a time, outside any call
 
 
 class McpToolbox:
@@ -116,6 +121,9 @@ class McpToolbox:
 
     async def aclose(self) -> None:
         self._stop.set()
+        await cancel_and_wait(
+            [c.reconnecting for c in self._connections.values() if c.reconnecting is not None]
+        )
         holders = [c.holder for c in self._connections.values() if c.holder is not None]
         if not holders:
             return
@@ -135,6 +143,9 @@ class McpToolbox:
             log.error("oracle: MCP server %s unavailable: %s", name, _describe(exc))
             await cancel_and_wait(holder)
             return None
+        except asyncio.CancelledError:  # the toolbox closes: the server's process goes too
+            await cancel_and_wait(holder)
+            raise
 
     async def _hold(self, connection: _Connection, ready: asyncio.Future[list[Tool]]) -> None:
         """Keep one server's connection open until the toolbox closes (or it is lost)."""
@@ -161,14 +172,24 @@ class McpToolbox:
                 connection.client = None
 
     async def _client(self, connection: _Connection) -> mcp.Client | None:
-        """The server's client, connecting again if the connection was lost."""
-        async with connection.lock:
-            if connection.client is None and (
-                time.monotonic() - connection.last_try >= RECONNECT_S
-            ):
-                log.info("oracle: connecting MCP server %s again", connection.entry.name)
-                await self._open(connection)
+        """The server's client, connecting again if the connection was lost (in a
+        task of its own: the caller's timeout cancels only its wait for it)."""
+        if connection.client is not None or self._stop.is_set():
             return connection.client
+        due = time.monotonic() - connection.last_try >= RECONNECT_S
+        if connection.reconnecting is None and due:
+            log.info("oracle: connecting MCP server %s again", connection.entry.name)
+            connection.reconnecting = asyncio.create_task(self._reconnect(connection))
+        if connection.reconnecting is not None:
+            # wait() neither cancels the task with its waiter nor raises what it raised.
+            await asyncio.wait([connection.reconnecting])
+        return connection.client
+
+    async def _reconnect(self, connection: _Connection) -> None:
+        try:
+            await self._open(connection)
+        finally:
+            connection.reconnecting = None
 
     async def _drop(self, connection: _Connection) -> None:
         """Forget a connection found broken; the next call connects again."""
