@@ -49,7 +49,7 @@ from services.oracle.budget import BudgetLimits
 from services.oracle.policy import PARTIAL_STARTS, POLICY_NAMES, PolicyParams
 from services.oracle.prompts import GEMMA_HEADER, KAME_SYSTEM_PROMPT, is_gemma_270m_base
 from services.oracle.tools.client_functions import client_function_specs
-from services.oracle.tools.settings import parse_allowed, parse_servers
+from services.oracle.tools.settings import parse_allowed, parse_servers, trusted_hint_servers
 from services.oracle.tools.spec import ToolSpec
 
 # Models used when a session picks a back-end other than the service default
@@ -143,6 +143,12 @@ class OracleSettings(MeasuredCapacitySettings):
         "each optionally with :readonly (may run on partial transcripts) and :SECONDS (its "
         "timeout)",
     )
+    trust_read_only_hints: str = setting(
+        "",
+        "comma-separated MCP servers whose readOnlyHint annotations are believed (* = all): "
+        "their hinted tools may run on partial transcripts, as :readonly ones do (empty = "
+        "none: a server's hint alone runs nothing early)",
+    )
     tool_timeout_s: float = setting(5.0, "limit on one tool call, unless tools_allowed sets one")
     tool_budget: int = setting(4, "tool calls the LLM may start per caller turn")
     mcp_connect_timeout_s: float = setting(
@@ -190,6 +196,10 @@ class OracleSettings(MeasuredCapacitySettings):
                 parse(getattr(self, name))
             except ValueError as exc:
                 raise ConfigError(f"{name}: {exc}") from None
+        try:
+            trusted_hint_servers(self.trust_read_only_hints, parse_servers(self.mcp_servers))
+        except ValueError as exc:
+            raise ConfigError(f"trust_read_only_hints: {exc}") from None
         if self.tool_timeout_s <= 0 or self.mcp_connect_timeout_s <= 0:
             raise ConfigError("tool_timeout_s and mcp_connect_timeout_s: must be above 0")
         if self.tool_budget < 0:

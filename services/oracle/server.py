@@ -24,7 +24,7 @@ from services.oracle.budget import BudgetSpent
 from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleSettings
 from services.oracle.factory import SessionFactory
 from services.oracle.session import OracleSession
-from services.oracle.tools.settings import parse_allowed, parse_servers
+from services.oracle.tools.settings import parse_allowed, parse_servers, trusted_hint_servers
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +112,13 @@ async def serve(settings: OracleSettings, api_keys: ApiKeys | None = None) -> Se
         # Imported only when used: the mcp SDK adds half a second to the start.
         from services.oracle.tools.mcp_toolbox import McpToolbox
 
+        servers = parse_servers(settings.mcp_servers)
         toolbox = McpToolbox(
-            parse_servers(settings.mcp_servers),
+            servers,
             parse_allowed(settings.tools_allowed),
             settings.tool_timeout_s,
             settings.mcp_connect_timeout_s,
+            trusted_hint_servers(settings.trust_read_only_hints, servers),
         )
         runtime.on_close(toolbox.aclose)
         await toolbox.start()

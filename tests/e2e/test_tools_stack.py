@@ -79,14 +79,14 @@ WIRE_FORMATS = {
     "openai": (
         ["--llm-model", "stub-model"],
         "/v1",
-        [],  # the server named on the command line is allowed whole
-        "vault.door_code (read-only), vault.book_table, vault.next_train (read-only), "
-        "vault.order_status (read-only), vault.crash_server",
+        [],  # the server named on the command line is allowed whole; its hints not trusted
+        "vault.door_code, vault.book_table, vault.next_train, vault.order_status, "
+        "vault.crash_server",
     ),
     "anthropic": (
         ["--llm-backend", "anthropic", "--llm-model", "claude-stub"],
         "",  # the Anthropic SDK adds /v1 itself
-        ["--tools-allowed", "vault.door_code"],
+        ["--tools-allowed", "vault.door_code:readonly"],
         "vault.door_code (read-only)",
     ),
 }

@@ -327,7 +327,7 @@ async def test_mcp_and_client_tools_show_activity_and_their_names_cannot_clash(
             base_url=f"{url}/v1",
             model="stub-model",
             mcp_servers=f"vault={mcp_url}",
-            tools_allowed="vault.door_code",
+            tools_allowed="vault.door_code:readonly",
         )
         clash = guide_client(runtime.port)
         await clash.config(session_id=session_id, client_functions=[DOOR_CODE])

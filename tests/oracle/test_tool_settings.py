@@ -13,6 +13,7 @@ from services.oracle.tools.settings import (
     allowance,
     parse_allowed,
     parse_servers,
+    trusted_hint_servers,
 )
 
 
@@ -72,3 +73,8 @@ def test_settings_come_from_the_environment_and_bad_ones_stop_the_start():
         load_settings(OracleSettings, ["--tools-allowed", "price"], env={})
     with pytest.raises(ConfigError, match="mcp_servers"):
         load_settings(OracleSettings, ["--mcp-servers", "no-equals-sign"], env={})
+    with pytest.raises(ConfigError, match="trust_read_only_hints: 'files' is none of"):
+        load_settings(OracleSettings, ["--trust-read-only-hints", "files"], env=env)
+    trusting = load_settings(OracleSettings, ["--trust-read-only-hints", "*"], env=env)
+    servers = parse_servers(trusting.mcp_servers)
+    assert trusted_hint_servers(trusting.trust_read_only_hints, servers) == {"shop"}

@@ -124,6 +124,7 @@ async def test_openai_tool_calls_answer_from_a_stdio_mcp_server(
         session_id,
         mcp_servers=f"vault={command}",
         tools_allowed="vault.door_code,vault.book_table",  # not order_status
+        trust_read_only_hints="*",
     )
     timed_before = tool_seconds_count("door_code", "ok")
     await client.user("What is the door code of the Paris office?", final=True)
@@ -292,8 +293,15 @@ async def test_a_final_kept_for_a_partial_candidate_still_gets_its_side_effect(
 async def test_a_read_only_tool_runs_on_a_partial_and_its_result_is_reused(
     mcp_http, secret, calls_file, stub_http, oracle_service, guide_client, session_id, redis_client
 ):
+    """door_code is read-only by its server's readOnlyHint, which the operator trusts."""
     _llm, client = await openai_session(
-        stub_http, oracle_service, guide_client, session_id, f"vault={mcp_http}", "vault.*"
+        stub_http,
+        oracle_service,
+        guide_client,
+        session_id,
+        f"vault={mcp_http}",
+        "vault.*",
+        trust_read_only_hints="vault",
     )
     words = "The door code of the Paris office for the visit today please".split()
     final_at = await partials_then_final(client, words, calls_file)
@@ -305,6 +313,24 @@ async def test_a_read_only_tool_runs_on_a_partial_and_its_result_is_reused(
     assert await client.finish() == grpc.StatusCode.OK
     conversation = await store.SessionStore(redis_client).conversation(session_id)
     assert [turn["role"] for turn in conversation] == ["user", "tool"]
+
+
+async def test_a_servers_read_only_hint_alone_runs_nothing_on_a_partial(
+    mcp_http, secret, calls_file, stub_http, oracle_service, guide_client, session_id
+):
+    """The abuse: a server that hints readOnlyHint for a tool with side effects (or a
+    server the operator does not control) had it run on partial transcripts, for
+    words the caller had not finished. Untrusted, the hint counts for nothing: the
+    tool runs once, for the final (the old oracle ran door_code on a partial)."""
+    _llm, client = await openai_session(
+        stub_http, oracle_service, guide_client, session_id, f"vault={mcp_http}", "vault.*"
+    )
+    words = "The door code of the Paris office for the visit today please".split()
+    final_at = await partials_then_final(client, words, calls_file)
+    (lookup,) = recorded_calls(calls_file)
+    assert lookup["tool"] == "door_code" and lookup["at"] >= final_at
+    assert secret in client.answer(6)
+    assert await client.finish() == grpc.StatusCode.OK
 
 
 async def test_a_hanging_tool_becomes_an_apology_and_the_call_goes_on(

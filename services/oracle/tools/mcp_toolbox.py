@@ -2,7 +2,9 @@
 
 One toolbox per oracle process, shared by its sessions: each server is
 connected once at start (a stdio server is one subprocess for the service),
-its tools are listed and those on the operator's allow-list are kept. A
+its tools are listed and those on the operator's allow-list are kept (read-only
+when the allow-list says `:readonly`, or the server hints so and the operator
+trusts its hints: settings.py). A
 server that cannot be reached at start is logged and its tools are not
 offered; the oracle serves without them. A connection lost later (a stdio
 server that exited, an HTTP server gone) is opened again when one of its
@@ -64,9 +66,10 @@ def result_text(result: CallToolResult) -> str:
     return text[:MAX_RESULT_CHARS]
 
 
-def _is_read_only(tool: Tool, allowed: AllowEntry) -> bool:
+def _is_read_only(tool: Tool, allowed: AllowEntry, hints_trusted: bool) -> bool:
+    """The operator vouches for it (`:readonly`), or trusts its server's hint."""
     hinted = tool.annotations is not None and tool.annotations.read_only_hint is True
-    return allowed.read_only or hinted
+    return allowed.read_only or (hints_trusted and hinted)
 
 
 @dataclass
@@ -89,8 +92,10 @@ class McpToolbox:
         allowed: list[AllowEntry],
         timeout_s: float,
         connect_timeout_s: float,
+        trusted_hints: frozenset[str] = frozenset(),
     ) -> None:
         self._connections = {entry.name: _Connection(entry) for entry in servers}
+        self._trusted_hints = trusted_hints  # servers whose readOnlyHint counts
         self._allowed = allowed
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
@@ -214,7 +219,7 @@ class McpToolbox:
             name=tool.name,
             description=tool.description or tool.title or tool.name,
             parameters=tool.input_schema,
-            read_only=_is_read_only(tool, allowed),
+            read_only=_is_read_only(tool, allowed, server in self._trusted_hints),
             timeout_s=allowed.timeout_s or self._timeout_s,
             server=server,
         )

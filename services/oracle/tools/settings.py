@@ -8,6 +8,11 @@
   `:readonly` (the operator vouches that it changes nothing, whatever the
   server's annotations say) and `:SECONDS` (its timeout). A tool not on the
   list is never offered to the model; an empty list offers none.
+- `trust_read_only_hints`: comma-separated servers (`*`: all) whose
+  `readOnlyHint` annotations count as the operator's `:readonly`. A server
+  says what it likes of its tools: its hint alone does not let a tool run
+  on partial transcripts, where a side effect would happen for words the
+  caller has not finished (or may take back).
 
 A server cannot be named `client`: that is the source of the caller's own
 functions (client_functions.py) in the client's ToolActivity events.
@@ -98,6 +103,22 @@ def parse_allowed(value: str) -> list[AllowEntry]:
                 raise ValueError(f"{raw.strip()!r}: the timeout must be above 0")
         entries.append(AllowEntry(server, tool, read_only, timeout_s))
     return entries
+
+
+def trusted_hint_servers(value: str, servers: list[McpServerEntry]) -> frozenset[str]:
+    """The servers named in `trust_read_only_hints` (`*`: all of `servers`); ValueError
+    for a name none of them has."""
+    names = {entry.name for entry in servers}
+    trusted: set[str] = set()
+    for raw in value.split(","):
+        name = raw.strip()
+        if name == "*":
+            trusted |= names
+        elif name and name not in names:
+            raise ValueError(f"{name!r} is none of mcp_servers' names")
+        elif name:
+            trusted.add(name)
+    return frozenset(trusted)
 
 
 def allowance(entries: list[AllowEntry], server: str, tool: str) -> AllowEntry | None:
