@@ -10,6 +10,13 @@ refuses the call with RESOURCE_EXHAUSTED and a retry hint when nothing is
 left. A caller waiting 10 s for every answer is worse off than one told to
 retry.
 
+Calls set up at the same moment each reserve their place before the registry
+is read (a read awaits Redis: checked first and counted after, ten
+simultaneous calls all saw the same two free sessions and all went in); a
+call is admitted if the free sessions cover its place among this gateway's
+reservations not yet counted by a record, and a refused one gives its
+place back.
+
 The gate fails open: a service none of whose replicas publishes (a hosted
 or older deployment) or a registry that cannot be read (Redis down or hung:
 then every registry read skips it for a while, see
@@ -21,8 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import itertools
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import grpc
 import redis.asyncio as redis
@@ -44,6 +54,14 @@ REFUSALS = Counter(
 )
 
 
+@dataclass(frozen=True)
+class _Place:
+    """A call's place among this gateway's admissions: when, and in which order."""
+
+    at: float  # wall time
+    number: int
+
+
 class CapacityGate:
     def __init__(
         self,
@@ -58,17 +76,25 @@ class CapacityGate:
             for service in SIDE_SERVICES
         }
         self._clock = clock
-        # Wall times of this gateway's admissions the registry may not have counted yet.
-        self._admitted: dict[str, collections.deque[float]] = {
+        # This gateway's admissions (and reservations) the registry may not have counted.
+        self._admitted: dict[str, collections.deque[_Place]] = {
             service: collections.deque() for service in SIDE_SERVICES
         }
+        self._places = itertools.count()
 
     async def admit(self, services: Iterable[str]) -> None:
         """Count a new call on `services`, or raise SessionError(RESOURCE_EXHAUSTED)."""
         services = list(services)
-        free = await asyncio.gather(*(self.free_sessions(service) for service in services))
-        for service, free_sessions in zip(services, free, strict=True):
-            if free_sessions is not None and free_sessions <= 0:
+        # Reserved before any await: a call set up meanwhile queues behind this one.
+        places = {service: self._reserve(service) for service in services}
+        left = await asyncio.gather(
+            *(self._left_after(service, places[service]) for service in services)
+        )
+        for service, left_after in zip(services, left, strict=True):
+            if left_after is not None and left_after < 0:
+                for reserved, place in places.items():
+                    with contextlib.suppress(ValueError):  # counted by a record meanwhile
+                        self._admitted[reserved].remove(place)
                 REFUSALS.labels(service=service).inc()
                 raise SessionError(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -76,18 +102,22 @@ class CapacityGate:
                     f"retry in {RETRY_AFTER_S:g} s",
                     retry_after_s=RETRY_AFTER_S,
                 )
-        now = self._clock()
-        for service in services:
-            self._admitted[service].append(now)
 
-    async def free_sessions(self, service: str) -> int | None:
-        """Free sessions across `service`'s replicas, less this gateway's admissions
-        they have not counted yet; None when nobody publishes or the registry failed."""
+    def _reserve(self, service: str) -> _Place:
+        place = _Place(self._clock(), next(self._places))
+        self._admitted[service].append(place)
+        return place
+
+    async def _left_after(self, service: str, place: _Place) -> int | None:
+        """Free sessions across `service`'s replicas once this gateway's calls not
+        counted by a record yet, up to and including `place`, have theirs; None
+        when nobody publishes or the registry failed."""
         replicas = await self._reads.read(service, self._registries[service].replicas())
         if not replicas:
             return None
         newest = max(replica.published_at for replica in replicas)
         admitted = self._admitted[service]
-        while admitted and admitted[0] < newest:
+        while admitted and admitted[0].at < newest:
             admitted.popleft()  # the records written since counted these calls
-        return sum(replica.free_slots for replica in replicas) - len(admitted)
+        ahead = sum(1 for other in admitted if other.number <= place.number)
+        return sum(replica.free_slots for replica in replicas) - ahead

@@ -14,6 +14,9 @@ from prometheus_client import REGISTRY
 from kame_common import store
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from kamepb.common_pb2 import LLM_BACKEND_OPENAI
+from services.gateway.admission import CapacityGate
+from services.gateway.connections import RegistryReads
+from services.gateway.plan import SessionError
 from tests.gateway.test_resume import broken_off
 from tests.gateway.test_session import converse, frame_bytes, held_open
 
@@ -80,6 +83,24 @@ async def test_free_sessions_are_counted_down_by_the_gateways_own_admissions(fak
     await asyncio.sleep(0.002)  # the new record is written after the calls it counts
     await registries["stt"].publish("stt-a", "10.0.0.1:50053", free_slots=1, total_slots=2)
     assert (await converse(gateway.address, frames=2)).code == grpc.StatusCode.OK
+
+
+async def test_simultaneous_calls_get_only_the_free_sessions(fakes, registries):
+    """The race: the gate awaited Redis between its check and its count, so ten calls
+    set up at once all read the same two free sessions and all went in."""
+    await registries["stt"].publish("stt-a", "10.0.0.1:50053", free_slots=2, total_slots=4)
+    client = store.connect(fakes.redis_url)
+    try:
+        gate = CapacityGate(client, RegistryReads(), SECRET)
+        outcomes = await asyncio.gather(
+            *(gate.admit(["stt"]) for _ in range(10)), return_exceptions=True
+        )
+    finally:
+        await client.aclose()
+    refused = [o for o in outcomes if isinstance(o, SessionError)]
+    assert outcomes.count(None) == 2, outcomes
+    assert len(refused) == 8
+    assert all(o.code == grpc.StatusCode.RESOURCE_EXHAUSTED for o in refused)
 
 
 async def test_without_records_or_with_admission_off_calls_go_in(fakes, registries):
