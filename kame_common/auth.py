@@ -7,20 +7,27 @@ time (digests of equal length, `hmac.compare_digest`, every valid token
 tried), so timing tells an attacker nothing about how close a guess was.
 
 A refusal is counted in kame_gateway_auth_failures_total{reason} (missing,
-malformed, invalid) and logged with the peer and the reason, never with the
-token. A peer that keeps failing is slowed down: after `free_failures`
-refusals within `forget_after_s`, each further refusal is held back for a
-delay that doubles up to `max_delay_s`. Peers are keyed by address without
-the port (a new connection does not start afresh), IPv6 ones by their /64
-(one host's share of a network, which it can fill with addresses); the table
-forgets a peer `forget_after_s` after its last failure and holds at most
-`max_peers`. Behind a load balancer that hides caller addresses every caller
-is one peer: the slow-down then throttles guessing as a whole. A held refusal
-is a call the server keeps open: at most MAX_HELD refusals are held at once
-(kame_gateway_auth_held_refusals), the rest are refused at once, so a flood
-of bad tokens from many addresses cannot pile up open calls. Guessing gains
-little from that: a token is a secret of at least 16 characters
-(config.check_secret).
+malformed, invalid, throttled) and logged with the peer and the reason, never
+with the token. A peer that keeps failing is slowed down: after
+`free_failures` refusals within `forget_after_s`, each further refusal is
+held back for a delay that doubles up to `max_delay_s`. A valid token does
+not wipe a peer's failures: web and telephony reach the gateway from their
+pod's one address, and a guesser behind them would otherwise start afresh
+whenever a real caller got in; the failures are forgotten only
+`forget_after_s` after the last one. Peers are keyed by address without the
+port (a new connection does not start afresh), IPv6 ones by their /64 (one
+host's share of a network, which it can fill with addresses); the table holds
+at most `max_peers`. Behind a load balancer that hides caller addresses every
+caller is one peer: the slow-down then throttles guessing as a whole.
+
+A held refusal is a call the server keeps open: at most MAX_HELD are held at
+once (kame_gateway_auth_held_refusals), so a flood of bad tokens cannot pile
+up open calls. Past that, a call from a peer already being slowed down is
+refused at once with RESOURCE_EXHAUSTED and a retry hint, its token not even
+checked ("throttled"): a flood gets no answer about any guess faster than
+the slow-down allows (a valid token from that address waits too, until the
+flood ebbs). A token is a secret of at least 16 characters and about 64 bits
+of randomness (config.check_token).
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ MAX_HELD = 256
 
 AUTH_FAILURES = Counter(
     "kame_gateway_auth_failures",
-    "Calls refused with UNAUTHENTICATED (reason: missing, malformed, invalid)",
+    "Calls refused (reason: missing, malformed, invalid: UNAUTHENTICATED; throttled: "
+    "RESOURCE_EXHAUSTED, unchecked, from a peer being slowed down while every hold is taken)",
     ["reason"],
 )
 
@@ -158,8 +166,12 @@ class PeerThrottle:
             self._peers.popitem(last=False)
         return record.count, self.delay(record.count)
 
-    def succeeded(self, peer: str) -> None:
-        self._peers.pop(peer, None)
+    def slowed(self, peer: str) -> float:
+        """The hold `peer`'s next failure would get (0: none, it is not slowed down)."""
+        record = self._peers.get(peer)
+        if record is None or self._clock() - record.last >= self.forget_after_s:
+            return 0.0
+        return self.delay(record.count + 1)
 
     def delay(self, failures: int) -> float:
         over = failures - self.free_failures
@@ -232,9 +244,10 @@ class BearerAuth:
         if not self.enabled:
             return ANONYMOUS
         peer = peer_key(context.peer() or "unknown")
+        if self.held >= MAX_HELD and (retry_after_s := self.throttle.slowed(peer)):
+            await self._refuse_unchecked(context, peer, retry_after_s)
         verdict = self._verify(context.invocation_metadata() or ())
         if verdict.principal:
-            self.throttle.succeeded(peer)
             return verdict.principal
         reason, message = verdict.reason, verdict.message
         AUTH_FAILURES.labels(reason=reason).inc()
@@ -246,7 +259,7 @@ class BearerAuth:
             failures,
             f", held {delay_s:g} s" if delay_s else "",
         )
-        if self.held >= MAX_HELD:  # no hold, and no wait for the first message
+        if self.held >= MAX_HELD:  # a peer not slowed down yet: no hold to give it
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         self.held += 1
         HELD_REFUSALS.inc()
@@ -260,3 +273,17 @@ class BearerAuth:
             self.held -= 1
             HELD_REFUSALS.dec()
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    @staticmethod
+    async def _refuse_unchecked(
+        context: grpc.aio.ServicerContext[Any, Any], peer: str, retry_after_s: float
+    ) -> None:
+        """Refuse a call from a peer being slowed down while every hold is taken,
+        without looking at its token: no answer about a guess comes sooner."""
+        AUTH_FAILURES.labels(reason="throttled").inc()
+        log.warning("refused a call from %s unchecked: too many failures, holds full", peer)
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"too many failed attempts from this address; retry in {retry_after_s:g} s",
+            trailing_metadata=(("retry-after-s", f"{retry_after_s:g}"),),
+        )

@@ -10,8 +10,10 @@ where it came from and what is allowed.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import inspect
+import math
 import os
 import socket
 import typing
@@ -132,6 +134,31 @@ def check_secret(field_name: str, value: str) -> None:
     if value and len(value) < MIN_SECRET_CHARS:
         raise ConfigError(
             f"{field_name}: a secret needs at least {MIN_SECRET_CHARS} characters, got {len(value)}"
+        )
+
+
+# A bearer token callers present must carry at least this much randomness, as
+# `token_bits` estimates it: a guesser then needs about 2^63 tries.
+MIN_TOKEN_BITS = 64
+
+
+def token_bits(token: str) -> float:
+    """The randomness of `token`, estimated from its own characters: its length times
+    the entropy of their frequencies: 'aaaa...' has none, 'password12345678' about
+    62, 128 random bits as 32 hex characters about 115 (94 at the least)."""
+    counts = collections.Counter(token)
+    return sum(n * math.log2(len(token) / n) for n in counts.values())
+
+
+def check_token(field_name: str, token: str) -> None:
+    """ConfigError naming the field unless `token` is empty or a secret (check_secret)
+    of at least MIN_TOKEN_BITS estimated bits; the message never shows the token."""
+    check_secret(field_name, token)
+    if token and (bits := token_bits(token)) < MIN_TOKEN_BITS:
+        raise ConfigError(
+            f"{field_name}: a token of {len(token)} characters with about {bits:.0f} bits of "
+            f"randomness (estimated from its characters) is too easy to guess; use one of at "
+            f"least {MIN_TOKEN_BITS}, e.g. `openssl rand -hex 32`"
         )
 
 

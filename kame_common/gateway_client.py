@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import grpc
 
 from kame_common import tracing
-from kame_common.config import ConfigError, check_secret, setting
+from kame_common.config import ConfigError, check_token, setting
 from kame_common.grpc_options import ConnectionPolicy
 from kame_common.ports import loopback_address
 from kame_common.tls import ClientTls
@@ -40,7 +40,7 @@ class GatewayClientSettings:
         )
 
     def validate_gateway_client(self) -> None:
-        check_secret("gateway_auth_token", self.gateway_auth_token)
+        check_token("gateway_auth_token", self.gateway_auth_token)
         if self.gateway_server_name and not (self.gateway_ca_file or self.gateway_tls):
             raise ConfigError(
                 "gateway_server_name: applies to TLS only: set gateway_ca_file or gateway_tls"

@@ -11,6 +11,7 @@ from kame_common.config import (
     ServiceSettings,
     check_not_negative,
     check_secret,
+    check_token,
     redis_timeout_setting,
     setting,
 )
@@ -30,7 +31,8 @@ class GatewaySettings(ServiceSettings):
     auth_tokens: str = setting(
         "",
         "comma-separated bearer tokens callers may send as 'authorization: Bearer <token>' "
-        "metadata (several at once for rotation; empty = no auth)",
+        "metadata (several at once for rotation; each of 16 characters and about 64 bits of "
+        "randomness at least, e.g. openssl rand -hex 32; empty = no auth)",
     )
     upstream_ca_file: str = setting(
         "", "PEM CA of the frontend/stt/oracle server certificates (non-empty = TLS to upstreams)"
@@ -201,7 +203,7 @@ class GatewaySettings(ServiceSettings):
     def validate(self) -> None:
         super().validate()
         for token in parse_tokens(self.auth_tokens):
-            check_secret("auth_tokens", token)
+            check_token("auth_tokens", token)
         check_secret("registry_secret", self.registry_secret)
         check_secret("resume_secret", self.resume_secret)
         if self.resume_ttl_s <= 0:

@@ -53,7 +53,7 @@ MAKE_CERTS = ROOT / "deploy" / "compose" / "make-certs.sh"
 # What an operator puts in the shell for the secured stack (test values, not secrets).
 SECRETS_ENV = {
     "KAME_REDIS_PASSWORD": "test-redis-password-0123",
-    "KAME_GATEWAY_AUTH_TOKENS": "test-token-one-0123,test-token-two-0123",
+    "KAME_GATEWAY_AUTH_TOKENS": "test-token-one-0123456789abcdef,test-token-two-0123456789abcdef",
     "KAME_CAPACITY_REGISTRY_SECRET": "test-registry-secret",
 }
 

@@ -3,13 +3,17 @@ use), their defaults, and start-up errors that name the field."""
 
 from __future__ import annotations
 
+import secrets
+import uuid
+
 import pytest
 
-from kame_common.config import ConfigError, load_settings
+from kame_common.config import MIN_TOKEN_BITS, ConfigError, load_settings, token_bits
 from services.frontend.config import FrontendSettings
 from services.gateway.config import GatewaySettings
 from services.oracle.config import OracleSettings
 from services.stt.config import SttSettings
+from services.telephony.config import TelephonySettings
 
 
 @pytest.mark.parametrize("cls", [GatewaySettings, FrontendSettings, SttSettings, OracleSettings])
@@ -74,6 +78,16 @@ def test_gateway_security_settings_from_the_environment():
     assert frontend.registry_secret == settings.registry_secret
 
 
+def test_random_tokens_pass_the_randomness_check_and_errors_never_show_a_token():
+    """The old check took any 16 characters ('aaaaaaaaaaaaaaaa' included)."""
+    for _ in range(200):
+        for token in (secrets.token_hex(16), secrets.token_urlsafe(16), str(uuid.uuid4())):
+            assert token_bits(token) >= MIN_TOKEN_BITS, token
+    with pytest.raises(ConfigError) as refused:
+        load_settings(GatewaySettings, [], env={"KAME_GATEWAY_AUTH_TOKENS": "z" * 16})
+    assert "about 0 bits" in str(refused.value) and "z" * 16 not in str(refused.value)
+
+
 @pytest.mark.parametrize(
     "cls, env, message",
     [
@@ -81,6 +95,10 @@ def test_gateway_security_settings_from_the_environment():
         (OracleSettings, {"TLS_CLIENT_CA_FILE": "/ca"}, "tls_client_ca_file: client certificates"),
         (FrontendSettings, {"HEALTH_PORT": "50052"}, "health_port: must differ from port"),
         (GatewaySettings, {"AUTH_TOKENS": "short"}, "auth_tokens: a secret needs at least 16"),
+        # Long enough, but guessable: a word and digits, a repeated word, one letter.
+        (GatewaySettings, {"AUTH_TOKENS": "password12345678"}, "auth_tokens: a token of 16"),
+        (GatewaySettings, {"AUTH_TOKENS": "changeme-changeme"}, "auth_tokens: a token of 17"),
+        (TelephonySettings, {"GATEWAY_AUTH_TOKEN": "a" * 40}, "gateway_auth_token: a token"),
         (GatewaySettings, {"REGISTRY_SECRET": "short"}, "registry_secret: a secret needs"),
         (FrontendSettings, {"REGISTRY_SECRET": "short"}, "registry_secret: a secret needs"),
         (
