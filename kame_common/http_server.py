@@ -1,7 +1,8 @@
 """uvicorn for the stack's HTTP services (web, telephony): on a socket we bind
-(port 0 works), TLS from the service's settings, /metrics beside it, and no
+(port 0 works), TLS from the service's settings, /metrics beside it, no
 signal handling of its own (the process's main handles signals, and a server
-started inside a test leaves the test's alone)."""
+started inside a test leaves the test's alone), and access log lines without
+query values (kame_common/redact.py: they carry what callers type)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ from starlette.types import ASGIApp
 
 from kame_common.config import ServiceSettings
 from kame_common.metrics import describe_service, start_metrics_server
+from kame_common.redact import QueryValuesOut
 
 log = logging.getLogger(__name__)
+# uvicorn's loggers of requests ("uvicorn.access") and WebSocket handshakes ("uvicorn.error").
+ACCESS_LOGGERS = ("uvicorn.access", "uvicorn.error")
+QUERY_VALUES_OUT = QueryValuesOut()  # one instance: adding it again changes nothing
 
 
 class HttpServer(uvicorn.Server):
@@ -34,6 +39,8 @@ class HttpServer(uvicorn.Server):
         )
         self.name = name
         self.settings = settings
+        for logger in ACCESS_LOGGERS:  # after Config, which configures uvicorn's logging
+            logging.getLogger(logger).addFilter(QUERY_VALUES_OUT)
         self.socket = socket.create_server((settings.host, settings.port))
         self.port: int = self.socket.getsockname()[1]
         self._task: asyncio.Task[None] | None = None

@@ -149,12 +149,13 @@ class CallControlPolicy:
             return f"{request.target!r} is not a transfer target (allowed: {names})"
         if request.action == "send_dtmf":
             digits = request.digits.upper()
+            # The words name no key: they are logged (the keys may be a PIN).
             if not 0 < len(digits) <= MAX_DIGITS or not set(digits) <= DTMF_KEYS:
-                return f"{request.digits!r}: 1 to {MAX_DIGITS} keys of 0-9, *, #, A-D"
+                return f"send 1 to {MAX_DIGITS} keys of 0-9, *, #, A-D"
             if not re.fullmatch(self.dtmf_allowed, digits):
                 return (
-                    f"{digits!r} may not be pressed on this line (the keys allowed match "
-                    f"{self.dtmf_allowed})"
+                    f"these {len(digits)} keys may not be pressed on this line (the keys "
+                    f"allowed match {self.dtmf_allowed})"
                 )
         return ""
 
@@ -174,13 +175,17 @@ async def act(
     """Do `request` on `call` if `policy` allows it; the result in words."""
     info = call.info
     result = await _act(call, request, policy)
+    # Keys pressed may be a PIN or an account number: their count at INFO only.
+    said = f"sent {len(request.digits)} keys" if request.digits and result.ok else result.detail
     log.info(
         "%s call %s: call control %s: %s",
         info.provider,
         info.provider_call_id,
         request.action,
-        result.detail,
+        said,
     )
+    if request.digits:
+        log.debug("%s call %s: keys %s", info.provider, info.provider_call_id, request.digits)
     outcome = "done" if result.ok else "refused" if result.refused else "failed"
     action = request.action if request.action in CALL_CONTROL_ACTIONS else "other"
     metrics.CALL_CONTROL.labels(info.provider, action, outcome).inc()

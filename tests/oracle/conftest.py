@@ -15,13 +15,29 @@ from dataclasses import dataclass, field
 
 import grpc
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from kame_common import tracing
 from kamepb import common_pb2, oracle_pb2, oracle_pb2_grpc
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.server import serve
 
 Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate
+
+
+SPANS = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="session")
+def spans() -> InMemorySpanExporter:
+    """Finished spans of this process (the tracer provider is global: installed once)."""
+    tracing.setup_tracing("oracle-tools-test")
+    provider = trace.get_tracer_provider()
+    provider.add_span_processor(SimpleSpanProcessor(SPANS))  # type: ignore[attr-defined]
+    return SPANS
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+from opentelemetry.trace import StatusCode
 from prometheus_client import REGISTRY
 
 from kamepb import common_pb2, oracle_pb2
@@ -273,8 +274,11 @@ async def test_a_side_effect_client_function_runs_once_after_the_final(
 
 
 async def test_an_error_from_the_client_is_an_error_result_on_anthropic_too(
-    stub_http, oracle_service, guide_client, session_id
+    stub_http, oracle_service, guide_client, session_id, spans
 ):
+    """The client's error text reaches the model, not the trace: with transcripts
+    out of spans (KAME_TRACE_TRANSCRIPTS off), the tool span's status says only that
+    the tool failed (the old span status carried the client's words)."""
     llm, url = await stub_http({**FAKE_LLM_ROUTES, ("GET", "/v1/models"): anthropic_models})
     runtime = await oracle_service(
         allowed_base_urls=url, allowed_models="claude-stub", allowed_backends="openai,anthropic"
@@ -291,16 +295,25 @@ async def test_an_error_from_the_client_is_an_error_result_on_anthropic_too(
     )
     await client.user("What is the door code of the Paris office?", final=True)
     asking = await client.wait_for(lambda r: r.HasField("function_call"), timeout_s=30)
-    await client.send(result(asking.function_call.call_id, "the vault is locked", is_error=True))
+    private = "the card of Alice Example ending 4242 was declined"
+    await client.send(result(asking.function_call.call_id, private, is_error=True))
     await client.wait_event(Event.DONE, 1, timeout_s=30)
 
     assert client.answer(1) == f"{HOLD} {APOLOGY}"
     asked, answered = (post.json() for post in llm.posts())
     assert asked["tools"][0]["input_schema"] == json.loads(DOOR_CODE.parameters_json)
     (told,) = answered["messages"][-1]["content"]
-    assert (told["content"], told["is_error"]) == ("error: the vault is locked", True)
+    assert (told["content"], told["is_error"]) == (f"error: {private}", True)
     assert activity(client)[-1].is_error
     assert await client.finish() == grpc.StatusCode.OK
+    (span,) = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name == "oracle.tool_call" and s.attributes.get("kame.session_id") == session_id
+    ]
+    assert span.status.status_code == StatusCode.ERROR
+    assert "Alice" not in (span.status.description or "") and "4242" not in str(span.status)
+    assert "door_code" in (span.status.description or "")
 
 
 async def test_the_session_ending_ends_the_wait_for_a_client(

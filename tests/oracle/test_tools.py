@@ -21,13 +21,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
 from kame_cli.stack_options import free_ports
-from kame_common import store, tracing
+from kame_common import store
 from kame_common.capacity import LoadMeter
 from kamepb import common_pb2, oracle_pb2
 from kamepb.common_pb2 import LLM_BACKEND_ANTHROPIC
@@ -53,17 +50,6 @@ from tests.oracle.tool_support import (
 Event = oracle_pb2.OracleEvent
 # Each partial restarts the LLM: the start window must not hold any back.
 POLICY = oracle_pb2.OraclePolicy(poll_interval_s=0.05, max_starts=50)
-
-
-SPANS = InMemorySpanExporter()
-
-
-@pytest.fixture(scope="module")
-def spans():
-    """Finished spans of this process (the tracer provider is global: installed once)."""
-    tracing.setup_tracing("oracle-tools-test")
-    trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(SPANS))
-    return SPANS
 
 
 @pytest.fixture

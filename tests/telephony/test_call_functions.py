@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -229,11 +230,11 @@ async def test_bad_calls_get_error_results_and_the_hang_up_cancels_a_transfer_un
         assert gateway.half_closed.is_set()
 
 
-async def test_a_call_presses_at_most_its_cap_of_keys_and_digits_only_by_default():
+async def test_a_call_presses_at_most_its_cap_of_keys_and_digits_only_by_default(caplog):
     """The abuse: the model pressed any keys it chose, up to 32 a request and
     without end over a call; behind a PBX, '#' and '*' are toll fraud. The old
-    call sent '*9' and a fourth run of keys."""
-    settings = TelephonySettings(call_control="send_dtmf", dtmf_send_max_keys=5)  # type: ignore[arg-type]
+    call sent '*9' and a key past the cap, and logged the keys (a PIN) at INFO."""
+    settings = TelephonySettings(call_control="send_dtmf", dtmf_send_max_keys=6)  # type: ignore[arg-type]
     leg = Leg()
     async with (
         scripted_gateway() as (gateway, address),
@@ -245,13 +246,15 @@ async def test_a_call_presses_at_most_its_cap_of_keys_and_digits_only_by_default
         await wait_until(call.started.is_set, "the session to start")
         (declared_dtmf,) = gateway.configs[0].functions
         assert "[0-9]{1,16}" in declared_dtmf.parameters_json  # the model is told
-        outcomes = [await gateway.call("send_dtmf", {"digits": keys}) for keys in ("*9", "12#")]
-        assert all(r.is_error and "may not be pressed" in r.output for r in outcomes)
-        assert not (await gateway.call("send_dtmf", {"digits": "12"})).is_error
-        assert not (await gateway.call("send_dtmf", {"digits": "345"})).is_error
-        refused = await gateway.call("send_dtmf", {"digits": "6"})
-        assert refused.is_error and "at most 5 keys in all (5 pressed already)" in refused.output
-        assert leg.keys == ["12", "345"]
+        with caplog.at_level(logging.INFO, logger="services.telephony"):
+            refused = [await gateway.call("send_dtmf", {"digits": keys}) for keys in ("*9", "12#")]
+            assert all(r.is_error and "may not be pressed" in r.output for r in refused)
+            assert (await gateway.call("send_dtmf", {"digits": "4711"})).output == "sent 4711"
+            assert not (await gateway.call("send_dtmf", {"digits": "28"})).is_error
+            capped = await gateway.call("send_dtmf", {"digits": "3"})
+        assert capped.is_error and "at most 6 keys in all (6 pressed already)" in capped.output
+        assert leg.keys == ["4711", "28"]
+        assert "sent 4 keys" in caplog.text and "4711" not in caplog.text
         call.caller_hung_up()
         assert await asyncio.wait_for(running, 5) is Ended.CALLER_HUNG_UP
 

@@ -20,7 +20,9 @@ agent has spoken):
 Calls run in tasks of their own, shielded from the candidate that asked: a
 candidate cancelled by a restart does not cancel a call another candidate
 will want. Each call is timed into a histogram and an OpenTelemetry span; the
-calls a final's candidate used go into the conversation as `tool` turns.
+calls a final's candidate used go into the conversation as `tool` turns. A
+failed call's span says only that it failed: its text (a client's or a
+server's words) goes into the span only with KAME_TRACE_TRANSCRIPTS.
 
 The client sees tools work through ToolActivity (GuideResponse.tool): each
 run of a tool is a STARTED when it starts and a FINISHED (is_error,
@@ -259,7 +261,9 @@ class TurnTools:
             TOOL_SECONDS.labels(tool=metric_label(spec), outcome=outcome).observe(elapsed)
             span.set_attribute("tool.elapsed_s", elapsed)
             if result.is_error:
-                span.set_status(trace.Status(trace.StatusCode.ERROR, result.text))
+                # A client's or a server's words may carry what the caller said.
+                shown = result.text if TRANSCRIPTS_IN_SPANS else f"{spec.name} answered an error"
+                span.set_status(trace.Status(trace.StatusCode.ERROR, shown))
         return ToolResult(result.text, result.is_error, elapsed)
 
     def running(self) -> bool:
