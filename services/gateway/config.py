@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -33,6 +34,12 @@ class GatewaySettings(ServiceSettings):
         "comma-separated bearer tokens callers may send as 'authorization: Bearer <token>' "
         "metadata (several at once for rotation; each of 16 characters and about 64 bits of "
         "randomness at least, e.g. openssl rand -hex 32; empty = no auth)",
+    )
+    published_on: str = setting(
+        "",
+        "the host address docker compose publishes the client port on (its KAME_BIND; empty "
+        "= not published): one beyond loopback with neither auth_tokens nor "
+        "tls_client_ca_file refuses to start, since anyone who reaches it could call",
     )
     upstream_ca_file: str = setting(
         "", "PEM CA of the frontend/stt/oracle server certificates (non-empty = TLS to upstreams)"
@@ -206,6 +213,7 @@ class GatewaySettings(ServiceSettings):
             check_token("auth_tokens", token)
         check_secret("registry_secret", self.registry_secret)
         check_secret("resume_secret", self.resume_secret)
+        self._check_published()
         if self.resume_ttl_s <= 0:
             raise ConfigError(f"resume_ttl_s: must be above 0, got {self.resume_ttl_s:g}")
         if not 0.1 <= self.cascade_stt_endpoint_s <= 5.0:  # stt's range (stt/config.py)
@@ -245,6 +253,19 @@ class GatewaySettings(ServiceSettings):
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
+    def _check_published(self) -> None:
+        """ConfigError for a client port published beyond this machine that admits
+        every caller."""
+        if not self.published_on or _is_loopback(self.published_on):
+            return
+        if not (parse_tokens(self.auth_tokens) or self.tls_client_ca_file):
+            raise ConfigError(
+                f"published_on: the client port is published on {self.published_on}, beyond "
+                "this machine, with no auth_tokens and no tls_client_ca_file: anyone who "
+                "reaches it could call (and spend its LLM); set KAME_GATEWAY_AUTH_TOKENS "
+                "(e.g. `openssl rand -hex 32`) or keep KAME_BIND on 127.0.0.1"
+            )
+
     def _validate_side_streams(self) -> None:
         if not 0.1 <= self.side_heartbeat_s <= 60:
             raise ConfigError(
@@ -260,3 +281,12 @@ class GatewaySettings(ServiceSettings):
                 "side_backoff_s, side_backoff_max_s: need 0 < side_backoff_s <= "
                 f"side_backoff_max_s, got {self.side_backoff_s:g} and {self.side_backoff_max_s:g}"
             )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kame_cli import llm_server
 from kame_cli.stack import Stack
 from kame_cli.stack_options import StackOptions
+from kame_common.config import ConfigError
 from kame_common.ports import LLM_PORT, REDIS_PORT
 from services.telephony.config import TelephonySettings
 from tests.deploy.conftest import (
@@ -324,6 +325,8 @@ def test_same_settings_as_kame_up(project, configs, tmp_path):
         "gateway_address",
         # A secret: kame up makes one per stack; compose and Helm take the operator's.
         "resume_secret",
+        # Where compose publishes the gateway's port (kame up's stays on loopback).
+        "published_on",
         # Telephony in a container: the published RTP ports, the address SDP names, and the
         # callers Docker's proxy makes them look like.
         "rtp_port_first",
@@ -684,6 +687,23 @@ def test_ports_bind_to_loopback_and_kame_bind_opens_only_the_callers_ports():
 
     admin = published_hosts({"KAME_ADMIN_BIND": "10.0.0.2"})
     assert {name for name, hosts in admin.items() if hosts == {"10.0.0.2"}} == ADMIN
+
+
+def test_a_gateway_published_beyond_loopback_without_tokens_refuses_to_start(configs):
+    """KAME_BIND=0.0.0.0 with no tokens (the default) published an open gateway and web
+    page on every interface: anyone on the network could call and spend the LLM. Now
+    the gateway's own settings refuse it, naming what to set; with tokens it starts."""
+    bound = compose_project(env={"KAME_BIND": "0.0.0.0"})
+    with pytest.raises(ConfigError, match=r"published on 0\.0\.0\.0, beyond this machine"):
+        loaded_config(bound["gateway"], configs)
+    tokens = {
+        "KAME_BIND": "0.0.0.0",
+        "KAME_GATEWAY_AUTH_TOKENS": SECRETS_ENV["KAME_GATEWAY_AUTH_TOKENS"],
+    }
+    assert (
+        loaded_config(compose_project(env=tokens)["gateway"], configs)[1].published_on == "0.0.0.0"
+    )
+    assert loaded_config(compose_project()["gateway"], configs)[1].published_on == "127.0.0.1"
 
 
 @pytest.mark.parametrize("caller", ["172.17.0.1", "172.18.0.1", "172.31.255.1"])
