@@ -239,13 +239,66 @@ def test_who_may_connect(rendered, target, port, sources):
 
 
 def test_the_gateway_takes_calls_from_any_client_by_default(rendered):
-    # Any source but the oracle, whose own egress is limited (it never calls the gateway).
-    assert admitted(rendered, "gateway", "grpc") == set(chart_pods(rendered)) - {"oracle"}
+    # Any source outside the release, web, telephony and the test pod: the release's other
+    # pods' egress is limited (they never call the gateway).
+    assert admitted(rendered, "gateway", "grpc") == {
+        "web",
+        "telephony",
+        "test",
+        "stranger",
+        "prometheus",
+        "kube-dns",
+    }
     policies, pods = rendered.of_kind("NetworkPolicy"), chart_pods(rendered)
     assert allowed(policies, outside("203.0.113.7"), pods["gateway"], "grpc")
     # ... but nothing else of the gateway: metrics and health are not for clients.
     assert not allowed(policies, outside("203.0.113.7"), pods["gateway"], "metrics")
     assert not allowed(policies, outside("203.0.113.7"), pods["gateway"], "health")
+
+
+# What each pod of the release may reach besides DNS (Redis and the llm: not even DNS).
+REACHES = {
+    "gateway": {("redis", "redis"), ("frontend", "grpc"), ("stt", "grpc"), ("oracle", "grpc")},
+    "frontend": {("redis", "redis")},
+    "stt": {("redis", "redis")},
+    "oracle": {("redis", "redis"), ("llm", "http")},
+    "web": {("gateway", "grpc")},
+    "telephony": {("gateway", "grpc")},
+    "redis": set(),
+    "llm": set(),
+}
+
+
+def test_every_pod_reaches_only_what_it_needs(rendered):
+    """The old chart limited the oracle's, web's and telephony's egress only: a gateway,
+    frontend, stt, Redis or llm pod that was taken over reached anything, the cloud
+    metadata address and the internet included."""
+    policies, pods = rendered.of_kind("NetworkPolicy"), chart_pods(rendered)
+    present = [name for name in REACHES if name in pods]  # no llm pod with a hosted LLM
+    for source in present:
+        pod, reaches = pods[source], REACHES[source]
+        for target in present:
+            for port in ("grpc", "redis", "http"):
+                if port in pods[target].ports and target != source:
+                    wanted = (target, port) in reaches
+                    assert allowed(policies, pod, pods[target], port) == wanted, (source, target)
+        assert allowed(policies, pod, pods["kube-dns"], 53, "UDP") == bool(reaches), source
+        assert not allowed(policies, pod, pods["stranger"], 8080), source
+        if source != "oracle":  # a hosted LLM's API (values-gpu.yaml): its own test
+            assert not allowed(policies, pod, outside("203.0.113.7"), 443), source
+        assert not allowed(policies, pod, outside("169.254.169.254"), 80), source
+
+
+def test_common_egress_reaches_every_service_and_own_egress_one(rendered):
+    collector = {"to": [{"ipBlock": {"cidr": "10.9.0.0/16"}}], "ports": [{"port": 4317}]}
+    hub = {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"port": 443}]}
+    extra = helm_render({"networkPolicy": {"commonEgress": [collector], "frontendEgress": [hub]}})
+    policies, pods = extra.of_kind("NetworkPolicy"), chart_pods(extra)
+    for service in ("gateway", "frontend", "stt", "oracle", "web", "telephony"):
+        assert allowed(policies, pods[service], outside("10.9.0.7"), 4317), service
+        reaches_hub = allowed(policies, pods[service], outside("203.0.113.7"), 443)
+        assert reaches_hub == (service == "frontend"), service
+    assert not allowed(policies, pods["redis"], outside("10.9.0.7"), 4317)
 
 
 def test_the_embedded_llm_takes_calls_from_the_oracle_only(rendered_sets):
@@ -746,9 +799,14 @@ def test_notes_say_what_the_oracle_cannot_reach(rendered_sets):
             "tracing": {"otlpEndpoint": "http://otel:4317"},
         }
     ).notes
-    assert "add your Redis, its LLM, the OTLP collector (http://otel:4317) there" in notes
+    assert (
+        "add your Redis, the OTLP collector (http://otel:4317) to networkPolicy.commonEgress"
+        in (notes)
+    )
+    assert "add its LLM there, or the oracle cannot reach it" in notes
     for rendered in rendered_sets.values():  # the embedded llm, or oracleEgress for the API
         assert "oracle's egress is limited" not in rendered.notes
+        assert "Every pod's egress is limited" not in rendered.notes
 
 
 def generated_secrets(rendered: Rendered) -> set[str]:
