@@ -43,6 +43,8 @@ UDP_PORTS = ("sip",)  # the rest of the ports are TCP
 INGRESS = ("web", "telephony")  # HTTP services in front of the gateway
 # What the oracle logs once it has listed its MCP servers' tools (services/oracle/tools).
 TOOLS_LINE = re.compile(r" oracle: tools (.*)$", re.M)
+# What it logs for an MCP server it could not start or reach (services/oracle/tools).
+MCP_FAILURE_LINE = re.compile(r" oracle: MCP server (\S+) unavailable: (.*)$", re.M)
 
 
 def stack_file(gateway_port: int) -> Path:
@@ -306,6 +308,7 @@ class Stack:
             if child.name in SIDE_PROCESSES:
                 child.niceness = self.options.side_niceness
         self.start_and_wait(others)
+        self.check_tools()
         self.write_stack_file()
 
     def start_and_wait(self, children: list[Child]) -> None:
@@ -427,6 +430,23 @@ class Stack:
             return None
         said = TOOLS_LINE.findall(oracle.log_path.read_text(errors="replace"))
         return said[-1].strip() if said else None  # the last start's, after a restart
+
+    def check_tools(self) -> None:
+        """StackError when the oracle could not start an MCP server named with
+        --mcp-server (its reason from the oracle's log, before its tools line): the
+        stack would otherwise run without the tools asked for, saying 'tools none'."""
+        oracle = next((c for c in self.children if c.name == "oracle"), None)
+        if not self.options.mcp_servers or oracle is None or oracle.log_path is None:
+            return
+        text = oracle.log_path.read_text(errors="replace") if oracle.log_path.exists() else ""
+        started = TOOLS_LINE.search(text)
+        failed = MCP_FAILURE_LINE.search(text, 0, started.start() if started else len(text))
+        if failed is not None:
+            name, reason = failed.groups()
+            raise StackError(
+                f"oracle: MCP server {name} did not start: {reason.strip()} "
+                f"(log {oracle.log_path}); fix its --mcp-server {name}=... or leave it out"
+            )
 
     def endpoints(self) -> list[tuple[str, str]]:
         rows = [(c.name, c.endpoint) for c in self.children]

@@ -107,6 +107,12 @@ class StackOptions:
         if self.mcp_servers or self.tools_allowed:
             effective_allow_list(self.mcp_servers, self.tools_allowed)  # refuse bad ones now
 
+    def servers_allowed_whole(self) -> list[str]:
+        """The --mcp-server names no --tools-allowed entry narrows: all their tools are
+        offered, those that change or delete things included."""
+        allowed = effective_allow_list(self.mcp_servers, self.tools_allowed)
+        return [entry.removesuffix(".*") for entry in allowed[len(self.tools_allowed) :]]
+
     def oracle_tool_env(self) -> dict[str, str]:
         """The oracle's MCP_SERVERS and TOOLS_ALLOWED settings for these options
         (none without --mcp-server: then the oracle's environment decides)."""

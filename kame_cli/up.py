@@ -11,12 +11,16 @@ client of the gateway). It waits until every one is ready (gRPC
 health SERVING, which the oracle reports only after warming up its LLM's
 prompt; the LLM server's ready line, which it prints after its own warm-up;
 the web service's /healthz; Redis PING; and the gateway reports SERVING only
-once stt, the oracle and a frontend do: services/gateway/readiness.py), prints
+once stt, the oracle and a frontend do: services/gateway/readiness.py), refuses
+to go on when an --mcp-server did not start (its reason on the console, as
+for any other part), prints
 the endpoints (the OpenAI Realtime and the Moshi-protocol ones on a line each)
 and the page's URL, restarts any process that dies (with
 backoff, printed: kame_cli.supervise), and on Ctrl-C
 or SIGTERM stops them all (SIGTERM to each process group, SIGKILL after a
-timeout). Each child's output goes to a log file in --log-dir.
+timeout). Each child's output goes to a log file in --log-dir. A server named
+with --mcp-server that no --tools-allowed narrows gets a warning before the
+start: every one of its tools is offered.
 
 The processes, their ports and the stack file are kame_cli.stack's (`Stack`);
 the flags and the options they set, kame_cli.stack_options's.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import time
 
 from kame_cli.errors import USAGE, CliError
@@ -67,6 +72,14 @@ def run(args: argparse.Namespace) -> int:
     options = options_from_args(args, ports_from_args(args), args.frontend_engine, args.log_dir)
     options.side_niceness = args.side_nice
     stack = Stack(options)
+    for name in options.servers_allowed_whole():
+        print(
+            f"kame up: WARNING: every tool of MCP server {name} is offered to the LLM, those "
+            f"that change or delete things included; name the ones it may call with "
+            f"--tools-allowed {name}.TOOL",
+            file=sys.stderr,
+            flush=True,
+        )
     stack.check_ports_free()  # before saying anything starts
     print(
         f"kame up: starting the stack (gateway {stack.gateway_address}, logs in "

@@ -3,16 +3,21 @@ flags become the oracle's KAME_ORACLE_MCP_SERVERS / KAME_ORACLE_TOOLS_ALLOWED,
 which the oracle's own settings accept; a server named without --tools-allowed
 is allowed whole, one that --tools-allowed names only as listed; a bad entry
 is refused in one line before anything starts; once up, kame up prints the
-tools the oracle says it offers. (The whole path, a spoken question answered
-from a tool: tests/e2e/test_tools_stack.py.)"""
+tools the oracle says it offers; it warns before starting when a server is
+allowed whole, and refuses to go on when the oracle could not start one.
+(The whole path, a spoken question answered from a tool:
+tests/e2e/test_tools_stack.py.)"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import socket
+import sys
 
 import pytest
 
-from kame_cli.child import Child
+from kame_cli.child import Child, StackError
 from kame_cli.errors import USAGE, CliError
 from kame_cli.stack import Stack
 from kame_cli.stack_options import (
@@ -24,6 +29,7 @@ from kame_cli.stack_options import (
 )
 from kame_common.config import load_settings
 from services.oracle.config import OracleSettings
+from services.oracle.tools.mcp_toolbox import McpToolbox
 from services.oracle.tools.settings import AllowEntry, parse_allowed, parse_servers
 from tests.cli.conftest import assert_fails_in_one_line, kame
 
@@ -122,8 +128,8 @@ def test_kame_up_help_names_the_tool_flags():
     assert "all its tools are allowed unless --tools-allowed names it" in text
 
 
-def oracle_with_log(tmp_path, text: str | None) -> Stack:
-    stack = Stack(StackOptions(ports=Ports.free(), log_dir=tmp_path))
+def oracle_with_log(tmp_path, text: str | None, mcp_servers: tuple[str, ...] = ()) -> Stack:
+    stack = Stack(StackOptions(ports=Ports.free(), log_dir=tmp_path, mcp_servers=mcp_servers))
     oracle = Child("oracle", ["true"], {}, lambda: True, "127.0.0.1:1")
     if text is not None:
         oracle.log_path = tmp_path / "oracle.log"
@@ -145,3 +151,42 @@ def test_the_tools_the_oracle_offers_are_a_row_of_what_kame_up_prints(tmp_path):
 def test_no_tools_row_without_mcp_servers(tmp_path):
     assert "tools" not in dict(oracle_with_log(tmp_path, "INFO oracle: serving\n").endpoints())
     assert "tools" not in dict(oracle_with_log(tmp_path, None).endpoints())
+
+
+def test_kame_up_warns_before_starting_when_a_server_is_allowed_whole():
+    """A server named without --tools-allowed offers every tool (write_query-style ones
+    too): kame up says so first, on the console (the old one said nothing). The
+    gateway's port is taken here, so the run stops right after, before starting."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        flags = ["--gateway-port", port]  # checked first: nothing else is looked at
+        whole = kame("up", *flags, "--mcp-server", STDIO, "--mcp-server", HTTP, timeout=60)
+        narrowed = kame(
+            "up", *flags, "--mcp-server", STDIO, "--tools-allowed", "vault.read", timeout=60
+        )
+    assert f"port {port} (gateway) is in use" in whole.stderr, whole.stderr
+    warnings = [line for line in whole.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 2, whole.stderr
+    assert "every tool of MCP server vault is offered to the LLM" in warnings[0]
+    assert "--tools-allowed shop.TOOL" in warnings[1]
+    assert "WARNING" not in narrowed.stderr, narrowed.stderr
+
+
+async def test_kame_up_refuses_to_start_when_the_oracle_could_not_start_a_server(tmp_path, caplog):
+    """The old kame up printed 'tools none' and 'stack is up', the reason only in
+    oracle.log. The oracle's own toolbox writes the line here, from a server whose
+    command exits at once."""
+    server = f"vault={sys.executable} -c 'raise SystemExit(3)'"
+    toolbox = McpToolbox(parse_servers(server), parse_allowed("vault.*"), 5.0, 10.0)
+    with caplog.at_level(logging.INFO, logger="services.oracle.tools.mcp_toolbox"):
+        await toolbox.start()
+        await toolbox.aclose()
+    stack = oracle_with_log(tmp_path, caplog.text, mcp_servers=(server,))
+    assert stack.offered_tools() == "none"
+    with pytest.raises(StackError, match="oracle: MCP server vault did not start: ") as refused:
+        stack.check_tools()
+    assert "fix its --mcp-server vault=... or leave it out" in str(refused.value)
+    started = oracle_with_log(tmp_path, "INFO oracle: tools vault.read\n", mcp_servers=(server,))
+    started.check_tools()  # a server that started: nothing to say

@@ -111,6 +111,14 @@ class McpToolbox:
 
     async def start(self) -> None:
         """Connect every server at once and keep its allowed tools."""
+        for entry in self._allowed:
+            if entry.tool == "*":
+                log.warning(
+                    "oracle: every tool of MCP server %s is allowed (tools_allowed %s.*), those "
+                    "that change or delete things included",
+                    entry.server,
+                    entry.server,
+                )
         listed = await asyncio.gather(*(self._open(c) for c in self._connections.values()))
         for connection, tools in zip(self._connections.values(), listed, strict=True):
             for tool in tools or []:
