@@ -82,8 +82,9 @@ MAX_KEYS_IN_TURN = 32
 # A conversation longer than this keeps its newest turns (prompts use far fewer).
 DEFAULT_MAX_TURNS = 500
 
-# Take or renew a lease: set it to the owner unless another owner holds it.
-_HOLD_LEASE = """
+# Take or renew a key for its owner (a lease's holder, a resume token's nonce): set it,
+# with a TTL in milliseconds, unless another owner holds it.
+_HOLD = """
 local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -93,13 +94,6 @@ return 1
 _RELEASE_LEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-"""
-# Keep a resume nonce: write it where none is (Redis lost it), renew it where it is.
-_KEEP_NONCE = """
-local current = redis.call('GET', KEYS[1])
-if current and current ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return 1
 """
 # Replace a resume nonce with a new one only if the presented one is current.
 _ROTATE_NONCE = """
@@ -184,7 +178,7 @@ class SessionStore:
         renews the lease while the call lives, so a lease outlives a dead holder
         by at most `ttl_s`."""
         held = await self.client.eval(
-            _HOLD_LEASE, 1, self._lease_key(session_id), owner, int(ttl_s * 1000)
+            _HOLD, 1, self._lease_key(session_id), owner, int(ttl_s * 1000)
         )
         return bool(held)
 
@@ -200,7 +194,7 @@ class SessionStore:
         """Write the nonce of the session's resume token, or renew it; False when
         another nonce is current (a resume rotated it)."""
         kept = await self.client.eval(
-            _KEEP_NONCE, 1, self._resume_key(session_id), nonce, self.ttl_s
+            _HOLD, 1, self._resume_key(session_id), nonce, self.ttl_s * 1000
         )
         return bool(kept)
 

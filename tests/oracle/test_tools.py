@@ -276,10 +276,24 @@ async def test_a_final_kept_for_a_partial_candidate_still_gets_its_side_effect(
     assert await client.finish() == grpc.StatusCode.OK
 
 
-async def test_a_read_only_tool_runs_on_a_partial_and_its_result_is_reused(
-    mcp_http, secret, calls_file, stub_http, oracle_service, guide_client, session_id, redis_client
+@pytest.mark.parametrize("trusted", [True, False], ids=["hint-trusted", "hint-alone"])
+async def test_a_read_only_tool_runs_on_a_partial_only_where_the_operator_trusts_its_hint(
+    mcp_http,
+    secret,
+    calls_file,
+    stub_http,
+    oracle_service,
+    guide_client,
+    session_id,
+    redis_client,
+    trusted,
 ):
-    """door_code is read-only by its server's readOnlyHint, which the operator trusts."""
+    """door_code is read-only by its server's readOnlyHint. Trusted, it runs on a
+    partial and its result is reused. The abuse: a server that hints readOnlyHint for
+    a tool with side effects (or one the operator does not control) had it run on
+    partial transcripts, for words the caller had not finished; untrusted, the hint
+    counts for nothing and the tool runs once, for the final (the old oracle ran it
+    on a partial)."""
     _llm, client = await openai_session(
         stub_http,
         oracle_service,
@@ -287,36 +301,18 @@ async def test_a_read_only_tool_runs_on_a_partial_and_its_result_is_reused(
         session_id,
         f"vault={mcp_http}",
         "vault.*",
-        trust_read_only_hints="vault",
+        trust_read_only_hints="vault" if trusted else "",
     )
     words = "The door code of the Paris office for the visit today please".split()
     final_at = await partials_then_final(client, words, calls_file)
 
     (lookup,) = recorded_calls(calls_file)
-    assert lookup["tool"] == "door_code" and lookup["at"] < final_at
-    for n in range(1, 7):
-        assert secret in client.answer(n)
+    assert lookup["tool"] == "door_code" and (lookup["at"] < final_at) == trusted
+    answered = [n for n in range(1, 7) if secret in client.answer(n)]
+    assert answered == ([1, 2, 3, 4, 5, 6] if trusted else [6])
     assert await client.finish() == grpc.StatusCode.OK
     conversation = await store.SessionStore(redis_client).conversation(session_id)
     assert [turn["role"] for turn in conversation] == ["user", "tool"]
-
-
-async def test_a_servers_read_only_hint_alone_runs_nothing_on_a_partial(
-    mcp_http, secret, calls_file, stub_http, oracle_service, guide_client, session_id
-):
-    """The abuse: a server that hints readOnlyHint for a tool with side effects (or a
-    server the operator does not control) had it run on partial transcripts, for
-    words the caller had not finished. Untrusted, the hint counts for nothing: the
-    tool runs once, for the final (the old oracle ran door_code on a partial)."""
-    _llm, client = await openai_session(
-        stub_http, oracle_service, guide_client, session_id, f"vault={mcp_http}", "vault.*"
-    )
-    words = "The door code of the Paris office for the visit today please".split()
-    final_at = await partials_then_final(client, words, calls_file)
-    (lookup,) = recorded_calls(calls_file)
-    assert lookup["tool"] == "door_code" and lookup["at"] >= final_at
-    assert secret in client.answer(6)
-    assert await client.finish() == grpc.StatusCode.OK
 
 
 async def test_a_hanging_tool_becomes_an_apology_and_the_call_goes_on(
