@@ -5,7 +5,7 @@
 # the GPU, Whisper on the GPU at 1 and 16 sessions. Writes bench/results/gpu_*.json
 # and bench/results/gpu_check.md (kame_cli/bench/gpu_check.py does the work).
 #
-#   scripts/gpu_check.sh [--out DIR] [--keep-scratch]
+#   scripts/gpu_check.sh [--out DIR] [--keep-scratch] [--parts build,parity,step,e2e,stt] [--dtype D]
 #   scripts/gpu_check.sh --cpu-smoke    # the same code on the CPU, tiny config (tests)
 #
 # The Python is $PYTHON, else the repo's .venv, else python3 on PATH.

@@ -75,7 +75,23 @@ one call). Scratch files (answer WAVs, service logs) go to
 --out-dir/tmp/NAME/.
 """
 
-from kame_cli.bench.cli import run
-from kame_cli.bench.config import add_arguments
+from __future__ import annotations
 
-__all__ = ["add_arguments", "run"]
+import argparse
+
+# The command's modules are imported when `kame bench` runs, not with the
+# package: importing one of the benchmark scripts or helpers here (gpu_check,
+# kame_step_bench, report) then loads that module alone, not the whole stack's
+# install (gRPC clients, Redis, the gateway's codecs).
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kame_cli.bench.config import add_arguments as add_bench_arguments
+
+    add_bench_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kame_cli.bench.cli import run as run_bench
+
+    return run_bench(args)

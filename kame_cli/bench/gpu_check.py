@@ -16,22 +16,28 @@
 3. step: tick time (Mimi encode, LM step with the oracle stream, Mimi decode;
    with moshi's CUDA graphs, as the engine runs) at batch 1, 8, 32 and 64:
    p50, p99 and peak memory. The goal: 32 sessions or more at p99 under 80 ms.
-4. e2e: the random weights written as a checkpoint in the Hugging Face layout,
-   a `kame up` stack on free ports with the kame engine on the GPU (bfloat16,
-   4 slots), and one `kame talk` conversation through the gateway. Random
-   weights say nothing of the answer; timing is what counts: frame lag at the
-   caller, the frontend's tick time and sessions per tick.
+4. e2e (kame_cli/bench/gpu_check_e2e.py): the random weights written as a
+   checkpoint in the Hugging Face layout, a `kame up` stack on free ports with
+   the kame engine on the GPU (bfloat16, 4 slots), and one `kame talk`
+   conversation through the gateway. Random weights say nothing of the
+   answer; timing is what counts: frame lag at the caller, the frontend's
+   tick time and sessions per tick.
 5. stt: kame_cli/bench/stt_bench.py with Whisper on the GPU (float16) at 1 and 16
    real-time sessions.
 
 Each part writes gpu_<part>.json under --out (bench/results) as soon as it is
 done; then gpu_summary.json and the table gpu_check.md, also printed. A part
 that fails is recorded with its error and the later parts still run; the exit
-status is 1 if any part failed. `--cpu-smoke` runs the same code on the CPU
-with a tiny config, batch sizes 1 and 2 (for tests; --out defaults to a new
-temporary directory then).
+status is 1 if any part failed. build, parity and step need only torch and
+moshi (with the repo's own packages); e2e and stt import their install when
+they start, so where it is missing (a GPU image with torch but not the whole
+stack) they fail at once with "missing dependency" and the rest still runs.
+`--parts build,parity,step` runs only those; `--dtype float32` builds the LM
+in float32 instead of bfloat16. `--cpu-smoke` runs the same code
+on the CPU with a tiny config, batch sizes 1 and 2 (for tests; --out defaults
+to a new temporary directory then).
 
-    scripts/gpu_check.sh [--out DIR] [--keep-scratch]
+    scripts/gpu_check.sh [--out DIR] [--keep-scratch] [--parts LIST] [--dtype D]
 """
 
 from __future__ import annotations
@@ -40,7 +46,6 @@ import argparse
 import asyncio
 import dataclasses
 import gc
-import io
 import json
 import platform
 import shutil
@@ -49,30 +54,20 @@ import sys
 import tempfile
 import time
 import traceback
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import moshi
 import numpy as np
-import sentencepiece
 import torch
 from moshi.models.compression import MimiModel
-from prometheus_client.parser import text_string_to_metric_families
-from safetensors.torch import save_file
 
-from kame_cli import talk
-from kame_cli.bench import kame_step_bench, stt_bench
-from kame_cli.bench.conversation import frame_lag_stats, frame_lags
-from kame_cli.bench.metrics import parse_histogram
-from kame_cli.bench.paths import ESPEAK_QUESTIONS, RESULTS_DIR
-from kame_cli.bench.questions import load_questions
-from kame_cli.bench.stacks import BenchStack
-from kame_cli.stack_options import Ports, StackOptions, free_ports
+from kame_cli.bench import kame_step_bench
+from kame_cli.bench.paths import RESULTS_DIR
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
 from services.frontend.engines.kame.batch import SlotBatch
-from services.frontend.engines.kame.checkpoint import parse_dtype
+from services.frontend.engines.kame.checkpoint import DTYPES, parse_dtype
 from services.frontend.engines.kame.moshi_adapter import (
     builtin_lm_kwargs,
     builtin_mimi_config,
@@ -81,10 +76,10 @@ from services.frontend.engines.kame.moshi_adapter import (
 from services.frontend.engines.kame.oracle import KameLMModel
 
 BUDGET_S = 8 * 60
-LATE_S = FRAME_SECONDS  # an agent frame later than one frame after its caller frame
 GOAL_SESSIONS = 32
 ORACLE_STEP = 2  # parity: each row's oracle starts at its own step 2
-LM_GEN_CONFIG = {"temp": 0.8, "temp_text": 0.7, "top_k": 250, "top_k_text": 25}
+PARTS = ("build", "parity", "step", "e2e", "stt")
+MODEL_PARTS = ("parity", "step", "e2e")  # they run on the model that build makes
 
 # The smoke test's LM: Moshi's layout and vocabularies, a few thousand times smaller.
 TINY_LM = {
@@ -201,7 +196,7 @@ def part_build(profile: Profile) -> tuple[dict[str, Any], KameLMModel, MimiModel
     synchronize(profile.device)
     result = {
         "ok": True,
-        "lm_dtype": profile.dtype,
+        "lm_dtype": str(next(lm.parameters()).dtype).removeprefix("torch."),  # as built
         "lm_parameters_b": round(sum(p.numel() for p in lm.parameters()) / 1e9, 3),
         "mimi_parameters_m": round(sum(p.numel() for p in mimi.parameters()) / 1e6, 1),
         "context_steps": profile.lm_kwargs["context"],
@@ -342,6 +337,8 @@ def part_step(profile: Profile, lm: KameLMModel, mimi: MimiModel) -> dict[str, A
             rows.append(step_row(profile, lm, mimi, size))
         except torch.cuda.OutOfMemoryError:
             rows.append({"batch_size": size, "error": "out of GPU memory"})
+        # Each batch size as it is done: a run stopped at its time limit keeps them.
+        print(f"gpu_check: step {json.dumps(rows[-1])}", flush=True)
         free_memory(profile.device)
     fitting = [row["batch_size"] for row in rows if row.get("p99_under_80ms")]
     max_sessions = max(fitting, default=0)
@@ -358,153 +355,14 @@ def part_step(profile: Profile, lm: KameLMModel, mimi: MimiModel) -> dict[str, A
     }
 
 
-# ---- 4. a conversation end to end ----------------------------------------------
-
-
-def train_tokenizer(texts: list[str], vocab_size: int = 200) -> bytes:
-    """A small SentencePiece model (the real one cannot be downloaded here); its ids
-    fit any text_card, and the oracle's words map to real pieces."""
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_writer=model,
-        vocab_size=vocab_size,
-        hard_vocab_limit=False,
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=3,
-        character_coverage=1.0,
-        minloglevel=2,
-    )
-    return model.getvalue()
-
-
-def write_checkpoint(
-    profile: Profile, lm: KameLMModel, mimi: MimiModel, directory: Path, texts: list[str]
-) -> Path:
-    """The model in the Hugging Face layout the engine loads (config.json, LM and
-    Mimi safetensors, SentencePiece model)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, module in (("lm.safetensors", lm), ("mimi.safetensors", mimi)):
-        state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
-        save_file(state, str(directory / name))
-        del state
-    (directory / "tokenizer.model").write_bytes(train_tokenizer(texts))
-    config: dict[str, Any] = {
-        **profile.lm_kwargs,
-        "moshi_name": "lm.safetensors",
-        "mimi_name": "mimi.safetensors",
-        "tokenizer_name": "tokenizer.model",
-        "model_type": "kame",
-        "lm_gen_config": LM_GEN_CONFIG,
-    }
-    if profile.mimi_config != builtin_mimi_config():
-        (directory / "mimi_config.json").write_text(json.dumps(profile.mimi_config))
-        config["mimi_config_name"] = "mimi_config.json"
-    (directory / "config.json").write_text(json.dumps(config, indent=1))
-    return directory
-
-
-class CheckStack(BenchStack):
-    """`kame up`'s stack with the frontend's dtype set."""
-
-    def __init__(self, options: StackOptions, frontend_slots: int, dtype: str) -> None:
-        super().__init__(options, frontend_slots)
-        self.dtype = dtype
-
-    def service_env(self, service: str) -> dict[str, str]:
-        env = super().service_env(service)
-        if service == "frontend":
-            env["KAME_FRONTEND_DTYPE"] = self.dtype
-        return env
-
-
-def scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text: str = response.read().decode()
-        return text
-
-
-def metric_value(text: str, name: str, labels: dict[str, str]) -> float:
-    """A counter or gauge's value, summed over the series whose labels include `labels`."""
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
-
-
-def frontend_figures(metrics: str) -> dict[str, Any]:
-    engine = {"engine": "kame"}
-    ticks = parse_histogram(metrics, "kame_frontend_tick_seconds", engine)
-    sessions = parse_histogram(metrics, "kame_frontend_tick_sessions", engine)
-    steps = parse_histogram(metrics, "kame_frontend_step_seconds", engine)
-
-    def rounded(value: float | None) -> float | None:
-        return None if value is None else round(value, 5)
-
-    return {
-        "ticks": int(ticks.count),
-        "tick_p50_s": rounded(ticks.quantile(0.5)),
-        "tick_p99_s": rounded(ticks.quantile(0.99)),
-        "sessions_per_tick": round(sessions.total / sessions.count, 3) if sessions.count else None,
-        "step_p50_s": rounded(steps.quantile(0.5)),
-        "step_p99_s": rounded(steps.quantile(0.99)),
-        "tick_overruns": metric_value(metrics, "kame_frontend_tick_overruns_total", engine),
-        "jitter_underruns": metric_value(metrics, "kame_frontend_jitter_underruns_total", engine),
-        "jitter_dropped_frames": metric_value(
-            metrics, "kame_frontend_jitter_dropped_frames_total", engine
-        ),
-        "note": "quantiles interpolated in the /metrics histogram buckets",
-    }
-
-
-def part_e2e(
-    profile: Profile, checkpoint: Path, scratch: Path, audio: np.ndarray
-) -> dict[str, Any]:
-    ports = Ports.free(redis=free_ports(1)[0])  # its own Redis, beside any other stack
-    options = StackOptions(
-        ports=ports,
-        frontend_engine="kame",
-        checkpoint=str(checkpoint),
-        device=profile.device,
-        log_dir=scratch / "logs",
-        startup_timeout_s=300.0,
-    )
-    stack = CheckStack(options, profile.e2e_slots, profile.dtype)
-    started = time.monotonic()
-    with stack:
-        startup_s = time.monotonic() - started
-        call = talk.TalkOptions(
-            gateway=stack.gateway_address,
-            mode="tandem",
-            tail_s=2.0,
-            max_wait_s=profile.e2e_wait_s,
-        )
-        result = asyncio.run(talk.talk(audio, call))
-        frontend = frontend_figures(scrape(f"http://127.0.0.1:{ports.frontend_metrics}/metrics"))
-        stack.check()
-    lags = frame_lags(result)
-    return {
-        "ok": result.status == "OK" and len(lags) > 0,
-        "status": result.status,
-        "status_details": result.status_details,
-        "frontend_slots": profile.e2e_slots,
-        "stack_startup_s": round(startup_s, 1),
-        **frame_lag_stats(lags, LATE_S),
-        "response_latency_s": result.response_latency_s,
-        "agent_words": len(result.agent_words),
-        "frontend": frontend,
-        "stt_device": "cpu (the stack's default; part stt times Whisper on the device)",
-    }
-
-
 # ---- 5. stt -----------------------------------------------------------------
 
 
 def part_stt(profile: Profile) -> dict[str, Any]:
+    from kame_cli.bench import (
+        stt_bench,
+    )  # Whisper's install (faster-whisper, CTranslate2): this part's
+
     args = stt_bench.parse_args(
         [
             "--device",
@@ -527,6 +385,10 @@ def part_stt(profile: Profile) -> dict[str, Any]:
 # ---- the run -----------------------------------------------------------------
 
 
+class MissingDependency(RuntimeError):
+    """A part cannot run here: a package or program it needs is not installed."""
+
+
 def run_part(
     name: str, out: Path, parts: dict[str, dict[str, Any]], work: Callable[[], dict[str, Any]]
 ) -> None:
@@ -535,6 +397,9 @@ def run_part(
     started = time.monotonic()
     try:
         result = work()
+    except (ModuleNotFoundError, MissingDependency) as exc:  # nothing of the part ran
+        print(f"gpu_check: {name}: missing dependency: {exc}", flush=True)
+        result = {"ok": False, "error": f"missing dependency: {exc}"}
     except Exception as exc:  # a failed part is a result; the later parts still run
         traceback.print_exc()
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -543,9 +408,18 @@ def run_part(
     (out / f"gpu_{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 
-def run(profile: Profile, out: Path, scratch: Path) -> dict[str, Any]:
+def parts_to_run(asked: tuple[str, ...]) -> tuple[str, ...]:
+    """The asked parts in run order, with build when a part needs its model."""
+    needed = set(asked) | ({"build"} if set(asked) & set(MODEL_PARTS) else set())
+    return tuple(part for part in PARTS if part in needed)
+
+
+def run(
+    profile: Profile, out: Path, scratch: Path, asked: tuple[str, ...] = PARTS
+) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    to_run = parts_to_run(asked)
     parts: dict[str, dict[str, Any]] = {}
     built: dict[str, Any] = {}
 
@@ -554,32 +428,37 @@ def run(profile: Profile, out: Path, scratch: Path) -> dict[str, Any]:
         return result
 
     def end_to_end() -> dict[str, Any]:
-        questions = load_questions(ESPEAK_QUESTIONS)
-        checkpoint = scratch / "checkpoint"
-        try:
-            texts = [question.text for question in questions]
-            write_checkpoint(profile, built["lm"], built["mimi"], checkpoint, texts)
-            built.clear()
-            free_memory(profile.device)  # the stack's frontend loads its own copy
-            return part_e2e(profile, checkpoint, scratch, questions[0].audio)
-        finally:
-            shutil.rmtree(checkpoint, ignore_errors=True)
+        from kame_cli.bench import gpu_check_e2e  # the whole stack's install: this part's alone
 
-    run_part("build", out, parts, build)
-    if built:
-        run_part("parity", out, parts, lambda: part_parity(profile, built["lm"], built["mimi"]))
-        run_part("step", out, parts, lambda: part_step(profile, built["lm"], built["mimi"]))
-        run_part("e2e", out, parts, end_to_end)
+        missing = gpu_check_e2e.stack_missing()  # before 16 GB of weights are written
+        if missing is not None:
+            raise MissingDependency(missing)
+        return gpu_check_e2e.check_conversation(
+            profile, built, scratch, lambda: free_memory(profile.device)
+        )
+
+    model_parts: dict[str, Callable[[], dict[str, Any]]] = {
+        "parity": lambda: part_parity(profile, built["lm"], built["mimi"]),
+        "step": lambda: part_step(profile, built["lm"], built["mimi"]),
+        "e2e": end_to_end,
+    }
+    if "build" in to_run:
+        run_part("build", out, parts, build)
+    for name in (part for part in MODEL_PARTS if part in to_run):
+        if built:
+            run_part(name, out, parts, model_parts[name])
     built.clear()
     free_memory(profile.device)
-    run_part("stt", out, parts, lambda: part_stt(profile))
+    if "stt" in to_run:
+        run_part("stt", out, parts, lambda: part_stt(profile))
 
     wall_s = round(time.monotonic() - started, 1)
     summary = {
-        "ok": all(part["ok"] for part in parts.values()) and len(parts) == 5,
+        "ok": all(part["ok"] for part in parts.values()) and len(parts) == len(to_run),
         "environment": environment(profile),
         "wall_s": wall_s,
         "under_8_min": wall_s < BUDGET_S,
+        "parts_run": list(to_run),
         "parts": {
             name: {"ok": part["ok"], "wall_s": part["wall_s"]} for name, part in parts.items()
         },
@@ -611,6 +490,9 @@ def table(profile: Profile, parts: dict[str, dict[str, Any]], summary: dict[str,
     ]
 
     def row(name: str, figures: str) -> None:
+        if name not in summary["parts_run"]:
+            lines.append(f"| {name} | not run | not asked (--parts) |")
+            return
         part = parts.get(name, {})
         ok = "yes" if part.get("ok") else "NO"
         lines.append(f"| {name} | {ok} | {part.get('error') or figures} |")
@@ -668,11 +550,12 @@ def table(profile: Profile, parts: dict[str, dict[str, Any]], summary: dict[str,
         )
         + f" ({profile.stt_device}, {profile.stt_compute_type})",
     )
+    goal = "step not run" if "step" not in parts else "met" if summary["goal_met"] else "not met"
     lines += [
         "",
         f"Total {summary['wall_s']} s ({'under' if summary['under_8_min'] else 'OVER'} 8 min); "
         f"all parts ok: {'yes' if summary['ok'] else 'NO'}; goal ({GOAL_SESSIONS} sessions at "
-        f"p99 < 80 ms): {'met' if summary['goal_met'] else 'not met'}.",
+        f"p99 < 80 ms): {goal}.",
         "",
     ]
     return "\n".join(lines)
@@ -692,19 +575,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--keep-scratch", action="store_true", help="keep the stack's logs after a clean run"
     )
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default=None,
+        help="the LM's dtype (default: bfloat16 on the GPU, float32 in the smoke run); "
+        "float32 on the GPU tells rounding from a real difference in parity",
+    )
+    parser.add_argument(
+        "--parts",
+        type=part_list,
+        default=PARTS,
+        help=f"comma-separated parts to run (default all: {','.join(PARTS)}); "
+        f"{', '.join(MODEL_PARTS)} bring build with them",
+    )
     return parser.parse_args(argv)
+
+
+def part_list(text: str) -> tuple[str, ...]:
+    """--parts: names from PARTS, comma-separated."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names or any(name not in PARTS for name in names):
+        raise argparse.ArgumentTypeError(f"expected parts from {','.join(PARTS)}, got {text!r}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     profile = CPU_SMOKE if args.cpu_smoke else GPU
+    if args.dtype is not None:
+        profile = dataclasses.replace(profile, dtype=args.dtype)
     if profile.device == "cpu":
         torch.set_num_threads(2)
     out = args.out or (
         Path(tempfile.mkdtemp(prefix="kame-gpu-check-smoke-")) if args.cpu_smoke else RESULTS_DIR
     )
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="kame-gpu-check-"))
-    summary = run(profile, out, scratch)
+    summary = run(profile, out, scratch, args.parts)
     if summary["ok"] and not args.keep_scratch:
         shutil.rmtree(scratch, ignore_errors=True)
     else:

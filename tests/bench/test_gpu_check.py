@@ -1,7 +1,8 @@
 """scripts/gpu_check.sh and kame_cli/bench/gpu_check.py: without a GPU the script fails with
 one clear line; the parity check catches rows that mix; `--cpu-smoke` runs every
 part of the GPU check (build, parity, step time, a conversation through a whole
-stack, STT) on the CPU with a tiny config and writes the results."""
+stack, STT) on the CPU with a tiny config and writes the results; --parts runs the
+asked parts, and a part whose install is missing fails in one line."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kame_cli.bench import gpu_check
+from kame_cli.bench import gpu_check, gpu_check_e2e
 from services.frontend.engines.kame.batch import SlotBatch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,3 +121,72 @@ def test_the_cpu_smoke_runs_every_part_and_writes_the_results(tmp_path):
     assert "batch 1: p50" in table and "batch 2: p50" in table
     assert table in done.stdout
     assert not (tmp_path / "scratch" / "checkpoint").exists()  # the weights are removed
+
+
+def test_parts_run_alone_and_a_missing_install_is_named(tmp_path):
+    """--parts parity,stt runs build (parity's model), parity and stt only; with
+    faster-whisper not importable, stt fails at once as a missing dependency and
+    the rest is still recorded."""
+    out = tmp_path / "results"
+    blocked = (
+        "import sys; sys.modules['faster_whisper'] = None; "  # as if not installed
+        "from kame_cli.bench.gpu_check import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", blocked, "--cpu-smoke", "--out", str(out), "--parts", "parity,stt"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "gpu_summary.json").read_text())
+    assert summary["parts_run"] == ["build", "parity", "stt"]
+    assert not summary["ok"]
+    assert {name: part["ok"] for name, part in summary["parts"].items()} == {
+        "build": True,
+        "parity": True,
+        "stt": False,
+    }
+    stt = json.loads((out / "gpu_stt.json").read_text())
+    assert stt["error"].startswith("missing dependency") and "faster_whisper" in stt["error"]
+    assert not (out / "gpu_step.json").exists() and not (out / "gpu_e2e.json").exists()
+    table = (out / "gpu_check.md").read_text()
+    assert "| parity | yes |" in table and "| stt | NO | missing dependency" in table
+    assert "| step | not run |" in table and "| e2e | not run |" in table
+    assert "p99 < 80 ms): step not run." in table  # not "not met": nothing was timed
+    assert "Traceback" not in done.stderr  # a missing install is one line, not a crash
+
+
+def test_dtype_sets_the_lm_dtype(tmp_path):
+    out = tmp_path / "results"
+    assert (
+        gpu_check.main(
+            ["--cpu-smoke", "--parts", "build", "--dtype", "bfloat16", "--out", str(out)]
+        )
+        == 0
+    )
+    build = json.loads((out / "gpu_build.json").read_text())
+    assert build["ok"] and build["lm_dtype"] == "bfloat16"
+
+
+def test_an_unknown_part_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--parts", "build,warp"])
+    assert "expected parts from build,parity,step,e2e,stt" in capsys.readouterr().err
+
+
+def test_the_stack_check_names_what_is_missing(monkeypatch, tmp_path):
+    """e2e checks the stack's install before it writes the checkpoint: the
+    redis-server binary, then every module the stack's processes import."""
+    assert gpu_check_e2e.stack_missing() is None  # this machine has the full install
+
+    monkeypatch.setattr(
+        gpu_check_e2e, "STACK_MODULES", (*gpu_check_e2e.STACK_MODULES, "kame_no_such_module")
+    )
+    missing = gpu_check_e2e.stack_missing()
+    assert missing is not None and "kame_no_such_module" in missing
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server there
+    assert gpu_check_e2e.stack_missing() == "no redis-server binary on PATH"

@@ -15,7 +15,7 @@ import torch
 from moshi.models import loaders
 from safetensors.torch import save_file
 
-from kame_cli.bench.gpu_check import train_tokenizer
+from kame_cli.bench.gpu_check_e2e import train_tokenizer
 from kame_common.audio import FRAME_SAMPLES
 from services.frontend.engines.kame import checkpoint
 from services.frontend.engines.kame.batch import SlotBatch
