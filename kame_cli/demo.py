@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             else f"{latency:.2f} s (caller's end of speech -> first agent audio at the client)"
         )
     )
-    answer = result.turns[0].get("answer_latency_s") if result.turns else None
+    answer = result.turns[0].answer_latency_s if result.turns else None
     if answer:  # the gateway's measure: 0 when no answer word was spoken
         print(
             f"Answer latency:   {answer:.2f} s (caller's end of speech -> the answer's first "

@@ -1,6 +1,6 @@
 """`kame talk --wav IN [--say TEXT] --out OUT.wav --timeline T.json [--plot T.png]`.
 
-Streams a WAV to the gateway the way a microphone would (kame_cli/caller.py:
+Streams a WAV to the gateway the way a microphone would (kame_client/caller.py:
 real-time pacing, silence after the WAV until the agent is done, reconnecting
 with the resume token); `--say TEXT` then types TEXT as a message of the
 caller's (a UserText the agent answers aloud; without --wav the caller is
@@ -12,7 +12,7 @@ otherwise silent). Then it saves:
   `response_latency_s` (the caller's end of speech -> the first agent audio at
   this client), `gateway_response_latency_s` (the gateway's TurnSummary, which
   ends when the audio leaves the gateway), `turns`, `notices`, and `events`:
-  every event of the gateway (kame_common/converse.py names them: transcripts,
+  every event of the gateway (kame_client/events.py names them: transcripts,
   oracle updates, agent text, turns, notices, barge-ins, keys) but its audio,
   of which the agent's audio start/stop, and the caller's own (caller audio
   start/stop, reconnects), with `t` in seconds from the start of the stream;
@@ -33,18 +33,11 @@ from typing import Any
 import grpc
 import numpy as np
 
-from kame_cli.caller import (
-    CODECS,
-    MODES,
-    TalkOptions,
-    TalkResult,
-    broke_off,
-    speech_region,
-    talk,
-)
 from kame_cli.errors import USAGE, CliError, file_error, from_rpc_error
 from kame_cli.say import write_wav
 from kame_cli.timeline import plot_timeline
+from kame_client.caller import CODECS, MODES, TalkOptions, broke_off, speech_region, talk
+from kame_client.result import TalkResult
 from kame_common.audio import SAMPLE_RATE, pcm16_to_float, resample
 from kame_common.llm import BACKEND_NAMES
 from kame_common.ports import loopback_address
@@ -213,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     latency = data["response_latency_s"]
     print(f"response latency: {'n/a' if latency is None else f'{latency:.3f} s'}")
     for notice in result.notices:
-        print(f"notice:           {notice['kind']}: {notice['message']}")
+        print(f"notice:           {notice.kind}: {notice.message}")
     if result.status != "OK":
         raise session_error(result, options.gateway)
     return 0

@@ -4,14 +4,32 @@ updates and tool calls, and agent audio on one time axis, from a TalkResult's ev
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from kame_client.events import (
+    AgentText,
+    Event,
+    OracleAppend,
+    OracleReset,
+    ToolFinished,
+    ToolStarted,
+    UserFinal,
+    UserPartial,
+    UserTranscript,
+)
+from kame_client.result import TalkResult, Timed
 from kame_common.audio import SAMPLE_RATE
 
-if TYPE_CHECKING:
-    from kame_cli.caller import TalkResult
+# The events each text lane shows, by kind, with their colours.
+TRANSCRIPT_COLORS: dict[type[Event], str] = {UserPartial: "tab:gray", UserFinal: "black"}
+ORACLE_COLORS: dict[type[Event], str] = {
+    OracleReset: "tab:red",
+    OracleAppend: "tab:orange",
+    ToolStarted: "tab:cyan",
+    ToolFinished: "tab:blue",
+}
 
 
 def plot_timeline(result: TalkResult, path: Path, title: str = "") -> None:
@@ -30,33 +48,20 @@ def plot_timeline(result: TalkResult, path: Path, title: str = "") -> None:
     for edge in (result.speech_start_s, result.speech_end_s):
         if edge is not None:
             lanes[0].axvline(edge, color="tab:blue", ls="--", lw=0.8)
-    _text_lane(
-        lanes[1], result.events, {"user_partial": "tab:gray", "user_final": "black"}, "transcripts"
-    )
-    _text_lane(
-        lanes[2],
-        result.events,
-        {
-            "oracle_reset": "tab:red",
-            "oracle_append": "tab:orange",
-            "tool_started": "tab:cyan",
-            "tool_finished": "tab:blue",
-        },
-        "oracle updates\nand tools",
-    )
+    _text_lane(lanes[1], result.events, TRANSCRIPT_COLORS, "transcripts")
+    _text_lane(lanes[2], result.events, ORACLE_COLORS, "oracle updates\nand tools")
     if result.agent_t:  # each chunk drawn from the moment it reached the client
         agent_t = np.concatenate(result.agent_t)
         lanes[3].plot(agent_t, result.agent[: len(agent_t)], lw=0.4, color="tab:green")
     lanes[3].set_ylabel("agent audio")
-    for event in result.events:
-        if event["type"] == "agent_text":
-            lanes[3].annotate(
-                event["text"],
-                (event["t"], 0.8),
-                xycoords=("data", "axes fraction"),
-                fontsize=7,
-                rotation=30,
-            )
+    for said in result.of(AgentText):
+        lanes[3].annotate(
+            said.event.text,
+            (said.t, 0.8),
+            xycoords=("data", "axes fraction"),
+            fontsize=7,
+            rotation=30,
+        )
     if result.response_latency_s is not None and result.speech_end_s is not None:
         end = result.speech_end_s
         lanes[3].axvspan(
@@ -74,18 +79,20 @@ def plot_timeline(result: TalkResult, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def _text_lane(axis: Any, events: list[dict], colors: dict[str, str], label: str) -> None:
+def _text_lane(
+    axis: Any, events: list[Timed[Any]], colors: dict[type[Event], str], label: str
+) -> None:
     rows = 4
-    shown = [e for e in events if e["type"] in colors]
-    for index, event in enumerate(shown):
+    shown = [timed for timed in events if type(timed.event) in colors]
+    for index, timed in enumerate(shown):
         y = 0.15 + 0.2 * (index % rows)
-        axis.plot([event["t"]], [y], marker="|", color=colors[event["type"]])
-        text = _lane_text(event)
+        color = colors[type(timed.event)]
+        axis.plot([timed.t], [y], marker="|", color=color)
         axis.annotate(
-            text[:40],
-            (event["t"], y),
+            _lane_text(timed.event)[:40],
+            (timed.t, y),
             fontsize=6,
-            color=colors[event["type"]],
+            color=color,
             xytext=(2, 0),
             textcoords="offset points",
             va="center",
@@ -95,12 +102,15 @@ def _text_lane(axis: Any, events: list[dict], colors: dict[str, str], label: str
     axis.set_ylabel(label)
 
 
-def _lane_text(event: dict) -> str:
+def _lane_text(event: Event) -> str:
     """What an event says on its lane: its words, a tool call's name (and, once
     finished, how long it took), or its kind."""
-    if event["type"] == "tool_started":
-        return f"{event['name']}(...)"
-    if event["type"] == "tool_finished":
-        outcome = "error" if event["is_error"] else "reused" if event["reused"] else "ok"
-        return f"{event['name']} {outcome} {event['elapsed_s']:.2f} s"
-    return str(event.get("text") or event["type"].split("_")[-1].upper())
+    match event:
+        case ToolStarted(name=name):
+            return f"{name}(...)"
+        case ToolFinished(name=name, is_error=is_error, reused=reused, elapsed_s=elapsed_s):
+            outcome = "error" if is_error else "reused" if reused else "ok"
+            return f"{name} {outcome} {elapsed_s:.2f} s"
+        case OracleReset(text=text) | OracleAppend(text=text) | UserTranscript(text=text) if text:
+            return text
+    return event.TYPE.split("_")[-1].upper()

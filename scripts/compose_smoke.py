@@ -39,6 +39,7 @@ from images import ROOT, require_programs, use_project_podman_config
 
 from kame_cli.say import synthesize
 from kame_cli.talk import TalkOptions, talk
+from kame_client.events import AgentText
 
 PROJECT = "kame-smoke"
 COMPOSE_FILES = [ROOT / "docker-compose.yml", ROOT / "deploy" / "compose" / "local.yml"]
@@ -129,7 +130,7 @@ def converse() -> dict[str, Any]:
         "user_transcript": result.user_transcript,
         "agent_text": result.agent_text,
         "response_latency_s": result.response_latency_s,
-        "answered": any(e["type"] == "agent_text" and e["generation"] for e in result.events),
+        "answered": any(said.event.generation for said in result.of(AgentText)),
     }
 
 

@@ -127,6 +127,9 @@ FROM deps-${DEPS} AS app
 ARG SERVICE
 COPY kamepb/ kamepb/
 COPY kame_common/ kame_common/
+# The gateway's client package: the gateway shares its codecs and status words, web and
+# telephony call the gateway through it.
+COPY kame_client/ kame_client/
 COPY services/__init__.py services/
 COPY services/${SERVICE}/ services/${SERVICE}/
 COPY deploy/docker/healthcheck.py deploy/docker/

@@ -12,14 +12,27 @@ from typing import Any
 import numpy as np
 
 from kame_cli import talk
-from kame_cli.bench.answer import answer_latency_s, coherence, place_agent_words
+from kame_cli.bench.answer import (
+    Word,
+    answer_latency_s,
+    coherence,
+    oracle_updates,
+    placed_words,
+)
 from kame_cli.bench.questions import Question, heard
 from kame_cli.bench.runs import Run
 from kame_cli.bench.stats import percentile, rounded
+from kame_client.events import (
+    AgentText,
+    OracleAppend,
+    OracleReset,
+    Resumed,
+    Started,
+    UserFinal,
+    UserTranscript,
+)
+from kame_client.result import AgentAudioStart, AgentAudioStop, Timed, fields_of
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
-
-TRANSCRIPTS = ("user_partial", "user_final")
-ORACLE_UPDATES = ("oracle_reset", "oracle_append")
 
 
 def frame_lags(result: talk.TalkResult) -> np.ndarray:
@@ -38,29 +51,33 @@ def frame_lag_stats(lags: np.ndarray, late_s: float) -> dict[str, Any]:
     }
 
 
-def first_time(events: list[dict], types: tuple[str, ...]) -> float | None:
-    return next((e["t"] for e in events if e["type"] in types), None)
+def first_oracle_t(result: talk.TalkResult) -> float | None:
+    """When the first oracle update came."""
+    return min(
+        (t for t in (result.first_t(OracleReset), result.first_t(OracleAppend)) if t is not None),
+        default=None,
+    )
 
 
 def timeline_marks(result: talk.TalkResult, answer_latency: float | None) -> dict[str, Any]:
     """The moments the annotated timeline shows (seconds from the stream start)."""
-    events = result.events
     spans, start = [], None
-    for event in events:
-        if event["type"] == "agent_audio_start":
-            start = event["t"]
-        elif event["type"] == "agent_audio_stop" and start is not None:
-            spans.append([start, event["t"]])
-            start = None
+    for timed in result.events:
+        match timed.event:
+            case AgentAudioStart():
+                start = timed.t
+            case AgentAudioStop() if start is not None:
+                spans.append([start, timed.t])
+                start = None
     if start is not None:
         spans.append([start, round(len(result.agent_t) * FRAME_SECONDS, 3)])
     end = result.speech_end_s
     return {
         "speech_start_s": result.speech_start_s,
         "speech_end_s": end,
-        "first_transcript_t": first_time(events, TRANSCRIPTS),
-        "final_t": first_time(events, ("user_final",)),
-        "first_oracle_t": first_time(events, ORACLE_UPDATES),
+        "first_transcript_t": result.first_t(UserTranscript),
+        "final_t": result.first_t(UserFinal),
+        "first_oracle_t": first_oracle_t(result),
         "answer_t": rounded(end + answer_latency)
         if end is not None and answer_latency is not None
         else None,
@@ -71,7 +88,11 @@ def timeline_marks(result: talk.TalkResult, answer_latency: float | None) -> dic
 def agent_speech(result: talk.TalkResult) -> np.ndarray:
     """The agent's audio from its first speaking frame to its last (plus a frame
     either side), so that whisper does not transcribe minutes of silence."""
-    seqs = [e["seq"] for e in result.events if e["type"].startswith("agent_audio_")]
+    seqs = [
+        timed.event.seq
+        for timed in result.events
+        if isinstance(timed.event, AgentAudioStart | AgentAudioStop)
+    ]
     if not seqs:
         return np.zeros(0, np.float32)
     first = max(0, (min(seqs) - 1) * int(FRAME_SECONDS * SAMPLE_RATE))
@@ -86,42 +107,59 @@ def _since(later: float | None, earlier: float | None) -> float | None:
 def conversation_record(
     question_index: int, question: Question, run: Run, result: talk.TalkResult, late_s: float
 ) -> dict[str, Any]:
-    events = result.events
-    place_agent_words(events, result.agent_t)
-    final = next((e for e in events if e["type"] == "user_final"), None)
-    turn = result.turns[0] if result.turns else {}
-    answer_latency = answer_latency_s(events, result.speech_start_s, result.speech_end_s)
+    spoken = placed_words(result)
+    finals = result.of(UserFinal)
+    final = finals[0] if finals else None
+    turn = result.turns[0] if result.turns else None
+    answer_latency = answer_latency_s(spoken, result.speech_start_s, result.speech_end_s)
     if run.has_oracle:
-        coherent = coherence(events, result.speech_start_s).fields()
+        coherent = coherence(spoken, oracle_updates(result), result.speech_start_s).fields()
     else:  # nothing to be coherent with: every word is the speech LM's own
         coherent = {"coherent": None}
+    started = result.started
     return {
         "question": question_index,
         "text": question.text,
         "run": run.label,
         "mode": run.mode,
-        "engine": result.started.get("engine", run.engine),
-        "session_id": result.started.get("session_id", ""),
+        "engine": started.engine if started else run.engine,
+        "session_id": started.session_id if started else "",
         "cold": False,
         "status": result.status,
         "status_details": result.status_details,
         "response_latency_s": rounded(result.response_latency_s),
         "answer_latency_s": rounded(answer_latency),
-        "gateway_response_latency_s": rounded(turn.get("response_latency_s")),
+        "gateway_response_latency_s": rounded(turn.response_latency_s if turn else None),
         # The gateway sends 0 when no answer was spoken in the turn (or, before
         # it measured answer latency, always).
-        "gateway_answer_latency_s": rounded(turn.get("answer_latency_s") or None),
-        "oracle_first_update_s": _since(
-            first_time(events, ORACLE_UPDATES), first_time(events, TRANSCRIPTS)
-        ),
-        "stt_final_lag_s": rounded(final["lag_s"]) if final else None,
-        "final_after_speech_end_s": _since(final["t"] if final else None, result.speech_end_s),
+        "gateway_answer_latency_s": rounded((turn.answer_latency_s or None) if turn else None),
+        "oracle_first_update_s": _since(first_oracle_t(result), result.first_t(UserTranscript)),
+        "stt_final_lag_s": rounded(final.event.lag_s) if final else None,
+        "final_after_speech_end_s": _since(final.t if final else None, result.speech_end_s),
         "user_transcript": result.user_transcript,
         "agent_text": result.agent_text,
         "text_correct": heard(result.agent_text, question.keywords),
         **coherent,
         **frame_lag_stats(frame_lags(result), late_s),
-        "notices": result.notices,
+        "notices": [fields_of(notice) for notice in result.notices],
         "timeline": timeline_marks(result, answer_latency),
-        "events": [e for e in events if e["type"] != "started"],
+        "events": events_json(result.events, spoken),
     }
+
+
+def events_json(events: list[Timed[Any]], spoken: list[Word]) -> list[dict[str, Any]]:
+    """The record's events as JSON, the session's start aside, each agent word
+    with when its audio was heard (`heard_t`)."""
+    words = iter(spoken)
+    shown = []
+    for timed in events:
+        match timed.event:
+            case Resumed():
+                shown.append(timed.json())
+            case Started():
+                continue
+            case AgentText():
+                shown.append(next(words).json())
+            case _:
+                shown.append(timed.json())
+    return shown

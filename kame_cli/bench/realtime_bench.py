@@ -1,13 +1,13 @@
 """Realtime endpoint bench: what the OpenAI Realtime endpoint (the web service's
 /v1/realtime) adds to a conversation's latency, against `kame talk`'s own
-client path (kame_cli/caller.py, straight to Gateway.Converse), on the same
+client path (kame_client/caller.py, straight to Gateway.Converse), on the same
 WAVs in one run of one stack.
 
 Each question (piper's built-in ones and the espeak-ng set, bench/questions/)
 is asked once each way, the two in alternating order. Both callers stream the
 WAV as a microphone does, 80 ms at a time at real time, then silence until
 the agent has answered:
-- `kame talk`: kame_cli.caller.talk;
+- `kame talk`: kame_client.caller.talk;
 - Realtime: the official `openai` SDK (`AsyncOpenAI(base_url=...)
   .realtime.connect`), input_audio_buffer.append every 80 ms.
 Per call, on the caller's clock, from the end of the question's speech
@@ -44,8 +44,9 @@ from kame_cli.bench.paths import ESPEAK_QUESTIONS, RESULTS_DIR
 from kame_cli.bench.questions import Question, heard, load_questions
 from kame_cli.bench.report import print_table, write_json
 from kame_cli.bench.stacks import BenchStack
-from kame_cli.caller import TalkOptions, speech_region, talk
 from kame_cli.stack_options import Ports, add_arguments, free_ports, options_from_args
+from kame_client.caller import TalkOptions, speech_region, talk
+from kame_client.events import AgentText
 from kame_common.audio import SAMPLE_RATE, float_to_pcm16
 
 OUT = RESULTS_DIR / "realtime_bench.json"
@@ -99,9 +100,7 @@ async def ask_talk(question: Question, gateway: str, mode: str) -> Call:
     )
     result = await talk(question.audio, options)
     start, end = result.speech_start_s or 0.0, result.speech_end_s or 0.0
-    words = [
-        (e["t"], e["text"]) for e in result.events if e["type"] == "agent_text" and e["t"] > start
-    ]
+    words = [(said.t, said.event.text) for said in result.of(AgentText) if said.t > start]
     answer_t = answer_time(words, question.keywords)
     return Call(
         "talk",

@@ -193,9 +193,9 @@ async def load_level(
             "all": latencies,
         },
         "gateway_turns": len(turns),
-        "gateway_response_latency_s": percentiles([t["response_latency_s"] for t in turns]),
+        "gateway_response_latency_s": percentiles([t.response_latency_s for t in turns]),
         "gateway_answer_latency_s": percentiles(
-            [t["answer_latency_s"] for t in turns if t["answer_latency_s"]]
+            [t.answer_latency_s for t in turns if t.answer_latency_s]
         ),
         "per_call_playout": playouts,
     }

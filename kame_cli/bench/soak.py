@@ -24,7 +24,7 @@ next question) or not, and a question left unanswered counts against the kill
 whose window it falls in (from 5 s before the question to the next one), or as
 unexplained: a kill may cost the turn it hit, nothing else. A call continued
 after a kill sends the caller's audio again from where the broken call left
-off (kame_cli/caller.py), so the caller runs behind the WAV until it catches
+off (kame_client/caller.py), so the caller runs behind the WAV until it catches
 up in the silences: a question's window is from when it was last sent to when
 the next one was, and frame lags from then on include that delay (with
 kills, read the questions, not the late frames).
@@ -60,6 +60,7 @@ from kame_cli.bench.stacks import BenchStack
 from kame_cli.stack import Stack
 from kame_cli.stack_options import Ports, add_arguments, free_ports, options_from_args
 from kame_cli.supervise import Supervisor
+from kame_client.events import AgentText, Resumed
 from kame_common.audio import SAMPLE_RATE
 
 MIB = 1024 * 1024
@@ -202,8 +203,7 @@ def question_outcomes(
     for index, start in enumerate(asked_s):
         end = asked_s[index + 1] if index + 1 < len(asked_s) else float("inf")
         answered = any(
-            e["type"] == "agent_text" and e["generation"] and start <= e["t"] < end
-            for e in result.events
+            said.event.generation and start <= said.t < end for said in result.of(AgentText)
         )
         hit = [
             number
@@ -270,8 +270,8 @@ async def soak(args: argparse.Namespace, stack: Stack, questions: list[Question]
                 "status_details": result.status_details,
                 **frame_lag_stats(frame_lags(result), late_s),
                 "turns": len(result.turns),
-                "notices": [notice.get("kind", "") for notice in result.notices],
-                "resumed": sum(1 for e in result.events if e["type"] == "resumed"),
+                "notices": [notice.kind for notice in result.notices],
+                "resumed": len(result.of(Resumed)),
                 "questions": len(asked),
                 "answered": sum(q["answered"] for q in asked),
                 "lost_to_a_kill": sum(1 for q in asked if not q["answered"] and q["kills"]),

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from kame_cli import talk
+from kame_client.events import AgentText
 from kame_common.words import normalize_words
 
 REFUSED, ANSWERED, LOST = "refused with a retry hint", "answered whole", "lost words"
@@ -70,6 +71,6 @@ def outcome(result: talk.TalkResult, question: str) -> str:
     """REFUSED, ANSWERED or LOST (see the module docstring)."""
     if result.status == "UNAVAILABLE" and _RETRY_HINT.search(result.status_details):
         return REFUSED
-    answered = any(e["type"] == "agent_text" and e["generation"] for e in result.events)
+    answered = any(said.event.generation for said in result.of(AgentText))
     heard_whole = any(recall(question, final) >= WHOLE_RECALL for final in result.finals)
     return ANSWERED if result.status == "OK" and answered and heard_whole else LOST

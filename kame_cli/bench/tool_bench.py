@@ -65,8 +65,11 @@ from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import print_table, write_json
 from kame_cli.bench.stacks import BenchStack
 from kame_cli.stack_options import Ports, add_arguments, free_ports, options_from_args
-from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, float_to_pcm16
-from kame_common.converse import ConverseClient, ConverseEvent
+from kame_client.client import ConverseClient
+from kame_client.codecs import AudioFormat, Encoder
+from kame_client.events import AgentText, ConverseEvent, OracleAppend, OracleReset, ToolFinished
+from kame_client.microphone import Microphone
+from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
 from kame_common.words import normalize_words
 from kamepb import gateway_pb2
 
@@ -83,7 +86,7 @@ HOLDS = {
     "phrases": gateway_pb2.HoldConfig(),  # the gateway's defaults
     "silent": gateway_pb2.HoldConfig(silent=True),
 }
-SILENCE = float_to_pcm16(np.zeros(FRAME_SAMPLES, dtype=np.float32))
+SILENCE = np.zeros(FRAME_SAMPLES, dtype=np.float32)
 SETTLE_S = 1.0  # silence before the question: the call's start is out of the measure
 MAX_WAIT_S = 30.0  # after the question, for the whole answer
 BOUND_S = 0.4  # issue #33: what a 300 ms tool may add to the answer word
@@ -179,13 +182,15 @@ class Call:
     said: str
 
 
-def answer_started(event: ConverseEvent) -> bool:
-    """An oracle update or an agent word that holds a word of the answer."""
-    if event["type"] == "agent_text":
-        return event["generation"] != 0 and bool(event["text"].strip())
-    if event["type"] in ("oracle_reset", "oracle_append"):
-        return bool(set(normalize_words(event["text"])) & set(normalize_words(ANSWER)))
-    return False
+def answer_started(event: ConverseEvent) -> str:
+    """Which of the answer's firsts `event` is ("agent": an agent word of a
+    generation, "oracle": an oracle update with a word of the answer), "" if none."""
+    match event:
+        case AgentText(text=text, generation=generation) if generation and text.strip():
+            return "agent"
+        case OracleReset(text=text) | OracleAppend(text=text):
+            return "oracle" if set(normalize_words(text)) & set(normalize_words(ANSWER)) else ""
+    return ""
 
 
 async def ask(gateway: str, way: str, hold: str) -> Call:
@@ -204,19 +209,21 @@ async def ask(gateway: str, way: str, hold: str) -> Call:
                 now = time.monotonic()
                 if sent_at is None:
                     continue
-                if answer_started(event):
-                    firsts.setdefault(event["type"].split("_")[0], now)
-                if event["type"] == "agent_text":
-                    said.append(event["text"])
-                    if last_word in normalize_words(event["text"]):
-                        done.set()
-                elif event["type"] == "tool_finished":
-                    tool_s = event["elapsed_s"]
+                if first := answer_started(event):
+                    firsts.setdefault(first, now)
+                match event:
+                    case AgentText(text=text):
+                        said.append(text)
+                        if last_word in normalize_words(text):
+                            done.set()
+                    case ToolFinished(elapsed_s=elapsed_s):
+                        tool_s = elapsed_s
 
         reader = asyncio.create_task(read())
         config = gateway_pb2.ConverseConfig(include_oracle_updates=True, hold=HOLDS[hold])
         await client.start(config)
         await client.wait_started(reader)
+        microphone = Microphone(client, Encoder(AudioFormat("pcm16", SAMPLE_RATE)))
         for index in range(1_000_000):
             if done.is_set() or reader.done():
                 break
@@ -225,8 +232,7 @@ async def ask(gateway: str, way: str, hold: str) -> Call:
                 sent_at = time.monotonic()
             elif sent_at is not None and time.monotonic() - sent_at > MAX_WAIT_S:
                 break
-            await client.send_audio(SILENCE)  # the agent speaks in the caller's frames
-            await asyncio.sleep(FRAME_SECONDS)
+            await microphone.stream(SILENCE)  # the agent speaks in the caller's frames
         await client.done_writing()
         await asyncio.wait_for(reader, 60)  # the call ends OK, or the bench says why
     start = sent_at or 0.0

@@ -24,13 +24,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from kame_client.client import DTMF_KEYS
+from kame_client.codecs import AudioFormat, CodecError, Decoder, coded
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE, Framer, Samples, float_to_pcm16
-from kame_common.converse import DTMF_KEYS
 from kame_common.streams import dispatch
 from kamepb import common_pb2, gateway_pb2, oracle_pb2
 from services.gateway import metrics
 from services.gateway.client_output import ClientOutput
-from services.gateway.codecs import AudioFormat, CodecError, Decoder, coded
 from services.gateway.config import GatewaySettings
 from services.gateway.plan import MAX_CALL_INFO_CHARS, SessionError
 from services.gateway.records import SessionRecords

@@ -48,10 +48,10 @@ from typing import Any
 import grpc
 from prometheus_client import Counter
 
+from kame_client.codecs import G711_RATE, PCM_MAX_RATE, AudioFormat
 from kame_common.audio import FRAME_SECONDS
 from kamepb import gateway_pb2
 from services.gateway import metrics
-from services.gateway.codecs import G711_RATE, PCM_MAX_RATE, AudioFormat
 from services.gateway.config import GatewaySettings
 from services.gateway.plan import SessionError
 

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import grpc
 
+from kame_client.codecs import AudioFormat, CodecError, resolve_format
+from kame_client.status import RETRY_AFTER_KEY
 from kame_common.client_functions import FunctionError, check_functions
 from kame_common.hold import check_hold_max_s, hold_phrases, split_hold_phrases
 from kame_common.llm import backend_name
 from kame_common.streams import StreamError
 from kamepb import common_pb2, gateway_pb2
-from services.gateway.codecs import AudioFormat, CodecError, resolve_format
 from services.gateway.config import GatewaySettings
 
 ProtoMode = gateway_pb2.ConverseConfig.Mode
@@ -30,12 +31,12 @@ class SessionError(StreamError):
         self, code: grpc.StatusCode, message: str, retry_after_s: float | None = None
     ) -> None:
         super().__init__(code, message)
-        self.retry_after_s = retry_after_s  # sent as `retry-after-s` trailing metadata
+        self.retry_after_s = retry_after_s  # sent as RETRY_AFTER_KEY trailing metadata
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
         if self.retry_after_s is None:
             return ()
-        return (("retry-after-s", f"{self.retry_after_s:g}"),)
+        return ((RETRY_AFTER_KEY, f"{self.retry_after_s:g}"),)
 
 
 class Mode(enum.Enum):

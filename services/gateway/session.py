@@ -71,6 +71,7 @@ from typing import Any
 import grpc
 from opentelemetry import trace
 
+from kame_client.codecs import Encoder, coded
 from kame_common import tracing
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import pcm16_to_float
@@ -82,7 +83,6 @@ from services.gateway import metrics
 from services.gateway.caller_input import CallerAudio, CallerKeys, now_us, read_requests
 from services.gateway.client_functions import FunctionRouter
 from services.gateway.client_output import AgentFrameOut, ClientOutput, EndOfSession
-from services.gateway.codecs import Encoder, coded
 from services.gateway.connections import Connections
 from services.gateway.opening import (
     TURN_TAKING_ENGINE,

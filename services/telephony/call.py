@@ -22,7 +22,8 @@ far end has queued, hang up. Everything in between is here, once:
   except one that ended the call itself (a hang-up, a transfer): its answer,
   if not sent already, goes out before the half-close.
 
-The Converse call is kame_common/converse.py's client, read as its events. No
+The Converse call is kame_client's client, read as its events, and ended as
+kame_client/status.py says (the retry-after hint a SIP refusal carries). No
 conversation state lives here: the gateway and Redis hold it.
 """
 
@@ -39,15 +40,19 @@ from typing import Protocol
 
 import grpc
 
-from kame_common import converse
-from kame_common.aio import cancel_and_wait
-from kame_common.converse import (
-    DTMF_KEYS,
-    ConverseClient,
+from kame_client.client import DTMF_KEYS, ConverseClient
+from kame_client.events import (
+    AgentAudio,
+    BargeIn,
     ConverseEvent,
-    FunctionCallEvent,
-    TurnEvent,
+    Dtmf,
+    FunctionCall,
+    Notice,
+    Started,
+    Turn,
 )
+from kame_client.status import CallEnd
+from kame_common.aio import cancel_and_wait
 from kamepb import common_pb2, gateway_pb2
 from services.telephony import metrics
 from services.telephony.playout import PhoneCodec, Playout
@@ -61,11 +66,6 @@ CALLER_QUEUE_PACKETS = 100
 # After a hang-up the Converse call is half-closed, so the gateway finishes the
 # session (stt's last final, the oracle's log); past this it is cancelled.
 HANG_UP_GRACE_S = 3.0
-# The refusals a gateway sends with a hint of when to try again (kame_common.converse).
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
-# A longer hint than this is taken for this (a phone network's retry header
-# should not say "come back tomorrow").
-MAX_RETRY_AFTER_S = 3600.0
 # How long the half-close waits for the answer of a function that ended the call
 # (a hang-up's "hung up", a transfer's outcome), so the oracle's record has it.
 LAST_RESULTS_S = 1.0
@@ -165,15 +165,6 @@ class KeyRate:
         return True
 
 
-def retry_after_s(exc: grpc.aio.AioRpcError) -> float | None:
-    """The gateway's hint when it refused the call for now (UNAVAILABLE,
-    RESOURCE_EXHAUSTED with `retry-after-s`); None otherwise or when unreadable."""
-    if exc.code() not in RETRYABLE:
-        return None
-    hint = converse.retry_after_s(exc)
-    return None if hint is None else min(hint, MAX_RETRY_AFTER_S)
-
-
 class _HungUp:
     """The caller's hang-up, queued behind the audio that came before it."""
 
@@ -209,8 +200,7 @@ class PhoneCall:
         self.started = asyncio.Event()
         self.ended: Ended | None = None
         self.status = ""  # the gateway's status when it ended the call ("" = OK)
-        # When the gateway refused the call for now: its hint, in seconds.
-        self.retry_after_s: float | None = None
+        self.end: CallEnd | None = None  # how the gateway ended the call, if not OK
         self._channel = channel
         self._settings = settings
         self._leg = leg
@@ -230,7 +220,7 @@ class PhoneCall:
         self.barge_ins = 0
         # What the gateway reported of each turn (its TurnSummary: latencies at the
         # gateway), for whoever measures the call (kame_cli/bench/sip_load.py).
-        self.turns: list[TurnEvent] = []
+        self.turns: list[Turn] = []
 
     @property
     def leg(self) -> PhoneLeg:
@@ -421,9 +411,9 @@ class PhoneCall:
         except grpc.aio.AioRpcError as exc:
             if self._hung_up.is_set() or self._gateway_error:
                 return  # our own hang-up, or the start timed out
-            self._gateway_error = f"{exc.code().name}: {exc.details()}"
-            self.retry_after_s = retry_after_s(exc)
-            retry = "" if self.retry_after_s is None else f" (retry after {self.retry_after_s:g} s)"
+            self.end = end = CallEnd.of(exc)
+            self._gateway_error = end.summary()
+            retry = "" if end.retry_after_s is None else f" (retry after {end.retry_after_s:g} s)"
             log.warning(
                 "%s call %s: gateway: %s%s",
                 self.info.provider,
@@ -433,35 +423,30 @@ class PhoneCall:
             )
 
     async def _on_event(self, event: ConverseEvent) -> None:
-        if event["type"] == "agent_audio":
-            self.playout.push(event["data"], event["speaking"])
-        elif event["type"] == "barge_in":
-            self.barge_ins += 1
-            self.playout.flush()
-            metrics.BARGE_INS.labels(self.info.provider).inc()
-            await self._leg.clear()
-        elif event["type"] == "started":  # never "resumed": a phone call sends no token
-            self.session_id = event["session_id"]
-            self.started.set()
-        elif event["type"] == "dtmf":
-            self.dtmf_echoed.append(event["digit"])
-        elif event["type"] == "turn":
-            self.turns.append(event)
-        elif event["type"] == "function_call":
-            self._start_function(event)
-        elif event["type"] == "notice":
-            info = self.info
-            log.info(
-                "%s call %s: %s: %s",
-                info.provider,
-                info.provider_call_id,
-                event["kind"],
-                event["message"],
-            )
+        match event:
+            case AgentAudio(data=data, speaking=speaking):
+                self.playout.push(data, speaking)
+            case BargeIn():
+                self.barge_ins += 1
+                self.playout.flush()
+                metrics.BARGE_INS.labels(self.info.provider).inc()
+                await self._leg.clear()
+            case Started(session_id=session_id):  # never resumed: a phone call sends no token
+                self.session_id = session_id
+                self.started.set()
+            case Dtmf(digit=digit):
+                self.dtmf_echoed.append(digit)
+            case Turn():
+                self.turns.append(event)
+            case FunctionCall():
+                self._start_function(event)
+            case Notice(kind=kind, message=notice):
+                info = self.info
+                log.info("%s call %s: %s: %s", info.provider, info.provider_call_id, kind, notice)
 
     # ---- the agent's functions ---------------------------------------------------
 
-    def _start_function(self, event: FunctionCallEvent) -> None:
+    def _start_function(self, event: FunctionCall) -> None:
         """Run the call as a task of its own: the call goes on meanwhile."""
         if self._hung_up.is_set():
             return  # the call is over: nothing to act on, nobody to answer
@@ -469,8 +454,8 @@ class PhoneCall:
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _run_function(self, event: FunctionCallEvent) -> None:
-        name, call_id = event["name"], event["call_id"]
+    async def _run_function(self, event: FunctionCall) -> None:
+        name, call_id = event.name, event.call_id
         answered = False
 
         def answer(output: str, is_error: bool) -> None:
@@ -483,7 +468,7 @@ class PhoneCall:
             answer(f"no function {name!r} on this call (offered: none)", True)
             return
         try:
-            await self._functions.run(self, name, event["arguments_json"], answer)
+            await self._functions.run(self, name, event.arguments_json, answer)
         except Exception:  # a bug here must not leave the model waiting for its timeout
             log.exception(
                 "%s call %s: function %s", self.info.provider, self.info.provider_call_id, name

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from kame_common.converse import DTMF_KEYS
+from kame_client.client import DTMF_KEYS
 from services.telephony import metrics
 from services.telephony.call import PhoneCall
 from services.telephony.config import (

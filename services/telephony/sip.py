@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable
 
@@ -51,8 +50,9 @@ from aiosipua import (
     SipUAS,
 )
 
+from kame_client.client import DTMF_KEYS
+from kame_client.status import sip_refusal
 from kame_common.aio import cancel_and_wait
-from kame_common.converse import DTMF_KEYS
 from services.telephony.call import CallInfo, PhoneCall
 from services.telephony.call_control import CallControlError
 from services.telephony.playout import PACKET_S
@@ -198,9 +198,8 @@ class SipCall:
             self.server.send_bye(self.invite)
             return
         self.phone_gone = True  # the INVITE is over either way
-        retry = self.call.retry_after_s if self.call is not None else None
-        headers = {} if retry is None else {"Retry-After": str(max(1, math.ceil(retry)))}
-        self.server.reject(self.invite, 503, "Service Unavailable", headers)
+        status, phrase, headers = sip_refusal(self.call.end if self.call is not None else None)
+        self.server.reject(self.invite, status, phrase, headers)
 
     def phone_hung_up(self) -> None:
         self.phone_gone = True

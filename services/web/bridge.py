@@ -7,7 +7,7 @@ small protocol (services/web/README.md has it in full):
   binary messages of PCM16 mono at that rate, then optionally `{"type":
   "stop"}` (the caller is done: half-close). Closing the socket cancels the call.
 - bridge -> page: the gateway's events as JSON, named as everywhere else
-  (kame_common/converse.py: started, user_partial, user_final, oracle_reset,
+  (kame_client/events.py: started, user_partial, user_final, oracle_reset,
   oracle_append, agent_text, turn, notice, barge_in, dtmf), the bridge's own
   `error` and `end`, and binary agent audio: one flag byte (1 = the agent is
   speaking) followed by PCM16 at the same rate. The gateway resamples both
@@ -16,10 +16,8 @@ small protocol (services/web/README.md has it in full):
 `Bridge.run` works on any `PageSocket`, which is how the tests drive it
 without a browser or an HTTP server.
 
-What the page hears of an error never names an internal address: a gateway the
-bridge could not reach is said in words only, and every other status's details
-pass through `redact_addresses` (the gateway redacts its own already; this also
-covers what gRPC itself writes, "ipv4:10.0.0.5:50051: Connection refused").
+What the page hears of an error is kame_client/status.py's words for it, which
+never name an internal address.
 """
 
 from __future__ import annotations
@@ -33,36 +31,19 @@ from typing import Any, Protocol
 
 import grpc
 
-from kame_common import converse
+from kame_client.client import ConverseClient
+from kame_client.codecs import PCM_MAX_RATE, PCM_MIN_RATE
+from kame_client.events import AgentAudio, ConverseEvent, event_json
+from kame_client.status import CallEnd
 from kame_common.aio import cancel_and_wait
-from kame_common.converse import ConverseClient, ConverseEvent
-from kame_common.redact import redact_addresses
 from kamepb import gateway_pb2
 from services.web.config import WebSettings
 
 log = logging.getLogger(__name__)
 
-# PCM16 rates the gateway accepts (services/gateway/codecs.py).
-MIN_RATE, MAX_RATE = 8000, 192000
+# PCM16 rates the gateway accepts (kame_client/codecs.py).
+MIN_RATE, MAX_RATE = PCM_MIN_RATE, PCM_MAX_RATE
 SPEAKING, SILENT = b"\x01", b"\x00"
-
-# What the page tells the person for each way the gateway can end a call.
-ERROR_HINTS = {
-    "UNAUTHENTICATED": "auth refused: the gateway wants a valid access token",
-    "UNAVAILABLE": "the call broke off (the gateway is draining, or a service behind it failed)",
-    "RESOURCE_EXHAUSTED": "the agent is busy",
-    "INVALID_ARGUMENT": "the gateway refused the settings",
-    "OUT_OF_RANGE": "the conversation reached its length limit",
-    "DEADLINE_EXCEEDED": "the gateway timed out",
-}
-# A refusal the gateway says to retry (`retry-after-s` trailing metadata): the
-# stack is still starting (its services do not serve yet), or it is full. The
-# gateway's details say which.
-RETRY_HINTS = {
-    "UNAVAILABLE": "the agent is not ready yet",
-    "RESOURCE_EXHAUSTED": "the agent is busy",
-}
-MAX_RETRY_AFTER_S = 3600.0  # a longer hint is not one a person waits for
 
 
 class PageSocket(Protocol):
@@ -119,39 +100,23 @@ def parse_start(raw: str | bytes | None, settings: WebSettings) -> Start:
     return Start(config, token if isinstance(token, str) else "")
 
 
-def page_event(event: ConverseEvent) -> ConverseEvent | bytes:
-    """What the page receives for one gateway event (kame_common.converse): agent
-    audio as bytes (flag byte + PCM16), every other event as it is."""
-    if event["type"] == "agent_audio":
-        return (SPEAKING if event["speaking"] else SILENT) + event["data"]
-    return event
+def page_event(event: ConverseEvent) -> dict[str, Any] | bytes:
+    """What the page receives for one gateway event (kame_client.events): agent
+    audio as bytes (flag byte + PCM16), every other event as its JSON."""
+    match event:
+        case AgentAudio(speaking=speaking, data=data):
+            return (SPEAKING if speaking else SILENT) + data
+    return event_json(event)
 
 
-def error_event(code: str, details: str, retry_after_s: float | None = None) -> dict[str, Any]:
-    """An error the page shows as is: what happened in words, then the details
-    (addresses redacted). With `retry_after_s` (the gateway's hint), when to try
-    again, also as `retry_after_s` for the page's countdown."""
-    details = redact_addresses(details)
-    if retry_after_s is not None and code in RETRY_HINTS:
-        message = f"{RETRY_HINTS[code]}: try again in {retry_after_s:g} s ({details})"
-        return {"type": "error", "code": code, "message": message, "retry_after_s": retry_after_s}
-    return {"type": "error", "code": code, "message": f"{ERROR_HINTS.get(code, code)}: {details}"}
-
-
-def unreachable_event() -> dict[str, Any]:
-    """The gateway was never reached: gRPC's own details name the addresses it
-    tried, which the page must not see (the log has them)."""
-    return {
-        "type": "error",
-        "code": "UNAVAILABLE",
-        "message": "gateway down: the web service gets no answer from the gateway",
-    }
-
-
-def retry_after(exc: grpc.aio.AioRpcError) -> float | None:
-    """The gateway's `retry-after-s` hint, if it sent one a person waits for."""
-    hint = converse.retry_after_s(exc)
-    return hint if hint is not None and hint <= MAX_RETRY_AFTER_S else None
+def error_event(end: CallEnd) -> dict[str, Any]:
+    """An error the page shows as is (kame_client.status's words); with the
+    gateway's hint of when to try again, also as `retry_after_s` for the page's
+    countdown."""
+    error: dict[str, Any] = {"type": "error", "code": end.name, "message": end.message()}
+    if end.retry_after_s is not None:
+        error["retry_after_s"] = end.retry_after_s
+    return error
 
 
 class Bridge:
@@ -211,24 +176,12 @@ class Bridge:
                 else:
                     await send_json(page, sent)
         except grpc.aio.AioRpcError as exc:
-            await self._report(page, exc, client.channel)
+            end = CallEnd.of(exc, client.channel)
+            if not end.cancelled:  # cancelled: the page went away, nobody to tell
+                log.info("converse ended: %s", end.summary())
+                await send_json(page, error_event(end))
             return
         await send_json(page, {"type": "end"})
-
-    async def _report(
-        self, page: PageSocket, exc: grpc.aio.AioRpcError, channel: grpc.aio.Channel
-    ) -> None:
-        if exc.code() == grpc.StatusCode.CANCELLED:
-            return  # the page went away: nobody to tell
-        log.info("converse ended: %s: %s", exc.code().name, exc.details())
-        # Not connected: the gateway was never reached. Connected (or a hint, which only
-        # the gateway sends): the gateway ended the call.
-        retry_after_s = retry_after(exc)
-        connected = channel.get_state() == grpc.ChannelConnectivity.READY
-        if exc.code() == grpc.StatusCode.UNAVAILABLE and not connected and retry_after_s is None:
-            await send_json(page, unreachable_event())
-            return
-        await send_json(page, error_event(exc.code().name, exc.details() or "", retry_after_s))
 
 
 def is_stop(message: str) -> bool:

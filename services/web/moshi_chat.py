@@ -1,5 +1,5 @@
 """The Moshi protocol (WS /api/chat) carried over one Gateway.Converse call
-(kame_common/converse.py's client), so that the clients of kyutai's moshi
+(kame_client/client.py), so that the clients of kyutai's moshi
 server (moshi/server.py) talk to the stack: moshi's own client, and LiveKit's
 NVIDIA PersonaPlex plugin.
 
@@ -52,15 +52,16 @@ from enum import IntEnum
 import grpc
 import sphn
 
+from kame_client.client import ConverseClient
+from kame_client.events import AgentAudio, AgentText, BargeIn, ConverseEvent, Started
+from kame_client.status import CallEnd, CloseCode
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import float_to_pcm16, pcm16_to_float
-from kame_common.converse import ConverseClient, ConverseEvent
 from kamepb import gateway_pb2
 from services.web.bridge import PageSocket
 from services.web.config import WebSettings
 from services.web.ogg_opus import AudioTooLong, OggOpusPages
 from services.web.pacer import MAX_BACKLOG_S, Pacer
-from services.web.realtime_bridge import call_error
 from services.web.realtime_config import CODINGS, ClientError, mode_of_model
 
 log = logging.getLogger(__name__)
@@ -113,25 +114,13 @@ MAX_WORD_LEAD_S = 3.0
 MAX_AUDIO_MESSAGE_BYTES = 64 << 10
 MAX_AUDIO_MESSAGE_S = 2.0  # (sphn's decoder itself takes at most 5 s a call)
 
-# WebSocket close codes (RFC 6455, 7.4.1).
-NORMAL_CLOSURE = 1000
-UNSUPPORTED_DATA = 1003
-INVALID_PAYLOAD = 1007
-POLICY_VIOLATION = 1008
-MESSAGE_TOO_BIG = 1009
-INTERNAL_ERROR = 1011
-TRY_AGAIN_LATER = 1013
+NORMAL_CLOSURE = CloseCode.NORMAL_CLOSURE
+UNSUPPORTED_DATA = CloseCode.UNSUPPORTED_DATA
+INVALID_PAYLOAD = CloseCode.INVALID_PAYLOAD
+POLICY_VIOLATION = CloseCode.POLICY_VIOLATION
+MESSAGE_TOO_BIG = CloseCode.MESSAGE_TOO_BIG
+TRY_AGAIN_LATER = CloseCode.TRY_AGAIN_LATER
 MAX_REASON_BYTES = 123
-# How each gateway status closes the socket (others: INTERNAL_ERROR).
-CLOSE_OF_STATUS = {
-    "OK": NORMAL_CLOSURE,
-    "OUT_OF_RANGE": NORMAL_CLOSURE,  # the conversation reached its length limit
-    "UNAUTHENTICATED": POLICY_VIOLATION,
-    "PERMISSION_DENIED": POLICY_VIOLATION,
-    "INVALID_ARGUMENT": POLICY_VIOLATION,
-    "RESOURCE_EXHAUSTED": TRY_AGAIN_LATER,
-    "UNAVAILABLE": TRY_AGAIN_LATER,
-}
 
 
 @dataclass(frozen=True)
@@ -182,7 +171,7 @@ class CallerAudio:
         return float_to_pcm16(samples)
 
 
-class AgentAudio:
+class AgentOpus:
     """The agent's PCM16 at 24 kHz -> Ogg Opus pages, in 80 ms frames."""
 
     def __init__(self) -> None:
@@ -280,7 +269,7 @@ class MoshiChat:
         self.client = ConverseClient(channel, token, own_channel=True)
         self.pacer = Pacer(PCM, self.client.send_audio)
         self.caller_audio = CallerAudio()
-        self.agent_audio = AgentAudio()
+        self.agent_audio = AgentOpus()
         self.words = AgentWords()
         self.first_audio = asyncio.Event()
 
@@ -389,27 +378,27 @@ class MoshiChat:
             async for event in self.client.events():
                 await self._forward(event)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.CANCELLED:
+            end = CallEnd.of(exc, self.client.channel)
+            if end.cancelled:
                 return None  # the client went away: nobody to tell
-            log.info("moshi chat ended: %s: %s", exc.code().name, exc.details())
-            error = call_error(exc, self.client.channel)["error"]
-            code = str(error["code"]).upper()
-            return Close(CLOSE_OF_STATUS.get(code, INTERNAL_ERROR), str(error["message"]))
+            log.info("moshi chat ended: %s", end.summary())
+            return Close(end.close_code, end.message())
         return Close(NORMAL_CLOSURE, "the call ended")
 
     async def _forward(self, event: ConverseEvent) -> None:
         """One gateway event as the client's messages (most have none)."""
         words: list[str] = []
-        if event["type"] in ("started", "resumed"):
-            await self.socket.send_bytes(message(Kind.HANDSHAKE))
-        elif event["type"] == "agent_audio":
-            pages = self.agent_audio.pages(event["data"])
-            if pages:
-                await self.socket.send_bytes(message(Kind.AUDIO, pages))
-            words = self.words.advanced(PCM.seconds(event["data"]))
-        elif event["type"] == "agent_text":
-            words = self.words.heard(event["text"], event["start_s"])
-        elif event["type"] == "barge_in":
-            self.words.cut()
+        match event:
+            case Started():
+                await self.socket.send_bytes(message(Kind.HANDSHAKE))
+            case AgentAudio(data=data):
+                pages = self.agent_audio.pages(data)
+                if pages:
+                    await self.socket.send_bytes(message(Kind.AUDIO, pages))
+                words = self.words.advanced(PCM.seconds(data))
+            case AgentText(text=text, start_s=start_s):
+                words = self.words.heard(text, start_s)
+            case BargeIn():
+                self.words.cut()
         for text in words:
             await self.socket.send_bytes(message(Kind.TEXT, text.encode()))

@@ -1,7 +1,7 @@
 """The OpenAI Realtime protocol (GA event shapes) spoken over one Gateway.Converse
 call, without a network: `RealtimeSession` turns the client's events into what
 to do (audio and requests for the gateway, events to answer) and the gateway's
-events (kame_common/converse.py) into Realtime server events.
+events (kame_client/events.py) into Realtime server events.
 realtime_config.py holds what session.update may choose, realtime_items.py
 the conversation's items, realtime_responses.py the events that open and close
 a response, realtime_caller.py those of the caller's turn and the
@@ -55,14 +55,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from kame_common.audio import FRAME_SECONDS
-from kame_common.converse import (
-    AgentAudioEvent,
-    AgentTextEvent,
+from kame_client import events as gateway
+from kame_client.events import (
+    AgentAudio,
+    AgentText,
+    BargeIn,
     ConverseEvent,
-    FunctionCallEvent,
-    UserTranscriptEvent,
+    Notice,
+    UserPartial,
+    UserTranscript,
 )
+from kame_common.audio import FRAME_SECONDS
 from services.web.realtime_caller import DEFAULT_BACKCHANNELS, Nods, UserTurn
 from services.web.realtime_config import (
     ClientError,
@@ -367,31 +370,32 @@ class RealtimeSession:
     # Gateway events.
 
     def on_converse(self, event: ConverseEvent) -> list[Event]:
-        if event["type"] == "agent_audio":
-            events = self._agent_audio(event)
-        elif event["type"] == "agent_text":
-            events = self._agent_text(event)
-        elif event["type"] in ("user_partial", "user_final"):
-            events = self._user_transcript(event)
-        elif event["type"] == "barge_in" and event["cancelled"]:
-            # A request cut the agent, not speech: a typed message (the response
-            # under way ends), or a response.cancel (it ended already).
-            events = self._cancelled("client_cancelled", quiet=True)
-        elif event["type"] == "barge_in":
-            self.held = False
-            events = [
-                *self._speech_started(),
-                *self.nods.was_a_turn(self.user),
-                *self._cancelled("turn_detected", quiet=True),
-            ]
-        elif event["type"] == "function_call":
-            events = self._function_call(event)
-        elif event["type"] == "notice" and event["kind"] == "REFUSED":
-            events = [error_event("request_refused", event["message"])]
-        else:
-            # started, turns, other notices, keys, what the oracle's own tools did:
-            # nothing a Realtime client reads (no event of the protocol says it).
-            events = []
+        match event:
+            case AgentAudio():
+                events = self._agent_audio(event)
+            case AgentText():
+                events = self._agent_text(event)
+            case UserTranscript():
+                events = self._user_transcript(event)
+            case BargeIn(cancelled=True):
+                # A request cut the agent, not speech: a typed message (the response
+                # under way ends), or a response.cancel (it ended already).
+                events = self._cancelled("client_cancelled", quiet=True)
+            case BargeIn():
+                self.held = False
+                events = [
+                    *self._speech_started(),
+                    *self.nods.was_a_turn(self.user),
+                    *self._cancelled("turn_detected", quiet=True),
+                ]
+            case gateway.FunctionCall():
+                events = self._function_call(event)
+            case Notice(kind="REFUSED", message=message):
+                events = [error_event("request_refused", message)]
+            case _:
+                # started, turns, other notices, keys, what the oracle's own tools did:
+                # nothing a Realtime client reads (no event of the protocol says it).
+                events = []
         return self.stamp(events)
 
     def on_call_end(self, error: Event | None) -> list[Event]:
@@ -400,26 +404,26 @@ class RealtimeSession:
         events = self._closed("failed" if error else "completed") if self.response else []
         return self.stamp([*events, *([error] if error else [])])
 
-    def _agent_audio(self, event: AgentAudioEvent) -> list[Event]:
-        seconds = self.config.output.seconds(event["data"])
-        self.held = event["held"]
-        if event["held"]:
-            return self._held(event["data"])
-        if not event["speaking"]:
+    def _agent_audio(self, event: AgentAudio) -> list[Event]:
+        seconds = self.config.output.seconds(event.data)
+        self.held = event.held
+        if event.held:
+            return self._held(event.data)
+        if not event.speaking:
             self.silent_s += seconds
             if self.silent_s >= RESPONSE_GAP_S:
                 self.muted = False
                 return self._closed("completed") if self.response else []
             if self.response:
-                self.response.held_silence.append(event["data"])
+                self.response.held_silence.append(event.data)
             return []
         self.silent_s = 0.0
         if self.muted:
             return []
-        events = [] if self.response else self._opened(event["seq"] * FRAME_SECONDS)
+        events = [] if self.response else self._opened(event.seq * FRAME_SECONDS)
         response = self.response
         assert response is not None
-        chunks = [*response.held_silence, event["data"]]
+        chunks = [*response.held_silence, event.data]
         response.held_silence.clear()
         audio = b"".join(chunks)
         response.audio_s += self.config.output.seconds(audio)
@@ -443,14 +447,14 @@ class RealtimeSession:
             self.response.held_silence.append(silence)
         return []
 
-    def _agent_text(self, event: AgentTextEvent) -> list[Event]:
-        text = event["text"]
+    def _agent_text(self, event: AgentText) -> list[Event]:
+        text = event.text
         if self.muted or not text:
             return []  # words of a cancelled stretch
         if self.response is None:
-            self.early_words.append((text, event["start_s"]))  # its audio is still to come
+            self.early_words.append((text, event.start_s))  # its audio is still to come
             return []
-        return [self.response.said(text, event["start_s"])]
+        return [self.response.said(text, event.start_s)]
 
     def _opened(self, stream_start_s: float) -> list[Event]:
         unheard = self._unheard_turn_closed(heard_or_not=False)
@@ -466,10 +470,10 @@ class RealtimeSession:
         self.response = None
         return events
 
-    def _function_call(self, event: FunctionCallEvent) -> list[Event]:
+    def _function_call(self, event: gateway.FunctionCall) -> list[Event]:
         """The agent calls a function of the client's: an output of the response
         under way (after its audio), or of a response of its own that ends with it."""
-        call = FunctionCall(event["call_id"], event["name"], event["arguments_json"] or "{}")
+        call = FunctionCall(event.call_id, event.name, event.arguments_json or "{}")
         self.waiting_calls[call.call_id] = None
         if len(self.waiting_calls) > MAX_WAITING_CALLS:
             del self.waiting_calls[next(iter(self.waiting_calls))]
@@ -498,8 +502,8 @@ class RealtimeSession:
             return []
         return [self.user.speech_started(int(self.appended_s * 1000))]
 
-    def _user_transcript(self, event: UserTranscriptEvent) -> list[Event]:
-        if is_typed_echo(event["utterance_id"]):
+    def _user_transcript(self, event: UserTranscript) -> list[Event]:
+        if is_typed_echo(event.utterance_id):
             return []  # a typed message, echoed: its item is there
         if self.nods.is_nod(event, may_begin=self._may_nod()):
             return self.nods.nodded(event, self.history)
@@ -507,12 +511,12 @@ class RealtimeSession:
         events = self._speech_started()
         user = self.user
         assert user is not None
-        if event["type"] == "user_partial":
-            return [*events, *user.partial(event["text"])]
+        if isinstance(event, UserPartial):
+            return [*events, *user.partial(event.text)]
         self.user = None
         self.uncommitted_s = 0.0  # the turn ended: a commit needs new audio
         self._caller_turn()
-        return [*events, *self._user_said(user, event["text"])]
+        return [*events, *self._user_said(user, event.text)]
 
     def _may_nod(self) -> bool:
         """Caller words now may begin a backchannel: said while the agent speaks

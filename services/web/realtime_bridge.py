@@ -1,5 +1,5 @@
 """A Realtime WebSocket (services/web/realtime.py's protocol) carried over one
-Gateway.Converse call (kame_common/converse.py's client).
+Gateway.Converse call (kame_client/client.py).
 
 The call opens with the first client event that needs it (an append, a
 commit, a typed message, response.create), with the formats, voice, turn
@@ -22,8 +22,9 @@ import logging
 
 import grpc
 
+from kame_client.client import ConverseClient
+from kame_client.status import CallEnd
 from kame_common.aio import cancel_and_wait, wait_first
-from kame_common.converse import ConverseClient
 from kame_common.words import parse_phrases
 from services.web import bridge
 from services.web.bridge import PageSocket
@@ -38,8 +39,6 @@ log = logging.getLogger(__name__)
 # 15 MiB, so a client's oversize append reaches the session and is refused
 # there with the protocol's error, the socket open; beyond this the socket closes (1009).
 MAX_MESSAGE_BYTES = 16 << 20
-# The gateway's statuses as the protocol's error types (else server_error).
-CLIENT_STATUSES = {"UNAUTHENTICATED", "INVALID_ARGUMENT", "PERMISSION_DENIED", "OUT_OF_RANGE"}
 
 
 def gateway_call(client: ConverseClient, request: GatewayRequest) -> GatewayCall:
@@ -62,18 +61,9 @@ def bearer_token(authorization: str | None) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-def call_error(exc: grpc.aio.AioRpcError, channel: grpc.aio.Channel) -> Event:
-    """How the gateway ended the call, as the protocol's error (the web page's
-    words for it: services/web/bridge.py, internal addresses redacted)."""
-    code = exc.code().name
-    connected = channel.get_state() == grpc.ChannelConnectivity.READY
-    retry_after_s = bridge.retry_after(exc)
-    if code == "UNAVAILABLE" and not connected and retry_after_s is None:
-        page = bridge.unreachable_event()
-    else:
-        page = bridge.error_event(code, exc.details() or "", retry_after_s)
-    kind = "invalid_request_error" if code in CLIENT_STATUSES else "server_error"
-    return error_event(code.lower(), page["message"], kind)
+def call_error(end: CallEnd) -> Event:
+    """How the gateway ended the call, as the protocol's error (kame_client.status's words)."""
+    return error_event(end.name.lower(), end.message(), end.error_type)
 
 
 class RealtimeBridge:
@@ -231,10 +221,11 @@ class RealtimeLink:
             async for event in client.events():
                 await self.send(self.session.on_converse(event))
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.CANCELLED:
+            end = CallEnd.of(exc, client.channel)
+            if end.cancelled:
                 return  # the client went away: nobody to tell
-            log.info("realtime call ended: %s: %s", exc.code().name, exc.details())
-            error = call_error(exc, client.channel)
+            log.info("realtime call ended: %s", end.summary())
+            error = call_error(end)
         await self.send(self.session.on_call_end(error))
 
     async def close(self) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kame_common.converse import UserTranscriptEvent
+from kame_client.events import UserPartial, UserTranscript
 from kame_common.words import BACKCHANNEL_PHRASES, is_backchannel, normalize_words, parse_phrases
 from services.web.realtime_config import Event
 from services.web.realtime_items import History, UserMessage, new_id
@@ -113,20 +113,20 @@ class Nods:
         self.phrases = phrases
         self.pending: Backchannel | None = None  # caller words over the agent, a backchannel so far
 
-    def is_nod(self, event: UserTranscriptEvent, may_begin: bool) -> bool:
+    def is_nod(self, event: UserTranscript, may_begin: bool) -> bool:
         """The caller's words are a backchannel: only backchannel phrases, or none
         (the frontend's rule, services/frontend/engines/backchannel.py), and
         either more of an utterance that was one so far or, if `may_begin`
         (the session's say: the agent speaks and the caller has no turn under
         way), a new one."""
-        text = event["text"]
+        text = event.text
         if normalize_words(text) and not is_backchannel(text, self.phrases):
             return False
-        if self.pending is not None and self.pending.utterance_id == event["utterance_id"]:
+        if self.pending is not None and self.pending.utterance_id == event.utterance_id:
             return True
         return may_begin
 
-    def nodded(self, event: UserTranscriptEvent, history: History) -> list[Event]:
+    def nodded(self, event: UserTranscript, history: History) -> list[Event]:
         """A backchannel's transcript. No speech_started and no transcription
         events: LiveKit's and Pipecat's clients stop their playback on
         speech_started, and Pipecat's user aggregator takes any transcription
@@ -136,13 +136,13 @@ class Nods:
         events no client takes for a turn), after the agent's item it was
         said over, as the oracle keeps it: context for the next answer, no
         response of its own. A partial waits in `pending` for a barge-in."""
-        if event["type"] == "user_partial":
-            self.pending = Backchannel(event["utterance_id"], event["text"])
+        if isinstance(event, UserPartial):
+            self.pending = Backchannel(event.utterance_id, event.text)
             return []
         self.pending = None
-        if not normalize_words(event["text"]):
+        if not normalize_words(event.text):
             return []  # a cough: nothing was said
-        message = UserMessage(content=[{"type": "input_audio", "transcript": event["text"]}])
+        message = UserMessage(content=[{"type": "input_audio", "transcript": event.text}])
         added = history.add(message)
         return [added, {"type": "conversation.item.done", "item": message.item()}]
 

@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import grpc
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
@@ -46,6 +47,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from kame_client.status import CallEnd
 from kame_common import tracing
 from kame_common.http_server import HttpServer
 from kame_common.server import ACTIVE_SESSIONS, service_main, until_signal
@@ -229,10 +231,10 @@ class WebApp:
         try:
             start = parse_start(raw, self.settings)
         except StartError as exc:
-            await send_json(page, error_event("INVALID_ARGUMENT", str(exc)))
+            await send_json(page, error_event(CallEnd(grpc.StatusCode.INVALID_ARGUMENT, str(exc))))
             return NORMAL_CLOSURE, ""
         if refusal := self.session_refusal():
-            await send_json(page, error_event("RESOURCE_EXHAUSTED", refusal))
+            await send_json(page, error_event(CallEnd(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)))
         else:
             await self._bridged(page, start)
         return NORMAL_CLOSURE, ""

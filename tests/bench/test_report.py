@@ -15,6 +15,8 @@ from kame_cli.bench.plots import plot
 from kame_cli.bench.questions import Question
 from kame_cli.bench.runner import Captured
 from kame_cli.bench.runs import Run
+from kame_client.events import AgentText, OracleAppend, OracleReset, UserFinal, UserPartial
+from kame_client.result import AgentAudioStart, Timed
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
 
 TANDEM, CASCADE = Run("tandem", "tandem", "tts"), Run("cascade", "cascade", "tts")
@@ -45,27 +47,21 @@ def talk_result(
         heard_at(k * FRAME_SECONDS) + np.arange(FRAME_SAMPLES) / SAMPLE_RATE for k in range(FRAMES)
     ]
     seq = int(audio_start_s / FRAME_SECONDS)
-    events: list[dict[str, Any]] = [
-        {"t": 1.0, "type": "user_partial", "text": "what is the", "lag_s": 0.3},
-        {"t": 2.6, "type": "user_final", "text": QUESTION.text, "lag_s": 0.4},
+    events: list[Timed[Any]] = [
+        Timed(1.0, UserPartial("u1", "what is the", "", 0.5, 0.3)),
+        Timed(2.6, UserFinal("u1", QUESTION.text, "", 1.0, 0.4)),
     ]
     for generation, text in generations.items():
         first, rest = text.split(" ", 1)
-        events.append({"t": 1.4, "type": "oracle_reset", "generation": generation, "text": first})
-        events.append({"t": 1.5, "type": "oracle_append", "generation": generation, "text": rest})
-    events.append({"t": heard_at(audio_start_s), "type": "agent_audio_start", "seq": seq})
+        events.append(Timed(1.4, OracleReset(generation, first, "", True)))
+        events.append(Timed(1.5, OracleAppend(generation, rest)))
+    events.append(Timed(heard_at(audio_start_s), AgentAudioStart(seq)))
     for start_s, text, generation in words:
         result.agent_words.append(text)
         events.append(
-            {
-                "t": heard_at(start_s),
-                "type": "agent_text",
-                "text": text,
-                "start_s": start_s,
-                "generation": generation,
-            }
+            Timed(heard_at(start_s), AgentText(text, start_s, start_s, generation, False))
         )
-    result.events = sorted(events, key=lambda e: e["t"])
+    result.events = sorted(events, key=lambda timed: timed.t)
     result.finals = [QUESTION.text]
     return result
 

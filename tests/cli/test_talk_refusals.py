@@ -24,7 +24,9 @@ async def test_a_refused_call_is_reported_with_the_gateways_status(fakes):
     options = TalkOptions(gateway=gateway.address, max_wait_s=2.0)
     for _ in range(5):
         result = await talk(caller, options)
-        assert (result.status, result.started) == ("RESOURCE_EXHAUSTED", {}), result.status_details
+        assert (result.status, result.started) == ("RESOURCE_EXHAUSTED", None), (
+            result.status_details
+        )
 
 
 def test_a_call_broken_off_under_a_write_is_continued_and_a_refusal_is_not():

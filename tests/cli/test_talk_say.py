@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kame_cli.caller import TalkOptions, talk
+from kame_client.caller import TalkOptions, talk
+from kame_client.result import CallerText
 from kame_common.audio import SAMPLE_RATE
 from tests.cli.conftest import assert_fails_in_one_line, kame
 
@@ -25,9 +26,9 @@ async def test_say_types_the_message_and_waits_for_the_answer(fakes):
     assert typed.text == QUESTION
     assert result.finals == [QUESTION], "the gateway echoes it as the caller's final"
     assert "Paris" in result.agent_words
-    said = [e for e in result.events if e["type"] == "caller_text"]
-    assert [e["text"] for e in said] == [QUESTION]
-    assert said[0]["t"] >= 0.5, "after the WAV"
+    said = result.of(CallerText)
+    assert [timed.event.text for timed in said] == [QUESTION]
+    assert said[0].t >= 0.5, "after the WAV"
 
 
 def test_talk_needs_a_wav_or_a_message(tmp_path):

@@ -73,8 +73,9 @@ def test_the_contracts_pass_a_tree_that_keeps_them_and_fail_one_that_breaks_them
     kept = tmp_path / "kept"
     package(kept, "kamepb")
     package(kept, "kame_common", "import kamepb\n")
+    package(kept, "kame_client", "import kame_common\n")
     for service in ("gateway", "frontend", "stt", "oracle", "web", "telephony"):
-        package(kept, f"services.{service}", "import kame_common\n")
+        package(kept, f"services.{service}", "import kame_client\n")
     package(kept, "kame_cli", "import services.gateway\n")
     done = lint_imports(kept)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -82,6 +83,7 @@ def test_the_contracts_pass_a_tree_that_keeps_them_and_fail_one_that_breaks_them
     broken = tmp_path / "broken"
     package(broken, "kamepb")
     package(broken, "kame_common", "import kame_cli\n")  # a layer importing a higher one
+    package(broken, "kame_client", "import services.web\n")  # the client needing a service
     for service in ("frontend", "stt", "oracle", "web", "telephony"):
         package(broken, f"services.{service}")
     package(broken, "services.gateway", "import services.oracle\n")  # one service another
@@ -90,4 +92,5 @@ def test_the_contracts_pass_a_tree_that_keeps_them_and_fail_one_that_breaks_them
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Contracts: 0 kept, 2 broken." in done.stdout
     assert "kame_common -> kame_cli" in done.stdout
+    assert "kame_client -> services.web" in done.stdout
     assert "services.gateway -> services.oracle" in done.stdout

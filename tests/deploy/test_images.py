@@ -258,7 +258,7 @@ class OnlyWhatTheImageInstalls(importlib.abc.MetaPathFinder):
         top = name.split(".")[0]
         if top in sys.stdlib_module_names or top.startswith("_") or top in installed:
             return None
-        if top in ("services", "kame_common", "kamepb", "kame_cli"):
+        if top in ("services", "kame_common", "kame_client", "kamepb", "kame_cli"):
             return None
         # ModuleNotFoundError, as for a missing package: optional imports catch that
         raise ModuleNotFoundError(f"{name}: no package the image installs provides it")
@@ -267,7 +267,7 @@ sys.meta_path.insert(0, OnlyWhatTheImageInstalls())
 for module in sys.argv[4:]:
     importlib.import_module(module)
 assert importlib.util.find_spec(sys.argv[2]) is not None, sys.argv[2]
-ours = ("services", "kame_common", "kamepb", "kame_cli")
+ours = ("services", "kame_common", "kame_client", "kamepb", "kame_cli")
 for name, module in sorted(sys.modules.items()):
     if name.split(".")[0] in ours and getattr(module, "__file__", None):
         assert module.__file__.startswith(sys.argv[1]), (name, module.__file__)

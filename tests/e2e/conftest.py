@@ -10,10 +10,10 @@ the web service (the OpenAI Realtime and Moshi-protocol endpoints) before it.
 The modules that run the stack as the user does start `kame up` with
 tests/e2e/kame_up.py instead.
 
-`LiveCall` drives one Converse call (kame_common/converse.py's client) the way
-a phone would: audio paced at real time, every response recorded with its
-arrival time, so that a test can act in the middle of a turn (disconnect, kill
-a service) and look at what came.
+`LiveCall` drives one Converse call (kame_client's client) the way a phone
+would: audio paced at real time (kame_client/microphone.py), every event
+recorded with its arrival time, so that a test can act in the middle of a turn
+(disconnect, kill a service) and look at what came.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import os
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import numpy as np
@@ -37,14 +37,16 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kame_cli.stack_options import free_ports
+from kame_client.client import ConverseClient
+from kame_client.codecs import AudioFormat, CodecError, Decoder, Encoder, resolve_format
+from kame_client.events import AgentAudio, ConverseEvent, Event
+from kame_client.microphone import Microphone
 from kame_common import store, tracing
-from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
-from kame_common.converse import ConverseClient
+from kame_common.audio import SAMPLE_RATE
 from kame_common.server import ServiceRuntime
 from kamepb import gateway_pb2
 from services.frontend.config import FrontendSettings
 from services.frontend.server import serve as serve_frontend
-from services.gateway.codecs import AudioFormat, CodecError, Decoder, Encoder, resolve_format
 from services.gateway.config import GatewaySettings
 from services.gateway.server import serve as serve_gateway
 from services.oracle.config import ApiKeys, OracleSettings
@@ -61,6 +63,7 @@ QUESTION = "What is the capital of France?"
 E2E_DB = 9
 HOLD_MAX_S = 10.0  # a loaded test machine may take longer than the default 5 s to answer
 PCM_24K = AudioFormat("pcm16", SAMPLE_RATE)
+E = TypeVar("E", bound=Event)
 SPAN_EXPORTER = InMemorySpanExporter()
 
 
@@ -224,17 +227,18 @@ def converse_config(
 
 
 class LiveCall:
-    """One Converse call (kame_common.converse's client): config, audio at real
-    time, every response recorded with its arrival time."""
+    """One Converse call (kame_client's client): config, audio at real time,
+    every event recorded with its arrival time."""
 
     def __init__(self, address: str, config: gateway_pb2.ConverseConfig) -> None:
         self.client = ConverseClient.connect(address)
         self.config = config
-        self.encoder, self.decoder = Encoder(PCM_24K), Decoder(PCM_24K)
+        encoder, self.decoder = Encoder(PCM_24K), Decoder(PCM_24K)
         with contextlib.suppress(CodecError):  # tests of bad formats send them anyway
-            self.encoder = Encoder(resolve_format(config.input_format, "input_format"))
+            encoder = Encoder(resolve_format(config.input_format, "input_format"))
             self.decoder = Decoder(resolve_format(config.output_format, "output_format"))
-        self.responses: list[tuple[float, gateway_pb2.ConverseResponse]] = []
+        self.microphone = Microphone(self.client, encoder)
+        self.events: list[tuple[float, ConverseEvent]] = []
         self.error: grpc.aio.AioRpcError | None = None
         self.frames_sent = 0
         self._arrived = asyncio.Event()
@@ -248,8 +252,8 @@ class LiveCall:
 
     async def _read(self) -> None:
         try:
-            async for response in self.client.responses():
-                self.responses.append((time.monotonic(), response))
+            async for event in self.client.events():
+                self.events.append((time.monotonic(), event))
                 self._arrived.set()
         except grpc.aio.AioRpcError as exc:
             self.error = exc
@@ -258,35 +262,24 @@ class LiveCall:
 
     async def stream(self, samples: np.ndarray) -> None:
         """Send 80 ms chunks, each once its audio has been 'spoken' (real time)."""
-        start = time.monotonic()
-        count = -(-len(samples) // FRAME_SAMPLES)
-        padded = np.zeros(count * FRAME_SAMPLES, np.float32)
-        padded[: len(samples)] = samples
-        for index in range(count):
-            await asyncio.sleep(max(0.0, start + (index + 1) * FRAME_SECONDS - time.monotonic()))
-            chunk = padded[index * FRAME_SAMPLES : (index + 1) * FRAME_SAMPLES]
-            for data in self.encoder.encode(chunk):
-                if not await self.client.send_audio(data):
-                    return  # the gateway ended the call; its status tells why
-            self.frames_sent += 1
+        self.frames_sent += await self.microphone.stream(samples)
 
     async def send_raw(self, request: gateway_pb2.ConverseRequest) -> bool:
         """Any request, even one the gateway refuses; False once the call is over."""
         return await self.client.send(request)
 
-    async def wait_for(
-        self, predicate: Callable[[gateway_pb2.ConverseResponse], bool], timeout_s: float = 30.0
-    ) -> gateway_pb2.ConverseResponse:
+    async def wait_for(self, kind: type[E], timeout_s: float = 30.0, speaking: bool = False) -> E:
+        """The first event of `kind` (with `speaking`: agent audio that is speech)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            for _, response in self.responses:
-                if predicate(response):
-                    return response
+            for event in self.of(kind):
+                if not speaking or (isinstance(event, AgentAudio) and event.speaking):
+                    return event
             if self._reader.done():
-                raise AssertionError(f"the call ended ({self.error}) before the response came")
+                raise AssertionError(f"the call ended ({self.error}) before the event came")
             self._arrived.clear()
             remaining = deadline - time.monotonic()
-            assert remaining > 0, "timed out waiting for a response"
+            assert remaining > 0, f"timed out waiting for {kind.__name__}"
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), remaining)
 
@@ -302,15 +295,16 @@ class LiveCall:
             await asyncio.gather(self._reader, return_exceptions=True)
         await self.client.close()
 
-    def of(self, kind: str) -> list:
-        return [getattr(r, kind) for _, r in self.responses if r.WhichOneof("msg") == kind]
+    def of(self, kind: type[E]) -> list[E]:
+        """The events of `kind` so far, in order."""
+        return [event for _, event in self.events if isinstance(event, kind)]
 
     @property
     def session_id(self) -> str:
         return self.client.session.session_id
 
     def agent_audio(self) -> np.ndarray:
-        parts = [self.decoder.decode(chunk.data) for chunk in self.of("audio")]
+        parts = [self.decoder.decode(chunk.data) for chunk in self.of(AgentAudio)]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 

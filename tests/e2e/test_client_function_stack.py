@@ -1,6 +1,6 @@
 """A question answered from a function the caller itself runs, end to end through
 `kame up` (issue #33): the caller declares `order_status` in its Converse config
-(kame_common/converse.py's ConverseClient), the real oracle offers it to the LLM,
+(kame_client's ConverseClient), the real oracle offers it to the LLM,
 the LLM calls it, the gateway hands the call to the caller, the caller answers
 with a city picked at random here (a value no model could guess), and the agent
 says it.
@@ -22,9 +22,13 @@ import time
 import numpy as np
 import pytest
 
-from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, float_to_pcm16
-from kame_common.converse import ConverseClient, ConverseEvent
+from kame_client.client import ConverseClient
+from kame_client.codecs import Encoder
+from kame_client.events import AgentText, ConverseEvent, FunctionCall, ToolCall, ToolFinished
+from kame_client.microphone import Microphone
+from kame_common.audio import FRAME_SAMPLES
 from kamepb import common_pb2, gateway_pb2
+from tests.e2e.conftest import PCM_24K
 from tests.e2e.kame_up import running
 from tests.e2e.test_tools_stack import FAKE_LLM, SECRETS, TOOLS_DB
 from tests.oracle.conftest import StubHttpServer
@@ -41,12 +45,12 @@ ORDER_STATUS = common_pb2.ClientFunction(
     ),
     read_only=True,
 )
-SILENCE = float_to_pcm16(np.zeros(FRAME_SAMPLES, dtype=np.float32))
+SILENCE = np.zeros(FRAME_SAMPLES, dtype=np.float32)
 ANSWER_WAIT_S = 90.0
 
 
 def agent_words(events: list[ConverseEvent]) -> list[str]:
-    return words_of(" ".join(e["text"] for e in events if e["type"] == "agent_text"))
+    return words_of(" ".join(e.text for e in events if isinstance(e, AgentText)))
 
 
 async def ask_with_a_function(gateway: str, secret: str) -> list[ConverseEvent]:
@@ -59,9 +63,9 @@ async def ask_with_a_function(gateway: str, secret: str) -> list[ConverseEvent]:
         async def read() -> None:
             async for event in client.events():
                 events.append(event)
-                if event["type"] == "function_call":
+                if isinstance(event, FunctionCall):
                     output = f"It is with the courier in {secret}."
-                    await client.send_function_result(event["call_id"], output)
+                    await client.send_function_result(event.call_id, output)
                 if secret.lower() in agent_words(events):
                     said.set()
 
@@ -69,10 +73,10 @@ async def ask_with_a_function(gateway: str, secret: str) -> list[ConverseEvent]:
         await client.start(gateway_pb2.ConverseConfig(functions=[ORDER_STATUS]))
         await client.wait_started(reader)
         assert await client.send_text(QUESTION)
+        microphone = Microphone(client, Encoder(PCM_24K))
         deadline = time.monotonic() + ANSWER_WAIT_S
         while not said.is_set() and not reader.done() and time.monotonic() < deadline:
-            await client.send_audio(SILENCE)  # the agent speaks in the caller's frames
-            await asyncio.sleep(FRAME_SECONDS)
+            await microphone.stream(SILENCE)  # the agent speaks in the caller's frames
         await client.done_writing()
         await asyncio.wait_for(reader, 60)
     return events
@@ -96,11 +100,11 @@ async def test_kame_up_answers_from_a_function_the_caller_runs(tmp_path, redis_u
     results = [m["content"] for body in asked for m in body["messages"] if m["role"] == "tool"]
     assert any(secret in text for text in results), results
     # The caller saw the call and the tool's activity around it, in order.
-    (call,) = [e for e in events if e["type"] == "function_call"]
-    assert call["name"] == "order_status" and json.loads(call["arguments_json"]) == {"order": "A7"}
-    kinds = [e["type"] for e in events if e["type"] in ("tool_started", "tool_finished")]
+    (call,) = [e for e in events if isinstance(e, FunctionCall)]
+    assert call.name == "order_status" and json.loads(call.arguments_json) == {"order": "A7"}
+    kinds = [e.TYPE for e in events if isinstance(e, ToolCall)]
     assert kinds == ["tool_started", "tool_finished"], kinds
-    finished = next(e for e in events if e["type"] == "tool_finished")
-    assert finished["source"] == "client" and not finished["is_error"], finished
+    finished = next(e for e in events if isinstance(e, ToolFinished))
+    assert finished.source == "client" and not finished.is_error, finished
     # ... and the agent said the secret.
     assert secret.lower() in agent_words(events)

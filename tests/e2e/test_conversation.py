@@ -18,8 +18,19 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from kame_cli.bench.answer import coherence
+from kame_cli.bench.answer import coherence_of
 from kame_cli.talk import TalkOptions, talk
+from kame_client.events import (
+    AgentAudio,
+    AgentText,
+    Notice,
+    OracleAppend,
+    OracleReset,
+    Started,
+    UserFinal,
+    UserTranscript,
+)
+from kame_client.result import AgentAudioStart
 from kame_common.audio import FRAME_SAMPLES, SAMPLE_RATE, rms_dbfs
 from kame_common.words import normalize_words
 from kamepb import gateway_pb2
@@ -37,7 +48,6 @@ from tests.support import conversation, session_record, word_recall, words_of
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 Codec = gateway_pb2.AudioFormat.Codec
-Notice = gateway_pb2.Notice
 SECOND_QUESTION = "How many legs does a spider have?"
 
 
@@ -69,19 +79,19 @@ async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
         TalkOptions(gateway=stack.gateway.address, mode="tandem", tail_s=1.5, max_wait_s=25.0),
     )
     assert result.status == "OK", result.status_details
-    session_id = result.started["session_id"]
-    assert result.started["frontend_replica"] == stack.frontend.settings.replica_id
+    assert result.started is not None
+    session_id = result.started.session_id
+    assert result.started.frontend_replica == stack.frontend.settings.replica_id
 
     # The caller's words came back as the final transcript (Whisper may mishear one).
     assert word_recall(QUESTION, result.user_transcript) >= 0.6, result.user_transcript
     # The oracle streamed candidate answers: a RESET carries the first words and
     # what they answer.
-    resets = [e for e in result.events if e["type"] == "oracle_reset"]
-    assert resets and all(e["text"] for e in resets), resets
+    resets = [timed.event for timed in result.of(OracleReset)]
+    assert resets and all(e.text for e in resets), resets
     # The agent spoke, and what it said (its own account of its words) answers the
     # question: Paris, unless Whisper missed "France" (then the model cannot know).
-    speaking = [e for e in result.events if e["type"] == "agent_audio_start"]
-    assert speaking, "the agent never started speaking"
+    assert result.of(AgentAudioStart), "the agent never started speaking"
     assert rms_dbfs(result.agent) > -40.0
     assert result.agent_text.strip(), "the agent said no word"
     if "france" in words_of(result.user_transcript):
@@ -91,15 +101,15 @@ async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
     # Latency, measured at the client and summarized by the gateway (how fast is
     # for the benchmark; here: both exist and are sane).
     turn_events = [
-        (e["type"], e["t"], e.get("text", ""))
-        for e in result.events
-        if e["type"] in ("user_final", "agent_audio_start", "notice")
+        timed.json()
+        for timed in result.events
+        if isinstance(timed.event, UserFinal | AgentAudioStart | Notice)
     ]
     assert result.response_latency_s is not None and 0 < result.response_latency_s < 20, (
         result.speech_end_s,
         turn_events,
     )
-    assert result.turns and result.turns[0]["response_latency_s"] > 0
+    assert result.turns and result.turns[0].response_latency_s > 0
     # One agent frame per caller frame, however long the call.
     assert len(result.agent) == pytest.approx(result.streamed_samples, abs=2 * FRAME_SAMPLES)
 
@@ -111,9 +121,7 @@ async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
     agent_turns = [t["text"] for t in turns if t["role"] == "agent"]
     assert any(word_recall("capital France", t) >= 0.5 for t in user_turns), turns
     # What the agent answered is what the oracle logged (hold phrases are not logged).
-    answered = " ".join(
-        e["text"] for e in result.events if e["type"] == "agent_text" and e["generation"]
-    )
+    answered = " ".join(said.event.text for said in result.of(AgentText) if said.event.generation)
     assert agent_turns and set(words_of(answered)) <= set(words_of(" ".join(agent_turns))), turns
 
     # /metrics: the per-frame and response-latency histograms have samples.
@@ -166,15 +174,15 @@ async def test_tandem_answers_an_espeak_caller_with_one_fresh_answer(stack, espe
     )
     result = await talk(question.audio, options)
     assert result.status == "OK", result.status_details
-    verdict = coherence(result.events, result.speech_start_s)
+    verdict = coherence_of(result)
     assert verdict.coherent, (verdict.note, result.agent_text)
     # The spoken candidate answers the caller's final words (normalized), not a guess.
     reset = next(
-        e
-        for e in result.events
-        if e["type"] == "oracle_reset" and e["generation"] == verdict.generation
+        timed.event
+        for timed in result.of(OracleReset)
+        if timed.event.generation == verdict.generation
     )
-    assert normalize_words(reset["source_text"]) == normalize_words(result.user_transcript)
+    assert normalize_words(reset.source_text) == normalize_words(result.user_transcript)
     if "germany" in words_of(result.user_transcript):  # else the model cannot know
         assert "berlin" in words_of(result.agent_text), result.agent_text
 
@@ -185,14 +193,15 @@ async def test_two_concurrent_sessions_do_not_cross(stack, speak):
         talk(speak(QUESTION), options), talk(speak(SECOND_QUESTION), options)
     )
     assert first.status == second.status == "OK"
-    assert first.started["session_id"] != second.started["session_id"]
+    assert first.started and second.started
+    assert first.started.session_id != second.started.session_id
     assert word_recall(QUESTION, first.user_transcript) >= 0.6, first.user_transcript
     assert word_recall(SECOND_QUESTION, second.user_transcript) >= 0.6, second.user_transcript
     assert not words(first.user_transcript) & {"spider", "legs"}
     assert not words(second.user_transcript) & {"france", "capital"}
     for result in (first, second):  # each caller got exactly its own stream of frames back
         assert len(result.agent) == pytest.approx(result.streamed_samples, abs=2 * FRAME_SAMPLES)
-    logs = [await conversation(stack.redis_url, r.started["session_id"]) for r in (first, second)]
+    logs = [await conversation(stack.redis_url, r.started.session_id) for r in (first, second)]
     first_user = " ".join(t["text"] for t in logs[0] if t["role"] == "user")
     second_user = " ".join(t["text"] for t in logs[1] if t["role"] == "user")
     assert word_recall(QUESTION, first_user) >= 0.6 and not words(first_user) & {"spider", "legs"}
@@ -206,7 +215,7 @@ async def test_disconnect_mid_turn_frees_every_upstream_stream_and_task(stack, s
     feeding = asyncio.create_task(
         call.stream(np.concatenate([speak(QUESTION), np.zeros(10 * SAMPLE_RATE, np.float32)]))
     )
-    await call.wait_for(lambda r: r.HasField("audio") and r.audio.speaking, timeout_s=30)
+    await call.wait_for(AgentAudio, timeout_s=30, speaking=True)
     session_id = call.session_id
     assert session_tasks(session_id), "the session's pump tasks should be running"
     assert all(r.active_sessions == 1 for r in stack.upstreams.values())
@@ -276,7 +285,7 @@ async def test_bad_input_gets_a_clear_status_while_others_are_served(stack, spea
     result = await good  # the well-behaved caller never noticed
     assert result.status == "OK"
     assert word_recall(QUESTION, result.user_transcript) >= 0.6, result.user_transcript
-    assert any(e["type"] == "agent_audio_start" for e in result.events)
+    assert result.of(AgentAudioStart)
     await upstreams_idle(stack)
 
 
@@ -290,19 +299,16 @@ async def test_oracle_failure_mid_session_goes_on_without_oracle(stack, speak):
         feeding = asyncio.create_task(
             call.stream(np.concatenate([speak(QUESTION), np.zeros(3 * SAMPLE_RATE, np.float32)]))
         )
-        await call.wait_for(lambda r: r.HasField("user_transcript"), timeout_s=20)
+        await call.wait_for(UserTranscript, timeout_s=20)
         await oracle.stop()  # the oracle dies mid-turn
-        notice = await call.wait_for(lambda r: r.HasField("notice"), timeout_s=10)
-        assert notice.notice.kind == Notice.ORACLE_UNAVAILABLE
-        assert "oracle failed" in notice.notice.message
+        notice = await call.wait_for(Notice, timeout_s=10)
+        assert notice.kind == "ORACLE_UNAVAILABLE"
+        assert "oracle failed" in notice.message
         await feeding
         assert await call.finish() == grpc.StatusCode.OK  # the call went on to its end
-        frames = call.of("audio")
+        frames = call.of(AgentAudio)
         assert len(frames) == call.frames_sent  # every caller frame was answered
-        assert any(
-            r.user_transcript.is_final
-            for r in [c for _, c in call.responses if c.HasField("user_transcript")]
-        )
+        assert call.of(UserFinal)
     finally:
         await call.close()
     await wait_until(lambda: stack.stt.active_sessions == 0, "stt to see the session end", 10)
@@ -321,14 +327,14 @@ async def test_stt_failure_leaves_the_oracle_open_and_the_call_goes_on(stack, sp
         )
         await wait_until(lambda: stack.oracle.active_sessions == 1, "the oracle session", 10)
         await stt.stop()
-        notice = await call.wait_for(lambda r: r.HasField("notice"), timeout_s=10)
-        assert notice.notice.kind == Notice.ORACLE_UNAVAILABLE
-        assert "stt failed" in notice.notice.message
+        notice = await call.wait_for(Notice, timeout_s=10)
+        assert notice.kind == "ORACLE_UNAVAILABLE"
+        assert "stt failed" in notice.message
         await feeding
         # The oracle waits, open, for the stt the gateway keeps trying to reopen.
         assert stack.oracle.active_sessions == 1
         assert await call.finish() == grpc.StatusCode.OK
-        assert len(call.of("audio")) == call.frames_sent
+        assert len(call.of(AgentAudio)) == call.frames_sent
     finally:
         await call.close()
 
@@ -343,7 +349,7 @@ async def test_frontend_failure_ends_the_session_with_unavailable(stack, speak, 
     call = await LiveCall(gateway.address, converse_config()).start()
     try:
         feeding = asyncio.create_task(call.stream(speak(QUESTION)))
-        await call.wait_for(lambda r: r.HasField("audio"), timeout_s=10)
+        await call.wait_for(AgentAudio, timeout_s=10)
         await frontend.stop()
         code = await call.finish(timeout_s=15)
         feeding.cancel()
@@ -364,7 +370,7 @@ async def test_admission_control_refuses_sessions_over_the_limit(stack):
     first = await LiveCall(gateway.address, converse_config()).start()
     second = await LiveCall(gateway.address, converse_config()).start()
     try:
-        await first.wait_for(lambda r: r.HasField("started"), timeout_s=10)
+        await first.wait_for(Started, timeout_s=10)
         assert await second.finish(timeout_s=10) == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "limit of 1 sessions" in second.error.details()
         assert await first.finish(timeout_s=20) == grpc.StatusCode.OK
@@ -394,8 +400,8 @@ async def test_s2s_runs_without_oracle_and_the_gateway_logs_the_conversation(sta
         assert await call.finish() == grpc.StatusCode.OK
     finally:
         await call.close()
-    assert any(a.speaking for a in call.of("audio"))
-    assert not call.of("oracle_update")
+    assert any(a.speaking for a in call.of(AgentAudio))
+    assert not call.of(OracleReset) and not call.of(OracleAppend)
     turns = await conversation(stack.redis_url, call.session_id)
     assert [t["role"] for t in turns] == ["user", "agent"], turns
     assert word_recall(QUESTION, turns[0]["text"]) >= 0.6, turns
@@ -429,7 +435,7 @@ async def test_session_length_cap_ends_with_out_of_range(stack):
         await call.stream(np.zeros(SAMPLE_RATE, np.float32))
         assert await call.finish() == grpc.StatusCode.OUT_OF_RANGE
         assert "cap of 0.5 s" in call.error.details()
-        assert len(call.of("audio")) <= 6  # 0.5 s of frames at most came back
+        assert len(call.of(AgentAudio)) <= 6  # 0.5 s of frames at most came back
     finally:
         await call.close()
     await upstreams_idle(stack)

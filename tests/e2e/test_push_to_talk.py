@@ -9,6 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
+from kame_client.events import AgentAudio, AgentText, UserFinal, UserTranscript
 from kame_common.audio import SAMPLE_RATE
 from kamepb import gateway_pb2
 from tests.e2e.conftest import QUESTION, LiveCall, converse_config
@@ -24,7 +25,7 @@ def quiet(seconds: float) -> np.ndarray:
 
 
 def spoken_words(call: LiveCall) -> list[str]:
-    return words_of(" ".join(text.text for text in call.of("agent_text")))
+    return words_of(" ".join(text.text for text in call.of(AgentText)))
 
 
 async def test_a_typed_question_in_manual_mode_is_answered_when_asked(stack, transcribe):
@@ -33,8 +34,8 @@ async def test_a_typed_question_in_manual_mode_is_answered_when_asked(stack, tra
         await call.stream(quiet(0.4))
         assert await call.client.send_text(QUESTION)
         await call.stream(quiet(3.0))
-        assert [e.text for e in call.of("user_transcript")] == [QUESTION]
-        assert not any(chunk.speaking for chunk in call.of("audio")), "nobody asked yet"
+        assert [e.text for e in call.of(UserTranscript)] == [QUESTION]
+        assert not any(chunk.speaking for chunk in call.of(AgentAudio)), "nobody asked yet"
         assert await call.client.respond()
         for _ in range(50):  # 20 s at most, a loaded machine included
             if "paris" in spoken_words(call):
@@ -62,7 +63,7 @@ async def test_a_spoken_question_in_manual_mode_waits_for_end_turn_and_respond(s
     call = await LiveCall(stack.gateway.address, converse_config(turn_detection=MANUAL)).start()
     try:
         await call.stream(np.concatenate([quiet(0.3), speak(QUESTION), quiet(3.0)]))
-        assert not any(chunk.speaking for chunk in call.of("audio")), "nobody asked yet"
+        assert not any(chunk.speaking for chunk in call.of(AgentAudio)), "nobody asked yet"
         assert await call.client.end_turn()
         assert await call.client.respond()
         for _ in range(50):
@@ -73,8 +74,8 @@ async def test_a_spoken_question_in_manual_mode_waits_for_end_turn_and_respond(s
         assert await call.finish() == grpc.StatusCode.OK
     finally:
         await call.close()
-    assert any(chunk.speaking for chunk in call.of("audio")), "answered at RESPOND"
-    heard = " ".join(e.text for e in call.of("user_transcript") if e.is_final)
+    assert any(chunk.speaking for chunk in call.of(AgentAudio)), "answered at RESPOND"
+    heard = " ".join(e.text for e in call.of(UserFinal))
     assert word_recall(QUESTION, heard) >= 0.6, heard  # Whisper may mishear one word
     if "france" in words_of(heard):
         assert "paris" in spoken_words(call), spoken_words(call)

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
+from kame_client.microphone import until_spoken
 from kame_common.audio import SAMPLE_RATE, float_to_pcm16, pcm16_to_float
 from tests.e2e.conftest import QUESTION
 from tests.support import word_recall, words_of
@@ -226,7 +227,7 @@ async def append_in_real_time(connection: Any, audio: np.ndarray) -> None:
     size = 2 * int(CHUNK_S * SAMPLE_RATE)
     start = time.monotonic()
     for index, offset in enumerate(range(0, len(pcm), size)):
-        await asyncio.sleep(max(0.0, start + (index + 1) * CHUNK_S - time.monotonic()))
+        await until_spoken(start, index, CHUNK_S)
         chunk = base64.b64encode(pcm[offset : offset + size]).decode()
         await connection.input_audio_buffer.append(audio=chunk)
 

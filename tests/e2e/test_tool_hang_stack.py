@@ -25,9 +25,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, float_to_pcm16
-from kame_common.converse import ConverseClient, ConverseEvent
+from kame_client.client import ConverseClient
+from kame_client.codecs import Encoder
+from kame_client.events import AgentText, ConverseEvent, OracleAppend, OracleReset, ToolFinished
+from kame_client.microphone import Microphone
+from kame_common.audio import FRAME_SAMPLES
 from kamepb import gateway_pb2
+from tests.e2e.conftest import PCM_24K
 from tests.e2e.kame_up import running
 from tests.e2e.test_tools_stack import FAKE_LLM, TOOLS_DB
 from tests.oracle import mcp_tool_server
@@ -48,15 +52,12 @@ HOLD_WORDS = set(words_of(f"Hmm, Let me see, {HOLD}"))
 # agent's pacing), but well before a tool left hanging would have let the call go on.
 APOLOGY_WITHIN_S = TOOL_TIMEOUT_S + 12.0
 CALL_WAIT_S = 120.0
-ORACLE_UPDATES = ("oracle_reset", "oracle_append")
-SILENCE = float_to_pcm16(np.zeros(FRAME_SAMPLES, dtype=np.float32))
+SILENCE = np.zeros(FRAME_SAMPLES, dtype=np.float32)
 
 
 def said_words(events: list[tuple[float, ConverseEvent]], after: float) -> list[str]:
     """The agent's words heard from `after` on (seconds on the call's clock)."""
-    return words_of(
-        " ".join(e["text"] for t, e in events if e["type"] == "agent_text" and t >= after)
-    )
+    return words_of(" ".join(e.text for t, e in events if isinstance(e, AgentText) and t >= after))
 
 
 def ends_with(words: list[str], phrase: str) -> bool:
@@ -82,14 +83,14 @@ async def ask_twice(gateway: str) -> tuple[list[tuple[float, ConverseEvent]], fl
         await client.wait_started(reader)
         assert await client.send_text(HANGING)
         asked["hanging"] = time.monotonic() - started
+        microphone = Microphone(client, Encoder(PCM_24K))
         while not reader.done() and time.monotonic() - started < CALL_WAIT_S:
             if asked["plain"] < 0 and ends_with(said_words(events, asked["hanging"]), APOLOGY):
                 assert await client.send_text(PLAIN)
                 asked["plain"] = time.monotonic() - started
             if asked["plain"] >= 0 and ends_with(said_words(events, asked["plain"]), UNSURE):
                 break
-            await client.send_audio(SILENCE)  # the agent speaks in the caller's frames
-            await asyncio.sleep(FRAME_SECONDS)
+            await microphone.stream(SILENCE)  # the agent speaks in the caller's frames
         await client.done_writing()
         await asyncio.wait_for(reader, 60)
     return events, asked["hanging"], asked["plain"]
@@ -113,27 +114,27 @@ async def test_a_hanging_tool_is_held_for_then_apologised_for_and_the_call_goes_
     finally:
         await llm.close()
 
-    words = [(t, e) for t, e in events if e["type"] == "agent_text" and e["text"].strip()]
-    print("agent said:", [(round(t, 2), e["generation"], e["text"]) for t, e in words])
+    words = [(t, e) for t, e in events if isinstance(e, AgentText) and e.text.strip()]
+    print("agent said:", [(round(t, 2), e.generation, e.text) for t, e in words])
     # The oracle gave up on the tool at its timeout, and told the caller's client so.
-    (finished,) = [e for _, e in events if e["type"] == "tool_finished"]
-    assert finished["name"] == "order_status" and finished["is_error"], finished
-    assert TOOL_TIMEOUT_S <= finished["elapsed_s"] < TOOL_TIMEOUT_S + 2.5, finished
+    (finished,) = [e for _, e in events if isinstance(e, ToolFinished)]
+    assert finished.name == "order_status" and finished.is_error, finished
+    assert TOOL_TIMEOUT_S <= finished.elapsed_s < TOOL_TIMEOUT_S + 2.5, finished
     assert [c["tool"] for c in recorded_calls(calls_file)] == ["order_status"]
     # The model's words before its call ("One moment.") reached the caller whole while the
     # tool hung, not once the oracle had given up on it.
-    gave_up = next(i for i, (_, e) in enumerate(events) if e["type"] == "tool_finished")
-    updates = [e["text"] for _, e in events[:gave_up] if e["type"] in ORACLE_UPDATES]
+    gave_up = next(i for i, (_, e) in enumerate(events) if isinstance(e, ToolFinished))
+    updates = [e.text for _, e in events[:gave_up] if isinstance(e, OracleReset | OracleAppend)]
     assert words_of(" ".join(updates)) == words_of(HOLD), updates
     # The caller heard the hold while the tool hung, then the model's apology (words of
     # the answer's generation, not the front-end's own "Sorry," repair) ...
     apology_at = next(
-        t for t, e in words if t > hanging_at and e["generation"] and "sorry" in words_of(e["text"])
+        t for t, e in words if t > hanging_at and e.generation and "sorry" in words_of(e.text)
     )
-    hold = words_of(" ".join(e["text"] for t, e in words if hanging_at < t < apology_at))
+    hold = words_of(" ".join(e.text for t, e in words if hanging_at < t < apology_at))
     assert hold and set(hold) <= HOLD_WORDS, hold
     assert apology_at - hanging_at < APOLOGY_WITHIN_S, apology_at - hanging_at
     assert plain_at > apology_at, "the apology was never said whole"
     # ... and the next question was answered, by the model, in the same call.
-    answer = [e for t, e in words if t > plain_at and e["generation"]]
-    assert words_of(" ".join(e["text"] for e in answer)) == words_of(UNSURE), answer
+    answer = [e for t, e in words if t > plain_at and e.generation]
+    assert words_of(" ".join(e.text for e in answer)) == words_of(UNSURE), answer

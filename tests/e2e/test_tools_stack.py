@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from kame_cli.caller import TalkOptions, talk
+from kame_client.caller import TalkOptions, talk
 from tests.e2e.kame_up import running
 from tests.oracle import mcp_tool_server
 from tests.oracle.conftest import StubHttpServer

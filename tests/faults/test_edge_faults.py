@@ -32,6 +32,7 @@ from kame_cli.bench.conversation import frame_lags
 from kame_cli.stack import Stack
 from kame_cli.stack_options import Ports, StackOptions
 from kame_cli.talk import TalkOptions, TalkResult, talk
+from kame_client.events import AgentText, OracleReset, Started
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, float_to_pcm16
 from kamepb import gateway_pb2
 from tests.gateway.fakes import sync_converse
@@ -120,7 +121,7 @@ def late_frames(result: TalkResult, skip_s: float = 0.0) -> tuple[int, int, floa
 
 def answered(result: TalkResult) -> bool:
     """The agent spoke a word of an oracle answer (not only a hold phrase)."""
-    return any(e["type"] == "agent_text" and e["generation"] for e in result.events)
+    return any(said.event.generation for said in result.of(AgentText))
 
 
 def test_a_caller_that_stalls_after_its_config_is_cut_and_frees_its_slot(stack):
@@ -189,7 +190,7 @@ def test_flooding_callers_are_refused_while_a_call_beside_them_stays_on_time(sta
         f"frame lag p99 {p99 * 1000:.0f} ms"
     )
     assert result.status == "OK", result.status_details
-    assert answered(result), [e for e in result.events if "oracle" in e["type"]]
+    assert answered(result), [timed.json() for timed in result.of(OracleReset)]
     assert mostly_on_time(late, counted), f"{late} of {counted} frames late, p99 {p99:.3f} s"
     for code, details, frames_back in floods:
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
@@ -205,7 +206,8 @@ def test_calls_go_on_when_redis_accepts_connections_and_never_answers(stack, spe
     for result in (first, second):
         assert result.status == "OK", result.status_details
         assert answered(result), result.agent_text
-        started = next(e["t"] for e in result.events if e["type"] == "started")
+        started = result.first_t(Started)
+        assert started is not None
         late, counted, p99 = late_frames(result, skip_s=started + 1.0)
         print(
             f"hung Redis: started after {started:.2f} s, {late}/{counted} later frames late, "
@@ -214,6 +216,7 @@ def test_calls_go_on_when_redis_accepts_connections_and_never_answers(stack, spe
         assert mostly_on_time(late, counted), f"{late} of {counted} frames late, p99 {p99:.3f} s"
     # The first set-up waited for the registry once (at most its 1 s timeout); the
     # next skipped it.
-    assert next(e["t"] for e in first.events if e["type"] == "started") < 3.0
-    assert next(e["t"] for e in second.events if e["type"] == "started") < 1.0
+    first_t, second_t = first.first_t(Started), second.first_t(Started)
+    assert first_t is not None and first_t < 3.0
+    assert second_t is not None and second_t < 1.0
     assert redis_gate.accepted

@@ -27,6 +27,15 @@ from kame_cli import talk
 from kame_cli.bench.conversation import frame_lags
 from kame_cli.child import Child, grpc_serving
 from kame_cli.stack_options import free_ports
+from kame_client.events import (
+    AgentText,
+    Notice,
+    OracleAppend,
+    OracleReset,
+    Resumed,
+    UserFinal,
+    UserPartial,
+)
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
 from tests.faults.conftest import child, restart
 from tests.support import conversation, word_recall
@@ -66,7 +75,7 @@ async def at(started: float, moment_s: float) -> None:
 
 
 def notices(result: talk.TalkResult, kind: str) -> list[float]:
-    return [e["t"] for e in result.events if e["type"] == "notice" and e["kind"] == kind]
+    return [notice.t for notice in result.of(Notice) if notice.event.kind == kind]
 
 
 def late_fraction(result: talk.TalkResult) -> tuple[float, float]:
@@ -76,12 +85,15 @@ def late_fraction(result: talk.TalkResult) -> tuple[float, float]:
     return float(np.mean(lags > FRAME_SECONDS)), float(np.percentile(lags, 99))
 
 
+# The word-by-word events an outline leaves out.
+WORDS = AgentText | OracleAppend | UserPartial
+
+
 def outline(result: talk.TalkResult) -> str:
     """The call's events but the word-by-word ones, a line each, for a failure's message."""
     lines = [
         f"{e['t']:7.2f} {e['type']} {e.get('text') or e.get('kind') or e.get('after') or ''}"
-        for e in result.events
-        if e["type"] not in ("agent_text", "oracle_append", "user_partial")
+        for e in (timed.json() for timed in result.events if not isinstance(timed.event, WORDS))
     ]
     return "\n".join([*lines, f"status {result.status} {result.status_details}"])
 
@@ -89,17 +101,15 @@ def outline(result: talk.TalkResult) -> str:
 def assert_second_question_answered(result: talk.TalkResult, second_at_s: float) -> float:
     """The second question was heard and answered by an oracle candidate made for
     it; returns when its first answer word reached the client."""
-    finals = [e for e in result.events if e["type"] == "user_final" and e["t"] > second_at_s]
-    assert any(word_recall(SECOND, e["text"]) >= 0.5 for e in finals), outline(result)
+    finals = [final.event.text for final in result.of(UserFinal) if final.t > second_at_s]
+    assert any(word_recall(SECOND, text) >= 0.5 for text in finals), outline(result)
     resets = {
-        e["generation"]: e["t"]
-        for e in result.events
-        if e["type"] == "oracle_reset" and e["t"] > second_at_s
+        reset.event.generation: reset.t for reset in result.of(OracleReset) if reset.t > second_at_s
     }
     answer = [
-        e["t"]
-        for e in result.events
-        if e["type"] == "agent_text" and e["generation"] in resets and e["t"] > second_at_s
+        said.t
+        for said in result.of(AgentText)
+        if said.event.generation in resets and said.t > second_at_s
     ]
     assert answer, f"no answer to the second question: {result.events}"
     return answer[0]
@@ -155,7 +165,8 @@ async def test_a_killed_oracle_restarted_answers_the_next_question(process_stack
     answered_t = assert_second_question_answered(result, script.second_at_s)
     late, lag_p99 = late_fraction(result)
     # The conversation goes on in the same Redis record: both questions are in it.
-    turns = await conversation(process_stack.redis_url, result.started["session_id"])
+    assert result.started is not None
+    turns = await conversation(process_stack.redis_url, result.started.session_id)
     users = [t["text"] for t in turns if t["role"] == "user"]
     assert any(word_recall(SECOND, text) >= 0.5 for text in users), turns
     print(
@@ -177,13 +188,13 @@ def one_question(speak, text: str, tail_s: float = 14.0) -> np.ndarray:
 def answer_words_after(result: talk.TalkResult, after_s: float) -> list[str]:
     """Agent words of oracle candidates that reached the client after `after_s`
     (a restarted oracle numbers its generations from 1 again: times tell them apart)."""
-    resets = [e for e in result.events if e["type"] == "oracle_reset" and e["t"] > after_s]
-    generations = {e["generation"] for e in resets}
-    first_reset_t = min((e["t"] for e in resets), default=float("inf"))
+    resets = [reset for reset in result.of(OracleReset) if reset.t > after_s]
+    generations = {reset.event.generation for reset in resets}
+    first_reset_t = min((reset.t for reset in resets), default=float("inf"))
     return [
-        e["text"]
-        for e in result.events
-        if e["type"] == "agent_text" and e["generation"] in generations and e["t"] >= first_reset_t
+        said.event.text
+        for said in result.of(AgentText)
+        if said.event.generation in generations and said.t >= first_reset_t
     ]
 
 
@@ -199,7 +210,7 @@ async def test_a_killed_stt_loses_no_word_of_the_question_it_hit(process_stack, 
     result = await call
     assert result.status == "OK", result.status_details
 
-    finals = [e["text"] for e in result.events if e["type"] == "user_final"]
+    finals = [final.event.text for final in result.of(UserFinal)]
     assert any(word_recall(FIRST, text) >= 0.8 for text in finals), finals
     answer = answer_words_after(result, kill_at_s)
     assert answer, f"the question was not answered: {result.events}"
@@ -223,7 +234,8 @@ async def test_a_killed_oracle_answers_the_question_it_hit_once_back(process_sta
 
     answer = answer_words_after(result, kill_at_s)
     assert answer, f"the question was not answered: {result.events}"
-    turns = await conversation(process_stack.redis_url, result.started["session_id"])
+    assert result.started is not None
+    turns = await conversation(process_stack.redis_url, result.started.session_id)
     asked = [t for t in turns if t["role"] == "user" and word_recall(SECOND, t["text"]) >= 0.5]
     assert len(asked) == 1, turns
     assert "Hmm," not in [t["text"] for t in turns], turns  # a hold phrase is no agent turn
@@ -252,7 +264,7 @@ async def test_a_question_asked_while_the_call_reconnects_is_answered(
     result = await call
     assert result.status == "OK", outline(result)
 
-    resumed = [e["t"] for e in result.events if e["type"] == "resumed"]
+    resumed = [timed.t for timed in result.of(Resumed)]
     assert resumed, outline(result)
     answered_t = assert_second_question_answered(result, script.second_at_s)
     print(
@@ -333,10 +345,11 @@ async def test_a_call_whose_gateway_is_killed_resumes_on_another(process_stack, 
     result = await call
     assert result.status == "OK", result.status_details
 
-    session_id = result.started["session_id"]
-    resumed = [e for e in result.events if e["type"] == "resumed"]
-    assert resumed and resumed[0]["session_id"] == session_id, result.events
-    resumed_after_s = resumed[0]["t"] - kill_at_s
+    assert result.started is not None
+    session_id = result.started.session_id
+    resumed = result.of(Resumed)
+    assert resumed and resumed[0].event.session_id == session_id, outline(result)
+    resumed_after_s = resumed[0].t - kill_at_s
     answered_t = assert_second_question_answered(result, script.second_at_s)
     turns = await conversation(process_stack.redis_url, session_id)
     # The history before the kill is intact and the conversation went on after it.

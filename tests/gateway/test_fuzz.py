@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kame_client.codecs import AudioFormat, CodecError, Decoder
 from kame_common.audio import (
     SAMPLE_RATE,
     Framer,
@@ -33,7 +34,6 @@ from kamepb import (
     stt_pb2_grpc,
 )
 from kamepb.common_pb2 import LlmBackend
-from services.gateway.codecs import AudioFormat, CodecError, Decoder
 from services.gateway.config import GatewaySettings
 from services.gateway.pacing import InputGuard, InputLimits, audio_seconds
 from services.gateway.plan import SessionError, plan_session

@@ -13,9 +13,9 @@ import grpc
 import numpy as np
 import pytest
 
+from kame_client.codecs import AudioFormat, Encoder
 from kame_common.audio import SAMPLE_RATE
 from kamepb import common_pb2, gateway_pb2
-from services.gateway.codecs import AudioFormat, Encoder
 from services.gateway.pacing import (
     OPUS_MAX_BYTES_PER_S,
     InputGuard,

@@ -14,13 +14,24 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 import numpy as np
 import pytest
 
+from kame_client.client import ConverseClient
+from kame_client.events import (
+    AgentAudio,
+    AgentText,
+    BargeIn,
+    ConverseEvent,
+    Event,
+    Notice,
+    Turn,
+    UserFinal,
+)
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, float_to_pcm16
-from kame_common.converse import ConverseClient, ConverseEvent
 from kamepb import common_pb2, gateway_pb2
 from services.frontend.config import FrontendSettings
 from services.frontend.server import serve as serve_frontend
@@ -37,6 +48,8 @@ Action = common_pb2.TurnControl.Action
 QUESTION = "What is the capital of France?"
 ANSWER = "Paris is the capital of France."
 MANUAL = Config.TurnDetection.MANUAL
+
+E = TypeVar("E", bound=Event)
 
 
 def pcm(frame: np.ndarray) -> bytes:
@@ -87,20 +100,18 @@ class Call:
         await self.client.close()
         return code
 
-    def of(self, kind: str) -> list[ConverseEvent]:
-        return [e for e in self.events if e["type"] == kind]
+    def of(self, kind: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, kind)]
 
     def kinds(self) -> list[str]:
-        return [e["type"] for e in self.events if e["type"] != "agent_audio"]
+        return [e.TYPE for e in self.events if not isinstance(e, AgentAudio)]
 
     def speaking(self) -> list[int]:
         """Indices (in events) of agent audio that carries speech."""
-        return [
-            i for i, e in enumerate(self.events) if e["type"] == "agent_audio" and e["speaking"]
-        ]
+        return [i for i, e in enumerate(self.events) if isinstance(e, AgentAudio) and e.speaking]
 
     def agent_words(self) -> list[str]:
-        return words_of(" ".join(e["text"] for e in self.of("agent_text")))
+        return words_of(" ".join(e.text for e in self.of(AgentText)))
 
 
 # --- the relays, against the fakes ----------------------------------------------------
@@ -144,15 +155,15 @@ async def test_turn_controls_and_typed_text_reach_stt_frontend_and_oracle(fakes)
     assert len(oracle_finals) == 5
     answer = frontend.of("oracle")[0]
     assert answer.source.utterance_id == typed_id
-    assert call.of("user_final")[0]["utterance_id"] == typed_id
-    refused = [e["message"] for e in call.of("notice") if e["kind"] == "REFUSED"]
-    assert len(refused) == 4, call.of("notice")
+    assert call.of(UserFinal)[0].utterance_id == typed_id
+    refused = [e.message for e in call.of(Notice) if e.kind == "REFUSED"]
+    assert len(refused) == 4, call.of(Notice)
     assert "empty" in refused[0]
     assert "at most 100 characters" in refused[1] and "user_text_max_chars" in refused[1]
     assert "END_TURN, RESPOND or CANCEL" in refused[2]
     assert "user_text_per_s" in refused[3]
     assert len(frontend.of("user_text")) == 5, "the first five went through"
-    assert len(call.of("user_final")) == 5
+    assert len(call.of(UserFinal)) == 5
 
 
 async def test_a_flood_of_turn_controls_is_bounded(fakes):
@@ -174,7 +185,7 @@ async def test_a_flood_of_turn_controls_is_bounded(fakes):
     relayed = len(fakes.stt.log.of("end_of_turn"))
     assert TURN_CONTROL_BURST <= relayed <= TURN_CONTROL_BURST + refilled, (relayed, refilled)
     assert len(fakes.frontend.log.of("turn_control")) == relayed
-    refused = [e["message"] for e in call.of("notice") if e["kind"] == "REFUSED"]
+    refused = [e.message for e in call.of(Notice) if e.kind == "REFUSED"]
     assert 1 <= len(refused) <= refilled, refused
     assert all("turn_control: more than" in message for message in refused), refused
 
@@ -311,7 +322,7 @@ async def test_manual_mode_answers_only_when_asked(stack, speak):
     await call.start(Config(mode=Config.CASCADE, turn_detection=MANUAL))
     await call.send(frames)
     await call.send([SILENT_FRAME] * round(3.0 / FRAME_SECONDS))
-    assert call.of("user_final"), "stt's final came"
+    assert call.of(UserFinal), "stt's final came"
     assert stack.asked() and QUESTION in stack.asked()[-1], "the oracle has its answer"
     assert call.speaking() == [], "no answer without RESPOND"
     asked_at = len(call.events)
@@ -322,8 +333,8 @@ async def test_manual_mode_answers_only_when_asked(stack, speak):
     assert call.speaking()[0] >= asked_at, "not a frame of speech before RESPOND"
     assert call.agent_words()[:2] == ["paris", "is"]
     # The turn's latencies count from RESPOND, not from the end of speech 3 s before.
-    [turn] = call.of("turn")
-    assert 0 <= turn["response_latency_s"] < 2.0, turn
+    [turn] = call.of(Turn)
+    assert 0 <= turn.response_latency_s < 2.0, turn
     assert stack.fakes.stt.log.of("end_of_turn"), "END_TURN finalizes stt's utterance"
 
 
@@ -337,14 +348,14 @@ async def test_a_typed_message_is_spoken_to_recorded_and_cancel_stops_the_agent(
     await call.send_until(lambda: len(call.speaking()) >= 5)
     await call.client.cancel_response()
     cancelled_at = len(call.events)
-    await call.send_until(lambda: bool(call.of("barge_in")))
+    await call.send_until(lambda: bool(call.of(BargeIn)))
     await call.send([SILENT_FRAME] * round(1.5 / FRAME_SECONDS))
     assert await call.finish() == grpc.StatusCode.OK
 
-    [echo] = call.of("user_final")
-    assert (echo["utterance_id"], echo["text"]) == (f"{session_id}-text-1", QUESTION)
-    [barge_in] = call.of("barge_in")
-    assert barge_in["cancelled"]
+    [echo] = call.of(UserFinal)
+    assert (echo.utterance_id, echo.text) == (f"{session_id}-text-1", QUESTION)
+    [barge_in] = call.of(BargeIn)
+    assert barge_in.cancelled
     late = [i for i in call.speaking() if i > cancelled_at]
     assert len(late) <= 4, f"{len(late)} speaking frames after the cancel"
     assert "paris" in call.agent_words(), "it had begun the answer"

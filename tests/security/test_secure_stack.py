@@ -22,6 +22,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 
 from kame_cli.stack_options import free_ports
 from kame_cli.talk import TalkOptions, talk
+from kame_client.result import AgentAudioStart
 from kame_common import store
 from kame_common.audio import SAMPLE_RATE
 from services.frontend.config import FrontendSettings
@@ -150,11 +151,12 @@ async def test_the_locked_down_stack_answers_a_spoken_question(password_redis, p
         result = await talk(speak(QUESTION), secure)
         assert result.status == "OK", result.status_details
         assert words(result.user_transcript) & {"capital", "france"}
-        assert any(e["type"] == "agent_audio_start" for e in result.events)
+        assert result.of(AgentAudioStart)
 
         client = store.connect(password_redis)
         try:
-            session_id = result.started["session_id"]
+            assert result.started is not None
+            session_id = result.started.session_id
             await wait_until(
                 lambda: _ended(client, session_id), "the session record to say ended", 10
             )

@@ -14,6 +14,7 @@ import base64
 
 import pytest
 
+from kame_client.events import BargeIn, UserFinal, UserPartial
 from kame_common.words import BACKCHANNEL_PHRASES
 from services.web.config import WebSettings
 from services.web.realtime import RESPONSE_GAP_S
@@ -46,7 +47,7 @@ def types(events: list[dict]) -> list[str]:
 
 
 def barge_in(realtime, seq: int = 1) -> list[dict]:
-    return realtime.on_converse({"type": "barge_in", "seq": seq, "cancelled": False})
+    return realtime.on_converse(BargeIn(seq, cancelled=False))
 
 
 def agent_held(realtime, held: bool) -> dict:
@@ -63,8 +64,8 @@ def test_a_backchannel_over_the_agent_is_no_speech_started_and_the_response_goes
     realtime = session()
     response = agent_held(realtime, held)
 
-    assert heard(realtime, "user_partial", words.split()[0], "u-2") == []
-    final = heard(realtime, "user_final", words, "u-2")
+    assert heard(realtime, UserPartial, words.split()[0], "u-2") == []
+    final = heard(realtime, UserFinal, words, "u-2")
     # The words join the conversation after the agent's item, and nothing says
     # the caller took a turn.
     assert types(final) == ["conversation.item.added", "conversation.item.done"]
@@ -86,7 +87,7 @@ def test_the_backchannel_item_follows_the_agents_item_it_was_said_over():
     realtime = session()
     agent_held(realtime, held=True)
     agent_item = realtime.history.last_id
-    added, _ = heard(realtime, "user_final", "uh-huh", "u-2")
+    added, _ = heard(realtime, UserFinal, "uh-huh", "u-2")
     assert added["previous_item_id"] == agent_item
 
 
@@ -94,21 +95,21 @@ def test_every_phrase_of_the_one_list_is_a_backchannel():
     for phrase in BACKCHANNEL_PHRASES:
         realtime = session()
         agent_held(realtime, held=True)
-        seen = heard(realtime, "user_partial", phrase) + heard(realtime, "user_final", phrase)
+        seen = heard(realtime, UserPartial, phrase) + heard(realtime, UserFinal, phrase)
         assert not set(types(seen)) & set(TURN_EVENTS), phrase
 
 
 def test_a_cough_over_the_agent_is_nothing():
     realtime = session()
     agent_held(realtime, held=True)
-    assert heard(realtime, "user_partial", "") == []
-    assert heard(realtime, "user_final", "") == []
+    assert heard(realtime, UserPartial, "") == []
+    assert heard(realtime, UserFinal, "") == []
 
 
 def test_a_real_interruption_is_speech_started_and_cancels_the_response():
     realtime = session()
     agent_held(realtime, held=True)
-    started = heard(realtime, "user_partial", "wait, what about Rome", "u-2")
+    started = heard(realtime, UserPartial, "wait, what about Rome", "u-2")
     assert types(started) == [
         "input_audio_buffer.speech_started",
         "conversation.item.input_audio_transcription.delta",
@@ -117,7 +118,7 @@ def test_a_real_interruption_is_speech_started_and_cancels_the_response():
     assert types(cut) == CLOSED
     done = cut[-1]["response"]
     assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "turn_detected")
-    final = heard(realtime, "user_final", "wait, what about Rome", "u-2")
+    final = heard(realtime, UserFinal, "wait, what about Rome", "u-2")
     assert final[-1]["item"]["id"] == started[0]["item_id"]
 
 
@@ -125,7 +126,7 @@ def test_a_backchannel_the_stack_takes_for_a_barge_in_is_speech_started_with_its
     # "Yeah" said for longer than backchannel_max_s: the frontend stops the agent.
     realtime = session()
     agent_held(realtime, held=True)
-    assert heard(realtime, "user_partial", "yeah", "u-2") == []
+    assert heard(realtime, UserPartial, "yeah", "u-2") == []
     cut = barge_in(realtime)
     assert types(cut) == [
         "input_audio_buffer.speech_started",
@@ -134,9 +135,9 @@ def test_a_backchannel_the_stack_takes_for_a_barge_in_is_speech_started_with_its
     ]
     assert cut[1]["delta"] == "yeah"
     assert cut[-1]["response"]["status_details"]["reason"] == "turn_detected"
-    more = heard(realtime, "user_partial", "yeah but why", "u-2")
+    more = heard(realtime, UserPartial, "yeah but why", "u-2")
     assert [e.get("delta") for e in more] == [" but why"]
-    final = heard(realtime, "user_final", "yeah but why", "u-2")
+    final = heard(realtime, UserFinal, "yeah but why", "u-2")
     completed = next(e for e in final if e["type"].endswith("transcription.completed"))
     assert (completed["item_id"], completed["transcript"]) == (cut[0]["item_id"], "yeah but why")
 
@@ -144,8 +145,8 @@ def test_a_backchannel_the_stack_takes_for_a_barge_in_is_speech_started_with_its
 def test_a_backchannel_that_goes_on_into_other_words_is_the_callers_turn():
     realtime = session()
     agent_held(realtime, held=True)
-    assert heard(realtime, "user_partial", "okay", "u-2") == []
-    started = heard(realtime, "user_partial", "okay so what about Rome", "u-2")
+    assert heard(realtime, UserPartial, "okay", "u-2") == []
+    started = heard(realtime, UserPartial, "okay so what about Rome", "u-2")
     assert types(started) == [
         "input_audio_buffer.speech_started",
         "conversation.item.input_audio_transcription.delta",
@@ -159,19 +160,19 @@ def test_a_backchannel_that_goes_on_into_other_words_is_the_callers_turn():
 def test_a_late_final_of_a_backchannel_stays_one_after_the_response_ended():
     realtime = session()
     agent_held(realtime, held=True)
-    heard(realtime, "user_partial", "uh-huh", "u-2")
+    heard(realtime, UserPartial, "uh-huh", "u-2")
     agent(realtime, speaking=True, seq=1 + HELD_FRAMES)
     agent(realtime, speaking=False, frames=HELD_FRAMES, seq=2 + HELD_FRAMES)  # it ends
     assert realtime.response is None
-    final = heard(realtime, "user_final", "uh-huh", "u-2")
+    final = heard(realtime, UserFinal, "uh-huh", "u-2")
     assert types(final) == ["conversation.item.added", "conversation.item.done"]
 
 
 def test_yes_when_the_agent_is_silent_is_a_turn():
     realtime = session()
-    started = heard(realtime, "user_partial", "yes")
+    started = heard(realtime, UserPartial, "yes")
     assert types(started)[0] == "input_audio_buffer.speech_started"
-    final = heard(realtime, "user_final", "yes")
+    final = heard(realtime, UserFinal, "yes")
     assert "conversation.item.input_audio_transcription.completed" in types(final)
 
 
@@ -180,7 +181,7 @@ def test_with_push_to_talk_every_word_is_the_callers_item():
     # and the frontend stops the agent at any caller speech.
     realtime = push_to_talk()
     agent(realtime, speaking=True)
-    partial = heard(realtime, "user_partial", "uh-huh")
+    partial = heard(realtime, UserPartial, "uh-huh")
     assert types(partial) == ["conversation.item.input_audio_transcription.delta"]
 
 

@@ -12,6 +12,15 @@ import json
 import pytest
 
 from kame_cli.up import realtime_url
+from kame_client.events import (
+    AgentAudio,
+    AgentText,
+    BargeIn,
+    Notice,
+    UserFinal,
+    UserPartial,
+    UserTranscript,
+)
 from kamepb import gateway_pb2
 from services.web.realtime import (
     CANCEL,
@@ -44,27 +53,12 @@ def agent(
 ) -> list[dict]:
     events: list[dict] = []
     for n in range(frames):
-        event = {
-            "type": "agent_audio",
-            "seq": seq + n,
-            "speaking": speaking,
-            "held": held,
-            "data": FRAME,
-        }
-        events += realtime.on_converse(event)
+        events += realtime.on_converse(AgentAudio(seq + n, speaking, held, FRAME))
     return events
 
 
 def said(realtime: RealtimeSession, text: str, start_s: float) -> list[dict]:
-    event = {
-        "type": "agent_text",
-        "text": text,
-        "start_s": start_s,
-        "end_s": start_s + 0.2,
-        "generation": 1,
-        "filler": False,
-    }
-    return realtime.on_converse(event)
+    return realtime.on_converse(AgentText(text, start_s, start_s + 0.2, 1, False))
 
 
 def test_session_update_chooses_g711_and_a_voice_of_the_stack():
@@ -267,9 +261,8 @@ def test_truncating_or_deleting_the_response_under_way_ends_it_first():
 
 def test_only_the_agents_items_are_truncated_and_unknown_ones_are_errors():
     realtime = session()
-    for kind, text in (("user_partial", "hello"), ("user_final", "hello there")):
-        event = {"type": kind, "utterance_id": "u", "text": text, "stable_text": ""}
-        events = realtime.on_converse(event | {"stability": 0.0, "lag_s": 0.0})
+    for kind, text in ((UserPartial, "hello"), (UserFinal, "hello there")):
+        events = realtime.on_converse(kind("u", text, "", 0.0, 0.0))
     user_id = events[0]["item_id"]
     (refused,) = sent(
         realtime,
@@ -298,23 +291,15 @@ def test_the_history_keeps_the_newest_items_and_chains_them():
 def test_partial_transcripts_are_deltas_of_what_was_not_said_yet():
     realtime = session()
 
-    def heard(kind: str, text: str) -> list[dict]:
-        event = {
-            "type": kind,
-            "utterance_id": "u",
-            "text": text,
-            "stable_text": "",
-            "stability": 0.0,
-            "lag_s": 0.0,
-        }
-        return realtime.on_converse(event)
+    def heard(kind: type[UserTranscript], text: str) -> list[dict]:
+        return realtime.on_converse(kind("u", text, "", 0.0, 0.0))
 
-    started, first = heard("user_partial", "what is")
+    started, first = heard(UserPartial, "what is")
     assert started["type"] == "input_audio_buffer.speech_started"
     assert first["delta"] == "what is"
-    assert heard("user_partial", "what is the")[0]["delta"] == " the"
-    assert heard("user_partial", "what was the") == []  # revised: the final says it
-    final = heard("user_final", "what was the capital")
+    assert heard(UserPartial, "what is the")[0]["delta"] == " the"
+    assert heard(UserPartial, "what was the") == []  # revised: the final says it
+    final = heard(UserFinal, "what was the capital")
     completed = next(e for e in final if e["type"].endswith("transcription.completed"))
     assert completed["transcript"] == "what was the capital"
     assert final[0]["item_id"] == started["item_id"]
@@ -341,16 +326,10 @@ def test_kame_up_names_the_endpoint_by_the_web_services_address():
     assert realtime_url("http://127.0.0.1:8088/") == "ws://127.0.0.1:8088/v1/realtime"
 
 
-def heard(realtime: RealtimeSession, kind: str, text: str, utterance_id: str = "u") -> list[dict]:
-    event = {
-        "type": kind,
-        "utterance_id": utterance_id,
-        "text": text,
-        "stable_text": "",
-        "stability": 0.0,
-        "lag_s": 0.0,
-    }
-    return realtime.on_converse(event)
+def heard(
+    realtime: RealtimeSession, kind: type[UserTranscript], text: str, utterance_id: str = "u"
+) -> list[dict]:
+    return realtime.on_converse(kind(utterance_id, text, "", 0.0, 0.0))
 
 
 def appended(realtime: RealtimeSession, seconds: float) -> Reply:
@@ -370,13 +349,13 @@ def test_a_commit_ends_the_turn_after_its_audio_and_the_final_completes_the_item
     (empty,) = sent(realtime, type="input_audio_buffer.commit")
     assert empty["error"]["code"] == "input_audio_buffer_commit_empty"
     assert appended(realtime, 0.5).needs_call
-    partial = heard(realtime, "user_partial", "what is")  # no VAD events with push-to-talk
+    partial = heard(realtime, UserPartial, "what is")  # no VAD events with push-to-talk
     assert [e["type"] for e in partial] == ["conversation.item.input_audio_transcription.delta"]
     reply = realtime.on_client(json.dumps({"type": "input_audio_buffer.commit"}))
     assert reply.requests == [END_TURN]
     (committed,) = reply.events
     assert committed["type"] == "input_audio_buffer.committed"
-    final = heard(realtime, "user_final", "what is the capital")
+    final = heard(realtime, UserFinal, "what is the capital")
     assert [e["type"] for e in final] == [
         "conversation.item.added",
         "conversation.item.input_audio_transcription.completed",
@@ -403,7 +382,7 @@ def test_response_cancel_stops_the_agent_at_the_gateway_too():
     assert reply.requests == [CANCEL] and not reply.needs_call  # urgent: before audio
     assert reply.events[-1]["response"]["status"] == "cancelled"
     # The gateway's barge-in for that cancel: the response is over already.
-    assert realtime.on_converse({"type": "barge_in", "seq": 3, "cancelled": True}) == []
+    assert realtime.on_converse(BargeIn(3, cancelled=True)) == []
 
 
 def test_a_typed_message_is_an_item_at_once_and_its_echo_is_not_a_second():
@@ -417,11 +396,11 @@ def test_a_typed_message_is_an_item_at_once_and_its_echo_is_not_a_second():
     # It cut the agent (a barge-in of a request: no speech started), then the
     # gateway echoes it as a final.
     agent(realtime, speaking=True)
-    barge_in = realtime.on_converse({"type": "barge_in", "seq": 1, "cancelled": True})
+    barge_in = realtime.on_converse(BargeIn(1, cancelled=True))
     assert [e["type"] for e in barge_in][-1] == "response.done"
     assert barge_in[-1]["response"]["status"] == "cancelled"
-    assert heard(realtime, "user_final", "Hi!", utterance_id="sess-1-text-1") == []
-    started = heard(realtime, "user_partial", "and")  # the caller's next words: a new turn
+    assert heard(realtime, UserFinal, "Hi!", utterance_id="sess-1-text-1") == []
+    started = heard(realtime, UserPartial, "and")  # the caller's next words: a new turn
     assert started[0]["type"] == "input_audio_buffer.speech_started"
 
 
@@ -460,9 +439,9 @@ def test_items_other_than_the_callers_text_are_refused(item, code, param):
 
 def test_a_refused_request_is_an_error_and_the_session_goes_on():
     realtime = session()
-    notice = {"type": "notice", "kind": "REFUSED", "message": "user_text: at most 2000 characters"}
+    notice = Notice("REFUSED", "user_text: at most 2000 characters")
     (error,) = realtime.on_converse(notice)
     assert (error["error"]["code"], error["error"]["message"]) == (
         "request_refused",
-        notice["message"],
+        notice.message,
     )

@@ -16,6 +16,7 @@ import pytest
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
+from kame_client.events import FunctionCall, ToolFinished, ToolStarted
 from kamepb import common_pb2
 from services.web.realtime import RESPOND, GatewayRequest, RealtimeSession
 from services.web.realtime_config import ClientError, SessionConfig
@@ -57,12 +58,7 @@ def with_tools(**session) -> RealtimeSession:
 
 
 def function_call(realtime: RealtimeSession, call_id: str = "call-1", arguments: str = "") -> list:
-    event = {
-        "type": "function_call",
-        "call_id": call_id,
-        "name": "get_weather",
-        "arguments_json": arguments or json.dumps({"city": "Paris"}),
-    }
+    event = FunctionCall(call_id, "get_weather", arguments or json.dumps({"city": "Paris"}))
     return realtime.on_converse(event)
 
 
@@ -228,17 +224,8 @@ def test_a_call_is_answered_once():
 
 def test_what_the_oracles_own_tools_do_is_not_sent():
     realtime = with_tools()
-    for phase in ("tool_started", "tool_finished"):
-        tool = {
-            "type": phase,
-            "call_id": "t-1",
-            "name": "vault.door_code",
-            "source": "vault",
-            "read_only": True,
-            "is_error": False,
-            "elapsed_s": 0.1,
-            "reused": False,
-        }
+    for phase in (ToolStarted, ToolFinished):
+        tool = phase("t-1", "vault.door_code", "vault", True, False, 0.1, False)
         assert realtime.on_converse(tool) == []
 
 

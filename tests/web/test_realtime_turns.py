@@ -15,6 +15,7 @@ import json
 
 import pytest
 
+from kame_client.events import BargeIn, UserFinal, UserPartial
 from services.web.realtime import RESPONSE_GAP_S
 from tests.web.test_realtime import (
     CLOSED,
@@ -60,9 +61,9 @@ def test_the_agents_answer_after_a_cancel_is_heard_without_waiting_for_silence(n
 def test_the_callers_final_after_a_barge_in_ends_the_mute():
     realtime = session()
     agent(realtime, speaking=True)
-    realtime.on_converse({"type": "barge_in", "seq": 1, "cancelled": False})
+    realtime.on_converse(BargeIn(1, cancelled=False))
     assert agent(realtime, speaking=True) == []
-    heard(realtime, "user_final", "stop, what about Rome?")
+    heard(realtime, UserFinal, "stop, what about Rome?")
     assert agent(realtime, speaking=True)[0]["type"] == "response.created"
 
 
@@ -83,7 +84,7 @@ def test_a_commit_stt_never_finalizes_ends_empty_at_the_next_commit():
     second = closed[-1]
     assert second["item_id"] != first["item_id"]
     assert second["previous_item_id"] == first["item_id"]
-    final = heard(realtime, "user_final", "and Rome?")
+    final = heard(realtime, UserFinal, "and Rome?")
     assert final[0]["item"]["id"] == second["item_id"]
 
 
@@ -100,7 +101,7 @@ def test_a_commit_stt_never_finalizes_ends_when_the_agent_answers():
     ]
     assert opened[1]["item_id"] == first["item_id"]
     # The caller's next words are a turn of their own, with its speech_started.
-    started = heard(realtime, "user_partial", "and")
+    started = heard(realtime, UserPartial, "and")
     assert started[0]["type"] == "input_audio_buffer.speech_started"
     assert started[0]["item_id"] != first["item_id"]
 
@@ -108,11 +109,11 @@ def test_a_commit_stt_never_finalizes_ends_when_the_agent_answers():
 def test_a_committed_turn_already_heard_waits_for_its_final_while_the_agent_answers():
     realtime = session()
     appended(realtime, 0.5)
-    heard(realtime, "user_partial", "what is")
+    heard(realtime, UserPartial, "what is")
     (committed,) = sent(realtime, type="input_audio_buffer.commit")
     # The agent may answer before stt's final (tandem): the item waits for it.
     assert agent(realtime, speaking=True)[0]["type"] == "response.created"
-    final = heard(realtime, "user_final", "what is the capital")
+    final = heard(realtime, UserFinal, "what is the capital")
     assert final[0]["item"]["id"] == committed["item_id"]
     assert final[1]["transcript"] == "what is the capital"
 
@@ -141,7 +142,7 @@ def test_a_barge_in_after_a_long_hold_cancels_the_response_the_caller_talked_ove
     realtime = session()
     agent(realtime, speaking=True)
     assert agent(realtime, speaking=False, frames=HELD_FRAMES, seq=1, held=True) == []
-    barge_in = realtime.on_converse({"type": "barge_in", "seq": 1, "cancelled": False})
+    barge_in = realtime.on_converse(BargeIn(1, cancelled=False))
     assert [e["type"] for e in barge_in][:2] == [
         "input_audio_buffer.speech_started",
         "response.output_audio.done",

@@ -1,6 +1,6 @@
 """A caller of the gateway for `kame talk`, the benchmarks and the tests: one
-WAV streamed through a Converse session as a microphone would, and all that
-came back (TalkResult).
+WAV streamed through a Converse session as a microphone would
+(kame_client/microphone.py), and all that came back (kame_client/result.py).
 
 Chunk k leaves when its last sample has been "spoken" (start + (k+1) * chunk).
 After the WAV, it keeps streaming silence (the line stays open, as on a phone)
@@ -22,8 +22,8 @@ continued call starts at the first chunk the broken one had no agent frame
 for (the gateway answers every caller frame with one), moved back to the
 start of the speech it falls in (the new session's stt must hear the
 utterance whole), at most RESEND_MAX_S back. The caller is then behind real
-time: it sends at most BURST_S ahead of the new call's own clock (the
-gateway refuses a caller more than its input_burst_s ahead), and catches up
+time: it sends at most BURST_S ahead of the new call's own clock
+(microphone.py), and catches up
 by skipping quiet audio while more than CATCH_UP_S behind, past the first
 SILENCE_KEPT_S of each quiet stretch (the agent answers in that silence).
 """
@@ -32,21 +32,39 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
+from kame_client.client import ConverseClient
+from kame_client.codecs import Decoder, Encoder, resolve_format
+from kame_client.events import (
+    AgentAudio,
+    AgentText,
+    Notice,
+    Started,
+    Turn,
+    UserFinal,
+)
+from kame_client.microphone import Microphone
+from kame_client.result import (
+    AgentAudioStart,
+    AgentAudioStop,
+    CallerAudioStart,
+    CallerAudioStop,
+    CallerText,
+    Reconnect,
+    TalkResult,
+    Timed,
+    TimelineEvent,
+)
 from kame_common.aio import cancel_and_wait
-from kame_common.audio import FRAME_SAMPLES, SAMPLE_RATE
-from kame_common.converse import AgentAudioEvent, ConverseClient
+from kame_common.audio import FRAME_SAMPLES, SAMPLE_RATE, Samples
 from kame_common.llm import backend_value
 from kame_common.ports import loopback_address
 from kame_common.tls import ClientTls
 from kamepb import gateway_pb2
-from services.gateway.codecs import Decoder, Encoder, resolve_format
 
 CODECS = {
     "pcm16": gateway_pb2.AudioFormat.PCM16,
@@ -66,7 +84,6 @@ RECONNECT_BACKOFF_S = 0.5  # doubles on each failed attempt in a row
 CATCH_UP_S = 1.0  # behind real time by more than this, quiet audio is skipped
 RESEND_MAX_S = 30.0  # the most caller audio a continued call sends again
 SILENCE_KEPT_S = 5.0  # of a quiet stretch, what a caller behind real time still sends
-BURST_S = 1.0  # the most a call's audio runs ahead of its own clock (gateway: input_burst_s)
 
 
 @dataclass
@@ -129,86 +146,7 @@ class TalkOptions:
         return config
 
 
-@dataclass
-class TalkResult:
-    caller: np.ndarray  # what was streamed, 24 kHz
-    speech_start_s: float | None
-    speech_end_s: float | None
-    streamed_samples: int = 0  # caller audio sent: the WAV plus the silence after
-    # When each chunk of caller audio was last sent (the call's clock): after a
-    # reconnect the caller is behind the WAV's own times (module doc).
-    sent_t: dict[int, float] = field(default_factory=dict)
-    agent: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # 24 kHz
-    agent_first_chunk_t: float | None = None
-    agent_t: list[np.ndarray] = field(default_factory=list)  # receive time of each agent sample
-    events: list[dict[str, Any]] = field(default_factory=list)
-    started: dict[str, str] = field(default_factory=dict)
-    turns: list[dict[str, Any]] = field(default_factory=list)
-    notices: list[dict[str, Any]] = field(default_factory=list)
-    finals: list[str] = field(default_factory=list)
-    agent_words: list[str] = field(default_factory=list)
-    status: str = "OK"
-    status_details: str = ""
-
-    @property
-    def user_transcript(self) -> str:
-        return " ".join(t for t in self.finals if t)
-
-    @property
-    def agent_text(self) -> str:
-        return " ".join(self.agent_words)
-
-    @property
-    def response_latency_s(self) -> float | None:
-        """Caller's end of speech -> first agent audio at the client."""
-        if self.speech_end_s is None or self.speech_start_s is None:
-            return None
-        starts = [
-            e["t"]
-            for e in self.events
-            if e["type"] == "agent_audio_start" and e["t"] > self.speech_start_s
-        ]
-        return starts[0] - self.speech_end_s if starts else None
-
-    def timeline(self, options: TalkOptions, paths: dict[str, str]) -> dict[str, Any]:
-        gateway_latency = self.turns[0]["response_latency_s"] if self.turns else None
-        return {
-            "session_id": self.started.get("session_id", ""),
-            "gateway": options.gateway,
-            "mode": options.mode,
-            "engine": self.started.get("engine", ""),
-            "frontend_replica": self.started.get("frontend_replica", ""),
-            "status": self.status,
-            "status_details": self.status_details,
-            "input": {
-                "wav": paths.get("wav", ""),
-                "codec": options.input_codec,
-                "duration_s": round(len(self.caller) / SAMPLE_RATE, 3),
-                "streamed_s": round(self.streamed_samples / SAMPLE_RATE, 3),
-                "speech_start_s": self.speech_start_s,
-                "speech_end_s": self.speech_end_s,
-            },
-            "output": {
-                "wav": paths.get("out", ""),
-                "codec": options.output_codec,
-                "duration_s": round(len(self.agent) / SAMPLE_RATE, 3),
-                "first_chunk_t": self.agent_first_chunk_t,
-            },
-            "user_transcript": self.user_transcript,
-            "agent_text": self.agent_text,
-            "response_latency_s": _round(self.response_latency_s),
-            "gateway_response_latency_s": _round(gateway_latency),
-            "turns": self.turns,
-            "notices": self.notices,
-            "events": self.events,
-        }
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
-
-
-def speech_region(samples: np.ndarray) -> tuple[float | None, float | None]:
+def speech_region(samples: Samples) -> tuple[float | None, float | None]:
     """(start_s, end_s) of the speech in a clip: 20 ms windows within 35 dB of
     the loudest window (and above -60 dBFS)."""
     window = int(LEVEL_WINDOW_S * SAMPLE_RATE)
@@ -238,7 +176,7 @@ class SpeechMap:
     """Which chunks of the caller's audio are speech (loud as `speech_region` counts
     it), and how many quiet chunks in a row end at each one."""
 
-    def __init__(self, samples: np.ndarray, chunk: int) -> None:
+    def __init__(self, samples: Samples, chunk: int) -> None:
         window = int(LEVEL_WINDOW_S * SAMPLE_RATE)
         count = len(samples) // window
         level = 10 * np.log10(
@@ -271,12 +209,11 @@ class SpeechMap:
 class _Conversation:
     """One Converse call: a paced sender and a reader filling a TalkResult."""
 
-    def __init__(self, audio_24k: np.ndarray, options: TalkOptions) -> None:
+    def __init__(self, audio_24k: Samples, options: TalkOptions) -> None:
         self.options = options
         config = options.converse_config()
         self.input_format = resolve_format(config.input_format, "input_format")
         self.output_format = resolve_format(config.output_format, "output_format")
-        self.encoder = Encoder(self.input_format)
         self.decoder = Decoder(self.output_format)
         start, end = speech_region(audio_24k)
         self.result = TalkResult(caller=audio_24k, speech_start_s=start, speech_end_s=end)
@@ -287,10 +224,9 @@ class _Conversation:
         self.answered = False  # the agent spoke after the caller began
         self.answer_spoken = False  # ... and said a word of an oracle generation
         self.last_speaking_t = 0.0
-        self.agent_parts: list[np.ndarray] = []
+        self.agent_parts: list[Samples] = []
         self.next_chunk = 0  # the next chunk of caller audio to send, in any call
         self.call_chunks: list[int] = []  # the chunks sent in the current call, in order
-        self.call_audio_t0 = 0.0  # when the current call's first chunk went (monotonic)
         self.answered_frames = 0  # caller frames of the current call the agent answered
         self.input_end_t: float | None = None  # when the WAV had been sent
         self.said_t: float | None = None  # when the typed message (options.say) was sent
@@ -301,12 +237,9 @@ class _Conversation:
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def event(self, event_type: str, **fields: Any) -> None:
-        """One of this caller's own events (caller audio, reconnects) on the timeline."""
-        self.record({"type": event_type, **fields})
-
-    def record(self, event: Mapping[str, Any]) -> None:
-        self.result.events.append({"t": round(self.now(), 4), **event})
+    def record(self, event: TimelineEvent) -> None:
+        """An event on the timeline, at the time it came."""
+        self.result.events.append(Timed(round(self.now(), 4), event))
 
     async def run(self) -> TalkResult:
         self.t0 = time.monotonic()
@@ -323,9 +256,7 @@ class _Conversation:
             failures = 0 if self.move_asked or started else failures + 1
             self.next_chunk = self._resume_point()
             resend_from_s = round(self.next_chunk * self.chunk / SAMPLE_RATE, 2)
-            self.event(
-                "reconnect", gateway=gateway, after=self.result.status, resend_from_s=resend_from_s
-            )
+            self.record(Reconnect(gateway, self.result.status, resend_from_s))
             await asyncio.sleep(RECONNECT_BACKOFF_S * (2 ** (failures - 1)) if failures else 0)
         self.agent_parts.append(self.decoder.flush())
         self.result.agent = np.concatenate(self.agent_parts).astype(np.float32)
@@ -333,14 +264,17 @@ class _Conversation:
 
     async def _call(self, gateway: str) -> bool:
         """One Converse call; False when it should be continued in another (it broke
-        off or the gateway asked, and there is a resume token)."""
+        off or the gateway asked, and there is a resume token). Each call codes its
+        own streams, both ways."""
         self.move_asked = False
         self.call_chunks, self.answered_frames = [], 0
         options = self.options
         self.client = ConverseClient.connect(gateway, options.auth_token, options.client_tls())
         async with self.client as client:
             await client.start(options.converse_config(self.resume_token))
-            sender = asyncio.ensure_future(self._send(client))
+            sender = asyncio.ensure_future(
+                self._send(Microphone(client, Encoder(self.input_format)))
+            )
             try:
                 await self._receive(client)
             except grpc.aio.AioRpcError as exc:
@@ -348,13 +282,13 @@ class _Conversation:
                 self.result.status_details = exc.details() or ""
             finally:
                 await cancel_and_wait(sender)
-        if self.move_asked:
-            self._new_codecs()
-            return False
-        if broke_off(self.result.status, self.result.status_details) and self.resume_token:
-            self._new_codecs()
-            return False
-        return True
+        continued = self.move_asked or (
+            broke_off(self.result.status, self.result.status_details) and bool(self.resume_token)
+        )
+        if continued:
+            self.agent_parts.append(self.decoder.flush())
+            self.decoder = Decoder(self.output_format)
+        return not continued
 
     def _resume_point(self) -> int:
         """The chunk a continued call starts at (module doc): the first one the broken
@@ -369,11 +303,6 @@ class _Conversation:
         """Chunk `index` was due more than CATCH_UP_S ago."""
         return self.now() - (index + 1) * self.chunk / SAMPLE_RATE > CATCH_UP_S
 
-    def _new_codecs(self) -> None:
-        """A new call starts new codec streams on both ends."""
-        self.agent_parts.append(self.decoder.flush())
-        self.encoder, self.decoder = Encoder(self.input_format), Decoder(self.output_format)
-
     def _done(self, input_end_t: float) -> bool:
         now = self.now()
         if now - input_end_t >= self.options.max_wait_s:
@@ -382,18 +311,19 @@ class _Conversation:
         answered = self.answer_spoken if self.options.wait_for_answer else self.answered
         return answered and quiet and now - input_end_t >= self.options.tail_s
 
-    async def _send(self, client: ConverseClient) -> None:
+    async def _send(self, mic: Microphone) -> None:
         """The WAV from `next_chunk` on, then silence until the agent is done.
 
-        Audio goes only once the session started (kame_common.converse says why).
+        Audio goes only once the session started (kame_client/client.py says why).
         Chunks due in the meantime (a resumed call may wait seconds for its start:
         the gateway waits for the dead call's lease) are sent, not skipped; a
         caller behind real time catches up in quiet audio (module doc)."""
+        client = mic.client
         await client.wait_started()
         audio = self.result.caller
         count = -(-len(audio) // self.chunk)
         if self.next_chunk == 0:
-            self.event("caller_audio_start")
+            self.record(CallerAudioStart())
         silence_kept = int(SILENCE_KEPT_S * SAMPLE_RATE) // self.chunk
         while self.next_chunk < count:
             index = self.next_chunk
@@ -401,7 +331,7 @@ class _Conversation:
                 self.next_chunk += 1
                 continue
             if not await self._send_chunk(
-                client, index, audio[index * self.chunk : (index + 1) * self.chunk]
+                mic, index, audio[index * self.chunk : (index + 1) * self.chunk]
             ):
                 return  # the call is over: the reader has its status
             self.next_chunk += 1
@@ -409,38 +339,30 @@ class _Conversation:
             if not await client.send_text(self.options.say):
                 return
             self.said_t = self.now()
-            self.event("caller_text", text=self.options.say)
+            self.record(CallerText(self.options.say))
         if self.input_end_t is None:
-            self.event("caller_audio_stop")
+            self.record(CallerAudioStop())
             self.input_end_t = self.now()
         # The silence after the WAV starts now, however far behind the caller was.
         due = int(self.now() * SAMPLE_RATE) // self.chunk
         self.next_chunk = max(self.next_chunk, due - int(CATCH_UP_S * SAMPLE_RATE) // self.chunk)
         while not self._done(self.input_end_t):
-            if not await self._send_chunk(client, self.next_chunk, np.zeros(0, np.float32)):
+            if not await self._send_chunk(mic, self.next_chunk, np.zeros(0, np.float32)):
                 return
             self.next_chunk += 1
-        for data in self.encoder.flush():
-            await client.send_audio(data)
+        await mic.flush()
         await client.done_writing()
 
-    async def _send_chunk(self, client: ConverseClient, index: int, samples: np.ndarray) -> bool:
-        """Chunk `index` leaves once its last sample has been spoken (real time), and
-        no more than BURST_S ahead of the call's own clock; False if the call is over."""
+    async def _send_chunk(self, mic: Microphone, index: int, samples: Samples) -> bool:
+        """Chunk `index` (padded to a whole chunk) once its last sample has been
+        spoken, on the caller's clock; False if the call is over."""
         if len(samples) < self.chunk:
             samples = np.concatenate([samples, np.zeros(self.chunk - len(samples), np.float32)])
-        wait_s = (index + 1) * self.chunk / SAMPLE_RATE - self.now()
-        if self.call_chunks:
-            call_audio_s = (len(self.call_chunks) + 1) * self.chunk / SAMPLE_RATE
-            wait_s = max(wait_s, self.call_audio_t0 + call_audio_s - BURST_S - time.monotonic())
-        await asyncio.sleep(max(0.0, wait_s))
-        if not self.call_chunks:
-            self.call_audio_t0 = time.monotonic()
+        due_t = self.t0 + (index + 1) * self.chunk / SAMPLE_RATE
+        if not await mic.send(samples, due_t):
+            return False
         self.call_chunks.append(index)
         self.result.sent_t[index] = round(self.now(), 3)
-        for data in await asyncio.to_thread(self.encoder.encode, samples):
-            if not await client.send_audio(data):
-                return False
         self.result.streamed_samples += len(samples)
         return True
 
@@ -448,42 +370,41 @@ class _Conversation:
         """The gateway's events into the result until the call ends, or the gateway
         asks to move it (Notice RECONNECT) and there is a token to move it with."""
         async for event in client.events():
-            if event["type"] == "agent_audio":
+            if isinstance(event, AgentAudio):
                 self._on_audio(event)
                 continue
             self.record(event)
-            if event["type"] in ("started", "resumed"):
-                self.resume_token = client.session.resume_token
-                self.result.status, self.result.status_details = "OK", ""
-                self.result.started = fields_of(event)
-            elif event["type"] == "user_final":
-                self.result.finals.append(event["text"].strip())
-            elif event["type"] == "agent_text":
-                self.result.agent_words.append(event["text"])
-                if event["generation"] != 0 and self._caller_began():
-                    self.answer_spoken = True
-            elif event["type"] == "turn":
-                self.result.turns.append(fields_of(event))
-            elif event["type"] == "notice":
-                self.result.notices.append(fields_of(event))
-                if event["kind"] == "RECONNECT" and self.resume_token:
-                    self.move_asked = True
-                    return
+            match event:
+                case Started():
+                    self.resume_token = client.session.resume_token
+                    self.result.status, self.result.status_details = "OK", ""
+                    self.result.started = event
+                case UserFinal(text=text):
+                    self.result.finals.append(text.strip())
+                case AgentText(text=text, generation=generation):
+                    self.result.agent_words.append(text)
+                    if generation != 0 and self._caller_began():
+                        self.answer_spoken = True
+                case Turn():
+                    self.result.turns.append(event)
+                case Notice(kind=kind):
+                    self.result.notices.append(event)
+                    if kind == "RECONNECT" and self.resume_token:
+                        self.move_asked = True
+                        return
 
-    def _on_audio(self, chunk: AgentAudioEvent) -> None:
+    def _on_audio(self, chunk: AgentAudio) -> None:
         """Agent audio into the result; the timeline gets where the agent starts and
         stops speaking."""
         if self.result.agent_first_chunk_t is None:
             self.result.agent_first_chunk_t = round(self.now(), 4)
-        self.answered_frames = max(self.answered_frames, chunk["seq"] + 1)
-        samples = self.decoder.decode(chunk["data"])
+        self.answered_frames = max(self.answered_frames, chunk.seq + 1)
+        samples = self.decoder.decode(chunk.data)
         self.agent_parts.append(samples)
         self.result.agent_t.append(self.now() + np.arange(len(samples)) / SAMPLE_RATE)
-        if chunk["speaking"] != self.speaking:
-            self.speaking = chunk["speaking"]
-            self.event(
-                "agent_audio_start" if self.speaking else "agent_audio_stop", seq=chunk["seq"]
-            )
+        if chunk.speaking != self.speaking:
+            self.speaking = chunk.speaking
+            self.record(AgentAudioStart(chunk.seq) if self.speaking else AgentAudioStop(chunk.seq))
         if self.speaking:
             self.last_speaking_t = self.now()
             self.answered = self.answered or self._caller_began()
@@ -494,11 +415,6 @@ class _Conversation:
         return (start is not None and self.now() > start) or self.said_t is not None
 
 
-def fields_of(event: Mapping[str, Any]) -> dict[str, Any]:
-    """An event's fields without its type (the result's `started`, `turns`, `notices`)."""
-    return {name: value for name, value in event.items() if name != "type"}
-
-
-async def talk(audio_24k: np.ndarray, options: TalkOptions) -> TalkResult:
+async def talk(audio_24k: Samples, options: TalkOptions) -> TalkResult:
     """Stream `audio_24k` (float32 mono at 24 kHz) through one Converse session."""
     return await _Conversation(audio_24k, options).run()

@@ -1,4 +1,4 @@
-"""Client codecs <-> the internal audio (float32 mono at 24 kHz).
+"""Client codecs <-> the internal audio (float32 mono at 24 kHz), for both sides.
 
 The gateway decodes what the caller sends (PCM16 at any rate, G.711 mu-law or
 A-law at 8 kHz, Opus) into 24 kHz samples, and encodes the agent's 24 kHz
@@ -16,9 +16,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import av
 import numpy as np
 
 from kame_common.audio import (
@@ -34,6 +33,9 @@ from kame_common.audio import (
     pcm16_to_float,
 )
 from kamepb import gateway_pb2
+
+if TYPE_CHECKING:
+    import av
 
 Codec = gateway_pb2.AudioFormat.Codec
 
@@ -133,6 +135,9 @@ def _frame_to_float(frame: av.AudioFrame) -> Samples:
 
 class _OpusPacketDecoder:
     def __init__(self) -> None:
+        import av  # PyAV only where Opus is spoken (the web image has none)
+
+        self._av = av
         self._codec = av.CodecContext.create("libopus", "r")
         self._codec.sample_rate = OPUS_RATE
         self._codec.layout = "mono"
@@ -141,8 +146,8 @@ class _OpusPacketDecoder:
         if not packet:
             raise CodecError("an OPUS chunk must hold one Opus packet, got 0 bytes")
         try:
-            frames = self._codec.decode(av.Packet(packet))
-        except av.error.FFmpegError as exc:
+            frames = self._codec.decode(self._av.Packet(packet))
+        except self._av.error.FFmpegError as exc:
             raise CodecError(
                 f"audio does not decode as Opus (one packet per chunk expected): {exc}"
             ) from None
@@ -175,6 +180,9 @@ class _OpusPacketEncoder:
     """float32 at 48 kHz -> 80 ms Opus packets."""
 
     def __init__(self, bitrate: int) -> None:
+        import av  # as in _OpusPacketDecoder
+
+        self._av = av
         self._codec = av.CodecContext.create("libopus", "w")
         self._codec.sample_rate = OPUS_RATE
         self._codec.layout = "mono"
@@ -189,7 +197,7 @@ class _OpusPacketEncoder:
         if samples is None:
             return [bytes(p) for p in self._codec.encode(None)]
         pcm = np.frombuffer(float_to_pcm16(samples), dtype=np.int16)
-        frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
+        frame = self._av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
         frame.sample_rate = OPUS_RATE
         frame.pts = self._pts
         self._pts += len(pcm)

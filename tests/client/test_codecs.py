@@ -10,9 +10,9 @@ import os
 import numpy as np
 import pytest
 
+from kame_client.codecs import CodecError, Decoder, Encoder, resolve_format
 from kame_common.audio import SAMPLE_RATE, resample
 from kamepb import gateway_pb2
-from services.gateway.codecs import CodecError, Decoder, Encoder, resolve_format
 
 Codec = gateway_pb2.AudioFormat.Codec
 
