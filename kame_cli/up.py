@@ -42,12 +42,12 @@ __all__ = ["add_arguments", "run"]  # what kame_cli.main calls
 
 
 def realtime_url(web_url: str) -> str:
-    """The web service's OpenAI Realtime endpoint (services/web/realtime.py)."""
+    """The web service's OpenAI Realtime endpoint (services/web/protocols/realtime.py)."""
     return "ws" + web_url.removeprefix("http") + "v1/realtime"
 
 
 def moshi_url(web_url: str) -> str:
-    """The web service's Moshi-protocol endpoint (services/web/moshi_chat.py)."""
+    """The web service's Moshi-protocol endpoint (services/web/protocols/moshi.py)."""
     return "ws" + web_url.removeprefix("http") + "api/chat"
 
 

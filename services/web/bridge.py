@@ -1,195 +1,239 @@
-"""The page's WebSocket, bridged to one `kame.v1.Gateway/Converse` call.
+"""The web service's one bridge: a client's WebSocket carried over one
+Gateway.Converse call (kame_client's client), whatever the protocol.
 
-No conversation state lives here: the bridge translates. The page speaks a
-small protocol (services/web/README.md has it in full):
+The protocol is an adapter's (services/web/protocols/: the page, OpenAI
+Realtime, Moshi): it turns the client's messages and the gateway's events
+into Actions, without a network. Everything else is here, once:
 
-- page -> bridge: a JSON `start` message (mode, LLM, audio rate, token), then
-  binary messages of PCM16 mono at that rate, then optionally `{"type":
-  "stop"}` (the caller is done: half-close). Closing the socket cancels the call.
-- bridge -> page: the gateway's events as JSON, named as everywhere else
-  (kame_client/events.py: started, user_partial, user_final, oracle_reset,
-  oracle_append, agent_text, turn, notice, barge_in, dtmf), the bridge's own
-  `error` and `end`, and binary agent audio: one flag byte (1 = the agent is
-  speaking) followed by PCM16 at the same rate. The gateway resamples both
-  ways, so the page needs no resampler.
-
-`Bridge.run` works on any `PageSocket`, which is how the tests drive it
-without a browser or an HTTP server.
-
-What the page hears of an error is kame_client/status.py's words for it, which
-never name an internal address.
+- the call opens when the adapter says (the page and Moshi at once, Realtime
+  with the first client event that needs one), with the config of then; its
+  config goes first, audio and requests only once the session started, so
+  that the client hears the gateway's own refusal (kame_client/client.py);
+- uplink: the client's messages to the adapter, and what it asks of the call
+  to the gateway: paced at real time (services/web/pacer.py, the one writer
+  of the call) for protocols whose clients send audio as they like, or as
+  they come (the page: a microphone paces it). The client's messages are
+  read only once the call started when the session opens with one, so a
+  caller the gateway refuses has nothing of theirs taken;
+- downlink: the gateway's events to the adapter, then how the call ended
+  (kame_client/status.py's CallEnd; CANCELLED, our own cancel: nobody to tell);
+- the end: the first of the client going away, the call ending, the adapter
+  closing (a protocol error, the idle timeout, its timer) ends the session:
+  every task is cancelled and waited for, the call cancelled, and the socket
+  closed with the adapter's Close. A fault of ours is logged and told as the
+  adapter's on_fault says; a client whose socket failed has gone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
+import functools
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 
-from kame_client.client import ConverseClient
-from kame_client.codecs import PCM_MAX_RATE, PCM_MIN_RATE
-from kame_client.events import AgentAudio, ConverseEvent, event_json
+from kame_client.client import CallerRequest, ConverseClient
 from kame_client.status import CallEnd
-from kame_common.aio import cancel_and_wait
-from kamepb import gateway_pb2
+from kame_common.aio import cancel_and_wait, wait_first
 from services.web.config import WebSettings
+from services.web.pacer import Pacer
+from services.web.protocols.adapter import Actions, Adapter, Close, OpenCall, Timer
 
 log = logging.getLogger(__name__)
 
-# PCM16 rates the gateway accepts (kame_client/codecs.py).
-MIN_RATE, MAX_RATE = PCM_MIN_RATE, PCM_MAX_RATE
-SPEAKING, SILENT = b"\x01", b"\x00"
 
-
-class PageSocket(Protocol):
-    """The page's end of the bridge: a WebSocket, or a test's stand-in."""
+class ClientSocket(Protocol):
+    """The client's end of the bridge: a WebSocket, or a test's stand-in."""
 
     async def receive(self) -> str | bytes | None:
-        """The next message; None once the page has gone."""
+        """The next message; None once the client has gone."""
 
     async def send_text(self, text: str) -> None: ...
 
     async def send_bytes(self, data: bytes) -> None: ...
 
 
-class StartError(ValueError):
-    """The page's start message is not one the bridge can honour."""
-
-
-@dataclass(frozen=True)
-class Start:
-    config: gateway_pb2.ConverseConfig
-    token: str
-
-
-def parse_start(raw: str | bytes | None, settings: WebSettings) -> Start:
-    """The Converse config and token a `start` message asks for; StartError naming
-    the field otherwise."""
-    if not isinstance(raw, str):
-        raise StartError("the first message must be the JSON start message")
-    try:
-        message = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise StartError(f"start: not JSON ({exc.msg})") from None
-    if not isinstance(message, dict) or message.get("type") != "start":
-        raise StartError('the first message must be {"type": "start", ...}')
-    mode = message.get("mode") or settings.mode_choices[0]
-    if mode not in settings.mode_choices:
-        raise StartError(f"mode: {mode!r} is not offered; choose {settings.mode_choices}")
-    rate = message.get("rate")
-    if not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
-        raise StartError(f"rate: PCM16 needs {MIN_RATE}..{MAX_RATE} Hz, got {rate!r}")
-    audio = gateway_pb2.AudioFormat(codec=gateway_pb2.AudioFormat.PCM16, sample_rate_hz=rate)
-    config = gateway_pb2.ConverseConfig(
-        mode=gateway_pb2.ConverseConfig.Mode.Value(mode.upper()),
-        input_format=audio,
-        output_format=audio,
-        include_oracle_updates=True,
-    )
-    llm = message.get("llm") or ""
-    if llm:
-        if llm not in settings.llm_choices:
-            raise StartError(f"llm: {llm!r} is not offered; choose {settings.llm_choices}")
-        config.llm.CopyFrom(gateway_pb2.LlmOverride(model=llm))
-    token = message.get("token") or settings.relayed_token
-    return Start(config, token if isinstance(token, str) else "")
-
-
-def page_event(event: ConverseEvent) -> dict[str, Any] | bytes:
-    """What the page receives for one gateway event (kame_client.events): agent
-    audio as bytes (flag byte + PCM16), every other event as its JSON."""
-    match event:
-        case AgentAudio(speaking=speaking, data=data):
-            return (SPEAKING if speaking else SILENT) + data
-    return event_json(event)
-
-
-def error_event(end: CallEnd) -> dict[str, Any]:
-    """An error the page shows as is (kame_client.status's words); with the
-    gateway's hint of when to try again, also as `retry_after_s` for the page's
-    countdown."""
-    error: dict[str, Any] = {"type": "error", "code": end.name, "message": end.message()}
-    if end.retry_after_s is not None:
-        error["retry_after_s"] = end.retry_after_s
-    return error
-
-
 class Bridge:
-    """Bridges page sockets to the gateway named in the settings."""
+    """Carries client sockets over calls to the gateway named in the settings."""
 
     def __init__(self, settings: WebSettings) -> None:
         self.settings = settings
 
-    async def run(self, page: PageSocket, start: Start) -> None:
-        """One conversation the page started: audio both ways until either side ends it."""
-        channel = self.settings.gateway_channel(self.settings.connection_policy())
-        async with channel:
-            client = ConverseClient(channel, start.token)
-            # Every way the call ends, a gateway that cannot be reached included, is
-            # read from the call's status by the downlink: a write to a call that has
-            # already failed only says that it failed, not how.
-            downlink = asyncio.ensure_future(self._downlink(page, client))
-            uplink = asyncio.ensure_future(self._uplink(page, client, start.config, downlink))
-            try:
-                await asyncio.wait({downlink, uplink}, return_when=asyncio.FIRST_COMPLETED)
-                if uplink.done():
-                    return  # the page went away, nobody to tell: the finally cancels the call
-                await downlink  # the gateway ends the call (and says how)
-            finally:
-                await cancel_and_wait([uplink, downlink])
-                client.cancel()
+    async def run(self, socket: ClientSocket, adapter: Adapter, token: str) -> Close:
+        """One session, until it ends: how to close the socket."""
+        return await Session(self.settings, socket, adapter, token).run()
 
-    async def _uplink(
-        self,
-        page: PageSocket,
-        client: ConverseClient,
-        config: gateway_pb2.ConverseConfig,
-        downlink: asyncio.Future[None],
+
+class Session:
+    """One client socket, its adapter and, once opened, its gateway call."""
+
+    def __init__(
+        self, settings: WebSettings, socket: ClientSocket, adapter: Adapter, token: str
     ) -> None:
-        """The config, then the page's audio to the gateway until the page goes;
-        `stop` half-closes. The audio waits (in the socket) until the session
-        started, so that the page hears the gateway's own refusal, say "auth
-        refused" (kame_common.converse)."""
-        await client.start(config)
-        await client.wait_started(downlink)
-        while (message := await page.receive()) is not None:
-            if downlink.done():
-                continue  # the call is over; the page will hear how
-            if isinstance(message, bytes):
-                await client.send_audio(message)
-            elif is_stop(message):
-                await client.done_writing()
+        self.settings = settings
+        self.socket = socket
+        self.adapter = adapter
+        self.token = token
+        self.client: ConverseClient | None = None
+        self.pacer: Pacer | None = None
+        self.call: asyncio.Future[None] | None = None
+        self.timer: asyncio.Future[None] | None = None
+        self.over = asyncio.Event()  # the session ends (the call's end or a Close)
+        self.close: Close | None = None
+        self.client_gone = False  # a send failed: the socket takes no more
+        self._sending = asyncio.Lock()  # the reader and the call both send
 
-    async def _downlink(self, page: PageSocket, client: ConverseClient) -> None:
-        """Every gateway event to the page; ends with `end` or, if the gateway
-        refused (a bad token fails the first read) or broke off the call, `error`."""
+    async def run(self) -> Close:
+        reader: asyncio.Future[None] | None = None
+        try:
+            await self.apply(self.adapter.opening())
+            reader = asyncio.ensure_future(self._read_client())
+            await wait_first(reader, self.over)
+            if reader.done():
+                reader.result()  # the reader's own fault, if it failed
+        except Exception as exc:
+            await self._failed(exc)
+        finally:
+            # The call first: a pacer whose cancel Python 3.11's wait_for dropped (it
+            # comes as audio arrives) then stops at its next send.
+            if self.client is not None:
+                self.client.cancel()
+            await cancel_and_wait([t for t in (reader, self.call, self.timer) if t is not None])
+            if self.client is not None:
+                await self.client.close()
+        return self.close or Close()
+
+    async def apply(self, actions: Actions) -> None:
+        """Carry out what the adapter asked for (Actions says in which order)."""
+        await self._send(actions.send)
+        if actions.open_call is not None and self.client is None:
+            self._open_call(actions.open_call)
+        if actions.clear_audio and self.pacer is not None:
+            self.pacer.clear()
+        if actions.audio:
+            await self._take_audio(actions.audio)
+        for request in actions.requests:
+            await self._request(request)
+        if actions.disarm or actions.timer is not None:
+            self._set_timer(actions.timer)
+        if actions.close is not None:
+            self._end(actions.close)
+
+    def _end(self, close: Close) -> None:
+        self.close = self.close or close
+        self.over.set()
+
+    async def _send(self, messages: list[str | bytes]) -> None:
+        async with self._sending:
+            for message in messages:
+                try:
+                    if isinstance(message, str):
+                        await self.socket.send_text(message)
+                    else:
+                        await self.socket.send_bytes(message)
+                except Exception:
+                    self.client_gone = True  # whatever the socket raised
+                    raise
+
+    async def _read_client(self) -> None:
+        """The client's messages to the adapter until the client goes, the
+        adapter closes, or the client sends nothing for the adapter's idle time."""
+        if self.client is not None:  # the session opened with its call
+            assert self.call is not None
+            await self.client.wait_started(self.call)
+        idle_s = self.adapter.idle_timeout_s
+        while not self.over.is_set():
+            try:
+                async with asyncio.timeout(idle_s):
+                    raw = await self.socket.receive()
+            except TimeoutError:
+                await self.apply(self.adapter.on_idle())
+                return
+            if raw is None:
+                return  # the client went away: nobody to tell
+            await self.apply(self.adapter.on_client(raw))
+
+    async def _take_audio(self, audio: bytes) -> None:
+        """Caller audio to the call: paced, if it fits the backlog; or at once."""
+        if self.pacer is not None:
+            if self.pacer.has_room(self.pacer.coding.seconds(audio)):
+                self.pacer.push(audio)
+            else:
+                await self.apply(self.adapter.on_backlog_full())
+        elif self.client is not None:
+            await self.client.send_audio(audio)  # False once over: the downlink says how
+
+    async def _request(self, request: CallerRequest) -> None:
+        """A request for the call (none open: nothing to ask, a cancel of a call
+        never made); paced ones after the audio pushed before them."""
+        if self.pacer is not None:
+            assert self.client is not None
+            self.pacer.push_request(functools.partial(self.client.perform, request), request.URGENT)
+        elif self.client is not None:
+            await self.client.perform(request)
+
+    def _set_timer(self, timer: Timer | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = None if timer is None else asyncio.ensure_future(self._expire(timer))
+
+    async def _expire(self, timer: Timer) -> None:
+        await asyncio.sleep(timer.seconds)
+        self.timer = None  # it is this task: not cancelled by the actions it applies
+        try:
+            await self.apply(timer.then)
+        finally:
+            self._end(timer.then.close or Close())
+
+    def _open_call(self, call: OpenCall) -> None:
+        channel = self.settings.gateway_channel(self.settings.connection_policy())
+        self.client = ConverseClient(channel, self.token, own_channel=True)
+        if call.paced is not None:
+            self.pacer = Pacer(call.paced, self.client.send_audio)
+        self.call = asyncio.ensure_future(self._call(self.client, call))
+
+    async def _call(self, client: ConverseClient, call: OpenCall) -> None:
+        """The config, the paced audio once the session started, and the gateway's
+        events to the adapter until the call ends, or a fault of ours ends it."""
+        downlink = asyncio.ensure_future(self._downlink(client))
+        pacing: asyncio.Future[None] | None = None
+        try:
+            await client.start(call.config)
+            await client.wait_started(downlink)
+            if self.pacer is not None:
+                pacing = asyncio.ensure_future(self.pacer.run())
+                await wait_first(downlink, pacing)
+                if pacing.done():  # the call is over, or the pacer failed
+                    pacing.result()
+            await downlink
+        except Exception as exc:
+            await self._failed(exc)
+        finally:
+            await cancel_and_wait([downlink, *([pacing] if pacing else [])])
+            self._end(Close())
+
+    async def _downlink(self, client: ConverseClient) -> None:
+        end = None
         try:
             async for event in client.events():
-                sent = page_event(event)
-                if isinstance(sent, bytes):
-                    await page.send_bytes(sent)
-                else:
-                    await send_json(page, sent)
+                await self.apply(self.adapter.on_event(event))
         except grpc.aio.AioRpcError as exc:
             end = CallEnd.of(exc, client.channel)
-            if not end.cancelled:  # cancelled: the page went away, nobody to tell
-                log.info("converse ended: %s", end.summary())
-                await send_json(page, error_event(end))
-            return
-        await send_json(page, {"type": "end"})
+            if end.cancelled:
+                return  # the client went away: nobody to tell
+            log.info("%s: the call ended: %s", self.adapter.name, end.summary())
+        await self.apply(self.adapter.on_call_end(end))
 
-
-def is_stop(message: str) -> bool:
-    try:
-        return bool(json.loads(message).get("type") == "stop")
-    except (json.JSONDecodeError, AttributeError):
-        return False
-
-
-async def send_json(page: PageSocket, event: Mapping[str, Any]) -> None:
-    await page.send_text(json.dumps(event))
+    async def _failed(self, exc: Exception) -> None:
+        """A fault of ours (a bug: the gateway ending the call is the downlink's)
+        ends the session: logged, and the client told as the adapter says. A
+        client whose socket failed has gone: nobody to tell."""
+        if self.client_gone:
+            log.info("%s ended: the client went away (%r)", self.adapter.name, exc)
+        else:
+            log.error("%s failed", self.adapter.name, exc_info=exc)
+            with contextlib.suppress(Exception):  # the socket failed too: nobody to tell
+                await self.apply(self.adapter.on_fault())
+        self._end(Close())

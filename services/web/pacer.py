@@ -1,5 +1,5 @@
 """Caller audio to the gateway at real time, for the endpoints whose clients send
-it as they like (realtime_bridge.py, moshi_chat.py).
+it as they like (the Realtime and Moshi protocols, through bridge.py).
 
 The gateway wants caller audio as a phone sends it: at real time, 80 ms at
 least every `idle_timeout_s`, never far ahead of the clock, at most a second a
@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from services.web.realtime_config import AudioCoding
+from services.web.protocols.realtime_config import AudioCoding
 
 # How far the audio sent may run ahead of the clock (the gateway refuses more
 # than its input_burst_s, 2 s by default, ahead).

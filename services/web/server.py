@@ -3,10 +3,12 @@
 - GET /            the page (static/index.html) and GET /static/* its modules
 - GET /config.json what the page may offer: modes and LLM models (the settings)
 - GET /healthz     200 while serving, 503 once draining (the probes' check)
-- WS  /converse    one conversation, bridged to Gateway.Converse (bridge.py)
-- WS  /v1/realtime the OpenAI Realtime protocol over Gateway.Converse
-                   (realtime.py, realtime_bridge.py); `?model=kame-<mode>`
-- WS  /api/chat    the Moshi protocol over Gateway.Converse (moshi_chat.py)
+- WS  /converse    the page's conversation (protocols/page.py)
+- WS  /v1/realtime the OpenAI Realtime protocol (protocols/realtime*.py);
+                   `?model=kame-<mode>`
+- WS  /api/chat    the Moshi protocol (protocols/moshi.py)
+Each is a protocol adapter carried over Gateway.Converse by the one bridge
+(bridge.py).
 
 Who may talk through the bridge:
 - a request whose Host is not one of `allowed_hosts` (the loopback names and
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -47,15 +50,20 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from kame_client.status import CallEnd
+from kame_client.status import CallEnd, CloseCode
 from kame_common import tracing
 from kame_common.http_server import HttpServer
 from kame_common.server import ACTIVE_SESSIONS, service_main, until_signal
-from services.web.bridge import Bridge, Start, StartError, error_event, parse_start, send_json
+from kame_common.words import parse_phrases
+from services.web.bridge import Bridge
 from services.web.config import WebSettings
-from services.web.moshi_chat import TRY_AGAIN_LATER, Close, MoshiBridge, refuse
-from services.web.realtime import lone_error
-from services.web.realtime_bridge import MAX_MESSAGE_BYTES, RealtimeBridge, bearer_token
+from services.web.protocols.adapter import Adapter, Close
+from services.web.protocols.moshi import MoshiSession
+from services.web.protocols.moshi import refusal as refusal_message
+from services.web.protocols.page import PageSession, StartError, error_event, parse_start
+from services.web.protocols.realtime import RealtimeSession, lone_error
+from services.web.protocols.realtime_adapter import RealtimeAdapter
+from services.web.protocols.realtime_config import ClientError
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
@@ -65,12 +73,21 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
-# WebSocket close codes (RFC 6455, 7.4.1).
-NORMAL_CLOSURE, POLICY_VIOLATION = 1000, 1008
+# The largest WebSocket message the web service takes: OpenAI takes 15 MiB, so a
+# Realtime client's oversize append reaches the session and is refused there
+# with the protocol's error, the socket open; beyond this the socket closes (1009).
+MAX_MESSAGE_BYTES = 16 << 20
+POLICY_VIOLATION = CloseCode.POLICY_VIOLATION
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token of an `Authorization: Bearer <token>` header ("" if none)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 class StarletteSocket:
-    """A Starlette WebSocket as the bridge's PageSocket."""
+    """A Starlette WebSocket as the bridge's ClientSocket."""
 
     def __init__(self, websocket: WebSocket) -> None:
         self.websocket = websocket
@@ -117,8 +134,6 @@ class WebApp:
     def __init__(self, settings: WebSettings) -> None:
         self.settings = settings
         self.bridge = Bridge(settings)
-        self.realtime_bridge = RealtimeBridge(settings)
-        self.moshi_bridge = MoshiBridge(settings)
         self.active_sessions = 0
         self.idle = asyncio.Event()  # set while no conversation is open
         self.idle.set()
@@ -167,15 +182,16 @@ class WebApp:
         return PlainTextResponse("ok")
 
     async def converse(self, websocket: WebSocket) -> None:
-        refusal = self.socket_refusal(websocket)
-        if refusal:  # closed before it is accepted: the browser gets 403
-            log.info("websocket refused: %s", refusal)
-            await websocket.close(code=POLICY_VIOLATION, reason=refusal)
-            return
-        await websocket.accept()
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the page went away
-            code, reason = await self._conversation(StarletteSocket(websocket))
-            await websocket.close(code=code, reason=reason)
+        """The page's conversation (protocols/page.py)."""
+        await self._serve(websocket, "page", self._page)
+
+    async def realtime(self, websocket: WebSocket) -> None:
+        """An OpenAI Realtime session (protocols/realtime_adapter.py)."""
+        await self._serve(websocket, "realtime", self._realtime, api=True)
+
+    async def moshi_chat(self, websocket: WebSocket) -> None:
+        """A Moshi-protocol chat (protocols/moshi.py)."""
+        await self._serve(websocket, "moshi", self._moshi, api=True)
 
     def socket_refusal(self, websocket: WebSocket, api: bool = False) -> str:
         """Why `websocket` may not be opened ("" if it may)."""
@@ -183,61 +199,84 @@ class WebApp:
             return "host not allowed"
         return origin_refusal(websocket, self.settings.origins, api)
 
-    async def realtime(self, websocket: WebSocket) -> None:
-        """An OpenAI Realtime session (realtime_bridge.py)."""
-        refusal = self.socket_refusal(websocket, api=True)
+    async def _serve(
+        self,
+        websocket: WebSocket,
+        protocol: str,
+        begin: Callable[[WebSocket, StarletteSocket], Awaitable[Close]],
+        api: bool = False,
+    ) -> None:
+        """A socket of `protocol` if it may be opened (else closed before it is
+        accepted: a browser gets 403), its session begun, and closed as it ends."""
+        refusal = self.socket_refusal(websocket, api)
         if refusal:
-            log.info("realtime websocket refused: %s", refusal)
+            log.info("%s websocket refused: %s", protocol, refusal)
             await websocket.close(code=POLICY_VIOLATION, reason=refusal)
             return
         await websocket.accept()
-        socket = StarletteSocket(websocket)
-        model = websocket.query_params.get("model", "")
-        token = bearer_token(websocket.headers.get("authorization")) or self.settings.relayed_token
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client went away
-            if refusal := self.session_refusal():
-                await send_json(socket, lone_error("server_busy", refusal, "server_error"))
-            else:
-                async with self.counted():
-                    await self.realtime_bridge.run(socket, model, token)
-            await websocket.close(code=NORMAL_CLOSURE)
-
-    async def moshi_chat(self, websocket: WebSocket) -> None:
-        """A Moshi-protocol chat (moshi_chat.py)."""
-        refusal = self.socket_refusal(websocket, api=True)
-        if refusal:
-            log.info("moshi websocket refused: %s", refusal)
-            await websocket.close(code=POLICY_VIOLATION, reason=refusal)
-            return
-        await websocket.accept()
-        socket = StarletteSocket(websocket)
-        token = bearer_token(websocket.headers.get("authorization")) or self.settings.relayed_token
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client went away
-            if refusal := self.session_refusal():
-                close = await refuse(socket, Close(TRY_AGAIN_LATER, refusal))
-            else:
-                async with self.counted():
-                    close = await self.moshi_bridge.run(socket, websocket.query_params, token)
+            close = await begin(websocket, StarletteSocket(websocket))
             await websocket.close(code=close.code, reason=close.short_reason)
 
-    async def _conversation(self, page: StarletteSocket) -> tuple[int, str]:
-        """The page's start message, then its conversation; the code and reason to
-        close its socket with. A socket that never starts holds no session."""
+    def _token(self, websocket: WebSocket) -> str:
+        """The caller's bearer token, or the one the web service relays."""
+        token = bearer_token(websocket.headers.get("authorization"))
+        return token or self.settings.relayed_token
+
+    async def _page(self, _websocket: WebSocket, page: StarletteSocket) -> Close:
+        """The page's start message, then its conversation. A socket that never
+        starts holds no session."""
         timeout = self.settings.start_timeout_s
         try:
             raw = await asyncio.wait_for(page.receive(), timeout)
         except TimeoutError:
-            return POLICY_VIOLATION, f"no start message within {timeout:g} s"
+            return Close(POLICY_VIOLATION, f"no start message within {timeout:g} s")
         try:
             start = parse_start(raw, self.settings)
         except StartError as exc:
-            await send_json(page, error_event(CallEnd(grpc.StatusCode.INVALID_ARGUMENT, str(exc))))
-            return NORMAL_CLOSURE, ""
+            refused = CallEnd(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await page.send_text(json.dumps(error_event(refused)))
+            return Close()
         if refusal := self.session_refusal():
-            await send_json(page, error_event(CallEnd(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)))
+            busy = CallEnd(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+            await page.send_text(json.dumps(error_event(busy)))
+            return Close()
+        return await self._session(page, PageSession(start), start.token)
+
+    async def _realtime(self, websocket: WebSocket, socket: StarletteSocket) -> Close:
+        """A Realtime session with the model the query names (an error, and no
+        session, for a model the web service does not offer)."""
+        settings = self.settings
+        if refusal := self.session_refusal():
+            await socket.send_text(json.dumps(lone_error("server_busy", refusal, "server_error")))
+            return Close()
+        try:
+            session = RealtimeSession(
+                websocket.query_params.get("model", ""),
+                settings.mode_choices,
+                settings.realtime_relay_instructions,
+                parse_phrases(settings.backchannel_phrases),
+            )
+        except ClientError as exc:
+            await socket.send_text(json.dumps(lone_error(exc.code, exc.message)))
+            return Close()
+        adapter = RealtimeAdapter(session, settings.realtime_idle_timeout_s)
+        return await self._session(socket, adapter, self._token(websocket))
+
+    async def _moshi(self, websocket: WebSocket, socket: StarletteSocket) -> Close:
+        """A Moshi chat in the mode the query names (closed at once, the client
+        told why, for a mode the web service does not offer or a full service)."""
+        if refusal := self.session_refusal():
+            close = Close(CloseCode.TRY_AGAIN_LATER, refusal)
         else:
-            await self._bridged(page, start)
-        return NORMAL_CLOSURE, ""
+            try:
+                chat = MoshiSession.for_query(websocket.query_params, self.settings)
+            except ClientError as exc:
+                close = Close(POLICY_VIOLATION, exc.message)
+            else:
+                return await self._session(socket, chat, self._token(websocket))
+        await socket.send_bytes(refusal_message(close))
+        return close
 
     def session_refusal(self) -> str:
         """Why a new conversation may not begin now ("" if it may)."""
@@ -248,9 +287,10 @@ class WebApp:
             return f"the web service is at its limit of {limit} conversations"
         return ""
 
-    async def _bridged(self, page: StarletteSocket, start: Start) -> None:
+    async def _session(self, socket: StarletteSocket, adapter: Adapter, token: str) -> Close:
+        """One session, counted against `max_sessions` while it lasts."""
         async with self.counted():
-            await self.bridge.run(page, start)
+            return await self.bridge.run(socket, adapter, token)
 
     @contextlib.asynccontextmanager
     async def counted(self) -> AsyncIterator[None]:

@@ -30,8 +30,10 @@ import pytest
 import sphn
 
 from services.web.config import WebSettings
-from services.web.moshi_chat import MAX_WORD_LEAD_S, AgentWords, Close, chat_mode
-from services.web.realtime_config import ClientError
+from services.web.protocols.adapter import Close
+from services.web.protocols.moshi import chat_mode
+from services.web.protocols.moshi_audio import MAX_WORD_LEAD_S, AgentWords
+from services.web.protocols.realtime_config import ClientError
 from services.web.server import serve
 
 RATE = 24000

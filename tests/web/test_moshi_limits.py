@@ -1,7 +1,7 @@
 """What a Moshi client (/api/chat) may not do, against the web service and a real
 gateway in front of the fake upstreams: each abuse closes its socket with the
 reason before it costs the service (decoding, a backlog, a slot held), and
-the count of a stream's audio that guards the decoder (services/web/ogg_opus.py)."""
+the count of a stream's audio that guards the decoder (services/web/protocols/ogg_opus.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import pytest
 import sphn
 
 from services.web.config import WebSettings
-from services.web.moshi_chat import MAX_AUDIO_MESSAGE_BYTES, MAX_AUDIO_MESSAGE_S
-from services.web.ogg_opus import AudioTooLong, OggOpusPages, packet_samples
 from services.web.pacer import LEAD_S, MAX_BACKLOG_S
+from services.web.protocols.moshi import MAX_AUDIO_MESSAGE_BYTES
+from services.web.protocols.moshi_audio import MAX_AUDIO_MESSAGE_S
+from services.web.protocols.ogg_opus import AudioTooLong, OggOpusPages, packet_samples
 from services.web.server import WebServer, serve
 from tests.web.test_moshi_chat import RATE, TOKEN, chat, closing, opus_pages, tone
 

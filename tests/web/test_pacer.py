@@ -10,7 +10,7 @@ import time
 import pytest
 
 from services.web.pacer import LEAD_S, MAX_BACKLOG_S, MAX_PIECE_S, MIN_PIECE_S, SLACK_S, Pacer
-from services.web.realtime_config import CODINGS
+from services.web.protocols.realtime_config import CODINGS
 
 PCM = CODINGS["audio/pcm"]  # PCM16 at 24 kHz
 

@@ -1,4 +1,4 @@
-"""Backchannels in the Realtime protocol (services/web/realtime.py): a caller's
+"""Backchannels in the Realtime protocol (services/web/protocols/realtime.py): a caller's
 "uh-huh" while the agent speaks, which the stack lets the agent talk through
 (services/frontend/engines/backchannel.py), is no speech_started (LiveKit's
 and Pipecat's clients stop their playback on it) and no transcription event,
@@ -17,7 +17,7 @@ import pytest
 from kame_client.events import BargeIn, UserFinal, UserPartial
 from kame_common.words import BACKCHANNEL_PHRASES
 from services.web.config import WebSettings
-from services.web.realtime import RESPONSE_GAP_S
+from services.web.protocols.realtime import RESPONSE_GAP_S
 from tests.gateway.fakes import transcript
 from tests.web.test_realtime import (
     CLOSED,

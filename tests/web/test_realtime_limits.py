@@ -13,8 +13,9 @@ import logging
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from services.web.realtime import RealtimeSession
-from services.web.realtime_config import MAX_TEXT_BYTES, ClientError, SessionConfig
+from kame_client.client import SendFunctionResult
+from services.web.protocols.realtime import RealtimeSession
+from services.web.protocols.realtime_config import MAX_TEXT_BYTES, ClientError, SessionConfig
 from tests.support import wait_until
 from tests.web.test_realtime import (
     ONE_SECOND,
@@ -64,7 +65,7 @@ def test_a_functions_output_too_long_for_the_gateway_is_refused_and_the_call_sti
     reply = realtime.on_client(
         json.dumps({"type": "conversation.item.create", "item": output_item("call-1")})
     )
-    assert reply.requests[0].text == "sunny"  # the call still waited for its output
+    assert reply.requests == [SendFunctionResult("call-1", "sunny")]  # the call still waited
 
 
 def test_relayed_instructions_and_tools_too_long_for_the_gateway_are_refused():

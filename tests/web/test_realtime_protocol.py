@@ -1,4 +1,4 @@
-"""The Realtime protocol without a network (services/web/realtime.py,
+"""The Realtime protocol without a network (services/web/protocols/realtime.py,
 realtime_items.py, realtime_config.py): what session.update may choose and the
 Converse config it makes, the gateway's events as Realtime server events, the
 conversation's items (truncated to what was played, retrieved, deleted). The
@@ -12,6 +12,7 @@ import json
 import pytest
 
 from kame_cli.up import realtime_url
+from kame_client.client import SendText
 from kame_client.events import (
     AgentAudio,
     AgentText,
@@ -22,18 +23,17 @@ from kame_client.events import (
     UserTranscript,
 )
 from kamepb import gateway_pb2
-from services.web.realtime import (
+from services.web.protocols.realtime import (
     CANCEL,
     END_TURN,
     RESPOND,
     RESPONSE_GAP_S,
-    GatewayRequest,
     RealtimeSession,
     Reply,
 )
-from services.web.realtime_bridge import bearer_token
-from services.web.realtime_config import ClientError, SessionConfig, mode_of_model
-from services.web.realtime_items import History, UserMessage
+from services.web.protocols.realtime_config import ClientError, SessionConfig, mode_of_model
+from services.web.protocols.realtime_items import History, UserMessage
+from services.web.server import bearer_token
 
 Codec = gateway_pb2.AudioFormat
 FRAME = bytes(2 * 1920)  # 80 ms of PCM16 at 24 kHz
@@ -389,7 +389,7 @@ def test_a_typed_message_is_an_item_at_once_and_its_echo_is_not_a_second():
     realtime = session()
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi!"}]}
     reply = realtime.on_client(json.dumps({"type": "conversation.item.create", "item": item}))
-    assert reply.requests == [GatewayRequest("send_text", "Hi!")] and reply.needs_call
+    assert reply.requests == [SendText("Hi!")] and reply.needs_call
     added, done = reply.events
     assert added["item"]["content"] == [{"type": "input_text", "text": "Hi!"}]
     assert done["type"] == "conversation.item.done"

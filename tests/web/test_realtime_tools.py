@@ -16,10 +16,11 @@ import pytest
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
+from kame_client.client import SendFunctionResult
 from kame_client.events import FunctionCall, ToolFinished, ToolStarted
 from kamepb import common_pb2
-from services.web.realtime import RESPOND, GatewayRequest, RealtimeSession
-from services.web.realtime_config import ClientError, SessionConfig
+from services.web.protocols.realtime import RESPOND, RealtimeSession
+from services.web.protocols.realtime_config import ClientError, SessionConfig
 from tests.gateway.fakes import transcript
 from tests.support import wait_until
 from tests.web.test_realtime import (
@@ -175,7 +176,7 @@ def test_a_functions_output_goes_to_the_gateway_and_the_agent_goes_on_by_itself(
     assert done["item"]["type"] == "function_call_output" and done["item"]["output"] == "sunny"
     for event in reply.events:
         SERVER_EVENT.validate_python(event)
-    assert reply.requests == [GatewayRequest("send_function_result", "sunny", "call-1")]
+    assert reply.requests == [SendFunctionResult("call-1", "sunny")]
     # The SDKs ask for a response after an output: the agent's next stretch is it.
     asked = realtime.on_client(json.dumps({"type": "response.create"}))
     assert (asked.events, asked.requests) == ([], [])

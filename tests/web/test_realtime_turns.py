@@ -1,5 +1,5 @@
 """The caller's turns in the Realtime protocol without a network
-(services/web/realtime.py): a cancelled stretch's mute ends at the caller's
+(services/web/protocols/realtime.py): a cancelled stretch's mute ends at the caller's
 next turn, and a committed turn stt never finalizes ends at the next commit or
 when the agent answers, so the next turn is an item of its own. Then the
 `openai` SDK through the web service and a real gateway: a typed message right
@@ -16,7 +16,7 @@ import json
 import pytest
 
 from kame_client.events import BargeIn, UserFinal, UserPartial
-from services.web.realtime import RESPONSE_GAP_S
+from services.web.protocols.realtime import RESPONSE_GAP_S
 from tests.web.test_realtime import (
     CLOSED,
     ONE_SECOND,

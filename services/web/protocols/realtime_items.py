@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.web.realtime_config import ClientError, Event, sendable
+from services.web.protocols.realtime_config import ClientError, Event, sendable
 
 # Items a session keeps for retrieve/delete/truncate; older ones are forgotten
 # (a long call would otherwise grow without end: one item a turn each way).

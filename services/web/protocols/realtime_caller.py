@@ -23,8 +23,8 @@ from typing import Any
 
 from kame_client.events import UserPartial, UserTranscript
 from kame_common.words import BACKCHANNEL_PHRASES, is_backchannel, normalize_words, parse_phrases
-from services.web.realtime_config import Event
-from services.web.realtime_items import History, UserMessage, new_id
+from services.web.protocols.realtime_config import Event
+from services.web.protocols.realtime_items import History, UserMessage, new_id
 
 # What a listener says to show it follows (kame_common/words.py: the frontend's
 # and the oracle's list too), as a session takes it unless told otherwise.

@@ -7,8 +7,8 @@ speech makes. The response and its item are in realtime_items.py.
 
 from __future__ import annotations
 
-from services.web.realtime_config import Event, SessionConfig
-from services.web.realtime_items import AgentResponse, FunctionCall, History, new_id
+from services.web.protocols.realtime_config import Event, SessionConfig
+from services.web.protocols.realtime_items import AgentResponse, FunctionCall, History, new_id
 
 
 def response_object(

@@ -5,7 +5,8 @@ events (kame_client/events.py) into Realtime server events.
 realtime_config.py holds what session.update may choose, realtime_items.py
 the conversation's items, realtime_responses.py the events that open and close
 a response, realtime_caller.py those of the caller's turn and the
-backchannels; realtime_bridge.py carries the events over the WebSocket and the
+backchannels; realtime_adapter.py makes it an adapter of the web service's
+bridge (services/web/bridge.py), which carries it over the WebSocket and the
 call.
 
 How a full-duplex agent reads in this protocol:
@@ -56,6 +57,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kame_client import events as gateway
+from kame_client.client import (
+    CallerRequest,
+    CancelResponse,
+    EndTurn,
+    Respond,
+    SendFunctionResult,
+    SendText,
+)
 from kame_client.events import (
     AgentAudio,
     AgentText,
@@ -66,15 +75,15 @@ from kame_client.events import (
     UserTranscript,
 )
 from kame_common.audio import FRAME_SECONDS
-from services.web.realtime_caller import DEFAULT_BACKCHANNELS, Nods, UserTurn
-from services.web.realtime_config import (
+from services.web.protocols.realtime_caller import DEFAULT_BACKCHANNELS, Nods, UserTurn
+from services.web.protocols.realtime_config import (
     ClientError,
     Event,
     SessionConfig,
     error_event,
     mode_of_model,
 )
-from services.web.realtime_items import (
+from services.web.protocols.realtime_items import (
     AgentResponse,
     FunctionCall,
     History,
@@ -83,12 +92,12 @@ from services.web.realtime_items import (
     new_id,
     typed_message,
 )
-from services.web.realtime_responses import call_response, closed, opened
+from services.web.protocols.realtime_responses import call_response, closed, opened
 
 # Seconds of agent silence that end a response (a shorter pause is within it).
 RESPONSE_GAP_S = 0.5
 # The most audio one input_audio_buffer.append may carry: as much as may wait
-# to be sent (realtime_bridge.MAX_BACKLOG_S). A WebSocket message may be larger
+# to be sent (pacer.MAX_BACKLOG_S). A WebSocket message may be larger
 # (server.py takes what OpenAI takes, 15 MiB), so a longer append is this
 # protocol's error, not a closed socket.
 MAX_APPEND_S = 60.0
@@ -106,23 +115,7 @@ NOT_SERVED = frozenset(("output_audio_buffer.clear",))
 MAX_WAITING_CALLS = 64
 
 
-@dataclass(frozen=True)
-class GatewayRequest:
-    """What a client event asks of the gateway besides audio: a ConverseClient
-    call, `end_turn`, `respond`, `cancel_response`, `send_text` (of `text`) or
-    `send_function_result` (`text` for call `call_id`)."""
-
-    action: str
-    text: str = ""
-    call_id: str = ""
-
-    @property
-    def urgent(self) -> bool:
-        """Sent at once, not after the audio appended before it (see Pacer)."""
-        return self.action == "cancel_response"
-
-
-END_TURN, RESPOND, CANCEL = (GatewayRequest(a) for a in ("end_turn", "respond", "cancel_response"))
+END_TURN, RESPOND, CANCEL = EndTurn(), Respond(), CancelResponse()
 
 
 @dataclass
@@ -133,12 +126,13 @@ class Reply:
     events: list[Event] = field(default_factory=list)
     audio: bytes = b""
     clear_audio: bool = False  # input_audio_buffer.clear: drop what is not sent yet
-    requests: list[GatewayRequest] = field(default_factory=list)
+    requests: list[CallerRequest] = field(default_factory=list)
 
     @property
     def needs_call(self) -> bool:
-        """The gateway call must be open for this (a cancel needs one already)."""
-        return bool(self.audio) or any(not r.urgent for r in self.requests)
+        """The gateway call must be open for this (a cancel needs one already:
+        urgent, it goes before the audio appended before it)."""
+        return bool(self.audio) or any(not r.URGENT for r in self.requests)
 
 
 class RealtimeSession:
@@ -328,7 +322,7 @@ class RealtimeSession:
             self.history.add(output),
             {"type": "conversation.item.done", "item": output.item()},
         ]
-        result = GatewayRequest("send_function_result", output.output, output.call_id)
+        result = SendFunctionResult(output.call_id, output.output)
         return Reply(events, requests=[result])
 
     def _typed(self, item: Any) -> Reply:
@@ -342,7 +336,7 @@ class RealtimeSession:
             self.history.add(message),
             {"type": "conversation.item.done", "item": message.item()},
         ]
-        return Reply(events, requests=[GatewayRequest("send_text", text)])
+        return Reply(events, requests=[SendText(text)])
 
     def _item_edit(self, kind: str, event: dict[str, Any]) -> Reply:
         """conversation.item.retrieve, .delete or .truncate. Deleting or truncating

@@ -1,5 +1,5 @@
 """A client's Ogg Opus stream, cut into whole pages and its audio counted before
-any of it is decoded (moshi_chat.py).
+any of it is decoded (moshi.py).
 
 Opus packets are tiny for the audio they stand for (a TOC byte or two may say
 120 ms), so the bytes of a message say little about what decoding it costs: the
