@@ -40,7 +40,7 @@ from typing import Protocol
 
 import grpc
 
-from kame_client.client import DTMF_KEYS, ConverseClient
+from kame_client.client import DTMF_KEYS, ConverseClient, HalfClose, SendFunctionResult
 from kame_client.events import (
     AgentAudio,
     BargeIn,
@@ -165,21 +165,10 @@ class KeyRate:
         return True
 
 
-class _HungUp:
-    """The caller's hang-up, queued behind the audio that came before it."""
-
-
-@dataclass(frozen=True)
-class _FunctionResult:
-    """The answer to a function_call, queued for the uplink (the Converse call's
-    one writer: grpc.aio fails a call written by two tasks at once)."""
-
-    call_id: str
-    output: str
-    is_error: bool
-
-
-_ToGateway = gateway_pb2.ConverseRequest | _HungUp | _FunctionResult
+# What waits for the uplink, the Converse call's one writer (grpc.aio fails a call
+# written by two tasks at once): caller audio and keys, a function's answer, and
+# the caller's hang-up (HalfClose), queued behind the audio that came before it.
+_ToGateway = gateway_pb2.ConverseRequest | SendFunctionResult | HalfClose
 
 
 class PhoneCall:
@@ -303,7 +292,7 @@ class PhoneCall:
             return
         self.ended, self.status = how, reason
         self._hung_up.set()
-        self._enqueue(_HungUp())
+        self._enqueue(HalfClose())
         # The end cancels the agent's actions under way (a transfer's wait, keys),
         # not the one ending the call (it is this task), whose result still goes out.
         for task in self._running - {asyncio.current_task()}:
@@ -380,17 +369,16 @@ class PhoneCall:
         if not await client.start(self.config()):
             return
         await client.wait_started(self._hung_up)
-        while not isinstance(item := await self._to_gateway.get(), _HungUp):
+        while not isinstance(item := await self._to_gateway.get(), HalfClose):
             if not await self._send(client, item):
                 return
         await self._send_last_results(client)
         await client.done_writing()
 
     async def _send(self, client: ConverseClient, item: _ToGateway) -> bool:
-        if isinstance(item, _FunctionResult):
-            return await client.send_function_result(item.call_id, item.output, item.is_error)
-        assert isinstance(item, gateway_pb2.ConverseRequest)
-        return await client.send(item)
+        if isinstance(item, gateway_pb2.ConverseRequest):
+            return await client.send(item)
+        return await client.perform(item)
 
     async def _send_last_results(self, client: ConverseClient) -> None:
         """After a hang-up: the result of the function that ended the call, once
@@ -399,7 +387,7 @@ class PhoneCall:
             await asyncio.wait(set(self._running), timeout=LAST_RESULTS_S)
         while not self._to_gateway.empty():
             item = self._to_gateway.get_nowait()
-            if isinstance(item, _FunctionResult) and not await self._send(client, item):
+            if isinstance(item, SendFunctionResult) and not await self._send(client, item):
                 return
 
     async def _downlink(self, client: ConverseClient) -> None:
@@ -462,7 +450,7 @@ class PhoneCall:
             nonlocal answered
             if not answered:
                 answered = True
-                self._enqueue(_FunctionResult(call_id, output, is_error))
+                self._enqueue(SendFunctionResult(call_id, output, is_error))
 
         if self._functions is None:
             answer(f"no function {name!r} on this call (offered: none)", True)
