@@ -200,9 +200,9 @@ class Unknown(Event):
     TYPE: ClassVar[str] = "unknown"
 
 
-ConverseEvent = (
+# Every event but the agent's audio (what kame talk's timeline records).
+NonAudioEvent = (
     Started
-    | AgentAudio
     | UserTranscript
     | AgentText
     | OracleReset
@@ -215,6 +215,7 @@ ConverseEvent = (
     | ToolCall
     | Unknown
 )
+ConverseEvent = AgentAudio | NonAudioEvent
 
 
 def _started(response: Response) -> Started:

@@ -15,22 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from kame_client.events import (
-    AgentText,
-    BargeIn,
-    Dtmf,
-    Event,
-    FunctionCall,
-    Notice,
-    OracleAppend,
-    OracleReset,
-    Started,
-    ToolCall,
-    Turn,
-    Unknown,
-    UserTranscript,
-    event_json,
-)
+from kame_client.events import Event, NonAudioEvent, Notice, Started, Turn, event_json
 from kame_common.audio import SAMPLE_RATE, Samples
 
 if TYPE_CHECKING:
@@ -83,18 +68,7 @@ class Reconnect(Event):
 
 
 TimelineEvent = (
-    Started
-    | UserTranscript
-    | AgentText
-    | OracleReset
-    | OracleAppend
-    | Turn
-    | Notice
-    | Dtmf
-    | BargeIn
-    | FunctionCall
-    | ToolCall
-    | Unknown
+    NonAudioEvent
     | CallerAudioStart
     | CallerAudioStop
     | CallerText

@@ -5,10 +5,14 @@ gateway's status where it ends the call."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import grpc
 import pytest
 
+import kame_client
 from kame_client.client import (
     CancelResponse,
     ConverseClient,
@@ -129,3 +133,14 @@ async def test_each_caller_request_goes_as_its_message_once_started(gateway):
 async def drained(client: ConverseClient) -> None:
     async for _ in client.events():
         pass
+
+
+def test_the_client_package_imports_without_the_services():
+    """kame_client ships on its own: none of its modules may need services/."""
+    modules = sorted(p.stem for p in Path(kame_client.__file__).parent.glob("*.py"))
+    code = "import sys\nsys.modules['services'] = None\n" + "".join(
+        f"import kame_client.{name}\n" for name in modules if name != "__init__"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert {"client", "events", "status", "codecs", "microphone", "caller"} <= set(modules)
