@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
             f"Answer latency:   {answer:.2f} s (caller's end of speech -> the answer's first "
             "word, after any hold phrase, leaving the gateway)"
         )
-    for notice in data["notices"]:
-        print(f"Notice:           {notice['kind']}: {notice['message']}")
+    for notice in result.notices:
+        print(f"Notice:           {notice.kind}: {notice.message}")
     print(f"Files:            {question_wav}, {answer_wav}, {timeline_json}, {timeline_png}")
     print("Talk yourself:    kame up, then open the page it prints (a microphone and a browser)")
     if result.status != "OK":
