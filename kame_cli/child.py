@@ -58,7 +58,8 @@ def grpc_serving(address: str, ca_pem: bytes | None = None) -> bool:
             )
         except grpc.RpcError:
             return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
+    serving: bool = reply.status == health_pb2.HealthCheckResponse.SERVING
+    return serving
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Child:
     ready: Callable[[], bool]
     endpoint: str
     ports: tuple[int, ...] = ()  # where it listens: must be its own sockets once ready
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     niceness: int = 0  # added to ours before the child starts, so all its threads inherit it
     restarts: int = 0  # starts after the first (kame_cli.supervise)
@@ -141,6 +142,6 @@ class Child:
         return None
 
     def signal(self, signum: int) -> None:
-        if self.running():
+        if self.process is not None and self.running():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signum)

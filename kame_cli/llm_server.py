@@ -36,6 +36,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kame_cli import llama_build
 from kame_cli.errors import CliError, one_line
@@ -80,7 +81,7 @@ def launch(
     quiet: bool = False,
     engine: str = DEFAULT_ENGINE,
     parallel: int = DEFAULT_PARALLEL,
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """Start the LLM server as a child process (not yet ready: see wait_ready)."""
     if model is None:
         model, alias = gemma_270m_gguf_path(), alias or EMBEDDED_ALIAS
@@ -174,7 +175,7 @@ def llama_cpp_python_command(served: Served) -> list[str]:
     return command
 
 
-def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 120.0) -> list[str]:
+def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 120.0) -> list[str]:
     """Poll GET {url}/models until the server answers; returns the served model ids."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -188,10 +189,11 @@ def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 120.0) ->
     raise LlmServerError(f"the LLM server did not answer at {url} within {timeout_s:g} s")
 
 
-def warm_up_request(model: str) -> tuple[str, dict]:
+def warm_up_request(model: str) -> tuple[str, dict[str, Any]]:
     """(path, JSON body) of the request that evaluates the fixed prompt prefix the
     oracle sends this model: the few-shot prefix for the Gemma 3 270M base model,
     the system prompt for a chat model."""
+    body: dict[str, Any]
     if is_gemma_270m_base(model):
         path, body = "/completions", {"prompt": gemma_prefix()}
     else:
@@ -218,7 +220,7 @@ def warm_up(url: str, model: str, timeout_s: float = 60.0) -> float:
     return time.monotonic() - started
 
 
-def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+def stop(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
     if process.poll() is None:
         process.terminate()
         try:

@@ -7,12 +7,13 @@ import wave
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from kame_cli.errors import file_error
-from kame_common.audio import SAMPLE_RATE, float_to_pcm16, resample
+from kame_common.audio import SAMPLE_RATE, Samples, float_to_pcm16, resample
 
 
-def write_wav(path: Path, samples: np.ndarray, rate: int) -> None:
+def write_wav(path: Path, samples: npt.ArrayLike, rate: int) -> None:
     """Mono PCM s16le WAV."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with wave.open(str(path), "wb") as out:
@@ -22,7 +23,7 @@ def write_wav(path: Path, samples: np.ndarray, rate: int) -> None:
         out.writeframes(float_to_pcm16(samples))
 
 
-def synthesize(text: str, voice_path: str = "", pad_s: float = 0.3) -> np.ndarray:
+def synthesize(text: str, voice_path: str = "", pad_s: float = 0.3) -> Samples:
     """`text` spoken by the voice at 24 kHz, with `pad_s` of silence on both
     sides (a caller breathes before and after a question)."""
     from kame_common.voice import load_voice

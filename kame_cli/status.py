@@ -45,12 +45,17 @@ from kame_common.ports import (
     SERVICE_PORTS,
     TELEPHONY_PORTS,
     WEB_PORTS,
+    HttpPorts,
+    TelephonyPorts,
     loopback_address,
 )
 
 FRAME_BUDGET_S = 0.08
 SHOWN_ORDER = (*INGRESS, "gateway", "frontend", "stt", "oracle")  # the caller's path inwards
-INGRESS_PORTS = {"web": WEB_PORTS, "telephony": TELEPHONY_PORTS}
+INGRESS_PORTS: dict[str, HttpPorts | TelephonyPorts] = {
+    "web": WEB_PORTS,
+    "telephony": TELEPHONY_PORTS,
+}
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 QUANTILES = (0.5, 0.9, 0.99)
 # (label, histogram) of the gateway shown in the latency section.

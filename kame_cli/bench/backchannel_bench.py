@@ -62,9 +62,9 @@ def main() -> int:
     rows, clips = measure(voices, phrases, rule)
     print(f"{'':13}{'phrase':25}{'quality':>8}" + "".join(f"{v[:12]:>14}" for v in voices))
     for row in rows:
-        spans = "".join(f"{ms:>12}ms" for ms in row["ms"])
-        print(f"{row['group']:13}{row['text']:25}{row['quality']:>8}{spans}")
-    ranges = {}
+        cells = "".join(f"{ms:>12}ms" for ms in row["ms"])
+        print(f"{row['group']:13}{row['text']:25}{row['quality']:>8}{cells}")
+    ranges: dict[str, dict[str, int]] = {}
     for group in ("backchannel", "interruption"):
         spans = [ms for row in rows if row["group"] == group for ms in row["ms"]]
         ranges[group] = {

@@ -19,6 +19,7 @@ from kame_common.audio import (
     FRAME_SAMPLES,
     FRAME_SECONDS,
     SAMPLE_RATE,
+    Samples,
     float_to_pcm16,
     mulaw_decode,
     mulaw_encode,
@@ -45,7 +46,7 @@ PHONE_RATE = 8_000
 WANTED = {"backchannel": "resume", "interruption": "barge_in"}
 
 
-def espeak(text: str, voice: str) -> np.ndarray:
+def espeak(text: str, voice: str) -> Samples:
     with tempfile.TemporaryDirectory() as scratch:
         wav = Path(scratch) / "phrase.wav"
         subprocess.run(["espeak-ng", "-v", voice, "-w", str(wav), text], check=True)
@@ -53,13 +54,13 @@ def espeak(text: str, voice: str) -> np.ndarray:
     return resample(samples, rate, SAMPLE_RATE)
 
 
-def phone(audio: np.ndarray) -> np.ndarray:
+def phone(audio: Samples) -> Samples:
     narrow = resample(audio, SAMPLE_RATE, PHONE_RATE)
     coded = mulaw_decode(mulaw_encode(float_to_pcm16(narrow)))
     return resample(pcm16_to_float(coded), PHONE_RATE, SAMPLE_RATE)
 
 
-def voiced_span_ms(audio: np.ndarray) -> int:
+def voiced_span_ms(audio: Samples) -> int:
     """First to last voiced frame (the engine's LevelVad, 0.5 s of silence around)."""
     quiet = np.zeros(SAMPLE_RATE // 2, np.float32)
     signal = np.concatenate([quiet, audio.astype(np.float32), quiet])
@@ -82,7 +83,7 @@ class SttFinal:
 
         self.engine = SttEngine()
 
-    def __call__(self, audio: np.ndarray) -> tuple[str, float]:
+    def __call__(self, audio: Samples) -> tuple[str, float]:
         clip = resample(audio, SAMPLE_RATE, STT_RATE)
         padded = np.concatenate([np.zeros(round(STT_PRE_ROLL_S * STT_RATE), np.float32), clip])
         request = self.engine.request(padded, 0.0, "en", self.engine.settings.beam_size)
@@ -92,7 +93,7 @@ class SttFinal:
 
 
 def overlap_outcome(
-    audio: np.ndarray, text: str, decode_s: float, rule: Backchannels
+    audio: Samples, text: str, decode_s: float, rule: Backchannels
 ) -> dict[str, Any]:
     """The clip said while the agent speaks, through the engine's detector and rule."""
     lead = np.zeros(SAMPLE_RATE, np.float32)  # the agent talks; the caller is quiet

@@ -22,10 +22,13 @@ import time
 import wave
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kame_cli.stack_options import free_ports
+from kame_common.audio import Samples
 
 BARESIP = shutil.which("baresip") or "baresip"
 RATE = 8000
@@ -51,7 +54,7 @@ rtp_ports		{rtp_first}-{rtp_last}
 """
 
 
-def write_wav(path: Path, samples: np.ndarray, rate: int = RATE) -> Path:
+def write_wav(path: Path, samples: npt.ArrayLike, rate: int = RATE) -> Path:
     """float32 mono samples in [-1, 1] to a 16-bit mono WAV."""
     pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2")
     with wave.open(str(path), "wb") as out:
@@ -62,7 +65,7 @@ def write_wav(path: Path, samples: np.ndarray, rate: int = RATE) -> Path:
     return path
 
 
-def read_wav(path: Path) -> tuple[np.ndarray, int]:
+def read_wav(path: Path) -> tuple[Samples, int]:
     """A 16-bit WAV as float32 samples, and its rate."""
     with wave.open(str(path), "rb") as wav:
         rate = wav.getframerate()
@@ -75,7 +78,7 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
 def caller_wav(
     directory: Path,
     name: str,
-    speech: np.ndarray,
+    speech: Samples,
     speech_rate: int,
     lead_s: float = 1.0,
     tail_s: float = 20.0,
@@ -137,7 +140,7 @@ def _free_run(
     for _ in range(200):
         first = held.enter_context(socket.socket(socket.AF_INET, kind))
         first.bind(("127.0.0.1", 0))
-        start = first.getsockname()[1]
+        start: int = first.getsockname()[1]
         if even and start % 2:
             continue
         try:
@@ -159,11 +162,11 @@ class Baresip:
 
     source: Path
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="baresip-")))
-    events: list[dict] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
     process: asyncio.subprocess.Process | None = None
     _reader: asyncio.StreamReader | None = None
     _writer: asyncio.StreamWriter | None = None
-    _pump: asyncio.Task | None = None
+    _pump: asyncio.Task[None] | None = None
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = 0.0
 
@@ -240,10 +243,10 @@ class Baresip:
                     self.events.append(message)
                     self._arrived.set()
 
-    def seen(self, event_type: str) -> dict | None:
+    def seen(self, event_type: str) -> dict[str, Any] | None:
         return next((e for e in self.events if e.get("type") == event_type), None)
 
-    async def wait_for(self, event_type: str, timeout_s: float = 10.0) -> dict:
+    async def wait_for(self, event_type: str, timeout_s: float = 10.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while (event := self.seen(event_type)) is None:
             remaining = deadline - time.monotonic()
@@ -257,7 +260,7 @@ class Baresip:
                 await asyncio.wait_for(self._arrived.wait(), remaining)
         return event
 
-    def heard(self) -> tuple[np.ndarray, int]:
+    def heard(self) -> tuple[Samples, int]:
         """What baresip heard (its decoded receive side), once the call has closed."""
         dumps = sorted(self.recordings.glob("dump-*-dec.wav"))
         assert dumps, f"baresip recorded nothing\n{self.log()}"

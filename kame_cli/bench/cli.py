@@ -85,12 +85,13 @@ def write_results(config: BenchConfig, bench: Bench, report: dict[str, Any]) -> 
     markdown = render_markdown(report)
     stem.with_suffix(".md").write_text(markdown)
     plot(report, stem.with_suffix(".png"))
-    first = next((c for c in bench.captured if c.result is not None), None)
+    first = next(((c.record, c.result) for c in bench.captured if c.result is not None), None)
     if first is not None:
+        record, result = first
         talk.plot_timeline(
-            first.result,
+            result,
             config.out_dir / f"{config.name}_timeline.png",
-            title=f"kame bench, {first.record['run']}: {first.record['text']}",
+            title=f"kame bench, {record['run']}: {record['text']}",
         )
     return markdown
 

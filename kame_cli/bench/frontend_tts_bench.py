@@ -31,7 +31,9 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -42,6 +44,7 @@ from kame_common.audio import (
     FRAME_SAMPLES,
     FRAME_SECONDS,
     SAMPLE_RATE,
+    Samples,
     float_to_pcm16,
     pcm16_to_float,
     rms_dbfs,
@@ -67,7 +70,7 @@ VOICED_DB = -50.0  # the VAD's absolute threshold (over digital silence)
 SILENT_DB = -60.0  # an agent frame above this carries sound
 
 
-def synthesis_rtf(repeats: int) -> list[dict]:
+def synthesis_rtf(repeats: int) -> list[dict[str, Any]]:
     voice = load_voice()
     voice.synthesize("Warm up.")
     rows = []
@@ -90,7 +93,7 @@ def synthesis_rtf(repeats: int) -> list[dict]:
     return rows
 
 
-def frames_of(signal: np.ndarray) -> list[np.ndarray]:
+def frames_of(signal: Samples) -> list[Samples]:
     count = -(-len(signal) // FRAME_SAMPLES)
     padded = np.zeros(count * FRAME_SAMPLES, dtype=np.float32)
     padded[: len(signal)] = signal
@@ -98,14 +101,14 @@ def frames_of(signal: np.ndarray) -> list[np.ndarray]:
 
 
 async def one_call(
-    stub,
-    caller: list[np.ndarray],
+    stub: frontend_pb2_grpc.FrontendAsyncStub,
+    caller: list[Samples],
     oracle: dict[int, list[frontend_pb2.FrontendRequest]],
     turn_end: int,
-) -> dict:
+) -> dict[str, Any]:
     sent_at: dict[int, float] = {}
 
-    async def requests():
+    async def requests() -> AsyncIterator[frontend_pb2.FrontendRequest]:
         yield frontend_pb2.FrontendRequest(
             config=frontend_pb2.FrontendConfig(session_id=f"bench-{uuid.uuid4().hex[:8]}")
         )
@@ -121,16 +124,18 @@ async def one_call(
             )
             await asyncio.sleep(max(0.0, started + (i + 1) * FRAME_SECONDS - time.monotonic()))
 
-    first_audio, first_audio_at, steps = None, None, []
+    first: tuple[int, float] | None = None  # the agent's first audible frame, and when
+    steps: list[float] = []
     async for response in stub.Stream(requests()):
         if response.WhichOneof("msg") != "audio":
             continue
         steps.append(response.audio.step_s)
         pcm = pcm16_to_float(response.audio.frame.pcm)
-        if first_audio is None and rms_dbfs(pcm) > SILENT_DB:
-            first_audio, first_audio_at = response.audio.frame.seq, time.monotonic()
-    if first_audio is None:
+        if first is None and rms_dbfs(pcm) > SILENT_DB:
+            first = response.audio.frame.seq, time.monotonic()
+    if first is None:
         raise RuntimeError("the agent never spoke")
+    first_audio, first_audio_at = first
     return {
         "first_audio_frame": first_audio,
         "latency_ms": 1000 * (first_audio_at - sent_at[turn_end]),
@@ -138,7 +143,7 @@ async def one_call(
     }
 
 
-async def first_audio(repeats: int, session_counts: list[int]) -> list[dict]:
+async def first_audio(repeats: int, session_counts: list[int]) -> list[dict[str, Any]]:
     voice = load_voice()
     question = voice.synthesize(QUESTION)
     lead = 6
@@ -214,7 +219,7 @@ async def first_audio(repeats: int, session_counts: list[int]) -> list[dict]:
     return rows
 
 
-def print_tables(rtf_rows: list[dict], latency_rows: list[dict]) -> None:
+def print_tables(rtf_rows: list[dict[str, Any]], latency_rows: list[dict[str, Any]]) -> None:
     print("\nSynthesis (piper joe medium, resampled to 24 kHz)")
     print(f"{'phrase':<20}{'audio s':>9}{'synth ms':>10}{'RTF':>8}")
     for row in rtf_rows:

@@ -65,7 +65,7 @@ from moshi.models.compression import MimiModel
 
 from kame_cli.bench import kame_step_bench
 from kame_cli.bench.paths import RESULTS_DIR
-from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
+from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, Samples
 from services.frontend.engines.kame.batch import SlotBatch
 from services.frontend.engines.kame.checkpoint import DTYPES, parse_dtype
 from services.frontend.engines.kame.moshi_adapter import (
@@ -213,7 +213,7 @@ def part_build(profile: Profile) -> tuple[dict[str, Any], KameLMModel, MimiModel
 class Row:
     """One session of the parity plan: its frames, its oracle, the tick it joins at."""
 
-    frames: list[np.ndarray]
+    frames: list[Samples]
     oracle: list[int]
     join: int
 

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import sentencepiece
 from moshi.models.compression import MimiModel
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,7 +39,7 @@ from kame_cli.bench.questions import load_questions
 from kame_cli.bench.stacks import BenchStack
 from kame_cli.stack import INGRESS, SERVICES
 from kame_cli.stack_options import Ports, StackOptions, free_ports
-from kame_common.audio import FRAME_SECONDS
+from kame_common.audio import FRAME_SECONDS, Samples
 from services.frontend.engines.kame.moshi_adapter import builtin_mimi_config
 from services.frontend.engines.kame.oracle import KameLMModel
 
@@ -176,9 +175,7 @@ def frontend_figures(metrics: str) -> dict[str, Any]:
     }
 
 
-def part_e2e(
-    profile: Profile, checkpoint: Path, scratch: Path, audio: np.ndarray
-) -> dict[str, Any]:
+def part_e2e(profile: Profile, checkpoint: Path, scratch: Path, audio: Samples) -> dict[str, Any]:
     ports = Ports.free(redis=free_ports(1)[0])  # its own Redis, beside any other stack
     options = StackOptions(
         ports=ports,

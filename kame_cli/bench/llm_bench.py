@@ -50,7 +50,9 @@ def p90(values: list[float]) -> float | None:
     return statistics.quantiles(values, n=10)[-1] if len(values) >= 2 else median(values)
 
 
-async def concurrent_sessions(factory: SessionFactory, sessions: int, words_per_s: float) -> dict:
+async def concurrent_sessions(
+    factory: SessionFactory, sessions: int, words_per_s: float
+) -> dict[str, Any]:
     questions = list(QUESTIONS)
     asked = [questions[i % len(questions)] for i in range(sessions)]
     started = time.monotonic()
@@ -121,7 +123,7 @@ async def abandon(client: AsyncOpenAI, body: dict[str, Any], when: str) -> None:
         await read()
 
 
-async def cancellation(url: str, repeats: int, prompt_words: int) -> dict:
+async def cancellation(url: str, repeats: int, prompt_words: int) -> dict[str, Any]:
     probe = completion(f"{gemma_prefix()}User: What is the capital of Italy?\nAssistant:", 8)
     report: dict[str, list[float]] = {"idle": [], "prefill": [], "decode": []}
     client = AsyncOpenAI(base_url=url, api_key="unused", timeout=120, max_retries=0)
@@ -135,7 +137,9 @@ async def cancellation(url: str, repeats: int, prompt_words: int) -> dict:
     return {f"probe_ttft_after_{k}_s": median(v) for k, v in report.items()} | {"raw": report}
 
 
-async def bench_engine(url: str, sessions: list[int], words_per_s: float, args) -> dict:
+async def bench_engine(
+    url: str, sessions: list[int], words_per_s: float, args: argparse.Namespace
+) -> dict[str, Any]:
     factory = SessionFactory(OracleSettings(base_url=url), ApiKeys(), store=None)
     await factory.warm_up()
     levels = [await concurrent_sessions(factory, n, words_per_s) for n in sessions]
@@ -143,7 +147,7 @@ async def bench_engine(url: str, sessions: list[int], words_per_s: float, args) 
     return {"levels": levels, "cancellation": cancel}
 
 
-def run_engine(engine: str, args) -> dict:
+def run_engine(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     process = llm_server.launch(
         port=PORT, threads=args.threads, quiet=True, engine=engine, parallel=args.parallel
     )
@@ -161,7 +165,7 @@ def fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def print_tables(report: dict) -> None:
+def print_tables(report: dict[str, Any]) -> None:
     print_table(
         f"{'engine':17} {'sessions':>8} {'final->RESET med':>17} {'p90':>6} "
         f"{'final->DONE med':>16} {'ttft med':>9} {'cancels':>8} {'correct':>8}",

@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 import uuid
+from typing import Any
 
 from kame_cli import llm_server
 from kame_cli.bench.paths import RESULTS_DIR
@@ -68,7 +69,7 @@ async def ask(factory: SessionFactory, question: str) -> dict[str, float]:
     }
 
 
-async def trial(mode: str, threads: int) -> dict:
+async def trial(mode: str, threads: int) -> dict[str, Any]:
     port = free_ports(1)[0]
     process = llm_server.launch(port=port, threads=threads, quiet=True)
     url = llm_server.base_url("127.0.0.1", port)
@@ -91,13 +92,14 @@ async def trial(mode: str, threads: int) -> dict:
     return {"answers_s": answers_at, "ready_s": ready_s, "first": first, "second": second}
 
 
-def median(runs: list[dict], *keys: str) -> float:
-    values = []
+def median(runs: list[dict[str, Any]], *keys: str) -> float:
+    """The median of a figure down `keys` in each run (run["first"]["ttft_s"])."""
+    values: list[float] = []
     for run in runs:
-        value = run
+        value: Any = run
         for key in keys:
             value = value[key]
-        values.append(value)
+        values.append(float(value))
     return statistics.median(values)
 
 
@@ -108,7 +110,7 @@ def main() -> int:
         "--threads", type=int, default=0, help="llama.cpp threads (0: its choice, as kame up)"
     )
     args = parser.parse_args()
-    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     for _ in range(args.trials):
         for mode in MODES:  # interleaved, so load on the machine hits every mode alike
             runs[mode].append(asyncio.run(trial(mode, args.threads)))

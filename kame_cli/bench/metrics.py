@@ -123,7 +123,8 @@ class MetricsProbe:
     @staticmethod
     def _get(url: str) -> str:
         with urllib.request.urlopen(url, timeout=5) as response:
-            return response.read().decode()
+            body: bytes = response.read()
+        return body.decode()
 
     async def snapshot(self) -> FrameTimes:
         frontend, gateway = await asyncio.gather(

@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 import uuid
+from typing import Any
 
 from prometheus_client import REGISTRY
 
@@ -64,7 +65,9 @@ def decode_rate_totals() -> tuple[float, float]:
     )
 
 
-async def ask(factory: SessionFactory, question: str, policy: str, words_per_s: float) -> dict:
+async def ask(
+    factory: SessionFactory, question: str, policy: str, words_per_s: float
+) -> dict[str, Any]:
     session = await factory.open(
         oracle_pb2.OracleConfig(
             session_id=f"bench-{uuid.uuid4().hex[:8]}", policy=oracle_pb2.OraclePolicy(name=policy)
@@ -72,31 +75,13 @@ async def ask(factory: SessionFactory, question: str, policy: str, words_per_s: 
     )
     timeline: list[tuple[float, oracle_pb2.GuideResponse]] = []
     final_answered = asyncio.Event()
-
-    async def collect() -> None:
-        async for response in session.responses():
-            timeline.append((time.monotonic(), response))
-            if final_at is not None and finished(final_generation()):
-                final_answered.set()
-
-    final_at: float | None = None
-    collector = asyncio.create_task(collect())
-    words = question.split()
-    for count in range(1, len(words) + 1):
-        session.user_transcript(
-            common_pb2.TranscriptEvent(utterance_id="u1", text=" ".join(words[:count]))
-        )
-        await asyncio.sleep(1 / words_per_s)
-    kept_before = finals_kept()
-    final_at = time.monotonic()
-    session.user_transcript(
-        common_pb2.TranscriptEvent(utterance_id="u1", is_final=True, text=question)
-    )
-    kept = finals_kept() > kept_before  # decided as the final arrived
+    final_at: float | None = None  # when the final went in
+    kept = False  # whether the final kept the stream under way
 
     def final_generation() -> int | None:
         """The stream that answers the final: the one it started (the first start
         after it), or the latest one before it if the final kept that one."""
+        assert final_at is not None
         starts = [
             (t, r.event.generation)
             for t, r in timeline
@@ -114,6 +99,27 @@ async def ask(factory: SessionFactory, question: str, policy: str, words_per_s: 
             for _t, r in timeline
         )
 
+    async def collect() -> None:
+        async for response in session.responses():
+            timeline.append((time.monotonic(), response))
+            if final_at is not None and finished(final_generation()):
+                final_answered.set()
+
+    collector = asyncio.create_task(collect())
+    words = question.split()
+    for count in range(1, len(words) + 1):
+        session.user_transcript(
+            common_pb2.TranscriptEvent(utterance_id="u1", text=" ".join(words[:count]))
+        )
+        await asyncio.sleep(1 / words_per_s)
+    kept_before = finals_kept()
+    # No await from here until `kept` is set: collect() sees both or neither.
+    final_at = time.monotonic()
+    session.user_transcript(
+        common_pb2.TranscriptEvent(utterance_id="u1", is_final=True, text=question)
+    )
+    kept = finals_kept() > kept_before  # decided as the final arrived
+
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(final_answered.wait(), 60)
     await session.close()
@@ -121,7 +127,13 @@ async def ask(factory: SessionFactory, question: str, policy: str, words_per_s: 
     return summarize(question, timeline, final_at, final_generation(), kept)
 
 
-def summarize(question: str, timeline, final_at: float, generation: int | None, kept: bool) -> dict:
+def summarize(
+    question: str,
+    timeline: list[tuple[float, oracle_pb2.GuideResponse]],
+    final_at: float,
+    generation: int | None,
+    kept: bool,
+) -> dict[str, Any]:
     events = [(t, r.event) for t, r in timeline if r.HasField("event")]
     updates = [(t, r.update) for t, r in timeline if r.HasField("update")]
     starts = {e.generation: t for t, e in events if e.kind == Event.REQUEST_START}
@@ -155,7 +167,7 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-async def bench(base_url: str, rounds: int, words_per_s: float) -> dict:
+async def bench(base_url: str, rounds: int, words_per_s: float) -> dict[str, Any]:
     factory = SessionFactory(OracleSettings(base_url=base_url), ApiKeys(), store=None)
     # As the oracle service does at start: the first request evaluates the few-shot
     # prefix, later ones reuse it (kame_cli/bench/llm_cold_start.py measures the cold call).

@@ -53,7 +53,10 @@ def _run_label(label: str, row: dict[str, Any]) -> str:
 
 
 def _plot_distribution(
-    axis: Any, summary: dict[str, dict], records: list[dict], cold: list[dict]
+    axis: Any,
+    summary: dict[str, dict[str, Any]],
+    records: list[dict[str, Any]],
+    cold: list[dict[str, Any]],
 ) -> None:
     """First audio and answer latency side by side per run; x marks the cold call."""
     labels = list(summary)
@@ -117,7 +120,7 @@ def _grouped_bars(
     axis.set_xticks(np.arange(len(labels)), labels)
 
 
-def _plot_components(axis: Any, labels: list[str], summary: dict[str, dict]) -> None:
+def _plot_components(axis: Any, labels: list[str], summary: dict[str, dict[str, Any]]) -> None:
     keys = (
         ("response_latency_s", "first audio"),
         ("answer_latency_s", "answer"),
@@ -138,7 +141,7 @@ def _plot_components(axis: Any, labels: list[str], summary: dict[str, dict]) -> 
     axis.legend(fontsize=8)
 
 
-def _plot_frames(axis: Any, labels: list[str], summary: dict[str, dict]) -> None:
+def _plot_frames(axis: Any, labels: list[str], summary: dict[str, dict[str, Any]]) -> None:
     keys = (
         ("step", "frontend step"),
         ("transport", "transport"),
@@ -164,7 +167,7 @@ def _plot_frames(axis: Any, labels: list[str], summary: dict[str, dict]) -> None
     axis.legend(fontsize=8)
 
 
-def _plot_load(axis: Any, levels: list[dict]) -> None:
+def _plot_load(axis: Any, levels: list[dict[str, Any]]) -> None:
     axis.set_title("load: concurrent sessions" + (f" ({levels[0]['run']})" if levels else ""))
     if not levels:
         axis.text(0.5, 0.5, "no load run", ha="center", transform=axis.transAxes)
@@ -210,7 +213,7 @@ def _latency_arrow(
     )
 
 
-def _plot_timelines(axis: Any, labels: list[str], records: list[dict]) -> None:
+def _plot_timelines(axis: Any, labels: list[str], records: list[dict[str, Any]]) -> None:
     """The first question in every run, one lane per run, with its milestones."""
     axis.set_title("the first question in every run (annotated timeline)")
     shown: set[str] = set()

@@ -14,10 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from kame_cli import say, talk
-from kame_common.audio import SAMPLE_RATE, resample
+from kame_common.audio import SAMPLE_RATE, Samples, resample
 
 BUILTIN_QUESTIONS = (
     ("What is the capital of France?", ("paris",)),
@@ -34,7 +32,7 @@ PIPER = "piper"
 class Question:
     text: str
     keywords: tuple[str, ...]
-    audio: np.ndarray = field(repr=False, compare=False)  # float32 at 24 kHz
+    audio: Samples = field(repr=False, compare=False)  # at 24 kHz
     source: str = ""  # the WAV it came from, or "piper"
 
     @property

@@ -92,7 +92,7 @@ def _sources(report: dict[str, Any]) -> str:
     return ", ".join([*parts, f"{wavs} from WAVs"] if wavs else parts)
 
 
-def _answers_table(summary: dict[str, dict]) -> list[str]:
+def _answers_table(summary: dict[str, dict[str, Any]]) -> list[str]:
     reference = summary.get(REFERENCE_RUN, {})
     return _table(
         "Answers per run (seconds: median / p90 over the measured calls)",
@@ -115,7 +115,7 @@ def _answers_row(label: str, row: dict[str, Any], reference: dict[str, Any]) -> 
     )
 
 
-def _pipeline_table(summary: dict[str, dict]) -> list[str]:
+def _pipeline_table(summary: dict[str, dict[str, Any]]) -> list[str]:
     return _table(
         "Pipeline and frames per run (seconds: median / p90; frames in ms: p50 / p99)",
         "run | oracle 1st update | STT final lag | step ms | transport ms | "

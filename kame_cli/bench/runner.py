@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from tqdm import tqdm
 
 from kame_cli import say, talk
@@ -33,7 +34,7 @@ from kame_cli.bench.stacks import BenchStack, engine_stack, group_by_engine
 from kame_cli.bench.stats import percentile, rounded
 from kame_cli.child import StackError
 from kame_cli.stack import Stack
-from kame_common.audio import SAMPLE_RATE
+from kame_common.audio import SAMPLE_RATE, Samples
 
 CHUNK_MS = 80  # one internal frame per chunk, so client chunk k is gateway frame k
 LOAD_SPREAD_S = 1.0
@@ -45,8 +46,8 @@ class Captured:
 
     record: dict[str, Any]
     keywords: tuple[str, ...]
-    agent_audio: np.ndarray
-    lags: np.ndarray  # frame lags at the client
+    agent_audio: Samples
+    lags: npt.NDArray[np.float64]  # frame lags at the client
     frame_times: FrameTimes = field(default_factory=FrameTimes)
     result: talk.TalkResult | None = None
 

@@ -46,7 +46,7 @@ from kame_cli.bench.questions import Question, load_questions
 from kame_cli.bench.report import write_json
 from kame_cli.bench.stacks import BenchStack
 from kame_cli.stack_options import Ports, add_arguments, free_ports, options_from_args
-from kame_common.audio import SAMPLE_RATE
+from kame_common.audio import SAMPLE_RATE, Samples
 from services.telephony.call import HANG_UP_GRACE_S, PhoneCall
 from services.telephony.config import TelephonySettings
 from services.telephony.server import TelephonyServer
@@ -62,7 +62,7 @@ class CallOutcome:
     established: bool
     closed: bool
     question_end_s: float  # in the caller's file, so in the call's timeline
-    heard: np.ndarray | None
+    heard: Samples | None
     heard_rate: int
     playout: dict[str, int] | None
 
@@ -102,7 +102,7 @@ async def one_call(
             established = True
             await phone.wait_for("CALL_CLOSED", timeout_s=timeout_s)
             closed = True
-        heard: np.ndarray | None = None
+        heard: Samples | None = None
         rate = 8000
         if established:
             with contextlib.suppress(AssertionError):

@@ -29,8 +29,10 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -38,7 +40,7 @@ from prometheus_client import REGISTRY
 
 from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import write_json
-from kame_common.audio import FRAME_BYTES, FRAME_SECONDS, SAMPLE_RATE, float_to_pcm16
+from kame_common.audio import FRAME_BYTES, FRAME_SECONDS, SAMPLE_RATE, Samples, float_to_pcm16
 from kame_common.voice import load_voice
 from kamepb import common_pb2, stt_pb2, stt_pb2_grpc
 from services.stt.config import SttSettings
@@ -66,7 +68,7 @@ def build_script(rounds: int) -> Script:
     """The sentences `rounds` times over, with a pause after each."""
     voice = load_voice()
     speeches = [voice.synthesize(text) for text in SENTENCES]
-    parts = [np.zeros(SAMPLE_RATE // 2, dtype=np.float32)]
+    parts: list[Samples] = [np.zeros(SAMPLE_RATE // 2, dtype=np.float32)]
     ends, position = [], len(parts[0])
     for speech in speeches * rounds:
         loud = np.flatnonzero(np.abs(speech) > 0.01)
@@ -88,12 +90,14 @@ class ClientResult:
     finals: int = 0
 
 
-async def run_client(stub, script: Script, name: str, delay_s: float) -> ClientResult:
+async def run_client(
+    stub: stt_pb2_grpc.SttAsyncStub, script: Script, name: str, delay_s: float
+) -> ClientResult:
     await asyncio.sleep(delay_s)
     sent_at: list[float] = []
     result = ClientResult()
 
-    async def requests():
+    async def requests() -> AsyncIterator[stt_pb2.TranscribeRequest]:
         yield stt_pb2.TranscribeRequest(config=stt_pb2.SttConfig(session_id=name))
         start = time.monotonic()
         for seq, pcm in enumerate(script.frames):
@@ -155,7 +159,9 @@ def skipped_partials() -> float:
     )
 
 
-async def run_level(stub, script: Script, sessions: int, rng: random.Random) -> dict:
+async def run_level(
+    stub: stt_pb2_grpc.SttAsyncStub, script: Script, sessions: int, rng: random.Random
+) -> dict[str, Any]:
     """N clients at once; the figures pool every utterance of every client."""
     skipped_before = skipped_partials()
     decodes_before = {kind: decode_totals(kind) for kind in ("partial", "final")}
@@ -202,7 +208,7 @@ def print_header() -> None:
     )
 
 
-def print_row(row: dict) -> None:
+def print_row(row: dict[str, Any]) -> None:
     print(
         f"{row['sessions']:>8} {row['finals']:>4}/{row['utterances']:<4} "
         f"{row['partials_per_utterance']:>12.1f} {row['partials_skipped']:>8.0f} "
@@ -214,7 +220,7 @@ def print_row(row: dict) -> None:
     )
 
 
-def fits(rows: list[dict], key: str, limit_s: float) -> int:
+def fits(rows: list[dict[str, Any]], key: str, limit_s: float) -> int:
     """The largest session count up to which every level kept `key` under the limit."""
     best = 0
     for row in rows:
@@ -224,7 +230,7 @@ def fits(rows: list[dict], key: str, limit_s: float) -> int:
     return best
 
 
-async def main_async(args: argparse.Namespace) -> dict:
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     settings = SttSettings(
         host="127.0.0.1",
         port=0,

@@ -78,6 +78,7 @@ from kame_cli.bench.turn_questions import (
     with_break,
 )
 from kame_common import turn_model
+from kame_common.audio import Samples
 from kame_common.turn_model import MODEL_RATE, SmartTurn
 
 OUT = RESULTS_DIR / "turn_bench.json"
@@ -130,7 +131,7 @@ def text_rule_complete(heard: str) -> bool:
 # --- audio ---------------------------------------------------------------------
 
 
-def as_heard(speech: np.ndarray, tail_s: float) -> np.ndarray:
+def as_heard(speech: Samples, tail_s: float) -> Samples:
     """The speech trimmed to its span, LEAD_S of silence before, `tail_s` after."""
     start, end = speech_span(speech)
     lead, tail = np.zeros(int(LEAD_S * MODEL_RATE)), np.zeros(int(tail_s * MODEL_RATE))
@@ -141,8 +142,8 @@ def as_heard(speech: np.ndarray, tail_s: float) -> np.ndarray:
 
 
 def clips(
-    index: int, question: Question, speech: np.ndarray, clock: WordClock
-) -> list[tuple[str, str, float, np.ndarray]]:
+    index: int, question: Question, speech: Samples, clock: WordClock
+) -> list[tuple[str, str, float, Samples]]:
     """(variant, the words it holds, pause, audio) of one question."""
     spoken = question.text.split()
     keep = cut_words(index, len(spoken))

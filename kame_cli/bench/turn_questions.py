@@ -17,7 +17,14 @@ import numpy as np
 from kame_cli.bench import turn_replay
 from kame_cli.bench.paths import ESPEAK_QUESTIONS
 from kame_cli.talk import read_wav
-from kame_common.audio import float_to_pcm16, mulaw_decode, mulaw_encode, pcm16_to_float, resample
+from kame_common.audio import (
+    Samples,
+    float_to_pcm16,
+    mulaw_decode,
+    mulaw_encode,
+    pcm16_to_float,
+    resample,
+)
 from kame_common.turn_model import MODEL_RATE, SmartTurn
 
 PHONE_RATE = 8_000
@@ -44,13 +51,13 @@ def pause_s(index: int) -> float:
     return (0.6, 0.7, 0.8, 0.9)[index % 4]
 
 
-def levels_db(audio: np.ndarray, hop: int) -> np.ndarray:
+def levels_db(audio: Samples, hop: int) -> Samples:
     frames = audio[: len(audio) // hop * hop].reshape(-1, hop)
-    levels: np.ndarray = 10 * np.log10(np.mean(frames**2, axis=1) + 1e-12)
+    levels: Samples = 10 * np.log10(np.mean(frames**2, axis=1) + 1e-12)
     return levels
 
 
-def speech_span(audio: np.ndarray, below_peak_db: float = 40.0) -> tuple[int, int]:
+def speech_span(audio: Samples, below_peak_db: float = 40.0) -> tuple[int, int]:
     """First and last sample of the 10 ms frames within `below_peak_db` of the loudest."""
     hop = MODEL_RATE // 100
     levels = levels_db(audio, hop)
@@ -58,14 +65,14 @@ def speech_span(audio: np.ndarray, below_peak_db: float = 40.0) -> tuple[int, in
     return int(voiced[0]) * hop, (int(voiced[-1]) + 1) * hop
 
 
-def phone_quality(audio: np.ndarray) -> np.ndarray:
+def phone_quality(audio: Samples) -> Samples:
     """8 kHz G.711 mu-law and back up to 16 kHz: a telephone caller."""
     narrow = resample(audio, MODEL_RATE, PHONE_RATE)
     coded = mulaw_decode(mulaw_encode(float_to_pcm16(narrow)))
     return resample(pcm16_to_float(coded), PHONE_RATE, MODEL_RATE)
 
 
-def quietest_near(audio: np.ndarray, at_s: float, within_s: float = 0.06) -> int:
+def quietest_near(audio: Samples, at_s: float, within_s: float = 0.06) -> int:
     """The sample at the quietest 10 ms frame within `within_s` of `at_s`: a cut
     there does not clip the next word's onset."""
     hop = MODEL_RATE // 100
@@ -75,7 +82,7 @@ def quietest_near(audio: np.ndarray, at_s: float, within_s: float = 0.06) -> int
     return (first + int(np.argmin(levels[first:last]))) * hop
 
 
-def longest_gap(audio: np.ndarray) -> tuple[int, int]:
+def longest_gap(audio: Samples) -> tuple[int, int]:
     """Start and end sample of the longest run of silent 10 ms frames inside the speech."""
     hop = MODEL_RATE // 100
     start, end = speech_span(audio)
@@ -90,7 +97,7 @@ def longest_gap(audio: np.ndarray) -> tuple[int, int]:
     return start + best_span[0] * hop, start + best_span[1] * hop
 
 
-def espeak_ssml(question: Question, ssml: str) -> np.ndarray:
+def espeak_ssml(question: Question, ssml: str) -> Samples:
     """espeak-ng with SSML (-m) in the question's voice, speed and pitch, at 16 kHz."""
     with tempfile.TemporaryDirectory() as scratch:
         wav = Path(scratch) / "q.wav"
@@ -118,7 +125,7 @@ class WordClock:
             str(whisper_tiny_en_dir()), device="cpu", compute_type="int8", cpu_threads=1
         )
 
-    def boundary_s(self, audio: np.ndarray, keep: int) -> float:
+    def boundary_s(self, audio: Samples, keep: int) -> float:
         """Between word `keep` and the next, in seconds (the words as Whisper hears them)."""
         segments, _ = self._model.transcribe(audio, beam_size=1, word_timestamps=True)
         heard = [word for segment in segments for word in (segment.words or [])]
@@ -138,7 +145,7 @@ def load_questions(count: int | None = None) -> list[Question]:
     return espeak + [Question(e["text"], "piper", "en_US-joe-medium") for e in entries]
 
 
-def speech_of(question: Question, piper_voice: Any) -> np.ndarray:
+def speech_of(question: Question, piper_voice: Any) -> Samples:
     if question.source == "piper":
         return resample(piper_voice.synthesize(question.text), 24_000, MODEL_RATE)
     samples, rate = read_wav(ESPEAK_QUESTIONS.parent / question.wav)
@@ -146,7 +153,7 @@ def speech_of(question: Question, piper_voice: Any) -> np.ndarray:
 
 
 def recordings(
-    number: int, question: Question, speech: np.ndarray, clock: WordClock
+    number: int, question: Question, speech: Samples, clock: WordClock
 ) -> list[turn_replay.Recording]:
     """The question whole and with its pause (turn_replay's doc), in both qualities."""
     start, end = speech_span(speech)

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, resample
+from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, Samples, resample
 from kame_common.turn_model import MODEL_RATE, SmartTurn
 from services.frontend.engines.base import DEFAULT_TURN_END_SILENCE_S
 from services.frontend.engines.semantic_turns import SmartTurnDetector, TurnTaking
@@ -52,7 +52,7 @@ class Recording:
     text: str
     kind: str  # whole or paused
     quality: str  # 16k or phone
-    audio: np.ndarray = field(repr=False)  # 24 kHz, speech only (no lead or tail)
+    audio: Samples = field(repr=False)  # 24 kHz, speech only (no lead or tail)
     pause_start_s: float = 0.0  # paused: where the pause starts and ends in `audio`
     pause_end_s: float = 0.0
     prefix: str = ""  # paused: the words before the pause
@@ -85,7 +85,7 @@ class Outcome:
     probabilities: list[list[float]]
 
 
-def frames_of(recording: Recording) -> list[np.ndarray]:
+def frames_of(recording: Recording) -> list[Samples]:
     lead = np.zeros(int(LEAD_S * SAMPLE_RATE), np.float32)
     tail = np.zeros(int(TAIL_S * SAMPLE_RATE), np.float32)
     signal = np.concatenate([lead, recording.audio, tail])
@@ -136,7 +136,7 @@ def transcript_times(recording: Recording) -> list[tuple[float, str]]:
     return [(recording.pause_start_s, recording.prefix), (spoken_s, recording.text)]
 
 
-def to_frontend(audio_16k: np.ndarray) -> np.ndarray:
+def to_frontend(audio_16k: Samples) -> Samples:
     return resample(audio_16k, MODEL_RATE, SAMPLE_RATE)
 
 
