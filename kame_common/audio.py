@@ -14,6 +14,7 @@ SAMPLE_RATE = 24_000
 FRAME_SAMPLES = 1_920
 FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
 FRAME_BYTES = FRAME_SAMPLES * 2
+PHONE_RATE = 8_000  # G.711's: a telephone line's audio
 
 # A float32 signal in [-1, 1): how every service holds audio between codecs.
 Samples = npt.NDArray[np.float32]
@@ -130,6 +131,14 @@ def mulaw_encode(pcm: bytes) -> bytes:
 
 def mulaw_decode(data: bytes) -> bytes:
     return _MULAW_DEC[np.frombuffer(data, dtype=np.uint8)].astype("<i2").tobytes()
+
+
+def through_phone(samples: npt.ArrayLike, rate: int) -> Samples:
+    """`samples` (at `rate`) as a telephone caller sounds: down to G.711's 8 kHz,
+    mu-law and back, then up to `rate` again."""
+    narrow = resample(samples, rate, PHONE_RATE)
+    coded = mulaw_decode(mulaw_encode(float_to_pcm16(narrow)))
+    return resample(pcm16_to_float(coded), PHONE_RATE, rate)
 
 
 def alaw_encode(pcm: bytes) -> bytes:

@@ -20,11 +20,8 @@ from kame_common.audio import (
     FRAME_SECONDS,
     SAMPLE_RATE,
     Samples,
-    float_to_pcm16,
-    mulaw_decode,
-    mulaw_encode,
-    pcm16_to_float,
     resample,
+    through_phone,
 )
 from services.frontend.engines.backchannel import Backchannels, Overlap, Verdict
 from services.frontend.engines.base import Transcript
@@ -41,7 +38,6 @@ INTERRUPTIONS = (
     "Actually, never mind.",
 )
 ESPEAK_VOICES = ("en-us", "en-gb-scotland+m1", "en-us+f3", "en-029+m2")
-PHONE_RATE = 8_000
 # The outcome each group should have: the answer goes on, or the caller barges in.
 WANTED = {"backchannel": "resume", "interruption": "barge_in"}
 
@@ -52,12 +48,6 @@ def espeak(text: str, voice: str) -> Samples:
         subprocess.run(["espeak-ng", "-v", voice, "-w", str(wav), text], check=True)
         samples, rate = read_wav(wav)
     return resample(samples, rate, SAMPLE_RATE)
-
-
-def phone(audio: Samples) -> Samples:
-    narrow = resample(audio, SAMPLE_RATE, PHONE_RATE)
-    coded = mulaw_decode(mulaw_encode(float_to_pcm16(narrow)))
-    return resample(pcm16_to_float(coded), PHONE_RATE, SAMPLE_RATE)
 
 
 def voiced_span_ms(audio: Samples) -> int:
@@ -160,7 +150,10 @@ def measure(
                 for voice in voices
             ]
             for quality in ("16k", "phone"):
-                heard = [phone(audio) if quality == "phone" else audio for audio in spoken]
+                heard = [
+                    through_phone(audio, SAMPLE_RATE) if quality == "phone" else audio
+                    for audio in spoken
+                ]
                 spans = [voiced_span_ms(audio) for audio in heard]
                 rows.append({"group": group, "text": text, "quality": quality, "ms": spans})
                 for voice, audio in zip(voices, heard, strict=True):

@@ -54,13 +54,12 @@ from kame_cli import llm_server, talk
 from kame_cli.bench.paths import QUESTIONS_DIR
 from kame_cli.bench.questions import heard, words
 from kame_cli.stack_options import free_ports
-from kame_common.audio import SAMPLE_RATE, resample
+from kame_common.audio import PHONE_RATE, SAMPLE_RATE, resample
 
 MADE_WITH = {"espeak-ng": "1.51", "sox": "14.4.2"}  # the versions the committed WAVs came from
 WAV_RATE = 16_000
 PAD_S = 0.3
 PEAK_DBFS = -3
-PHONE_RATE = 8_000  # G.711's rate; a telephone question is mu-law at this rate on the way
 
 
 @dataclass(frozen=True)

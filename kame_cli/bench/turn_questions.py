@@ -19,15 +19,10 @@ from kame_cli.bench.paths import ESPEAK_QUESTIONS
 from kame_cli.talk import read_wav
 from kame_common.audio import (
     Samples,
-    float_to_pcm16,
-    mulaw_decode,
-    mulaw_encode,
-    pcm16_to_float,
     resample,
+    through_phone,
 )
 from kame_common.turn_model import MODEL_RATE, SmartTurn
-
-PHONE_RATE = 8_000
 
 
 @dataclass(frozen=True)
@@ -66,10 +61,8 @@ def speech_span(audio: Samples, below_peak_db: float = 40.0) -> tuple[int, int]:
 
 
 def phone_quality(audio: Samples) -> Samples:
-    """8 kHz G.711 mu-law and back up to 16 kHz: a telephone caller."""
-    narrow = resample(audio, MODEL_RATE, PHONE_RATE)
-    coded = mulaw_decode(mulaw_encode(float_to_pcm16(narrow)))
-    return resample(pcm16_to_float(coded), PHONE_RATE, MODEL_RATE)
+    """A telephone caller (8 kHz G.711 mu-law and back) at the model's 16 kHz."""
+    return through_phone(audio, MODEL_RATE)
 
 
 def quietest_near(audio: Samples, at_s: float, within_s: float = 0.06) -> int:

@@ -146,3 +146,14 @@ def test_pcm16_round_trip_and_clipping():
 def test_check_frame_says_what_was_expected(pcm, rate, message):
     with pytest.raises(ValueError, match=message):
         audio.check_frame(pcm, rate)
+
+
+def test_through_phone_keeps_the_voice_band_and_drops_what_8_khz_cannot_carry():
+    rate = 16_000
+    t = np.arange(rate) / rate
+    voice_band, too_high = 0.5 * np.sin(2 * np.pi * 1_000 * t), 0.5 * np.sin(2 * np.pi * 6_000 * t)
+    for tone, kept in ((voice_band, True), (too_high, False)):
+        heard = audio.through_phone(tone.astype(np.float32), rate)
+        assert heard.dtype == np.float32 and abs(len(heard) - rate) <= 2
+        ratio = np.sqrt(np.mean(heard[1000:-1000] ** 2) / np.mean(tone[1000:-1000] ** 2))
+        assert (ratio > 0.9) if kept else (ratio < 0.05), ratio

@@ -23,7 +23,7 @@ import pytest
 
 from kame_cli.talk import read_wav
 from kame_common import turn_model
-from kame_common.audio import float_to_pcm16, mulaw_decode, mulaw_encode, pcm16_to_float, resample
+from kame_common.audio import resample, through_phone
 from kame_common.models import ModelNotInstalled
 from kame_common.turn_model import MODEL_RATE, SmartTurn
 
@@ -51,13 +51,6 @@ def as_heard(speech: np.ndarray, silence_s: float = SILENCE_S) -> np.ndarray:
     ).astype(np.float32)
 
 
-def phone(audio: np.ndarray) -> np.ndarray:
-    narrow = resample(audio, MODEL_RATE, 8_000)
-    return resample(
-        pcm16_to_float(mulaw_decode(mulaw_encode(float_to_pcm16(narrow)))), 8_000, MODEL_RATE
-    )
-
-
 def cut_after(audio: np.ndarray, word_times, keep: int) -> np.ndarray:
     """The audio up to the quietest 10 ms between word `keep` and the next."""
     words = word_times(audio)
@@ -81,7 +74,7 @@ def piper_16k(speak, text: str) -> np.ndarray:
     return resample(speak(text), 24_000, MODEL_RATE)
 
 
-QUALITIES = {"16k": lambda audio: audio, "phone": phone}
+QUALITIES = {"16k": lambda audio: audio, "phone": lambda audio: through_phone(audio, MODEL_RATE)}
 
 
 @pytest.mark.parametrize("quality", QUALITIES)
