@@ -38,7 +38,7 @@ from kame_cli.say import write_wav
 from kame_cli.timeline import plot_timeline
 from kame_client.caller import CODECS, MODES, TalkOptions, broke_off, speech_region, talk
 from kame_client.result import TalkResult
-from kame_common.audio import SAMPLE_RATE, pcm16_to_float, resample
+from kame_common.audio import SAMPLE_RATE, Samples, pcm16_to_float, resample
 from kame_common.llm import BACKEND_NAMES
 from kame_common.ports import loopback_address
 
@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 
-def read_wav(path: Path) -> tuple[np.ndarray, int]:
+def read_wav(path: Path) -> tuple[Samples, int]:
     """A 16-bit mono PCM WAV as float32 and its rate; CliError saying what the
     file is when it is not one."""
     if not path.is_file():

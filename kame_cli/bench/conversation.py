@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kame_cli import talk
 from kame_cli.bench.answer import (
@@ -32,16 +33,17 @@ from kame_client.events import (
     UserTranscript,
 )
 from kame_client.result import AgentAudioStart, AgentAudioStop, Timed, fields_of
-from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
+from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE, Samples
 
 
-def frame_lags(result: talk.TalkResult) -> np.ndarray:
+def frame_lags(result: talk.TalkResult) -> npt.NDArray[np.float64]:
     """Per agent frame: arrival at the client minus the moment its caller frame was due."""
-    arrivals = np.array([times[0] for times in result.agent_t if len(times)])
-    return arrivals - (np.arange(len(arrivals)) + 1) * FRAME_SECONDS
+    arrivals = np.array([times[0] for times in result.agent_t if len(times)], dtype=np.float64)
+    lags: npt.NDArray[np.float64] = arrivals - (np.arange(len(arrivals)) + 1) * FRAME_SECONDS
+    return lags
 
 
-def frame_lag_stats(lags: np.ndarray, late_s: float) -> dict[str, Any]:
+def frame_lag_stats(lags: npt.NDArray[np.float64], late_s: float) -> dict[str, Any]:
     return {
         "frames": len(lags),
         "late_frames": int(np.sum(lags > late_s)),
@@ -85,7 +87,7 @@ def timeline_marks(result: talk.TalkResult, answer_latency: float | None) -> dic
     }
 
 
-def agent_speech(result: talk.TalkResult) -> np.ndarray:
+def agent_speech(result: talk.TalkResult) -> Samples:
     """The agent's audio from its first speaking frame to its last (plus a frame
     either side), so that whisper does not transcribe minutes of silence."""
     seqs = [

@@ -61,7 +61,7 @@ from kame_cli.stack import Stack
 from kame_cli.stack_options import Ports, add_arguments, free_ports, options_from_args
 from kame_cli.supervise import Supervisor
 from kame_client.events import AgentText, Resumed
-from kame_common.audio import SAMPLE_RATE
+from kame_common.audio import SAMPLE_RATE, Samples
 
 MIB = 1024 * 1024
 
@@ -145,7 +145,7 @@ def resources(stack: Stack) -> dict[str, Any]:
 
 def caller_audio(
     questions: list[Question], first: int, seconds: float, gap_s: float
-) -> tuple[np.ndarray, list[float]]:
+) -> tuple[Samples, list[float]]:
     """Questions from `first` on, each followed by `gap_s` of silence, up to
     `seconds`; and where each question that fits whole (with its gap) starts."""
     gap = np.zeros(int(gap_s * SAMPLE_RATE), np.float32)

@@ -15,10 +15,9 @@ import re
 import socket
 import time
 
-import numpy as np
-
 from kame_cli import talk
 from kame_client.events import AgentText
+from kame_common.audio import Samples
 from kame_common.words import normalize_words
 
 REFUSED, ANSWERED, LOST = "refused with a retry hint", "answered whole", "lost words"
@@ -47,7 +46,7 @@ def accepts(address: str) -> bool:
 
 
 def call_at_first_accept(
-    address: str, audio: np.ndarray, timeout_s: float = 120.0
+    address: str, audio: Samples, timeout_s: float = 120.0
 ) -> tuple[talk.TalkResult, float]:
     """Wait until `address` accepts a TCP connection, then stream `audio` as one
     call; the call's result and how long the wait for the port took."""
