@@ -194,6 +194,19 @@ class ToolFinished(ToolCall):
 
 
 @dataclass(frozen=True)
+class Delegated(Event):
+    """Client delegation: the caller's back-end is asked for the answer to
+    `source_text`; answer with SendContext COMMENTARY naming `delegation_id`."""
+
+    TYPE: ClassVar[str] = "delegation"
+    delegation_id: str
+    offset_s: float  # where on the session's timeline (seconds of caller audio)
+    source_utterance_id: str
+    source_text: str
+    source_final: bool
+
+
+@dataclass(frozen=True)
 class Unknown(Event):
     """A response this client does not know (a newer gateway)."""
 
@@ -213,6 +226,7 @@ NonAudioEvent = (
     | BargeIn
     | FunctionCall
     | ToolCall
+    | Delegated
     | Unknown
 )
 ConverseEvent = AgentAudio | NonAudioEvent
@@ -305,6 +319,18 @@ def _tool(response: Response) -> ToolCall:
     )
 
 
+def _delegation(response: Response) -> Delegated:
+    delegation = response.delegation
+    source = delegation.source
+    return Delegated(
+        delegation.delegation_id,
+        round(delegation.offset_s, 3),
+        source.utterance_id,
+        source.text,
+        source.is_final,
+    )
+
+
 # One reader per ConverseResponse kind (tests/client/test_events.py checks it has them all).
 EVENT_OF: dict[str, Callable[[Response], ConverseEvent]] = {
     "started": _started,
@@ -318,6 +344,7 @@ EVENT_OF: dict[str, Callable[[Response], ConverseEvent]] = {
     "barge_in": _barge_in,
     "function_call": _function_call,
     "tool": _tool,
+    "delegation": _delegation,
 }
 
 

@@ -5,6 +5,9 @@ them: the gateway's settings (checked at start) and a caller's HoldConfig
 (checked before any upstream is touched), and the frontend's session config
 (checked again: any client may open a frontend stream).
 
+The hold phrase may also wait for the answer (`hold_delay_s`, GPT-Live's
+acknowledgement delay): at most as long as the longest hold.
+
 Each check raises ValueError with a message that names the field and the
 limit; the caller turns it into its own error (ConfigError, INVALID_ARGUMENT).
 """
@@ -50,4 +53,12 @@ def check_hold_max_s(value: float, field: str = "hold_max_s") -> float:
             f"{field}: must be 0 (the default, {DEFAULT_HOLD_MAX_S:g} s) to "
             f"{MAX_HOLD_MAX_S:g} seconds, got {value}"
         )
+    return value
+
+
+def check_hold_delay_s(value: float, field: str = "hold_delay_s") -> float:
+    """`value` when it is 0 (the hold phrase at once) to MAX_HOLD_MAX_S seconds;
+    ValueError otherwise (NaN too)."""
+    if not 0 <= value <= MAX_HOLD_MAX_S:
+        raise ValueError(f"{field}: must be 0 (at once) to {MAX_HOLD_MAX_S:g} seconds, got {value}")
     return value

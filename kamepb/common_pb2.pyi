@@ -678,3 +678,111 @@ class AgentText(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentText: _TypeAlias = AgentText  # noqa: Y015
+
+@_typing.final
+class Delegation(_message.Message):
+    """Client delegation (ConverseConfig.delegation CLIENT): where the oracle
+    would start an LLM stream for a candidate answer, it asks the caller's own
+    back-end for one instead. It carries no task text: the back-end reads the
+    conversation from the transcripts the client already has; `source` says
+    which utterance the candidate is to answer. The back-end answers with
+    AgentContext COMMENTARY naming the delegation_id.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELEGATION_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    OFFSET_S_FIELD_NUMBER: _builtins.int
+    delegation_id: _builtins.str
+    """Unique within the session."""
+    offset_s: _builtins.float
+    """Gateway only: where the delegation was created on the session's timeline,
+    in seconds of caller audio from the start of the call.
+    """
+    @_builtins.property
+    def source(self) -> Global___CandidateSource:
+        """What the candidate answers (as CandidateSource says)."""
+
+    def __init__(
+        self,
+        *,
+        delegation_id: _builtins.str = ...,
+        source: Global___CandidateSource | None = ...,
+        offset_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delegation_id", b"delegation_id", "offset_s", b"offset_s", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Delegation: _TypeAlias = Delegation  # noqa: Y015
+
+@_typing.final
+class AgentContext(_message.Message):
+    """Text from the caller's side for the agent: a delegation's answer, silent
+    context, or instructions for the rest of the session. Never a caller turn
+    (that is UserText).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Kind:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[AgentContext._Kind.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        KIND_UNSPECIFIED: AgentContext._Kind.ValueType  # 0
+        COMMENTARY: AgentContext._Kind.ValueType  # 1
+        """Speakable. With a delegation_id (client delegation only), the answer of
+        that delegation, said in the agent's voice: the first commentary starts
+        its candidate (RESET), each later one extends it (APPEND). Without one,
+        context the next answers may use, as THINKING.
+        """
+        THINKING: AgentContext._Kind.ValueType  # 2
+        """Silent: joins the conversation the next candidates are prompted with,
+        never spoken. With a delegation_id, also a sign that the back-end is
+        still working on it (its timeout starts again).
+        """
+        INSTRUCTIONS: AgentContext._Kind.ValueType  # 3
+        """Added after the session's instructions, for the rest of the session."""
+
+    class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
+    KIND_UNSPECIFIED: AgentContext.Kind.ValueType  # 0
+    COMMENTARY: AgentContext.Kind.ValueType  # 1
+    """Speakable. With a delegation_id (client delegation only), the answer of
+    that delegation, said in the agent's voice: the first commentary starts
+    its candidate (RESET), each later one extends it (APPEND). Without one,
+    context the next answers may use, as THINKING.
+    """
+    THINKING: AgentContext.Kind.ValueType  # 2
+    """Silent: joins the conversation the next candidates are prompted with,
+    never spoken. With a delegation_id, also a sign that the back-end is
+    still working on it (its timeout starts again).
+    """
+    INSTRUCTIONS: AgentContext.Kind.ValueType  # 3
+    """Added after the session's instructions, for the rest of the session."""
+
+    KIND_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    DELEGATION_ID_FIELD_NUMBER: _builtins.int
+    kind: Global___AgentContext.Kind.ValueType
+    text: _builtins.str
+    delegation_id: _builtins.str
+    """Empty = the session as a whole."""
+    def __init__(
+        self,
+        *,
+        kind: Global___AgentContext.Kind.ValueType = ...,
+        text: _builtins.str = ...,
+        delegation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delegation_id", b"delegation_id", "kind", b"kind", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentContext: _TypeAlias = AgentContext  # noqa: Y015

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kamepb import common_pb2 as kamepb_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kamepb/frontend.proto\x12\x07kame.v1\x1a\x13kamepb/common.proto\"\xb2\x01\n\x0e\x46rontendConfig\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\r\n\x05voice\x18\x03 \x01(\t\x12\x1a\n\x12turn_end_silence_s\x18\x04 \x01(\x01\x12\x14\n\x0chold_phrases\x18\x06 \x03(\t\x12\x12\n\nhold_max_s\x18\x07 \x01(\x01\x12\x14\n\x0cmanual_turns\x18\x08 \x01(\x08J\x04\x08\x05\x10\x06R\x0b\x66iller_text\"\xa4\x02\n\x0f\x46rontendRequest\x12)\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x17.kame.v1.FrontendConfigH\x00\x12$\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x13.kame.v1.AudioFrameH\x00\x12\'\n\x06oracle\x18\x03 \x01(\x0b\x32\x15.kame.v1.OracleUpdateH\x00\x12\x33\n\x0fuser_transcript\x18\x04 \x01(\x0b\x32\x18.kame.v1.TranscriptEventH\x00\x12,\n\x0cturn_control\x18\x05 \x01(\x0b\x32\x14.kame.v1.TurnControlH\x00\x12-\n\tuser_text\x18\x06 \x01(\x0b\x32\x18.kame.v1.TranscriptEventH\x00\x42\x05\n\x03msg\"A\n\rFrontendReady\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04slot\x18\x03 \x01(\x05\"z\n\nAgentAudio\x12\"\n\x05\x66rame\x18\x01 \x01(\x0b\x32\x13.kame.v1.AudioFrame\x12\x10\n\x08speaking\x18\x02 \x01(\x08\x12\x0e\n\x06step_s\x18\x03 \x01(\x01\x12\x18\n\x10received_time_us\x18\x04 \x01(\x03\x12\x0c\n\x04held\x18\x05 \x01(\x08\",\n\x07TurnEnd\x12\x14\n\x0cspeech_end_s\x18\x01 \x01(\x01\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"\xd8\x01\n\x10\x46rontendResponse\x12\'\n\x05ready\x18\x01 \x01(\x0b\x32\x16.kame.v1.FrontendReadyH\x00\x12$\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x13.kame.v1.AgentAudioH\x00\x12\"\n\x04text\x18\x03 \x01(\x0b\x32\x12.kame.v1.AgentTextH\x00\x12$\n\x08turn_end\x18\x04 \x01(\x0b\x32\x10.kame.v1.TurnEndH\x00\x12$\n\x08\x62\x61rge_in\x18\x05 \x01(\x0b\x32\x10.kame.v1.BargeInH\x00\x42\x05\n\x03msg2M\n\x08\x46rontend\x12\x41\n\x06Stream\x12\x18.kame.v1.FrontendRequest\x1a\x19.kame.v1.FrontendResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kamepb/frontend.proto\x12\x07kame.v1\x1a\x13kamepb/common.proto\"\xc8\x01\n\x0e\x46rontendConfig\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\r\n\x05voice\x18\x03 \x01(\t\x12\x1a\n\x12turn_end_silence_s\x18\x04 \x01(\x01\x12\x14\n\x0chold_phrases\x18\x06 \x03(\t\x12\x12\n\nhold_max_s\x18\x07 \x01(\x01\x12\x14\n\x0cmanual_turns\x18\x08 \x01(\x08\x12\x14\n\x0chold_delay_s\x18\t \x01(\x01J\x04\x08\x05\x10\x06R\x0b\x66iller_text\"\xa4\x02\n\x0f\x46rontendRequest\x12)\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x17.kame.v1.FrontendConfigH\x00\x12$\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x13.kame.v1.AudioFrameH\x00\x12\'\n\x06oracle\x18\x03 \x01(\x0b\x32\x15.kame.v1.OracleUpdateH\x00\x12\x33\n\x0fuser_transcript\x18\x04 \x01(\x0b\x32\x18.kame.v1.TranscriptEventH\x00\x12,\n\x0cturn_control\x18\x05 \x01(\x0b\x32\x14.kame.v1.TurnControlH\x00\x12-\n\tuser_text\x18\x06 \x01(\x0b\x32\x18.kame.v1.TranscriptEventH\x00\x42\x05\n\x03msg\"A\n\rFrontendReady\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04slot\x18\x03 \x01(\x05\"z\n\nAgentAudio\x12\"\n\x05\x66rame\x18\x01 \x01(\x0b\x32\x13.kame.v1.AudioFrame\x12\x10\n\x08speaking\x18\x02 \x01(\x08\x12\x0e\n\x06step_s\x18\x03 \x01(\x01\x12\x18\n\x10received_time_us\x18\x04 \x01(\x03\x12\x0c\n\x04held\x18\x05 \x01(\x08\",\n\x07TurnEnd\x12\x14\n\x0cspeech_end_s\x18\x01 \x01(\x01\x12\x0b\n\x03seq\x18\x02 \x01(\x04\"\xd8\x01\n\x10\x46rontendResponse\x12\'\n\x05ready\x18\x01 \x01(\x0b\x32\x16.kame.v1.FrontendReadyH\x00\x12$\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x13.kame.v1.AgentAudioH\x00\x12\"\n\x04text\x18\x03 \x01(\x0b\x32\x12.kame.v1.AgentTextH\x00\x12$\n\x08turn_end\x18\x04 \x01(\x0b\x32\x10.kame.v1.TurnEndH\x00\x12$\n\x08\x62\x61rge_in\x18\x05 \x01(\x0b\x32\x10.kame.v1.BargeInH\x00\x42\x05\n\x03msg2M\n\x08\x46rontend\x12\x41\n\x06Stream\x12\x18.kame.v1.FrontendRequest\x1a\x19.kame.v1.FrontendResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,17 +33,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kamepb.frontend_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FRONTENDCONFIG']._serialized_start=56
-  _globals['_FRONTENDCONFIG']._serialized_end=234
-  _globals['_FRONTENDREQUEST']._serialized_start=237
-  _globals['_FRONTENDREQUEST']._serialized_end=529
-  _globals['_FRONTENDREADY']._serialized_start=531
-  _globals['_FRONTENDREADY']._serialized_end=596
-  _globals['_AGENTAUDIO']._serialized_start=598
-  _globals['_AGENTAUDIO']._serialized_end=720
-  _globals['_TURNEND']._serialized_start=722
-  _globals['_TURNEND']._serialized_end=766
-  _globals['_FRONTENDRESPONSE']._serialized_start=769
-  _globals['_FRONTENDRESPONSE']._serialized_end=985
-  _globals['_FRONTEND']._serialized_start=987
-  _globals['_FRONTEND']._serialized_end=1064
+  _globals['_FRONTENDCONFIG']._serialized_end=256
+  _globals['_FRONTENDREQUEST']._serialized_start=259
+  _globals['_FRONTENDREQUEST']._serialized_end=551
+  _globals['_FRONTENDREADY']._serialized_start=553
+  _globals['_FRONTENDREADY']._serialized_end=618
+  _globals['_AGENTAUDIO']._serialized_start=620
+  _globals['_AGENTAUDIO']._serialized_end=742
+  _globals['_TURNEND']._serialized_start=744
+  _globals['_TURNEND']._serialized_end=788
+  _globals['_FRONTENDRESPONSE']._serialized_start=791
+  _globals['_FRONTENDRESPONSE']._serialized_end=1007
+  _globals['_FRONTEND']._serialized_start=1009
+  _globals['_FRONTEND']._serialized_end=1086
 # @@protoc_insertion_point(module_scope)

@@ -30,6 +30,7 @@ class FrontendConfig(_message.Message):
     HOLD_PHRASES_FIELD_NUMBER: _builtins.int
     HOLD_MAX_S_FIELD_NUMBER: _builtins.int
     MANUAL_TURNS_FIELD_NUMBER: _builtins.int
+    HOLD_DELAY_S_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     engine: _builtins.str
     """"tts", "kame" or "moshi"; must be one the replica serves. Empty = the replica's engine."""
@@ -48,6 +49,10 @@ class FrontendConfig(_message.Message):
     speech still cuts the agent, as it does in auto mode). The tts engine
     only: kame and moshi take turns themselves and refuse it (INVALID_ARGUMENT).
     """
+    hold_delay_s: _builtins.float
+    """tts engine: the hold phrase is said only once the turn has waited this
+    long for its answer (one that comes first needs none); 0 = at once.
+    """
     @_builtins.property
     def hold_phrases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """tts engine: when the caller's turn ends and no candidate answers what the
@@ -65,10 +70,11 @@ class FrontendConfig(_message.Message):
         hold_phrases: _abc.Iterable[_builtins.str] | None = ...,
         hold_max_s: _builtins.float = ...,
         manual_turns: _builtins.bool = ...,
+        hold_delay_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "hold_max_s", b"hold_max_s", "hold_phrases", b"hold_phrases", "manual_turns", b"manual_turns", "session_id", b"session_id", "turn_end_silence_s", b"turn_end_silence_s", "voice", b"voice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "hold_delay_s", b"hold_delay_s", "hold_max_s", b"hold_max_s", "hold_phrases", b"hold_phrases", "manual_turns", b"manual_turns", "session_id", b"session_id", "turn_end_silence_s", b"turn_end_silence_s", "voice", b"voice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

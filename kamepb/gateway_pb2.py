@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kamepb import common_pb2 as kamepb_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14kamepb/gateway.proto\x12\x07kame.v1\x1a\x13kamepb/common.proto\"\x9a\x01\n\x0b\x41udioFormat\x12)\n\x05\x63odec\x18\x01 \x01(\x0e\x32\x1a.kame.v1.AudioFormat.Codec\x12\x16\n\x0esample_rate_hz\x18\x02 \x01(\x05\"H\n\x05\x43odec\x12\x15\n\x11\x43ODEC_UNSPECIFIED\x10\x00\x12\t\n\x05PCM16\x10\x01\x12\t\n\x05MULAW\x10\x02\x12\x08\n\x04\x41LAW\x10\x03\x12\x08\n\x04OPUS\x10\x04\"k\n\x0bLlmOverride\x12$\n\x07\x62\x61\x63kend\x18\x05 \x01(\x0e\x32\x13.kame.v1.LlmBackend\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x04 \x01(\tJ\x04\x08\x01\x10\x02\"<\n\nHoldConfig\x12\x0e\n\x06silent\x18\x01 \x01(\x08\x12\x0f\n\x07phrases\x18\x02 \x03(\t\x12\r\n\x05max_s\x18\x03 \x01(\x01\"\xe3\x04\n\x0e\x43onverseConfig\x12*\n\x04mode\x18\x01 \x01(\x0e\x32\x1c.kame.v1.ConverseConfig.Mode\x12*\n\x0cinput_format\x18\x02 \x01(\x0b\x32\x14.kame.v1.AudioFormat\x12+\n\routput_format\x18\x03 \x01(\x0b\x32\x14.kame.v1.AudioFormat\x12\r\n\x05voice\x18\x04 \x01(\t\x12!\n\x03llm\x18\x05 \x01(\x0b\x32\x14.kame.v1.LlmOverride\x12\x1e\n\x16include_oracle_updates\x18\x07 \x01(\x08\x12\x10\n\x08language\x18\x08 \x01(\t\x12!\n\x04hold\x18\t \x01(\x0b\x32\x13.kame.v1.HoldConfig\x12\x14\n\x0cresume_token\x18\n \x01(\t\x12\x1f\n\x04\x63\x61ll\x18\x0b \x01(\x0b\x32\x11.kame.v1.CallInfo\x12=\n\x0eturn_detection\x18\x0c \x01(\x0e\x32%.kame.v1.ConverseConfig.TurnDetection\x12\x14\n\x0cinstructions\x18\r \x01(\t\x12*\n\tfunctions\x18\x0e \x03(\x0b\x32\x17.kame.v1.ClientFunction\">\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\n\n\x06TANDEM\x10\x01\x12\x0b\n\x07\x43\x41SCADE\x10\x02\x12\x07\n\x03S2S\x10\x03\";\n\rTurnDetection\x12\x1e\n\x1aTURN_DETECTION_UNSPECIFIED\x10\x00\x12\n\n\x06MANUAL\x10\x01J\x04\x08\x06\x10\x07R\nauth_token\"V\n\x08\x43\x61llInfo\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x02 \x01(\t\x12\x0e\n\x06\x63\x61llee\x18\x03 \x01(\t\x12\x18\n\x10provider_call_id\x18\x04 \x01(\t\"\xfd\x01\n\x0f\x43onverseRequest\x12)\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x17.kame.v1.ConverseConfigH\x00\x12\x0f\n\x05\x61udio\x18\x02 \x01(\x0cH\x00\x12\x1d\n\x04\x64tmf\x18\x03 \x01(\x0b\x32\r.kame.v1.DtmfH\x00\x12,\n\x0cturn_control\x18\x04 \x01(\x0b\x32\x14.kame.v1.TurnControlH\x00\x12&\n\tuser_text\x18\x05 \x01(\x0b\x32\x11.kame.v1.UserTextH\x00\x12\x32\n\x0f\x66unction_result\x18\x06 \x01(\x0b\x32\x17.kame.v1.FunctionResultH\x00\x42\x05\n\x03msg\"\x18\n\x08UserText\x12\x0c\n\x04text\x18\x01 \x01(\t\"u\n\x0eSessionStarted\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10\x66rontend_replica\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x14\n\x0cresume_token\x18\x04 \x01(\t\x12\x0f\n\x07resumed\x18\x05 \x01(\x08\"L\n\x0f\x41gentAudioChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x10\n\x08speaking\x18\x03 \x01(\x08\x12\x0c\n\x04held\x18\x04 \x01(\x08\"\xa4\x01\n\x0bTurnSummary\x12\x14\n\x0cutterance_id\x18\x01 \x01(\t\x12\x11\n\tuser_text\x18\x02 \x01(\t\x12\x1a\n\x12response_latency_s\x18\x03 \x01(\x01\x12\x17\n\x0fstt_final_lag_s\x18\x04 \x01(\x01\x12\x1d\n\x15oracle_first_update_s\x18\x05 \x01(\x01\x12\x18\n\x10\x61nswer_latency_s\x18\x06 \x01(\x01\"\xb6\x01\n\x06Notice\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.kame.v1.Notice.Kind\x12\x0f\n\x07message\x18\x02 \x01(\t\"w\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12ORACLE_UNAVAILABLE\x10\x01\x12\x10\n\x0cORACLE_ERROR\x10\x02\x12\x13\n\x0fORACLE_RESTORED\x10\x03\x12\r\n\tRECONNECT\x10\x04\x12\x0b\n\x07REFUSED\x10\x05\"\xe4\x03\n\x10\x43onverseResponse\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.kame.v1.SessionStartedH\x00\x12)\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x18.kame.v1.AgentAudioChunkH\x00\x12\x33\n\x0fuser_transcript\x18\x03 \x01(\x0b\x32\x18.kame.v1.TranscriptEventH\x00\x12(\n\nagent_text\x18\x04 \x01(\x0b\x32\x12.kame.v1.AgentTextH\x00\x12.\n\roracle_update\x18\x05 \x01(\x0b\x32\x15.kame.v1.OracleUpdateH\x00\x12$\n\x04turn\x18\x06 \x01(\x0b\x32\x14.kame.v1.TurnSummaryH\x00\x12!\n\x06notice\x18\x07 \x01(\x0b\x32\x0f.kame.v1.NoticeH\x00\x12\x1d\n\x04\x64tmf\x18\x08 \x01(\x0b\x32\r.kame.v1.DtmfH\x00\x12$\n\x08\x62\x61rge_in\x18\t \x01(\x0b\x32\x10.kame.v1.BargeInH\x00\x12.\n\rfunction_call\x18\n \x01(\x0b\x32\x15.kame.v1.FunctionCallH\x00\x12%\n\x04tool\x18\x0b \x01(\x0b\x32\x15.kame.v1.ToolActivityH\x00\x42\x05\n\x03msg2N\n\x07Gateway\x12\x43\n\x08\x43onverse\x12\x18.kame.v1.ConverseRequest\x1a\x19.kame.v1.ConverseResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14kamepb/gateway.proto\x12\x07kame.v1\x1a\x13kamepb/common.proto\"\x9a\x01\n\x0b\x41udioFormat\x12)\n\x05\x63odec\x18\x01 \x01(\x0e\x32\x1a.kame.v1.AudioFormat.Codec\x12\x16\n\x0esample_rate_hz\x18\x02 \x01(\x05\"H\n\x05\x43odec\x12\x15\n\x11\x43ODEC_UNSPECIFIED\x10\x00\x12\t\n\x05PCM16\x10\x01\x12\t\n\x05MULAW\x10\x02\x12\x08\n\x04\x41LAW\x10\x03\x12\x08\n\x04OPUS\x10\x04\"k\n\x0bLlmOverride\x12$\n\x07\x62\x61\x63kend\x18\x05 \x01(\x0e\x32\x13.kame.v1.LlmBackend\x12\r\n\x05model\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x04 \x01(\tJ\x04\x08\x01\x10\x02\"M\n\nHoldConfig\x12\x0e\n\x06silent\x18\x01 \x01(\x08\x12\x0f\n\x07phrases\x18\x02 \x03(\t\x12\r\n\x05max_s\x18\x03 \x01(\x01\x12\x0f\n\x07\x64\x65lay_s\x18\x04 \x01(\x01\"\x85\x01\n\x10\x44\x65legationConfig\x12\x30\n\x06target\x18\x01 \x01(\x0e\x32 .kame.v1.DelegationConfig.Target\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\",\n\x06Target\x12\x16\n\x12TARGET_UNSPECIFIED\x10\x00\x12\n\n\x06\x43LIENT\x10\x01\"\x92\x05\n\x0e\x43onverseConfig\x12*\n\x04mode\x18\x01 \x01(\x0e\x32\x1c.kame.v1.ConverseConfig.Mode\x12*\n\x0cinput_format\x18\x02 \x01(\x0b\x32\x14.kame.v1.AudioFormat\x12+\n\routput_format\x18\x03 \x01(\x0b\x32\x14.kame.v1.AudioFormat\x12\r\n\x05voice\x18\x04 \x01(\t\x12!\n\x03llm\x18\x05 \x01(\x0b\x32\x14.kame.v1.LlmOverride\x12\x1e\n\x16include_oracle_updates\x18\x07 \x01(\x08\x12\x10\n\x08language\x18\x08 \x01(\t\x12!\n\x04hold\x18\t \x01(\x0b\x32\x13.kame.v1.HoldConfig\x12\x14\n\x0cresume_token\x18\n \x01(\t\x12\x1f\n\x04\x63\x61ll\x18\x0b \x01(\x0b\x32\x11.kame.v1.CallInfo\x12=\n\x0eturn_detection\x18\x0c \x01(\x0e\x32%.kame.v1.ConverseConfig.TurnDetection\x12\x14\n\x0cinstructions\x18\r \x01(\t\x12*\n\tfunctions\x18\x0e \x03(\x0b\x32\x17.kame.v1.ClientFunction\x12-\n\ndelegation\x18\x0f \x01(\x0b\x32\x19.kame.v1.DelegationConfig\">\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\n\n\x06TANDEM\x10\x01\x12\x0b\n\x07\x43\x41SCADE\x10\x02\x12\x07\n\x03S2S\x10\x03\";\n\rTurnDetection\x12\x1e\n\x1aTURN_DETECTION_UNSPECIFIED\x10\x00\x12\n\n\x06MANUAL\x10\x01J\x04\x08\x06\x10\x07R\nauth_token\"V\n\x08\x43\x61llInfo\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x02 \x01(\t\x12\x0e\n\x06\x63\x61llee\x18\x03 \x01(\t\x12\x18\n\x10provider_call_id\x18\x04 \x01(\t\"\xa7\x02\n\x0f\x43onverseRequest\x12)\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x17.kame.v1.ConverseConfigH\x00\x12\x0f\n\x05\x61udio\x18\x02 \x01(\x0cH\x00\x12\x1d\n\x04\x64tmf\x18\x03 \x01(\x0b\x32\r.kame.v1.DtmfH\x00\x12,\n\x0cturn_control\x18\x04 \x01(\x0b\x32\x14.kame.v1.TurnControlH\x00\x12&\n\tuser_text\x18\x05 \x01(\x0b\x32\x11.kame.v1.UserTextH\x00\x12\x32\n\x0f\x66unction_result\x18\x06 \x01(\x0b\x32\x17.kame.v1.FunctionResultH\x00\x12(\n\x07\x63ontext\x18\x07 \x01(\x0b\x32\x15.kame.v1.AgentContextH\x00\x42\x05\n\x03msg\"\x18\n\x08UserText\x12\x0c\n\x04text\x18\x01 \x01(\t\"u\n\x0eSessionStarted\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10\x66rontend_replica\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x14\n\x0cresume_token\x18\x04 \x01(\t\x12\x0f\n\x07resumed\x18\x05 \x01(\x08\"L\n\x0f\x41gentAudioChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x10\n\x08speaking\x18\x03 \x01(\x08\x12\x0c\n\x04held\x18\x04 \x01(\x08\"\xa4\x01\n\x0bTurnSummary\x12\x14\n\x0cutterance_id\x18\x01 \x01(\t\x12\x11\n\tuser_text\x18\x02 \x01(\t\x12\x1a\n\x12response_latency_s\x18\x03 \x01(\x01\x12\x17\n\x0fstt_final_lag_s\x18\x04 \x01(\x01\x12\x1d\n\x15oracle_first_update_s\x18\x05 \x01(\x01\x12\x18\n\x10\x61nswer_latency_s\x18\x06 \x01(\x01\"\xb6\x01\n\x06Notice\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.kame.v1.Notice.Kind\x12\x0f\n\x07message\x18\x02 \x01(\t\"w\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12ORACLE_UNAVAILABLE\x10\x01\x12\x10\n\x0cORACLE_ERROR\x10\x02\x12\x13\n\x0fORACLE_RESTORED\x10\x03\x12\r\n\tRECONNECT\x10\x04\x12\x0b\n\x07REFUSED\x10\x05\"\x8f\x04\n\x10\x43onverseResponse\x12*\n\x07started\x18\x01 \x01(\x0b\x32\x17.kame.v1.SessionStartedH\x00\x12)\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x18.kame.v1.AgentAudioChunkH\x00\x12\x33\n\x0fuser_transcript\x18\x03 \x01(\x0b\x32\x18.kame.v1.TranscriptEventH\x00\x12(\n\nagent_text\x18\x04 \x01(\x0b\x32\x12.kame.v1.AgentTextH\x00\x12.\n\roracle_update\x18\x05 \x01(\x0b\x32\x15.kame.v1.OracleUpdateH\x00\x12$\n\x04turn\x18\x06 \x01(\x0b\x32\x14.kame.v1.TurnSummaryH\x00\x12!\n\x06notice\x18\x07 \x01(\x0b\x32\x0f.kame.v1.NoticeH\x00\x12\x1d\n\x04\x64tmf\x18\x08 \x01(\x0b\x32\r.kame.v1.DtmfH\x00\x12$\n\x08\x62\x61rge_in\x18\t \x01(\x0b\x32\x10.kame.v1.BargeInH\x00\x12.\n\rfunction_call\x18\n \x01(\x0b\x32\x15.kame.v1.FunctionCallH\x00\x12%\n\x04tool\x18\x0b \x01(\x0b\x32\x15.kame.v1.ToolActivityH\x00\x12)\n\ndelegation\x18\x0c \x01(\x0b\x32\x13.kame.v1.DelegationH\x00\x42\x05\n\x03msg2N\n\x07Gateway\x12\x43\n\x08\x43onverse\x12\x18.kame.v1.ConverseRequest\x1a\x19.kame.v1.ConverseResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,31 +39,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LLMOVERRIDE']._serialized_start=211
   _globals['_LLMOVERRIDE']._serialized_end=318
   _globals['_HOLDCONFIG']._serialized_start=320
-  _globals['_HOLDCONFIG']._serialized_end=380
-  _globals['_CONVERSECONFIG']._serialized_start=383
-  _globals['_CONVERSECONFIG']._serialized_end=994
-  _globals['_CONVERSECONFIG_MODE']._serialized_start=853
-  _globals['_CONVERSECONFIG_MODE']._serialized_end=915
-  _globals['_CONVERSECONFIG_TURNDETECTION']._serialized_start=917
-  _globals['_CONVERSECONFIG_TURNDETECTION']._serialized_end=976
-  _globals['_CALLINFO']._serialized_start=996
-  _globals['_CALLINFO']._serialized_end=1082
-  _globals['_CONVERSEREQUEST']._serialized_start=1085
-  _globals['_CONVERSEREQUEST']._serialized_end=1338
-  _globals['_USERTEXT']._serialized_start=1340
-  _globals['_USERTEXT']._serialized_end=1364
-  _globals['_SESSIONSTARTED']._serialized_start=1366
-  _globals['_SESSIONSTARTED']._serialized_end=1483
-  _globals['_AGENTAUDIOCHUNK']._serialized_start=1485
-  _globals['_AGENTAUDIOCHUNK']._serialized_end=1561
-  _globals['_TURNSUMMARY']._serialized_start=1564
-  _globals['_TURNSUMMARY']._serialized_end=1728
-  _globals['_NOTICE']._serialized_start=1731
-  _globals['_NOTICE']._serialized_end=1913
-  _globals['_NOTICE_KIND']._serialized_start=1794
-  _globals['_NOTICE_KIND']._serialized_end=1913
-  _globals['_CONVERSERESPONSE']._serialized_start=1916
-  _globals['_CONVERSERESPONSE']._serialized_end=2400
-  _globals['_GATEWAY']._serialized_start=2402
-  _globals['_GATEWAY']._serialized_end=2480
+  _globals['_HOLDCONFIG']._serialized_end=397
+  _globals['_DELEGATIONCONFIG']._serialized_start=400
+  _globals['_DELEGATIONCONFIG']._serialized_end=533
+  _globals['_DELEGATIONCONFIG_TARGET']._serialized_start=489
+  _globals['_DELEGATIONCONFIG_TARGET']._serialized_end=533
+  _globals['_CONVERSECONFIG']._serialized_start=536
+  _globals['_CONVERSECONFIG']._serialized_end=1194
+  _globals['_CONVERSECONFIG_MODE']._serialized_start=1053
+  _globals['_CONVERSECONFIG_MODE']._serialized_end=1115
+  _globals['_CONVERSECONFIG_TURNDETECTION']._serialized_start=1117
+  _globals['_CONVERSECONFIG_TURNDETECTION']._serialized_end=1176
+  _globals['_CALLINFO']._serialized_start=1196
+  _globals['_CALLINFO']._serialized_end=1282
+  _globals['_CONVERSEREQUEST']._serialized_start=1285
+  _globals['_CONVERSEREQUEST']._serialized_end=1580
+  _globals['_USERTEXT']._serialized_start=1582
+  _globals['_USERTEXT']._serialized_end=1606
+  _globals['_SESSIONSTARTED']._serialized_start=1608
+  _globals['_SESSIONSTARTED']._serialized_end=1725
+  _globals['_AGENTAUDIOCHUNK']._serialized_start=1727
+  _globals['_AGENTAUDIOCHUNK']._serialized_end=1803
+  _globals['_TURNSUMMARY']._serialized_start=1806
+  _globals['_TURNSUMMARY']._serialized_end=1970
+  _globals['_NOTICE']._serialized_start=1973
+  _globals['_NOTICE']._serialized_end=2155
+  _globals['_NOTICE_KIND']._serialized_start=2036
+  _globals['_NOTICE_KIND']._serialized_end=2155
+  _globals['_CONVERSERESPONSE']._serialized_start=2158
+  _globals['_CONVERSERESPONSE']._serialized_end=2685
+  _globals['_GATEWAY']._serialized_start=2687
+  _globals['_GATEWAY']._serialized_end=2765
 # @@protoc_insertion_point(module_scope)

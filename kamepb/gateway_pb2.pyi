@@ -112,10 +112,15 @@ class HoldConfig(_message.Message):
     SILENT_FIELD_NUMBER: _builtins.int
     PHRASES_FIELD_NUMBER: _builtins.int
     MAX_S_FIELD_NUMBER: _builtins.int
+    DELAY_S_FIELD_NUMBER: _builtins.int
     silent: _builtins.bool
     """Hold in silence, with no acknowledgement."""
     max_s: _builtins.float
     """Give the floor back after this long; 0 = the gateway's default."""
+    delay_s: _builtins.float
+    """Say the hold phrase only once the caller has waited this long for the
+    answer (an answer that comes first needs none); 0 = at once. At most max_s.
+    """
     @_builtins.property
     def phrases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Short acknowledgements to choose from ("Hmm,", "Let me see,"); empty = the
@@ -128,14 +133,74 @@ class HoldConfig(_message.Message):
         silent: _builtins.bool = ...,
         phrases: _abc.Iterable[_builtins.str] | None = ...,
         max_s: _builtins.float = ...,
+        delay_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_s", b"max_s", "phrases", b"phrases", "silent", b"silent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_s", b"delay_s", "max_s", b"max_s", "phrases", b"phrases", "silent", b"silent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HoldConfig: _TypeAlias = HoldConfig  # noqa: Y015
+
+@_typing.final
+class DelegationConfig(_message.Message):
+    """Who answers in the oracle's place (GPT-Live's delegation)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Target:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _TargetEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[DelegationConfig._Target.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        TARGET_UNSPECIFIED: DelegationConfig._Target.ValueType  # 0
+        """The stack's own oracle and its LLM (within what the operator allows:
+        ConverseConfig.llm, instructions, functions).
+        """
+        CLIENT: DelegationConfig._Target.ValueType  # 1
+        """The caller's own back-end: where the oracle would start a candidate, the
+        client gets ConverseResponse.delegation and answers it with
+        ConverseRequest.context COMMENTARY naming its delegation_id, spoken in
+        the agent's voice. Not with S2S (no oracle) nor with an llm override
+        (INVALID_ARGUMENT).
+        """
+
+    class Target(_Target, metaclass=_TargetEnumTypeWrapper): ...
+    TARGET_UNSPECIFIED: DelegationConfig.Target.ValueType  # 0
+    """The stack's own oracle and its LLM (within what the operator allows:
+    ConverseConfig.llm, instructions, functions).
+    """
+    CLIENT: DelegationConfig.Target.ValueType  # 1
+    """The caller's own back-end: where the oracle would start a candidate, the
+    client gets ConverseResponse.delegation and answers it with
+    ConverseRequest.context COMMENTARY naming its delegation_id, spoken in
+    the agent's voice. Not with S2S (no oracle) nor with an llm override
+    (INVALID_ARGUMENT).
+    """
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    target: Global___DelegationConfig.Target.ValueType
+    timeout_s: _builtins.float
+    """CLIENT: a delegation that hears nothing (no commentary, no thinking) for
+    this long ends; one that got no commentary at all ends with a short
+    apology in its place, and the call goes on. 0 = 10 s; at most 60 s.
+    """
+    def __init__(
+        self,
+        *,
+        target: Global___DelegationConfig.Target.ValueType = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["target", b"target", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DelegationConfig: _TypeAlias = DelegationConfig  # noqa: Y015
 
 @_typing.final
 class ConverseConfig(_message.Message):
@@ -210,6 +275,7 @@ class ConverseConfig(_message.Message):
     TURN_DETECTION_FIELD_NUMBER: _builtins.int
     INSTRUCTIONS_FIELD_NUMBER: _builtins.int
     FUNCTIONS_FIELD_NUMBER: _builtins.int
+    DELEGATION_FIELD_NUMBER: _builtins.int
     mode: Global___ConverseConfig.Mode.ValueType
     voice: _builtins.str
     include_oracle_updates: _builtins.bool
@@ -254,6 +320,8 @@ class ConverseConfig(_message.Message):
         ConverseRequest.function_result.
         """
 
+    @_builtins.property
+    def delegation(self) -> Global___DelegationConfig: ...
     def __init__(
         self,
         *,
@@ -270,10 +338,11 @@ class ConverseConfig(_message.Message):
         turn_detection: Global___ConverseConfig.TurnDetection.ValueType = ...,
         instructions: _builtins.str = ...,
         functions: _abc.Iterable[_common_pb2.ClientFunction] | None = ...,
+        delegation: Global___DelegationConfig | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "hold", b"hold", "input_format", b"input_format", "llm", b"llm", "output_format", b"output_format"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "delegation", b"delegation", "hold", b"hold", "input_format", b"input_format", "llm", b"llm", "output_format", b"output_format"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "functions", b"functions", "hold", b"hold", "include_oracle_updates", b"include_oracle_updates", "input_format", b"input_format", "instructions", b"instructions", "language", b"language", "llm", b"llm", "mode", b"mode", "output_format", b"output_format", "resume_token", b"resume_token", "turn_detection", b"turn_detection", "voice", b"voice"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "delegation", b"delegation", "functions", b"functions", "hold", b"hold", "include_oracle_updates", b"include_oracle_updates", "input_format", b"input_format", "instructions", b"instructions", "language", b"language", "llm", b"llm", "mode", b"mode", "output_format", b"output_format", "resume_token", b"resume_token", "turn_detection", b"turn_detection", "voice", b"voice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -321,6 +390,7 @@ class ConverseRequest(_message.Message):
     TURN_CONTROL_FIELD_NUMBER: _builtins.int
     USER_TEXT_FIELD_NUMBER: _builtins.int
     FUNCTION_RESULT_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
     audio: _builtins.bytes
     @_builtins.property
     def config(self) -> Global___ConverseConfig: ...
@@ -344,6 +414,17 @@ class ConverseRequest(_message.Message):
     def function_result(self) -> _common_pb2.FunctionResult:
         """The answer to a function_call (an unknown call_id is ignored)."""
 
+    @_builtins.property
+    def context(self) -> _common_pb2.AgentContext:
+        """Commentary (a delegation's answer), thinking or instructions: see
+        AgentContext. Blank, over the gateway's context_max_chars, faster than
+        context_per_s, a delegation_id the gateway did not send (or any without
+        client delegation), instructions the operator does not allow or past
+        instructions_max_chars in all, or any in S2S: Notice REFUSED, and the
+        call goes on. Commentary for a delegation that has ended (a newer one
+        replaced it, or it timed out) is dropped.
+        """
+
     def __init__(
         self,
         *,
@@ -353,12 +434,13 @@ class ConverseRequest(_message.Message):
         turn_control: _common_pb2.TurnControl | None = ...,
         user_text: Global___UserText | None = ...,
         function_result: _common_pb2.FunctionResult | None = ...,
+        context: _common_pb2.AgentContext | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "turn_control", b"turn_control", "user_text", b"user_text"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "context", b"context", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "turn_control", b"turn_control", "user_text", b"user_text"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "turn_control", b"turn_control", "user_text", b"user_text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audio", b"audio", "config", b"config", "context", b"context", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "turn_control", b"turn_control", "user_text", b"user_text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "audio", "dtmf", "turn_control", "user_text", "function_result"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "audio", "dtmf", "turn_control", "user_text", "function_result", "context"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -581,6 +663,7 @@ class ConverseResponse(_message.Message):
     BARGE_IN_FIELD_NUMBER: _builtins.int
     FUNCTION_CALL_FIELD_NUMBER: _builtins.int
     TOOL_FIELD_NUMBER: _builtins.int
+    DELEGATION_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def started(self) -> Global___SessionStarted: ...
     @_builtins.property
@@ -611,6 +694,10 @@ class ConverseResponse(_message.Message):
     def tool(self) -> _common_pb2.ToolActivity:
         """A tool of the oracle's started or finished."""
 
+    @_builtins.property
+    def delegation(self) -> _common_pb2.Delegation:
+        """Client delegation: the caller's back-end is asked for this candidate."""
+
     def __init__(
         self,
         *,
@@ -625,12 +712,13 @@ class ConverseResponse(_message.Message):
         barge_in: _common_pb2.BargeIn | None = ...,
         function_call: _common_pb2.FunctionCall | None = ...,
         tool: _common_pb2.ToolActivity | None = ...,
+        delegation: _common_pb2.Delegation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "dtmf", b"dtmf", "function_call", b"function_call", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "tool", b"tool", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "delegation", b"delegation", "dtmf", b"dtmf", "function_call", b"function_call", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "tool", b"tool", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "dtmf", b"dtmf", "function_call", b"function_call", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "tool", b"tool", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "delegation", b"delegation", "dtmf", b"dtmf", "function_call", b"function_call", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "tool", b"tool", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["started", "audio", "user_transcript", "agent_text", "oracle_update", "turn", "notice", "dtmf", "barge_in", "function_call", "tool"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["started", "audio", "user_transcript", "agent_text", "oracle_update", "turn", "notice", "dtmf", "barge_in", "function_call", "tool", "delegation"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 

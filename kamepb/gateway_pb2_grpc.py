@@ -56,7 +56,8 @@ class GatewayServicer:
         override, instructions over the gateway's
         instructions_max_chars, MANUAL turn detection with a
         front-end engine that takes turns itself (kame,
-        moshi) (the message names the field).
+        moshi), client delegation with S2S or an llm
+        override (the message names the field).
         UNAUTHENTICATED    the gateway requires a bearer token (metadata
         `authorization: Bearer <token>`) and it is missing/wrong.
         RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.

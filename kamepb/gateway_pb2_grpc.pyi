@@ -43,7 +43,8 @@ class GatewayStub:
                          override, instructions over the gateway's
                          instructions_max_chars, MANUAL turn detection with a
                          front-end engine that takes turns itself (kame,
-                         moshi) (the message names the field).
+                         moshi), client delegation with S2S or an llm
+                         override (the message names the field).
       UNAUTHENTICATED    the gateway requires a bearer token (metadata
                          `authorization: Bearer <token>`) and it is missing/wrong.
       RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.
@@ -73,7 +74,8 @@ class GatewayAsyncStub(GatewayStub):
                          override, instructions over the gateway's
                          instructions_max_chars, MANUAL turn detection with a
                          front-end engine that takes turns itself (kame,
-                         moshi) (the message names the field).
+                         moshi), client delegation with S2S or an llm
+                         override (the message names the field).
       UNAUTHENTICATED    the gateway requires a bearer token (metadata
                          `authorization: Bearer <token>`) and it is missing/wrong.
       RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.
@@ -106,7 +108,8 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
                              override, instructions over the gateway's
                              instructions_max_chars, MANUAL turn detection with a
                              front-end engine that takes turns itself (kame,
-                             moshi) (the message names the field).
+                             moshi), client delegation with S2S or an llm
+                             override (the message names the field).
           UNAUTHENTICATED    the gateway requires a bearer token (metadata
                              `authorization: Bearer <token>`) and it is missing/wrong.
           RESOURCE_EXHAUSTED the gateway is at max sessions or no front-end slot is free.

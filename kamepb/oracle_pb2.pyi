@@ -77,6 +77,8 @@ class OracleConfig(_message.Message):
     CLIENT_FUNCTIONS_FIELD_NUMBER: _builtins.int
     FRONTEND_ENDS_TURNS_FIELD_NUMBER: _builtins.int
     CALLER_FIELD_NUMBER: _builtins.int
+    CLIENT_DELEGATION_FIELD_NUMBER: _builtins.int
+    DELEGATION_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     backend: _common_pb2.LlmBackend.ValueType
     """UNSPECIFIED = the service's default back-end."""
@@ -121,6 +123,16 @@ class OracleConfig(_message.Message):
     hash of its bearer token, "anonymous" without auth): the key of the
     oracle's caller_token_budget. Empty = one caller of its own per session.
     """
+    client_delegation: _builtins.bool
+    """Client delegation: no LLM. Each candidate is a Delegation sent out
+    (GuideResponse.delegation) and answered by the client's COMMENTARY for it
+    (GuideRequest.context); only settled partials and finals start one. A
+    delegation that gets neither commentary nor thinking for
+    delegation_timeout_s ends; one that got no commentary at all ends with a
+    short apology as its candidate.
+    """
+    delegation_timeout_s: _builtins.float
+    """0 = 10 s; at most 60 s (kame_common/delegation.py)."""
     @_builtins.property
     def policy(self) -> Global___OraclePolicy: ...
     @_builtins.property
@@ -147,10 +159,12 @@ class OracleConfig(_message.Message):
         client_functions: _abc.Iterable[_common_pb2.ClientFunction] | None = ...,
         frontend_ends_turns: _builtins.bool = ...,
         caller: _builtins.str = ...,
+        client_delegation: _builtins.bool = ...,
+        delegation_timeout_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "caller", b"caller", "client_functions", b"client_functions", "frontend_ends_turns", b"frontend_ends_turns", "heartbeat_interval_s", b"heartbeat_interval_s", "instructions", b"instructions", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "backend", b"backend", "base_url", b"base_url", "caller", b"caller", "client_delegation", b"client_delegation", "client_functions", b"client_functions", "delegation_timeout_s", b"delegation_timeout_s", "frontend_ends_turns", b"frontend_ends_turns", "heartbeat_interval_s", b"heartbeat_interval_s", "instructions", b"instructions", "max_tokens", b"max_tokens", "model", b"model", "policy", b"policy", "request_timeout_s", b"request_timeout_s", "session_id", b"session_id", "system_prompt", b"system_prompt", "temperature", b"temperature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -166,6 +180,7 @@ class GuideRequest(_message.Message):
     DTMF_FIELD_NUMBER: _builtins.int
     FUNCTION_RESULT_FIELD_NUMBER: _builtins.int
     SPEECH_ACTIVITY_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def config(self) -> Global___OracleConfig: ...
     @_builtins.property
@@ -187,6 +202,12 @@ class GuideRequest(_message.Message):
         (the service's final_priority), so the final never waits for the CPU.
         """
 
+    @_builtins.property
+    def context(self) -> _common_pb2.AgentContext:
+        """Commentary, thinking or instructions from the client (AgentContext): a
+        delegation's answer, context for later candidates, more instructions.
+        """
+
     def __init__(
         self,
         *,
@@ -196,12 +217,13 @@ class GuideRequest(_message.Message):
         dtmf: _common_pb2.Dtmf | None = ...,
         function_result: _common_pb2.FunctionResult | None = ...,
         speech_activity: _common_pb2.SpeechActivity | None = ...,
+        context: _common_pb2.AgentContext | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "speech_activity", b"speech_activity", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "context", b"context", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "speech_activity", b"speech_activity", "user_transcript", b"user_transcript"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "speech_activity", b"speech_activity", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "config", b"config", "context", b"context", "dtmf", b"dtmf", "function_result", b"function_result", "msg", b"msg", "speech_activity", b"speech_activity", "user_transcript", b"user_transcript"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "user_transcript", "agent_text", "dtmf", "function_result", "speech_activity"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["config", "user_transcript", "agent_text", "dtmf", "function_result", "speech_activity", "context"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
@@ -270,6 +292,7 @@ class GuideResponse(_message.Message):
     EVENT_FIELD_NUMBER: _builtins.int
     FUNCTION_CALL_FIELD_NUMBER: _builtins.int
     TOOL_FIELD_NUMBER: _builtins.int
+    DELEGATION_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def update(self) -> _common_pb2.OracleUpdate: ...
     @_builtins.property
@@ -282,6 +305,10 @@ class GuideResponse(_message.Message):
     def tool(self) -> _common_pb2.ToolActivity:
         """A tool started or finished."""
 
+    @_builtins.property
+    def delegation(self) -> _common_pb2.Delegation:
+        """Client delegation: answer this candidate."""
+
     def __init__(
         self,
         *,
@@ -289,12 +316,13 @@ class GuideResponse(_message.Message):
         event: Global___OracleEvent | None = ...,
         function_call: _common_pb2.FunctionCall | None = ...,
         tool: _common_pb2.ToolActivity | None = ...,
+        delegation: _common_pb2.Delegation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "function_call", b"function_call", "msg", b"msg", "tool", b"tool", "update", b"update"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delegation", b"delegation", "event", b"event", "function_call", b"function_call", "msg", b"msg", "tool", b"tool", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "function_call", b"function_call", "msg", b"msg", "tool", b"tool", "update", b"update"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delegation", b"delegation", "event", b"event", "function_call", b"function_call", "msg", b"msg", "tool", b"tool", "update", b"update"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["update", "event", "function_call", "tool"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["update", "event", "function_call", "tool", "delegation"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 

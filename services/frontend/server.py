@@ -37,7 +37,12 @@ from kame_common import tracing
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import SAMPLE_RATE, check_frame, float_to_pcm16, pcm16_to_float
 from kame_common.capacity import CapacityPublisher
-from kame_common.hold import DEFAULT_HOLD_MAX_S, check_hold_max_s, hold_phrases
+from kame_common.hold import (
+    DEFAULT_HOLD_MAX_S,
+    check_hold_delay_s,
+    check_hold_max_s,
+    hold_phrases,
+)
 from kame_common.server import ServiceRuntime, service_main
 from kame_common.streams import aborting, dispatch, read_config
 from kame_common.words import normalize_words
@@ -191,6 +196,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         try:  # the gateway checked them too; any client may open a stream
             phrases = hold_phrases(config.hold_phrases)
             max_s = check_hold_max_s(config.hold_max_s)
+            delay_s = check_hold_delay_s(config.hold_delay_s)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return SessionParams(
@@ -199,6 +205,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             turn_end_silence_s=config.turn_end_silence_s,  # 0: the replica's turn-taking
             hold_phrases=phrases,
             hold_max_s=max_s or DEFAULT_HOLD_MAX_S,
+            hold_delay_s=delay_s,
             manual_turns=config.manual_turns,
         )
 

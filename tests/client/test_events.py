@@ -185,6 +185,23 @@ EXAMPLES = [
             "reused": False,
         },
     ),
+    (
+        Response(
+            delegation=common_pb2.Delegation(
+                delegation_id="delegation-1",
+                offset_s=2.4,
+                source=common_pb2.CandidateSource(utterance_id="u1", is_final=True, text="hi"),
+            )
+        ),
+        {
+            "type": "delegation",
+            "delegation_id": "delegation-1",
+            "offset_s": 2.4,
+            "source_utterance_id": "u1",
+            "source_text": "hi",
+            "source_final": True,
+        },
+    ),
     (Response(), {"type": "unknown"}),
 ]
 

@@ -12,6 +12,7 @@ from kame_common.hold import (
     MAX_HOLD_MAX_S,
     MAX_HOLD_PHRASE_CHARS,
     MAX_HOLD_PHRASES,
+    check_hold_delay_s,
     check_hold_max_s,
     hold_phrases,
     split_hold_phrases,
@@ -42,3 +43,14 @@ def test_a_hold_time_in_range_is_kept_as_given(value):
 def test_a_hold_time_out_of_range_fails_naming_the_field(value):
     with pytest.raises(ValueError, match=r"^hold\.max_s: must be 0 \(the default, 5 s\) to 10"):
         check_hold_max_s(value, "hold.max_s")
+
+
+@pytest.mark.parametrize("value", [0.0, 0.4, MAX_HOLD_MAX_S])
+def test_a_hold_delay_up_to_the_longest_hold_is_kept(value):
+    assert check_hold_delay_s(value) == value
+
+
+@pytest.mark.parametrize("value", [-0.1, MAX_HOLD_MAX_S + 0.1, math.nan])
+def test_a_hold_delay_out_of_range_fails_naming_the_field(value):
+    with pytest.raises(ValueError, match=r"^hold\.delay_s: must be 0 \(at once\) to 10 seconds"):
+        check_hold_delay_s(value, "hold.delay_s")

@@ -183,6 +183,26 @@ def test_a_late_answer_is_not_spoken_once_the_caller_has_moved_on(clock):
     assert policy.next_line(0.0) is None
 
 
+def test_a_hold_delay_waits_before_the_hold_phrase_and_an_answer_meanwhile_needs_none(clock):
+    policy = AnswerPolicy(hold_phrases=("Hmm,",), hold_max_s=3.0, clock=clock, hold_delay_s=0.4)
+    policy.caller_speech_started(SPEECH_START_S)
+    heard(policy, QUESTION, final=True)
+    policy.caller_turn_ended(SPEECH_END_S)
+    assert policy.floor is Floor.HOLDING
+    clock.now += 0.39
+    assert say_all(policy) == []  # the delay is not over
+    policy.candidate_reset(1, "Paris.", source(QUESTION, final=True))
+    assert text_of(say_all(policy)) == [("Paris.", 1)]  # no hold phrase before it
+
+    policy.caller_speech_started(SPEECH_START_S + 5)
+    heard(policy, "And of Italy?", final=True, utterance="u2", end_s=SPEECH_END_S + 5)
+    policy.caller_turn_ended(SPEECH_END_S + 5)
+    clock.now += 0.39
+    assert say_all(policy) == []
+    clock.now += 0.01
+    assert text_of(say_all(policy)) == [("Hmm,", 0)]  # no answer within the delay
+
+
 def test_hold_phrases_rotate_turn_by_turn(clock):
     policy = make_policy(clock)
     said = []

@@ -74,6 +74,7 @@ async def stream_error(stub, requests: list[frontend_pb2.FrontendRequest]) -> gr
         ([config_request(voice="en_GB-alba")], "voice 'en_GB-alba' is not served"),
         ([config_request(turn_end_silence_s=-1)], "turn_end_silence_s"),
         ([config_request(hold_max_s=11)], "hold_max_s: must be 0 (the default, 5 s) to 10 seconds"),
+        ([config_request(hold_delay_s=-0.1)], "hold_delay_s: must be 0 (at once) to 10 seconds"),
         ([config_request(hold_phrases=["Hmm,"] * 9)], "hold_phrases: at most 8 phrases"),
         ([config_request(hold_phrases=["Let me see " * 8])], "at most 60 characters"),
         (

@@ -48,6 +48,8 @@ class SessionParams:
     # caller said (empty = it waits in silence), and for how long at most.
     hold_phrases: tuple[str, ...] = ()
     hold_max_s: float = DEFAULT_HOLD_MAX_S
+    # ... and how long the caller waits for the answer before the hold phrase (0: at once).
+    hold_delay_s: float = 0.0
     # Push-to-talk: the caller ends turns and asks for answers (TurnControl); the
     # engine never does it by itself. Engines that take turns themselves refuse it.
     manual_turns: bool = False

@@ -36,7 +36,9 @@ first phrase was usually synthesized ahead while the caller talked: see
 phrase (the session's list, rotating turn by turn; none = it holds in
 silence) and waits. As soon as a candidate becomes fresh (a RESET whose
 source matches, or a transcript that makes the newest candidate fresh), it is
-committed; its words follow the hold phrase, which is never cut. After
+committed; its words follow the hold phrase, which is never cut. With
+`hold_delay_s` the hold phrase waits that long after the turn end, and a
+candidate that becomes fresh meanwhile is said with no hold phrase. After
 `hold_max_s` from the turn end without a fresh candidate the agent gives the
 floor back: what it has not started saying is dropped, and it stays silent
 until the caller speaks again or a fresh answer comes after all (the oracle
@@ -187,10 +189,12 @@ class AnswerPolicy:
         hold_max_s: float = DEFAULT_HOLD_MAX_S,
         clock: Callable[[], float] = time.monotonic,
         manual: bool = False,
+        hold_delay_s: float = 0.0,
     ) -> None:
         self._manual = manual  # the caller ends turns and asks for answers (module doc)
         self._hold_lines = [tuple(p.split()) for p in hold_phrases if p.split()]
         self._hold_max_s = hold_max_s
+        self._hold_delay_s = hold_delay_s
         self._clock = clock
         self.floor = Floor.IDLE
         self._latest: Hypothesis | None = None
@@ -332,7 +336,7 @@ class AnswerPolicy:
     def next_line(self, queued_s: float) -> Line | None:
         """The next line to synthesize and queue, given the audio already queued;
         None when there is nothing to say yet."""
-        if self.floor is Floor.HOLDING and self._hold_due:
+        if self.floor is Floor.HOLDING and self._hold_due and self._hold_delay_over():
             self._hold_due = False
             hold = self._hold_lines[self._holds_said % len(self._hold_lines)]
             self._holds_said += 1
@@ -453,6 +457,10 @@ class AnswerPolicy:
     def _hand_out(self, line: Line) -> Line:
         self._unstarted.append(line)
         return line
+
+    def _hold_delay_over(self) -> bool:
+        waited = self._clock() - self._turn_end_at if self._turn_end_at is not None else 0.0
+        return waited >= self._hold_delay_s
 
     def _generation_spoken(self) -> int | None:
         return self._answer.generation if self._answer is not None else None

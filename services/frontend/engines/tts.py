@@ -124,7 +124,12 @@ class TtsSession(EngineSession):
         self._turns = engine.turn_detectors.for_session(params.turn_end_silence_s)
         self._manual = params.manual_turns
         self._player = Player()
-        self._policy = AnswerPolicy(params.hold_phrases, params.hold_max_s, manual=self._manual)
+        self._policy = AnswerPolicy(
+            params.hold_phrases,
+            params.hold_max_s,
+            manual=self._manual,
+            hold_delay_s=params.hold_delay_s,
+        )
         self._cancelled = False  # a request of the caller's cut the agent since the last step
         # Asked for now, so they are synthesized by the time a turn needs them.
         self._cached = {
