@@ -41,6 +41,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -63,6 +64,7 @@ from services.oracle.prompts import (
     gemma_prompt,
     is_gemma_270m_base,
     warm_up_chat_messages,
+    with_instructions,
 )
 from services.oracle.tools.spec import ToolCall, ToolExchange, ToolSpec
 from services.oracle.tools.wire import OpenAIToolCallPieces, openai_rounds, openai_tools
@@ -203,6 +205,16 @@ class LLMBackend(abc.ABC):
     @property
     def name(self) -> str:
         return self.settings.backend
+
+    @property
+    def model(self) -> str:
+        return self.settings.model
+
+    def add_instructions(self, text: str) -> None:
+        """The client's instructions for the rest of the session (AgentContext
+        INSTRUCTIONS), after the system prompt's."""
+        prompt = with_instructions(self.settings.system_prompt, text, self.settings.model)
+        self.settings = dataclasses.replace(self.settings, system_prompt=prompt)
 
     @property
     def supports_tools(self) -> bool:

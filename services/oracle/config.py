@@ -35,6 +35,7 @@ from kame_common.config import (
     check_not_negative,
     setting,
 )
+from kame_common.delegation import delegation_timeout_s
 from kame_common.llm import BACKEND_NAMES, backend_name
 from kame_common.ports import LOCAL_LLM_URL, LOCAL_REDIS_URL
 from kame_common.words import BACKCHANNEL_PHRASES, parse_phrases
@@ -47,7 +48,7 @@ from services.oracle.backends import (
 )
 from services.oracle.budget import BudgetLimits
 from services.oracle.policy import PARTIAL_STARTS, POLICY_NAMES, PolicyParams
-from services.oracle.prompts import GEMMA_HEADER, KAME_SYSTEM_PROMPT, is_gemma_270m_base
+from services.oracle.prompts import with_instructions
 from services.oracle.tools.client_functions import client_function_specs
 from services.oracle.tools.settings import parse_allowed, parse_servers, trusted_hint_servers
 from services.oracle.tools.spec import ToolSpec
@@ -234,7 +235,7 @@ class ApiKeys:
 @dataclass(frozen=True)
 class SessionSettings:
     session_id: str
-    backend: BackendSettings
+    backend: BackendSettings | None  # None: client delegation, no LLM
     policy: PolicyParams
     history_turns: int
     heartbeat_interval_s: float = 0.0  # 0: no HEARTBEAT events
@@ -245,6 +246,7 @@ class SessionSettings:
     client_functions: tuple[ToolSpec, ...] = ()  # the client's functions, as tools
     caller: str = ""  # whose caller_token_budget the session spends ("": its own)
     budget: BudgetLimits = field(default_factory=BudgetLimits)
+    delegation_timeout_s: float = 0.0  # client delegation (services/oracle/delegation.py)
 
 
 # OracleConfig.heartbeat_interval_s when set (0 = no heartbeats).
@@ -264,8 +266,12 @@ def _policy(config: oracle_pb2.OracleConfig, service: OracleSettings) -> PolicyP
         min_new_words=given.min_new_words or defaults.min_new_words,
         max_starts=given.max_starts or defaults.max_starts,
         start_window_s=given.start_window_s or defaults.start_window_s,
-        partial_starts=service.partial_starts == "on"
-        or (service.partial_starts == "auto" and not config.frontend_ends_turns),
+        # A delegation asks the client's back-end for a whole answer: not every two words.
+        partial_starts=not config.client_delegation
+        and (
+            service.partial_starts == "on"
+            or (service.partial_starts == "auto" and not config.frontend_ends_turns)
+        ),
         final_priority=service.final_priority,
     )
     try:
@@ -435,18 +441,27 @@ def _backend(
         request_timeout_s=config.request_timeout_s or service.request_timeout_s,
         max_tokens=config.max_tokens or service.max_tokens,
         temperature=config.temperature or service.temperature,
-        system_prompt=_system_prompt(config, model),
+        system_prompt=with_instructions(config.system_prompt, config.instructions.strip(), model),
     )
 
 
-def _system_prompt(config: oracle_pb2.OracleConfig, model: str) -> str:
-    """The session's system prompt (empty = the back-end's default), with the caller
-    app's instructions after whichever prompt the model gets."""
-    instructions = config.instructions.strip()
-    if not instructions:
-        return config.system_prompt
-    default = GEMMA_HEADER if is_gemma_270m_base(model) else KAME_SYSTEM_PROMPT
-    return f"{config.system_prompt or default}\n{instructions}"
+def _delegation_timeout_s(config: oracle_pb2.OracleConfig) -> float:
+    """Client delegation's timeout; 0 for a session with an LLM."""
+    if not config.client_delegation:
+        if config.delegation_timeout_s:
+            raise InvalidSessionConfig("delegation_timeout_s: only with client_delegation")
+        return 0.0
+    llm_fields = [f for f in ("backend", "model", "base_url", "api_key") if getattr(config, f)]
+    if llm_fields or config.client_functions:
+        named = ", ".join([*llm_fields, *(["client_functions"] if config.client_functions else [])])
+        raise InvalidSessionConfig(
+            f"client_delegation: the client's back-end answers, with no LLM here: {named} "
+            "cannot be set"
+        )
+    try:
+        return delegation_timeout_s(config.delegation_timeout_s, "delegation_timeout_s")
+    except ValueError as exc:
+        raise InvalidSessionConfig(str(exc)) from None
 
 
 def resolve_session(
@@ -468,9 +483,10 @@ def resolve_session(
         )
     except ValueError as exc:
         raise InvalidSessionConfig(str(exc)) from None
+    timeout_s = _delegation_timeout_s(config)
     return SessionSettings(
         session_id=config.session_id,
-        backend=_backend(config, service, keys),
+        backend=None if timeout_s else _backend(config, service, keys),
         policy=_policy(config, service),
         history_turns=service.history_turns,
         heartbeat_interval_s=config.heartbeat_interval_s,
@@ -484,4 +500,5 @@ def resolve_session(
             service.caller_token_budget,
             service.caller_budget_window_s,
         ),
+        delegation_timeout_s=timeout_s,
     )

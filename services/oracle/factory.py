@@ -4,7 +4,9 @@ operator does not allow or the client may not declare (InvalidSessionConfig
 -> INVALID_ARGUMENT: config.py, a client function named as one of the
 operator's tools); the back-end checked; the conversation so far loaded from
 Redis, with what the session and its caller spent of their token budgets
-(budget.py). Also the warm-up of the service's own LLM at start."""
+(budget.py). A client-delegation session has no back-end to check: the
+client's answers it (services/oracle/delegation.py). Also the warm-up of the
+service's own LLM at start."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from kamepb import oracle_pb2
 from services.oracle.backends import BackendConfigError, BackendError, create_backend, describe
 from services.oracle.budget import TokenBudget
 from services.oracle.config import ApiKeys, InvalidSessionConfig, OracleSettings, resolve_session
-from services.oracle.prompts import AGENT, TOOL, USER, Turn
+from services.oracle.delegation import ClientDelegate
+from services.oracle.prompts import AGENT, CONTEXT, TOOL, USER, Turn
 from services.oracle.session import OracleSession
 from services.oracle.tools.sources import check_names
 from services.oracle.tools.turn import Toolbox
@@ -61,6 +64,7 @@ class SessionFactory:
         except InvalidSessionConfig as exc:
             log.warning("oracle: no warm-up: %s", exc)
             return
+        assert settings.backend is not None  # a config without client delegation
         backend = create_backend(settings.backend)
         tools = self.toolbox.specs if self.toolbox is not None and backend.supports_tools else []
         started = time.monotonic()
@@ -89,6 +93,12 @@ class SessionFactory:
         """A started session; raises InvalidSessionConfig (-> INVALID_ARGUMENT) or
         BudgetSpent (its session's or caller's token budget is spent already)."""
         settings = resolve_session(config, self.service, self.keys)
+        if settings.backend is None:
+            delegate = ClientDelegate(settings.session_id, settings.delegation_timeout_s)
+            history = await self._load_history(settings.session_id)
+            session = OracleSession(settings, delegate, history, self.store)
+            session.start()
+            return session
         try:
             check_names(settings.client_functions, self.toolbox)
             backend = create_backend(settings.backend)
@@ -145,4 +155,5 @@ class SessionFactory:
         except (RedisError, OSError) as exc:
             log.warning("session %s: no history, Redis failed: %s", session_id, exc)
             return []
-        return [Turn(t["role"], t["text"]) for t in turns if t.get("role") in (USER, AGENT, TOOL)]
+        roles = (USER, AGENT, TOOL, CONTEXT)
+        return [Turn(t["role"], t["text"]) for t in turns if t.get("role") in roles]

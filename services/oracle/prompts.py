@@ -30,6 +30,9 @@ from dataclasses import dataclass
 USER = "user"
 AGENT = "agent"
 TOOL = "tool"  # a tool call the agent made and its result (services/oracle/tools)
+# Context the client added (AgentContext THINKING, or COMMENTARY for no delegation):
+# the model reads it, nobody said it.
+CONTEXT = "context"
 
 # The reference KAME prompt, in our words: a spoken, confident answer of at
 # most 30 words that predicts the user's intent from a partial transcript.
@@ -66,12 +69,12 @@ GEMMA_EXAMPLES = (
     ("Who wrote Romeo and Juliet?", "William Shakespeare wrote Romeo and Juliet."),
 )
 
-_LABELS = {USER: "User", AGENT: "Assistant", TOOL: "Tool"}
+_LABELS = {USER: "User", AGENT: "Assistant", TOOL: "Tool", CONTEXT: "Note"}
 
 
 @dataclass(frozen=True)
 class Turn:
-    role: str  # USER or AGENT
+    role: str  # USER, AGENT, TOOL or CONTEXT
     text: str
 
 
@@ -129,6 +132,15 @@ def warm_up_chat_messages(system_prompt: str = "") -> list[dict[str, str]]:
         {"role": "system", "content": system_prompt or KAME_SYSTEM_PROMPT},
         {"role": "user", "content": _CHAT_OPENING},
     ]
+
+
+def with_instructions(system_prompt: str, instructions: str, model: str) -> str:
+    """`system_prompt` (empty = the model's default: the few-shot header or KAME's
+    prompt) with the caller app's instructions after it."""
+    if not instructions:
+        return system_prompt
+    default = GEMMA_HEADER if is_gemma_270m_base(model) else KAME_SYSTEM_PROMPT
+    return f"{system_prompt or default}\n{instructions}"
 
 
 def is_gemma_270m_base(model: str) -> bool:

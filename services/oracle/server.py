@@ -80,6 +80,7 @@ class OracleServicer(oracle_pb2_grpc.OracleServicer):
                     "dtmf": lambda r: session.keypress(r.dtmf.digit),
                     "function_result": lambda r: session.function_result(r.function_result),
                     "speech_activity": lambda r: session.speech_activity(r.speech_activity),
+                    "context": lambda r: session.context(r.context),
                 },
             )
         finally:

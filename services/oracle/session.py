@@ -36,6 +36,12 @@ function_call and the client's function_result answers it
 (tools/client_functions.py); every tool run is shown to the client as
 ToolActivity (GuideResponse.tool).
 
+With client delegation (services/oracle/delegation.py) there is no LLM: each
+candidate is a Delegation the client's back-end answers with commentary. The
+client's context (GuideRequest.context) works either way: THINKING, and
+COMMENTARY that names no delegation, join the conversation as `context` turns
+the next prompts show; INSTRUCTIONS extend the system prompt.
+
 With heartbeat_interval_s set, a HEARTBEAT event goes out that often, whatever
 else happens: the client's sign that the session is alive.
 
@@ -100,8 +106,9 @@ from services.oracle.backends import BackendError, LLMBackend, describe
 from services.oracle.budget import BudgetSpent, TokenBudget
 from services.oracle.candidate import Candidate, Generation
 from services.oracle.config import SessionSettings
+from services.oracle.delegation import ClientDelegate, DelegatedCandidate
 from services.oracle.policy import FinalRetry, RestartPolicy, StartReason
-from services.oracle.prompts import AGENT, TOOL, USER, Turn, build_turns
+from services.oracle.prompts import AGENT, CONTEXT, TOOL, USER, Turn, build_turns
 from services.oracle.tools.client_functions import ClientFunctions
 from services.oracle.tools.sources import ToolSources
 from services.oracle.tools.spec import ToolCall, ToolResult
@@ -168,7 +175,7 @@ class OracleSession:
     def __init__(
         self,
         settings: SessionSettings,
-        backend: LLMBackend,
+        backend: LLMBackend | ClientDelegate,
         history: list[Turn],
         store: SessionStore | None,
         llm_load: LoadMeter | None = None,
@@ -335,6 +342,20 @@ class OracleSession:
             if self._tools is not None:
                 self._tools.on_agent_words()
 
+    def context(self, context: common_pb2.AgentContext) -> None:
+        """The client's commentary, thinking or instructions (the module doc)."""
+        text = " ".join(context.text.split())
+        if not text:
+            return
+        if context.kind == common_pb2.AgentContext.INSTRUCTIONS:
+            self.backend.add_instructions(text)
+            return
+        named = bool(context.delegation_id)
+        if named and isinstance(self.backend, ClientDelegate):
+            self.backend.deliver(context)
+        if context.kind == common_pb2.AgentContext.THINKING or not named:
+            self._commit(Turn(CONTEXT, text))
+
     def function_result(self, result: common_pb2.FunctionResult) -> None:
         """The client's answer to a function_call (ignored unless a call waits for it)."""
         self._client_functions.deliver(result)
@@ -484,7 +505,7 @@ class OracleSession:
             "kame.generation": number,
             "kame.reason": reason.value,
             "llm.backend": backend,
-            "llm.model": self.backend.settings.model,
+            "llm.model": self.backend.model,
         }
         if TRANSCRIPTS_IN_SPANS and turns:
             attributes["kame.user_text"] = turns[-1].text
@@ -556,14 +577,26 @@ class OracleSession:
             self.policy.on_answer_deferred()
             self._start_wanted.set()
 
-    def _candidate(self, generation: Generation, trigger_at: float | None) -> Candidate:
+    def _candidate(
+        self, generation: Generation, trigger_at: float | None
+    ) -> Candidate | DelegatedCandidate:
+        def send_words(generation: Generation, words: str) -> None:
+            self._send_words(generation, words, trigger_at)
+
+        if isinstance(self.backend, ClientDelegate):
+            return self.backend.candidate(
+                generation,
+                self._emit_event,
+                send_words,
+                lambda d: self._outbox.put_nowait(oracle_pb2.GuideResponse(delegation=d)),
+            )
         return Candidate(
             generation,
             self.backend,
             self._tools.turn if self._tools is not None else None,
             self._tools.specs if self._tools is not None else (),
             self._emit_event,
-            lambda generation, words: self._send_words(generation, words, trigger_at),
+            send_words,
             self._llm_load,
             self.budget,
         )

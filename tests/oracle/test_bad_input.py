@@ -32,6 +32,15 @@ BAD_CONFIGS = [
     (dict(max_tokens=-5), "max_tokens must be >= 0"),
     (dict(session_id=""), "session_id is required"),
     (dict(heartbeat_interval_s=0.01), "heartbeat_interval_s must be between 0.1 and 60"),
+    (dict(delegation_timeout_s=5), "delegation_timeout_s: only with client_delegation"),
+    (
+        dict(client_delegation=True, delegation_timeout_s=61),
+        "delegation_timeout_s: 0 (the default, 10 s) to 60 s, got 61",
+    ),
+    (
+        dict(client_delegation=True, model="stub-model", api_key="k"),
+        "client_delegation: the client's back-end answers, with no LLM here: model, api_key",
+    ),
 ]
 
 
