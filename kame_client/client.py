@@ -16,7 +16,8 @@ The client keeps to the order the gateway needs:
   how it ended (kame_client/status.py says it in each edge's words).
 
 What a caller asks of the call besides audio is a `CallerRequest` (end the
-turn, respond, cancel, typed text, a function's result, half-close), sent with
+turn, respond, cancel, typed text, a function's result, context for the agent
+(a delegation's answer, thinking, instructions), half-close), sent with
 `perform`, so that an endpoint can decide it without a network and send it later.
 """
 
@@ -91,13 +92,27 @@ class SendFunctionResult:
 
 
 @dataclass(frozen=True)
+class SendContext:
+    """Commentary (a delegation's answer), thinking or instructions for the agent
+    (gateway.proto AgentContext): not caller speech, so it need not wait for the
+    caller audio before it."""
+
+    URGENT: ClassVar[bool] = True
+    kind: common_pb2.AgentContext.Kind.ValueType
+    text: str
+    delegation_id: str = ""
+
+
+@dataclass(frozen=True)
 class HalfClose:
     """The caller is done; the gateway ends the call when it is."""
 
     URGENT: ClassVar[bool] = False
 
 
-CallerRequest = EndTurn | Respond | CancelResponse | SendText | SendFunctionResult | HalfClose
+CallerRequest = (
+    EndTurn | Respond | CancelResponse | SendText | SendFunctionResult | SendContext | HalfClose
+)
 
 
 class ConverseClient:
@@ -180,6 +195,16 @@ class ConverseClient:
         result = common_pb2.FunctionResult(call_id=call_id, output=output, is_error=is_error)
         return await self.send(Request(function_result=result))
 
+    async def send_context(
+        self, kind: common_pb2.AgentContext.Kind.ValueType, text: str, delegation_id: str = ""
+    ) -> bool:
+        """Commentary, thinking or instructions (AgentContext); with client delegation
+        commentary naming a `delegation` event's id is its answer, said by the agent.
+        False once the call is over; what the gateway cannot take gets a notice
+        REFUSED and the call goes on."""
+        context = common_pb2.AgentContext(kind=kind, text=text, delegation_id=delegation_id)
+        return await self.send(Request(context=context))
+
     async def perform(self, request: CallerRequest) -> bool:
         """One CallerRequest; False once the call is over."""
         match request:
@@ -193,6 +218,8 @@ class ConverseClient:
                 return await self.send_text(text)
             case SendFunctionResult(call_id=call_id, output=output, is_error=is_error):
                 return await self.send_function_result(call_id, output, is_error)
+            case SendContext(kind=kind, text=text, delegation_id=delegation_id):
+                return await self.send_context(kind, text, delegation_id)
             case HalfClose():
                 await self.done_writing()
                 return True

@@ -3,7 +3,8 @@
 - `read_requests` routes each request: audio to `CallerAudio`, keys pressed
   to `CallerKeys`, turn controls and typed text to `CallerTurns`
   (turn_control.py), function results to the oracle stream that asked
-  (client_functions.py), through kame_common.streams' dispatch. A second config,
+  (client_functions.py), commentary, thinking and instructions to
+  `CallerContext` (delegation.py), through kame_common.streams' dispatch. A second config,
   a request that carries nothing it knows (a StreamError), or audio that does
   not decode (a SessionError) ends the session.
 - `CallerAudio` decodes the caller's chunks and cuts them into FRAME_SECONDS
@@ -32,6 +33,7 @@ from kamepb import common_pb2, gateway_pb2, oracle_pb2
 from services.gateway import metrics
 from services.gateway.client_output import ClientOutput
 from services.gateway.config import GatewaySettings
+from services.gateway.delegation import CallerContext
 from services.gateway.plan import MAX_CALL_INFO_CHARS, SessionError
 from services.gateway.records import SessionRecords
 from services.gateway.sidestream import SideStream
@@ -53,6 +55,7 @@ async def read_requests(
     keys: CallerKeys,
     turns: CallerTurns,
     answer: Callable[[common_pb2.FunctionResult], None],
+    context: CallerContext,
 ) -> None:
     """Every request after the config, until the caller half-closes; then the
     audio's last frames go out."""
@@ -64,6 +67,7 @@ async def read_requests(
             "turn_control": turns.handle,  # turn_control.py
             "user_text": turns.handle,
             "function_result": lambda r: answer(r.function_result),
+            "context": lambda r: context.handle(r.context),
         },
     )
     await audio.flush()

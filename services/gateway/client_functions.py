@@ -37,15 +37,19 @@ MAX_TRACKED_CALLS = 64
 CLIENT_SOURCE = "client"  # ToolActivity.source of a client function
 
 
-class _CallIds:
-    """An ordered set of call ids, the oldest forgotten beyond MAX_TRACKED_CALLS."""
+class RecentIds:
+    """An ordered set of ids, the oldest forgotten beyond `most`."""
 
-    def __init__(self) -> None:
+    def __init__(self, most: int) -> None:
+        self._most = most
         self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, call_id: object) -> bool:
+        return call_id in self._ids
 
     def add(self, call_id: str) -> None:
         self._ids[call_id] = None
-        if len(self._ids) > MAX_TRACKED_CALLS:
+        if len(self._ids) > self._most:
             self._ids.popitem(last=False)
 
     def take(self, call_id: str) -> bool:
@@ -64,8 +68,8 @@ class FunctionRouter:
     def __init__(self, session_id: str, records: SessionRecords) -> None:
         self._session_id = session_id
         self._records = records
-        self._in_flight = _CallIds()  # sent to the caller by the oracle stream now open
-        self._orphaned = _CallIds()  # sent by an oracle stream since lost
+        self._in_flight = RecentIds(MAX_TRACKED_CALLS)  # sent by the oracle stream now open
+        self._orphaned = RecentIds(MAX_TRACKED_CALLS)  # sent by an oracle stream since lost
         self._tool_calls = 0
         self._tool_errors = 0
 

@@ -154,6 +154,16 @@ class GatewaySettings(ServiceSettings):
         "typed messages a caller may send a second after a burst of 5; more get Notice "
         "REFUSED (0 = no limit)",
     )
+    context_max_chars: int = setting(
+        4000,
+        "longest commentary, thinking or instructions (AgentContext) a caller may send; longer "
+        "ones get Notice REFUSED (0 = none taken)",
+    )
+    context_per_s: float = setting(
+        5.0,
+        "commentary, thinking and instructions a caller may send a second after a burst of 10; "
+        "more get Notice REFUSED (0 = no limit)",
+    )
     side_heartbeat_s: float = setting(
         0.5,
         "stt sends progress after this much audio, the oracle a heartbeat this often: "
@@ -239,6 +249,8 @@ class GatewaySettings(ServiceSettings):
             "max_client_functions",
             "user_text_max_chars",
             "user_text_per_s",
+            "context_max_chars",
+            "context_per_s",
         )
         if self.max_chunk_s <= 0:
             raise ConfigError(f"max_chunk_s: must be positive, got {self.max_chunk_s}")

@@ -84,8 +84,9 @@ TOOL_CALLS = Counter(
 )
 CALLER_REQUESTS = Counter(
     "kame_gateway_caller_requests_total",
-    "Push-to-talk requests and typed messages: end_turn, respond, cancel, user_text, and "
-    "refused (one the gateway did not act on: Notice REFUSED)",
+    "Push-to-talk requests, typed messages and context: end_turn, respond, cancel, user_text, "
+    "commentary, thinking, instructions, and refused (one the gateway did not act on: "
+    "Notice REFUSED)",
     ["request"],
 )
 

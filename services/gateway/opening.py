@@ -64,6 +64,7 @@ def _frontend_config(
             turn_end_silence_s=settings.turn_end_silence_s,
             hold_phrases=plan.hold_phrases,
             hold_max_s=plan.hold_max_s,
+            hold_delay_s=plan.hold_delay_s,
             manual_turns=plan.manual_turns,
         )
     )
@@ -175,6 +176,12 @@ class SideOpeners:
         # The frontend reports the caller's turn ends (the tts engine), so stt's
         # own pause timer may wait for them (a cascade's final at the turn end).
         self.frontend_ends_turns = False
+        # The caller's instructions: the config's, and those it added since
+        # (AgentContext INSTRUCTIONS), so that a reopened oracle call has them all.
+        self.instructions = plan.instructions
+
+    def add_instructions(self, text: str) -> None:
+        self.instructions = f"{self.instructions}\n{text}".strip()
 
     def stt(
         self, attempt: int
@@ -221,7 +228,8 @@ class SideOpeners:
     def oracle(
         self, attempt: int
     ) -> tuple[StreamCall[oracle_pb2.GuideRequest], list[oracle_pb2.GuideRequest]]:
-        """Every oracle call has the session's id and the caller's functions: a
+        """Every oracle call has the session's id, the caller's functions and
+        instructions and its delegation: a
         reopened one loads the conversation so far from Redis, and first gets the
         caller's final transcript that no candidate has answered yet, so it
         answers that turn."""
@@ -235,10 +243,12 @@ class SideOpeners:
             api_key=llm.api_key,
             policy=oracle_pb2.OraclePolicy(name=self._plan.mode.value),
             heartbeat_interval_s=self._settings.side_heartbeat_s,
-            instructions=self._plan.instructions,
+            instructions=self.instructions,
             client_functions=self._plan.functions,
             frontend_ends_turns=self.frontend_ends_turns,
             caller=self._plan.caller,
+            client_delegation=self._plan.client_delegation,
+            delegation_timeout_s=self._plan.delegation_timeout_s,
         )
         call = oracle_pb2_grpc.OracleStub(channel).Guide()
         opening = [oracle_pb2.GuideRequest(config=config)]

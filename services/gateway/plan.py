@@ -12,7 +12,13 @@ import grpc
 from kame_client.codecs import AudioFormat, CodecError, resolve_format
 from kame_client.status import RETRY_AFTER_KEY
 from kame_common.client_functions import FunctionError, check_functions
-from kame_common.hold import check_hold_max_s, hold_phrases, split_hold_phrases
+from kame_common.delegation import delegation_timeout_s
+from kame_common.hold import (
+    check_hold_delay_s,
+    check_hold_max_s,
+    hold_phrases,
+    split_hold_phrases,
+)
 from kame_common.llm import backend_name
 from kame_common.streams import StreamError
 from kamepb import common_pb2, gateway_pb2
@@ -20,6 +26,7 @@ from services.gateway.config import GatewaySettings
 
 ProtoMode = gateway_pb2.ConverseConfig.Mode
 TurnDetection = gateway_pb2.ConverseConfig.TurnDetection
+Target = gateway_pb2.DelegationConfig.Target
 _TURN_DETECTIONS = (TurnDetection.TURN_DETECTION_UNSPECIFIED, TurnDetection.MANUAL)
 
 
@@ -77,6 +84,7 @@ class SessionPlan:
     hold_phrases: tuple[str, ...]
     hold_max_s: float
     call: gateway_pb2.CallInfo
+    hold_delay_s: float = 0.0  # the hold phrase waits this long for the answer
     manual_turns: bool = False  # push-to-talk: the caller ends turns and asks for answers
     instructions: str = ""  # the caller's own, for the oracle's system prompt
     # The caller's own functions for the oracle's LLM, passed on as declared
@@ -86,6 +94,13 @@ class SessionPlan:
     # Who the call is for (kame_common/auth.py's principal), once admitted: the
     # oracle's caller_token_budget is counted per caller.
     caller: str = ""
+    # Client delegation (services/gateway/delegation.py): how long a delegation waits
+    # for the caller's back-end; 0 = the stack's own oracle answers.
+    delegation_timeout_s: float = 0.0
+
+    @property
+    def client_delegation(self) -> bool:
+        return self.delegation_timeout_s > 0
 
     @property
     def oracle_may_refuse(self) -> str:
@@ -97,8 +112,9 @@ class SessionPlan:
     @property
     def side_services(self) -> tuple[str, ...]:
         """The side services whose capacity the call takes (services/gateway/admission.py):
-        stt always; the oracle unless the call brings its own LLM endpoint."""
-        if self.mode.uses_oracle and not own_llm_endpoint(self.llm):
+        stt always; the oracle unless the call brings its own LLM endpoint or its
+        client's back-end answers (client delegation)."""
+        if self.mode.uses_oracle and not own_llm_endpoint(self.llm) and not self.client_delegation:
             return ("stt", "oracle")
         return ("stt",)
 
@@ -137,6 +153,7 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
     try:
         phrases = _hold_phrases(config.hold, mode, settings)
         check_hold_max_s(config.hold.max_s, "hold.max_s")
+        check_hold_delay_s(config.hold.delay_s, "hold.delay_s")
     except ValueError as exc:
         raise SessionError(invalid, str(exc)) from None
     if config.turn_detection not in _TURN_DETECTIONS:
@@ -164,11 +181,47 @@ def plan_session(config: gateway_pb2.ConverseConfig, settings: GatewaySettings) 
         include_oracle_updates=config.include_oracle_updates,
         hold_phrases=phrases,
         hold_max_s=config.hold.max_s or settings.hold_max_s,
+        hold_delay_s=config.hold.delay_s,
         call=config.call,
         manual_turns=config.turn_detection == TurnDetection.MANUAL,
         instructions=_instructions(config.instructions, settings),
         functions=tuple(config.functions),
+        delegation_timeout_s=_delegation_timeout_s(config, mode, llm),
     )
+
+
+def _delegation_timeout_s(
+    config: gateway_pb2.ConverseConfig, mode: Mode, llm: gateway_pb2.LlmOverride | None
+) -> float:
+    """Client delegation's timeout (kame_common/delegation.py); 0 for the stack's oracle."""
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    delegation = config.delegation
+    if delegation.target not in (Target.TARGET_UNSPECIFIED, Target.CLIENT):
+        raise SessionError(
+            invalid,
+            f"delegation.target: unknown value {delegation.target}; "
+            "choose TARGET_UNSPECIFIED (the stack's oracle) or CLIENT",
+        )
+    if delegation.target != Target.CLIENT:
+        if delegation.timeout_s:
+            raise SessionError(invalid, "delegation.timeout_s: only with delegation.target CLIENT")
+        return 0.0
+    clashes = [
+        ("mode S2S", mode is Mode.S2S),
+        ("an llm override", llm is not None),
+        ("functions", bool(config.functions)),
+    ]
+    for name, clash in clashes:
+        if clash:
+            raise SessionError(
+                invalid,
+                f"delegation.target: CLIENT (the client's back-end answers) cannot go with "
+                f"{name}: the call has no LLM of the stack's to use it",
+            )
+    try:
+        return delegation_timeout_s(delegation.timeout_s, "delegation.timeout_s")
+    except ValueError as exc:
+        raise SessionError(invalid, str(exc)) from None
 
 
 def _instructions(text: str, settings: GatewaySettings) -> str:

@@ -8,6 +8,7 @@ stt and oracle (no oracle in s2s mode; opening.py): the frontend's is an
     caller ──► _read_caller ──► frontend.send ──► frontend writer
                      ├────────► stt.push ─────► stt writer
                      ├─ keys, function results (client_functions.py) ─► oracle.push
+                     ├─ commentary, thinking, instructions (delegation.py) ─► oracle.push
                      └─ turn controls, typed text (turn_control.py) ─► stt, frontend,
                         and typed text down the transcripts' path below
                (caller_input.py: the caller's audio as frames, the requests routed)
@@ -19,6 +20,7 @@ stt and oracle (no oracle in s2s mode; opening.py): the frontend's is an
                                   FINAL_DECODE ─► oracle.push (speculation yields)
     oracle ───► _on_oracle_response: updates ─► frontend.send (and client queue if opted in)
                                      function calls, tool activity ─► client queue
+                                     delegations (client delegation) ─► client queue
     client queue ─► responses() ─► the caller (the servicer yields what it yields;
                                    client_output.py)
 
@@ -84,6 +86,7 @@ from services.gateway.caller_input import CallerAudio, CallerKeys, now_us, read_
 from services.gateway.client_functions import FunctionRouter
 from services.gateway.client_output import AgentFrameOut, ClientOutput, EndOfSession
 from services.gateway.connections import Connections
+from services.gateway.delegation import CallerContext
 from services.gateway.opening import (
     TURN_TAKING_ENGINE,
     SideOpeners,
@@ -162,6 +165,7 @@ class GatewaySession:
             self.settings.queue_frames, plan.mode, self._tracker, self._reporter
         )
         self._oracle_health = OracleHealth(self.id, self._sides, self._output.put)
+        self._context: CallerContext  # made once the oracle's side stream is (_open)
 
     # ---- public -------------------------------------------------------------
 
@@ -223,6 +227,9 @@ class GatewaySession:
                 self.oracle = self._side_stream(
                     "oracle", 4, self._openers.oracle, self._on_oracle_response
                 )
+        self._context = CallerContext(
+            self.settings, self.plan, self._output, self.oracle, self._openers.add_instructions
+        )
         self._records.start()
         now = time.time()
         self._records.update_session(
@@ -233,6 +240,7 @@ class GatewaySession:
                 "engine": self.ready.engine,
                 "input_codec": self.plan.input_format.codec,
                 "output_codec": self.plan.output_format.codec,
+                "delegation": "client" if self.plan.client_delegation else "oracle",
                 # a resumed session keeps the time it first started
                 ("resumed_at" if self.resumed else "started_at"): now,
                 "alive_at": now,
@@ -324,6 +332,7 @@ class GatewaySession:
             keys,
             caller_turns,
             lambda result: self._functions.answer(result, self.oracle),
+            self._context,
         )
         await self.frontend.close_input()
         self.stt.close_input()
@@ -453,6 +462,9 @@ class GatewaySession:
             await self._on_oracle_update(response.update)
         elif kind in ("function_call", "tool"):
             await self._output.put(self._functions.from_oracle(response))
+        elif kind == "delegation":
+            offset_s = self._audio.heard_s()
+            await self._output.put(self._context.delegated(response.delegation, offset_s))
         elif response.event.kind == oracle_pb2.OracleEvent.ERROR:
             await self._oracle_health.llm_error(response.event.detail)
 

@@ -244,7 +244,9 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
     call-1, call-2, ... in the order asked; a FunctionResult gets a
     ToolActivity FINISHED. `fail_after_call`: the next stream aborts after
     sending its call. `spent`: RESOURCE_EXHAUSTED with this message at the config,
-    as the real oracle says a token budget is spent."""
+    as the real oracle says a token budget is spent. A config with client_delegation
+    gets a Delegation (delegation-1, delegation-2, ... in each stream) for each
+    final instead of the RESET."""
 
     def __init__(self) -> None:
         self.log = StreamLog()
@@ -270,7 +272,8 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
         if self.stall:
             await asyncio.Event().wait()
         outbox: asyncio.Queue[oracle_pb2.GuideResponse | str | None] = asyncio.Queue()
-        tasks = [asyncio.create_task(self._answer(requests, outbox))]
+        delegating = first.config.client_delegation
+        tasks = [asyncio.create_task(self._answer(requests, outbox, delegating))]
         if first.config.heartbeat_interval_s:
             tasks.append(asyncio.create_task(_beat(first.config.heartbeat_interval_s, outbox)))
         try:
@@ -284,7 +287,9 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _answer(self, requests: AsyncIterator, outbox: asyncio.Queue) -> None:
+    async def _answer(
+        self, requests: AsyncIterator, outbox: asyncio.Queue, delegating: bool = False
+    ) -> None:
         """RESETs for finals into `outbox`, then None at the end (a str: abort)."""
         generation = 0
         async for request in requests:
@@ -310,6 +315,11 @@ class FakeOracle(oracle_pb2_grpc.OracleServicer):
                 source = common_pb2.CandidateSource(
                     utterance_id=event.utterance_id, is_final=True, text=event.text
                 )
+                if delegating:
+                    delegation_id = f"delegation-{generation}"
+                    delegation = common_pb2.Delegation(delegation_id=delegation_id, source=source)
+                    outbox.put_nowait(oracle_pb2.GuideResponse(delegation=delegation))
+                    continue
                 outbox.put_nowait(
                     oracle_pb2.GuideResponse(
                         update=common_pb2.OracleUpdate(

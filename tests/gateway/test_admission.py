@@ -136,6 +136,12 @@ async def test_the_oracle_counts_only_calls_on_its_own_llm(fakes, registries):
     own = gateway_pb2.LlmOverride(base_url="https://llm.example.com/v1", api_key="sk-own-key")
     hosted = Config(mode=Config.TANDEM, llm=own)
     assert (await converse(gateway.address, frames=2, config=hosted)).code == grpc.StatusCode.OK
+    # Client delegation: the caller's back-end answers, no LLM of the oracle's runs.
+    delegating = Config(
+        mode=Config.TANDEM,
+        delegation=gateway_pb2.DelegationConfig(target=gateway_pb2.DelegationConfig.CLIENT),
+    )
+    assert (await converse(gateway.address, frames=2, config=delegating)).code == grpc.StatusCode.OK
 
 
 @pytest.mark.parametrize(

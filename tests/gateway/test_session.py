@@ -478,7 +478,7 @@ async def test_limits(fakes):
         (
             gateway_pb2.ConverseRequest(),
             "after the config a stream takes only audio, dtmf, turn_control, user_text, "
-            "function_result; got an empty message",
+            "function_result, context; got an empty message",
         ),
         (gateway_pb2.ConverseRequest(dtmf=common_pb2.Dtmf(digit="x")), "dtmf.digit"),
         (gateway_pb2.ConverseRequest(audio=b"\x01"), "audio chunk 0"),
