@@ -75,6 +75,10 @@ class UserTranscript(Event):
     stable_text: str
     stability: float
     lag_s: float
+    # The audio the hypothesis covers, in seconds of the call's caller audio (the
+    # session's timeline, where AgentText and Delegated are placed too).
+    start_s: float = 0.0
+    end_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,8 @@ def _user_transcript(response: Response) -> UserTranscript:
         event.stable_text,
         round(event.stability, 3),  # a float32 on the wire
         round(event.lag_s, 4),
+        round(event.span.start_s, 3),
+        round(event.span.end_s, 3),
     )
 
 

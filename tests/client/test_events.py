@@ -55,7 +55,12 @@ EXAMPLES = [
     (
         Response(
             user_transcript=common_pb2.TranscriptEvent(
-                utterance_id="u1", text="what is", stable_text="what", stability=0.9, lag_s=0.12345
+                utterance_id="u1",
+                text="what is",
+                stable_text="what",
+                stability=0.9,
+                lag_s=0.12345,
+                span=common_pb2.AudioSpan(start_s=0.48, end_s=1.2),
             )
         ),
         {
@@ -65,6 +70,8 @@ EXAMPLES = [
             "stable_text": "what",
             "stability": 0.9,
             "lag_s": 0.1235,
+            "start_s": 0.48,
+            "end_s": 1.2,
         },
     ),
     (
@@ -76,6 +83,8 @@ EXAMPLES = [
             "stable_text": "",
             "stability": 0.0,
             "lag_s": 0.0,
+            "start_s": 0.0,
+            "end_s": 0.0,
         },
     ),
     (
