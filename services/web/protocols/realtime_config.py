@@ -288,7 +288,7 @@ class SessionConfig:
             return self.tools
         if not isinstance(tools, list):
             raise ClientError("invalid_type", "tools must be a list", "session.tools")
-        return tuple(_function_tool(tool, f"session.tools[{n}]") for n, tool in enumerate(tools))
+        return tuple(function_tool(tool, f"session.tools[{n}]") for n, tool in enumerate(tools))
 
     def _tool_choice(self, session: dict[str, Any]) -> str | Event:
         choice = session.get("tool_choice", self.tool_choice)
@@ -339,7 +339,7 @@ class SessionConfig:
         )
 
 
-def _function_tool(tool: Any, where: str) -> FunctionTool:
+def function_tool(tool: Any, where: str) -> FunctionTool:
     """One `tools` entry: {type: function, name, description, parameters}."""
     if not isinstance(tool, dict) or tool.get("type", "function") != "function":
         raise ClientError("unsupported_value", "only function tools are served", f"{where}.type")
