@@ -7,6 +7,8 @@
 - WS  /v1/realtime the OpenAI Realtime protocol (protocols/realtime*.py);
                    `?model=kame-<mode>`
 - WS  /api/chat    the Moshi protocol (protocols/moshi.py)
+- WS  /v1/live/sessions OpenAI's GPT-Live protocol (protocols/live*.py); the
+                   model is session.start's
 Each is a protocol adapter carried over Gateway.Converse by the one bridge
 (bridge.py).
 
@@ -18,14 +20,17 @@ Who may talk through the bridge:
 - a WebSocket without an Origin, or from another origin than the page's own
   (or one of `allowed_origins`), is refused with 403, so a third-party site
   cannot talk through a visitor's browser;
-- /v1/realtime and /api/chat are APIs for programs, which send no Origin:
+- /v1/realtime, /v1/live/sessions and /api/chat are APIs for programs, which
+  send no Origin:
   there the caller's bearer token (`Authorization: Bearer`, the gateway's to
   check; Moshi's clients send none) is the gate, and an Origin, when a browser
   sends one, must be allowed as above;
 - a conversation counts against `max_sessions` only once its start message
   came; a socket that sends none within `start_timeout_s` is closed (1008);
   a Moshi socket counts from its opening (its call opens at once) and is
-  closed (1008) if it sends no audio within `start_timeout_s` of the handshake.
+  closed (1008) if it sends no audio within `start_timeout_s` of the handshake;
+  a GPT-Live socket counts from its session.start (events before it are the
+  protocol's errors), which must come within `start_timeout_s`.
 Every response carries a Content-Security-Policy that lets the page load only
 its own files.
 """
@@ -55,9 +60,11 @@ from kame_common import tracing
 from kame_common.http_server import HttpServer
 from kame_common.server import ACTIVE_SESSIONS, service_main, until_signal
 from kame_common.words import parse_phrases
-from services.web.bridge import Bridge
+from services.web.bridge import Bridge, ClientSocket
 from services.web.config import WebSettings
 from services.web.protocols.adapter import Adapter, Close
+from services.web.protocols.live import LiveSession
+from services.web.protocols.live_adapter import LiveAdapter
 from services.web.protocols.moshi import MoshiSession
 from services.web.protocols.moshi import refusal as refusal_message
 from services.web.protocols.page import PageSession, StartError, error_event, parse_start
@@ -84,6 +91,24 @@ def bearer_token(authorization: str | None) -> str:
     """The token of an `Authorization: Bearer <token>` header ("" if none)."""
     scheme, _, token = (authorization or "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
+
+
+class Replayed:
+    """A socket whose first message was read already: it is received again first."""
+
+    def __init__(self, socket: ClientSocket, first: str | bytes) -> None:
+        self.socket = socket
+        self.first: str | bytes | None = first
+
+    async def receive(self) -> str | bytes | None:
+        first, self.first = self.first, None
+        return first if first is not None else await self.socket.receive()
+
+    async def send_text(self, text: str) -> None:
+        await self.socket.send_text(text)
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self.socket.send_bytes(data)
 
 
 class StarletteSocket:
@@ -149,6 +174,7 @@ class WebApp:
                 WebSocketRoute("/converse", self.converse),
                 WebSocketRoute("/v1/realtime", self.realtime),
                 WebSocketRoute("/api/chat", self.moshi_chat),
+                WebSocketRoute("/v1/live/sessions", self.live),
                 Mount("/static", StaticFiles(directory=STATIC), name="static"),
             ],
             middleware=[Middleware(BaseHTTPMiddleware, dispatch=self.guard_http)],
@@ -188,6 +214,10 @@ class WebApp:
     async def realtime(self, websocket: WebSocket) -> None:
         """An OpenAI Realtime session (protocols/realtime_adapter.py)."""
         await self._serve(websocket, "realtime", self._realtime, api=True)
+
+    async def live(self, websocket: WebSocket) -> None:
+        """An OpenAI GPT-Live session (protocols/live_adapter.py)."""
+        await self._serve(websocket, "live", self._live, api=True)
 
     async def moshi_chat(self, websocket: WebSocket) -> None:
         """A Moshi-protocol chat (protocols/moshi.py)."""
@@ -263,6 +293,28 @@ class WebApp:
         adapter = RealtimeAdapter(session, settings.realtime_idle_timeout_s)
         return await self._session(socket, adapter, self._token(websocket))
 
+    async def _live(self, websocket: WebSocket, socket: StarletteSocket) -> Close:
+        """A GPT-Live session, counted from its session.start: what comes before
+        it gets the protocol's error; none within start_timeout_s closes the socket."""
+        settings = self.settings
+        session = LiveSession(settings.mode_choices, settings.llm_choices)
+        adapter = LiveAdapter(session, settings.realtime_idle_timeout_s)
+        try:
+            async with asyncio.timeout(settings.start_timeout_s):
+                while (first := await socket.receive()) is not None and not is_live_start(first):
+                    for message in adapter.on_client(first).send:
+                        await socket.send_text(str(message))
+        except TimeoutError:
+            reason = f"no session.start within {settings.start_timeout_s:g} s"
+            await socket.send_text(json.dumps(lone_error("session_start_timeout", reason)))
+            return Close(POLICY_VIOLATION, reason)
+        if first is None:
+            return Close()  # the client went away
+        if refusal := self.session_refusal():
+            await socket.send_text(json.dumps(lone_error("server_busy", refusal, "server_error")))
+            return Close(CloseCode.TRY_AGAIN_LATER, refusal)
+        return await self._session(Replayed(socket, first), adapter, self._token(websocket))
+
     async def _moshi(self, websocket: WebSocket, socket: StarletteSocket) -> Close:
         """A Moshi chat in the mode the query names (closed at once, the client
         told why, for a mode the web service does not offer or a full service)."""
@@ -287,7 +339,7 @@ class WebApp:
             return f"the web service is at its limit of {limit} conversations"
         return ""
 
-    async def _session(self, socket: StarletteSocket, adapter: Adapter, token: str) -> Close:
+    async def _session(self, socket: ClientSocket, adapter: Adapter, token: str) -> Close:
         """One session, counted against `max_sessions` while it lasts."""
         async with self.counted():
             return await self.bridge.run(socket, adapter, token)
@@ -305,6 +357,15 @@ class WebApp:
             self._gauge.set(self.active_sessions)
             if not self.active_sessions:
                 self.idle.set()
+
+
+def is_live_start(message: str | bytes) -> bool:
+    """Whether a GPT-Live client's message is its session.start."""
+    try:
+        event = json.loads(message)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(event, dict) and event.get("type") == "session.start"
 
 
 async def no_icon(_request: Request) -> Response:
