@@ -46,6 +46,11 @@ def realtime_url(web_url: str) -> str:
     return "ws" + web_url.removeprefix("http") + "v1/realtime"
 
 
+def live_url(web_url: str) -> str:
+    """The web service's OpenAI GPT-Live endpoint (services/web/protocols/live.py)."""
+    return "ws" + web_url.removeprefix("http") + "v1/live/sessions"
+
+
 def moshi_url(web_url: str) -> str:
     """The web service's Moshi-protocol endpoint (services/web/protocols/moshi.py)."""
     return "ws" + web_url.removeprefix("http") + "api/chat"
@@ -55,6 +60,7 @@ def api_lines(web_url: str) -> list[str]:
     """The lines that name the web service's endpoints for programs, one each."""
     return [
         f"  {'realtime':<9} {realtime_url(web_url)} (OpenAI Realtime API)",
+        f"  {'live':<9} {live_url(web_url)} (OpenAI GPT-Live)",
         f"  {'moshi':<9} {moshi_url(web_url)} (Moshi protocol: moshi's clients, PersonaPlex)",
     ]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kame_common.config import ConfigError, ServiceSettings, setting
+from kame_common.delegation import MAX_TIMEOUT_S
 from kame_common.gateway_client import GatewayClientSettings
 from kame_common.ports import WEB_PORTS
 from kame_common.words import BACKCHANNEL_PHRASES
@@ -55,12 +56,21 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
         "Ingress's name), besides localhost, 127.0.0.1, ::1 and the bind address",
     )
     start_timeout_s: float = setting(
-        10.0, "seconds a new WebSocket gets to send its start message before it is closed"
+        10.0,
+        "seconds a new WebSocket gets to send its start message (a /v1/live/sessions socket: "
+        "its session.start) before it is closed",
     )
     realtime_idle_timeout_s: float = setting(
         300.0,
-        "seconds a /v1/realtime socket may send no event (an /api/chat socket: no message) "
-        "before it is closed with an error (idle_timeout), so a forgotten client holds no slot",
+        "seconds a /v1/realtime or /v1/live/sessions socket may send no event (an /api/chat "
+        "socket: no message) before it is closed with an error (idle_timeout), so a forgotten "
+        "client holds no slot",
+    )
+    live_delegation_timeout_s: float = setting(
+        30.0,
+        "seconds a /v1/live/sessions client's back-end may take to answer a delegation (nothing "
+        "from it for this long: the agent apologises, the call goes on); at most the gateway's "
+        "60",
     )
     realtime_relay_instructions: bool = setting(
         False,
@@ -123,6 +133,11 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
         if not self.realtime_idle_timeout_s > 0:
             raise ConfigError(
                 f"realtime_idle_timeout_s: must be above 0, got {self.realtime_idle_timeout_s}"
+            )
+        if not 0 < self.live_delegation_timeout_s <= MAX_TIMEOUT_S:  # NaN fails too
+            raise ConfigError(
+                f"live_delegation_timeout_s: above 0 and at most {MAX_TIMEOUT_S:g} (the gateway's "
+                f"limit), got {self.live_delegation_timeout_s}"
             )
         if self.gateway_auth_token and not self.relay_token_behind_login:
             raise ConfigError(

@@ -297,7 +297,11 @@ class WebApp:
         """A GPT-Live session, counted from its session.start: what comes before
         it gets the protocol's error; none within start_timeout_s closes the socket."""
         settings = self.settings
-        session = LiveSession(settings.mode_choices, settings.llm_choices)
+        session = LiveSession(
+            settings.mode_choices,
+            settings.llm_choices,
+            delegation_timeout_s=settings.live_delegation_timeout_s,
+        )
         adapter = LiveAdapter(session, settings.realtime_idle_timeout_s)
         try:
             async with asyncio.timeout(settings.start_timeout_s):

@@ -80,6 +80,9 @@ def test_events_before_session_start_are_errors_and_the_start_opens_the_call():
     assert config.input_format.sample_rate_hz == config.output_format.sample_rate_hz == 24000
     assert config.delegation.target == gateway_pb2.DelegationConfig.CLIENT  # the default
     assert (config.voice, config.hold.delay_s, config.instructions) == ("", 0.0, "")
+    timed = LiveSession(MODES, delegation_timeout_s=30.0)
+    start = send(timed, type="session.start", session={"model": "gpt-live-1"})
+    assert start.open_call.delegation.timeout_s == 30.0  # the web service's setting
     started = session.on_converse(Started("gw", "tts", "r1")).events
     (event,) = server_events(started)
     assert event["session"]["model"] == "gpt-live-1"

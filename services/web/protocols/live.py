@@ -109,9 +109,11 @@ class LiveSession:
         offered_modes: list[str],
         offered_models: list[str] | None = None,
         clock: Callable[[], float] = time.time,
+        delegation_timeout_s: float = 0.0,
     ) -> None:
         self.offered_modes = list(offered_modes)
         self.offered_models = list(offered_models or [])
+        self.delegation_timeout_s = delegation_timeout_s  # client delegation (0: the gateway's)
         self.clock = clock
         self.id = new_id("sess")
         self.config: LiveConfig | None = None  # set by session.start
@@ -182,7 +184,9 @@ class LiveSession:
     def _start(self, session: Any) -> Reply:
         if self.config is not None:
             raise ClientError("session_already_started", "session.start is sent once", "type")
-        self.config = start_config(session, self.offered_modes, self.offered_models)
+        self.config = start_config(
+            session, self.offered_modes, self.offered_models, self.delegation_timeout_s
+        )
         return Reply(open_call=self.config.converse_config())
 
     def _session_event(self, kind: str, event_id: str = "") -> Event:

@@ -95,6 +95,7 @@ class LiveConfig:
     instructions: str = ""  # the front-end's: kept and shown back (module doc)
     acknowledgement_delay_ms: int = 0
     responses: Responses | None = None  # None: client delegation
+    delegation_timeout_s: float = 0.0  # client delegation: the gateway's timeout (0: its default)
     history: tuple[tuple[str, str], ...] = ()  # session.input: (role, text)
 
     @property
@@ -118,6 +119,7 @@ class LiveConfig:
                 config.llm.model = self.responses.model
         elif self.delegates:
             config.delegation.target = gateway_pb2.DelegationConfig.CLIENT
+            config.delegation.timeout_s = self.delegation_timeout_s
         return config
 
     def resource(self, session_id: str, expires_at: int) -> Event:
@@ -149,7 +151,12 @@ def _content(role: str, text: str) -> Event:
     return {"type": "output_text" if role == "assistant" else "input_text", "text": text}
 
 
-def start_config(session: Any, offered_modes: list[str], offered_models: list[str]) -> LiveConfig:
+def start_config(
+    session: Any,
+    offered_modes: list[str],
+    offered_models: list[str],
+    delegation_timeout_s: float = 0.0,
+) -> LiveConfig:
     """session.start's `session`, checked; ClientError names the first problem."""
     if not isinstance(session, dict):
         raise ClientError("invalid_type", "session must be an object", "session")
@@ -158,7 +165,9 @@ def start_config(session: Any, offered_modes: list[str], offered_models: list[st
         raise ClientError(
             "missing_required_parameter", "session.model is required", "session.model"
         )
-    config = LiveConfig(model=model, mode=_mode(model, offered_modes))
+    config = LiveConfig(
+        model=model, mode=_mode(model, offered_modes), delegation_timeout_s=delegation_timeout_s
+    )
     audio = session.get("audio") or {}
     if not isinstance(audio, dict):
         raise ClientError("invalid_type", "audio must be an object", "session.audio")
