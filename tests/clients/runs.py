@@ -4,8 +4,9 @@ stack: the venv is built in a thread and the example runs as a subprocess, so
 the stack's servers keep answering meanwhile.
 
 The examples print what each side said as JSON lines, {"you": ...},
-{"agent": ...} and {"error": ...}, and each function the agent had them run
-as {"tool": NAME, ...its arguments}; `ClientRun` holds them."""
+{"agent": ...} and {"error": ...}, each function the agent had them run as
+{"tool": NAME, ...its arguments}, and each answer of a back-end of their own
+(GPT-Live's client delegation) as {"backend": ...}; `ClientRun` holds them."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class ClientRun:
     agent: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     tool_calls: list[dict] = field(default_factory=list)
+    backend: list[str] = field(default_factory=list)  # a back-end of the client's answered
 
     @property
     def heard_question(self) -> str:
@@ -54,7 +56,8 @@ class ClientRun:
     def __str__(self) -> str:  # what an assertion shows when it fails
         return (
             f"exit {self.returncode} after {self.seconds:.0f} s; you={self.you} "
-            f"agent={self.agent} errors={self.errors} tools={self.tool_calls}; "
+            f"agent={self.agent} errors={self.errors} tools={self.tool_calls} "
+            f"backend={self.backend}; "
             f"stderr's end:\n{self.stderr[-3000:]}"
         )
 
@@ -113,6 +116,7 @@ async def run_example(
         run.agent += [said["agent"]] if "agent" in said else []
         run.errors += [said["error"]] if "error" in said else []
         run.tool_calls += [said] if "tool" in said else []
+        run.backend += [said["backend"]] if "backend" in said else []
     return run
 
 

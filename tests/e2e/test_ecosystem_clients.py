@@ -1,6 +1,7 @@
-"""Third-party Realtime clients that nobody here wrote hold a spoken conversation
-with the whole stack (the e2e stack of this folder's conftest) through the web
-service's OpenAI Realtime endpoint: each example of examples/ runs in a venv of
+"""Third-party Realtime and GPT-Live clients that nobody here wrote hold a spoken
+conversation with the whole stack (the e2e stack of this folder's conftest)
+through the web service's OpenAI Realtime and GPT-Live endpoints: each example
+of examples/ runs in a venv of
 its own (tests/clients/venvs.py: Pipecat pins protobuf 6, the stack 7), asks
 a piper question from a WAV, and the answer it saved, transcribed by our STT,
 has the answer in it.
@@ -53,3 +54,24 @@ async def test_the_openai_agents_sdk_asks_a_spoken_question_and_hears_the_answer
         "openai_agents", "openai_agents_realtime.py", url, question_wav, tmp_path
     )
     await assert_answered(run, transcribe)
+
+
+async def test_pipecat_over_gpt_live_with_a_back_end_of_its_own(
+    web, llm_url, question_wav, transcribe, tmp_path
+):
+    """OpenAILiveLLMService with ClientDelegation: its BackendLLMWorker (an
+    OpenAI-compatible LLM service on the embedded LLM) answers the stack's
+    delegation, and the agent says that answer."""
+    url = f"ws://127.0.0.1:{web.port}/v1/live/sessions"
+    run = await ask_from_wav(
+        "pipecat", "pipecat_live.py", url, question_wav, tmp_path, "--llm-url", llm_url, quiet_s=15
+    )
+    assert run.returncode == 0 and run.errors == [], run
+    assert word_recall(QUESTION, run.heard_question) >= 0.6, run
+    assert run.backend, run  # the worker was asked, and answered
+    # The agent said the worker's answer (the stack's own transcript of its speech)...
+    best = max(word_recall(answer, run.said) for answer in run.backend)
+    assert best >= 0.8, run
+    # ...and its voice says that transcript (our STT, with a margin).
+    heard = await asyncio.to_thread(transcribe, run.answer)
+    assert word_recall(run.said, heard) >= 0.5, (heard, str(run))
