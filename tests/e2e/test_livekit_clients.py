@@ -1,8 +1,10 @@
 """LiveKit Agents' realtime plugins, run as their users run them, hold a spoken
 conversation with the whole stack (the e2e stack of this folder's conftest):
 examples/livekit_realtime.py (the OpenAI Realtime plugin, through the web
-service's /v1/realtime) and examples/livekit_personaplex.py (NVIDIA's
-PersonaPlex plugin, the Moshi protocol, through /api/chat), each in the
+service's /v1/realtime), examples/livekit_live.py (its GPT-Live model, through
+/v1/live/sessions, the example being the back-end) and
+examples/livekit_personaplex.py (NVIDIA's PersonaPlex plugin, the Moshi
+protocol, through /api/chat), each in the
 "livekit" venv (tests/clients/venvs.py), each session driven without a LiveKit
 server. Each asks a piper question from a WAV, and the agent's voice it saved,
 transcribed by our STT, has the answer in it.
@@ -17,7 +19,7 @@ import asyncio
 
 import pytest
 
-from tests.clients.runs import ClientRun, ask_from_wav
+from tests.clients.runs import ClientRun, ask_from_wav, write_wav
 from tests.e2e.conftest import QUESTION, latest_caller_words
 from tests.support import word_recall, words_of
 
@@ -60,3 +62,21 @@ async def test_livekit_personaplex_plugin_asks_a_spoken_question_and_hears_the_a
     assert word_recall(QUESTION, question) >= 0.6, (question, str(run))
     if "france" in words_of(question):  # else the model cannot know ('friends', seen once)
         assert "paris" in words_of(run.said), (heard, str(run))  # its voice says these words
+
+
+async def test_livekit_gpt_live_model_with_the_example_as_its_back_end(
+    web, espeak_questions, transcribe, tmp_path
+):
+    """GPTLiveModel with client delegation, an espeak-ng caller: the example answers
+    the stack's delegation with a made-up place, which the agent then says."""
+    caller = next(q for q in espeak_questions if q.text == "What is the capital of Germany?")
+    question = write_wav(tmp_path / "question.wav", caller.audio)
+    answer = "The capital is Quorvan, by the old river."
+    url = f"http://127.0.0.1:{web.port}/v1"  # the plugin adds /live/sessions
+    run = await ask_from_wav(
+        "livekit", "livekit_live.py", url, question, tmp_path, "--answer", answer, quiet_s=4
+    )
+    heard = await heard_answer(run, transcribe)
+    assert run.backend, run  # the stack delegated, and the example answered
+    assert word_recall(answer, run.said) >= 0.8 and "quorvan" in words_of(run.said), run
+    print(f"livekit_live: you={run.you} said={run.said!r} heard={heard!r}")
