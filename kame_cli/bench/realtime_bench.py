@@ -34,6 +34,7 @@ import base64
 import platform
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -117,15 +118,17 @@ async def ask_realtime(question: Question, base_url: str, mode: str) -> Call:
     async with client.realtime.connect(model=f"kame-{mode}") as connection:
         await connection.recv()  # session.created
         clock.t0 = time.monotonic()
-        sender = asyncio.ensure_future(stream(connection, question, clock))
+        append = connection.input_audio_buffer.append
+        sender = asyncio.ensure_future(stream(append, question, clock))
         try:
             return await listen(connection, question, clock)
         finally:
             sender.cancel()
 
 
-async def stream(connection: Any, question: Question, clock: Clock) -> None:
-    """The question, then silence, 80 ms at a time at real time (a microphone)."""
+async def stream(append: Callable[..., Awaitable[None]], question: Question, clock: Clock) -> None:
+    """The question, then silence, 80 ms at a time at real time (a microphone), each
+    chunk to `append(audio=BASE64)`: a protocol's append of caller audio."""
     pcm = float_to_pcm16(question.audio)
     step = int(CHUNK_S * SAMPLE_RATE) * 2
     index = 0
@@ -133,7 +136,7 @@ async def stream(connection: Any, question: Question, clock: Clock) -> None:
         chunk = pcm[index * step : (index + 1) * step]
         chunk += bytes(step - len(chunk))
         await asyncio.sleep(max(0.0, (index + 1) * CHUNK_S - clock.now()))
-        await connection.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
+        await append(audio=base64.b64encode(chunk).decode())
         index += 1
 
 
@@ -196,18 +199,16 @@ async def run(
     return rows
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians per way, and the median of each question's difference."""
+def summary(rows: list[dict[str, Any]], way: str = "realtime") -> dict[str, Any]:
+    """Medians per way, and the median of each question's difference (`way` minus talk)."""
     result: dict[str, Any] = {}
     for kind in ("first_audio_s", "answer_s"):
         talk_values = [row["talk"][kind] for row in rows]
-        realtime_values = [row["realtime"][kind] for row in rows]
-        paired = [
-            r - t for t, r in zip(talk_values, realtime_values, strict=True) if None not in (t, r)
-        ]
+        way_values = [row[way][kind] for row in rows]
+        paired = [r - t for t, r in zip(talk_values, way_values, strict=True) if None not in (t, r)]
         result[kind] = {
             "talk_median": median(talk_values),
-            "realtime_median": median(realtime_values),
+            f"{way}_median": median(way_values),
             "added_median": median(paired),
             "added_all": [round(d, 4) for d in paired],
             "pairs": len(paired),
@@ -226,14 +227,16 @@ def ms(value: float | None) -> str:
     return "-" if value is None else str(round(value * 1000))  # no "-0"
 
 
-def print_summary(result: dict[str, Any]) -> None:
+def print_summary(
+    result: dict[str, Any], way: str = "realtime", endpoint: str = "Realtime endpoint"
+) -> None:
     print()
     print_table(
         "| latency from the end of the question | kame talk, median ms "
-        "| Realtime endpoint, median ms | added by the endpoint, median ms (pairs) |",
+        f"| {endpoint}, median ms | added by the endpoint, median ms (pairs) |",
         [
             f"| {name} | {ms(result[kind]['talk_median'])} | "
-            f"{ms(result[kind]['realtime_median'])} | "
+            f"{ms(result[kind][f'{way}_median'])} | "
             f"{ms(result[kind]['added_median'])} ({result[kind]['pairs']}) |"
             for name, kind in (("first audio", "first_audio_s"), ("answer", "answer_s"))
         ],
