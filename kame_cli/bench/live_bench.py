@@ -26,7 +26,6 @@ writes bench/results/live_bench.json (or --out).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import platform
@@ -38,8 +37,8 @@ from typing import Any
 import numpy as np
 from openai import AsyncOpenAI
 
-from kame_cli.bench.paths import ESPEAK_QUESTIONS, RESULTS_DIR
-from kame_cli.bench.questions import Question, load_questions
+from kame_cli.bench.paths import RESULTS_DIR
+from kame_cli.bench.questions import Question
 from kame_cli.bench.realtime_bench import (
     CHUNK_S,
     MAX_WAIT_S,
@@ -49,13 +48,13 @@ from kame_cli.bench.realtime_bench import (
     ask_talk,
     median,
     ms,
+    parse_args,
     print_summary,
+    questions_and_stack,
     stream,
     summary,
 )
 from kame_cli.bench.report import write_json
-from kame_cli.bench.stacks import BenchStack
-from kame_cli.stack_options import Ports, add_arguments, free_ports, options_from_args
 from kame_client.caller import speech_region
 from kame_common.audio import SAMPLE_RATE
 from kame_common.words import normalize_words
@@ -180,23 +179,9 @@ async def run(questions: list[Question], gateway: str, web_url: str, mode: str) 
     return {"summary": result, "questions": rows}
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--piper", type=int, default=4, help="built-in piper questions to ask")
-    parser.add_argument("--espeak", type=int, default=4, help="espeak-ng questions to ask")
-    parser.add_argument("--mode", default="tandem", choices=("tandem", "cascade"))
-    parser.add_argument("--out", type=Path, default=OUT)
-    add_arguments(parser)  # kame up's stack options (engine, checkpoint, LLM, ...)
-    return parser.parse_args()
-
-
 def main() -> None:
-    args = parse_args()
-    questions = load_questions(None)[: args.piper] + load_questions(ESPEAK_QUESTIONS)[: args.espeak]
-    ports = Ports.free(redis=free_ports(1)[0])  # its own Redis, beside any other stack
-    options = options_from_args(args, ports, args.frontend_engine, args.log_dir)
-    stack = BenchStack(options, frontend_slots=2)  # the last call may still hold one
-    print(f"live bench: starting the stack (logs in {stack.log_dir}) ...", flush=True)
+    args = parse_args(__doc__.split("\n\n")[0], OUT, ("tandem", "cascade"))
+    questions, stack = questions_and_stack(args, "live bench")
     started = time.monotonic()
     with stack:
         measured = asyncio.run(run(questions, stack.gateway_address, stack.web_url, args.mode))

@@ -245,23 +245,33 @@ def print_summary(
     print(f"first audio: {bound} the {BOUND_S * 1000:.0f} ms bound at the median")
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(
+    description: str, out: Path, modes: tuple[str, ...] = ("tandem", "cascade", "s2s")
+) -> argparse.Namespace:
+    """An endpoint bench's flags (this one's and live_bench's)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--piper", type=int, default=4, help="built-in piper questions to ask")
     parser.add_argument("--espeak", type=int, default=4, help="espeak-ng questions to ask")
-    parser.add_argument("--mode", default="tandem", choices=("tandem", "cascade", "s2s"))
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--mode", default="tandem", choices=modes)
+    parser.add_argument("--out", type=Path, default=out)
     add_arguments(parser)  # kame up's stack options (engine, checkpoint, LLM, ...)
     return parser.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
+def questions_and_stack(args: argparse.Namespace, name: str) -> tuple[list[Question], BenchStack]:
+    """The questions `args` asks for, and `kame up`'s stack to ask them of (its own
+    Redis, free ports: beside any other stack), not started yet."""
     questions = load_questions(None)[: args.piper] + load_questions(ESPEAK_QUESTIONS)[: args.espeak]
-    ports = Ports.free(redis=free_ports(1)[0])  # its own Redis, beside any other stack
+    ports = Ports.free(redis=free_ports(1)[0])
     options = options_from_args(args, ports, args.frontend_engine, args.log_dir)
     stack = BenchStack(options, frontend_slots=2)  # the last call may still hold one
-    print(f"realtime bench: starting the stack (logs in {stack.log_dir}) ...", flush=True)
+    print(f"{name}: starting the stack (logs in {stack.log_dir}) ...", flush=True)
+    return questions, stack
+
+
+def main() -> None:
+    args = parse_args(__doc__.split("\n\n")[0], OUT)
+    questions, stack = questions_and_stack(args, "realtime bench")
     started = time.monotonic()
     with stack:
         rows = asyncio.run(run(questions, stack.gateway_address, stack.web_url, args.mode))

@@ -112,6 +112,14 @@ async def more_audio(connection, heard: Heard, decode, seconds: float = 1.5) -> 
                     heard.audio.append(decode(base64.b64decode(event.delta)))
 
 
+async def start(connection, session: dict, delegation: str) -> None:
+    """session.start, and session.started first, with the delegation asked for."""
+    await connection.session.start(session=session)
+    first = await connection.recv()
+    assert first.type == "session.started", first
+    assert first.session.delegation.type == delegation
+
+
 def agent_speech(heard: Heard, rate: int) -> np.ndarray:
     """The agent's audio at 24 kHz, for our STT."""
     samples = pcm16_to_float(b"".join(heard.audio))
@@ -127,10 +135,7 @@ async def test_responses_delegation_the_stacks_oracle_answers(web, speak, transc
         "delegation": {"type": "responses", "responses": {"model": "default"}},
     }
     async with client.live.connect() as connection:
-        await connection.session.start(session=session)
-        first = await connection.recv()
-        assert first.type == "session.started", first
-        assert first.session.delegation.type == "responses"
+        await start(connection, session, "responses")
 
         def answered(h: Heard) -> bool:
             owed = "france" in words_of(h.question)  # else the model cannot know
@@ -170,10 +175,7 @@ async def test_client_delegation_the_test_is_the_back_end(web, espeak_questions,
         await connection.session.commentary.append(content=answer, delegation_id=delegation_id)
 
     async with client.live.connect() as connection:
-        await connection.session.start(session=session)
-        first = await connection.recv()
-        assert first.type == "session.started", first
-        assert first.session.delegation.type == "client"
+        await start(connection, session, "client")
 
         def answered(h: Heard) -> bool:
             return "river" in words_of(h.said)

@@ -20,13 +20,9 @@ import pytest
 from kame_client.events import Delegated, Notice
 from kame_common.audio import FRAME_SECONDS
 from kamepb import common_pb2, gateway_pb2
-from services.frontend.config import FrontendSettings
-from services.frontend.server import serve as serve_frontend
-from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.delegation import APOLOGY
-from services.oracle.server import serve as serve_oracle
 from tests.gateway.fakes import sync_converse
-from tests.gateway.test_push_to_talk import SILENT_FRAME, Call
+from tests.gateway.test_push_to_talk import SILENT_FRAME, Call, real_upstreams
 from tests.oracle.test_bad_input import closed_port_url
 from tests.support import words_of
 
@@ -199,35 +195,9 @@ async def delegating_stack(fakes):
     """The real tts front-end and oracle beside the fake stt; the oracle's own LLM
     cannot be reached (client delegation needs none). `gateway()` starts a real
     gateway in front."""
-    frontend = await serve_frontend(
-        FrontendSettings(
-            host="127.0.0.1",
-            port=0,
-            metrics_port=0,
-            redis_url=fakes.redis_url,
-            replica_id=f"delegation-frontend-{uuid.uuid4().hex[:8]}",
-        )
-    )
-    oracle = await serve_oracle(
-        OracleSettings(
-            host="127.0.0.1",
-            port=0,
-            metrics_port=0,
-            redis_url=fakes.redis_url,
-            warmup_timeout_s=0,
-            base_url=closed_port_url(),
-        ),
-        api_keys=ApiKeys(),
-    )
-
-    async def gateway():
-        return await fakes.gateway(
-            frontend_address=f"127.0.0.1:{frontend.port}",
-            oracle_address=f"127.0.0.1:{oracle.port}",
-        )
-
+    runtimes, gateway = await real_upstreams(fakes, base_url=closed_port_url())
     yield gateway
-    for runtime in (frontend, oracle):
+    for runtime in runtimes:
         await runtime.stop()
 
 

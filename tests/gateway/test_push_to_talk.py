@@ -254,13 +254,10 @@ async def _chat(_request: HttpRequest, respond: Responder) -> None:
     await respond.openai_chat(["Paris is the ", "capital of France."])
 
 
-@pytest.fixture
-async def stack(fakes):
-    """The real tts front-end and oracle (its LLM: a stub that always says ANSWER)
-    beside the fake stt; `gateway(**settings)` starts a real gateway in front."""
-    llm = StubHttpServer({("POST", "/v1/chat/completions"): _chat})
-    url = await llm.start()
-    made = Stack(fakes, llm)
+async def real_upstreams(fakes, **oracle_settings) -> tuple[list, Callable]:
+    """The real tts front-end and oracle (`oracle_settings` over loopback defaults)
+    beside the fakes' stt: their runtimes, and `gateway(**settings)`, which starts a
+    real gateway in front of them."""
     frontend = await serve_frontend(
         FrontendSettings(
             host="127.0.0.1",
@@ -277,12 +274,10 @@ async def stack(fakes):
             metrics_port=0,
             redis_url=fakes.redis_url,
             warmup_timeout_s=0,
-            base_url=f"{url}/v1",
-            model="stub-model",
+            **oracle_settings,
         ),
         api_keys=ApiKeys(),
     )
-    made.runtimes = [frontend, oracle]
 
     async def gateway(**settings):
         return await fakes.gateway(
@@ -291,7 +286,19 @@ async def stack(fakes):
             **settings,
         )
 
-    made.gateway = gateway  # type: ignore[attr-defined]
+    return [frontend, oracle], gateway
+
+
+@pytest.fixture
+async def stack(fakes):
+    """The real tts front-end and oracle (its LLM: a stub that always says ANSWER)
+    beside the fake stt; `gateway(**settings)` starts a real gateway in front."""
+    llm = StubHttpServer({("POST", "/v1/chat/completions"): _chat})
+    url = await llm.start()
+    made = Stack(fakes, llm)
+    made.runtimes, made.gateway = await real_upstreams(  # type: ignore[attr-defined]
+        fakes, base_url=f"{url}/v1", model="stub-model"
+    )
     yield made
     for runtime in made.runtimes:
         await runtime.stop()

@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 
 from kamepb import common_pb2
 from tests.gateway.fakes import transcript
-from tests.web.test_realtime import ONE_SECOND, TOKEN, received, web_service
+from tests.web.test_realtime import ONE_SECOND, TOKEN, events_until, received, web_service
 
 Context = common_pb2.AgentContext
 START = {"model": "gpt-live-1"}
@@ -37,15 +37,6 @@ async def started(connection, session: dict | None = None):
     (event,) = await received(connection, 1)
     assert event.type == "session.started", event
     return event
-
-
-async def until(connection, kind: str, timeout_s: float = 10.0) -> list:
-    """The events up to the first of type `kind`, that one included."""
-    seen = []
-    async with asyncio.timeout(timeout_s):
-        while not seen or seen[-1].type != kind:
-            seen.append(await connection.recv())
-    return seen
 
 
 async def errors_of(connection, count: int, timeout_s: float = 10.0) -> list:
@@ -74,7 +65,7 @@ async def test_a_client_delegation_is_answered_through_the_gateway(fakes):
         first = await started(connection)
         assert first.session.delegation.type == "client"
         streaming = asyncio.ensure_future(stream(connection, 3.0))
-        seen = await until(connection, "session.delegation.created")
+        seen = await events_until(connection, "session.delegation.created")
         created = seen[-1]
         assert created.delegation.target == "client" and created.offset_ms > 0
         question = "".join(e.delta for e in seen if e.type == "session.input_transcript.delta")
@@ -85,13 +76,13 @@ async def test_a_client_delegation_is_answered_through_the_gateway(fakes):
         await connection.session.commentary.append(
             content="Made up.", delegation_id="delegation-99", event_id="c2"
         )
-        acknowledged = await until(connection, "session.commentary.appended")
-        refused = await until(connection, "error")
+        acknowledged = await events_until(connection, "session.commentary.appended")
+        refused = await events_until(connection, "error")
         streaming.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await streaming
         await connection.session.close()
-        closed = await until(connection, "session.closed")
+        closed = await events_until(connection, "session.closed")
 
     assert acknowledged[-1].client_event_id == "c1"
     assert (refused[-1].error.code, refused[-1].client_event_id) == ("delegation_not_found", "c2")
@@ -117,7 +108,7 @@ async def test_bad_input_gets_the_protocols_error_and_another_session_goes_on(fa
         errors = await errors_of(bad, 5)
         # The other session still talks with the agent.
         await other.session.input_audio.append(audio=base64.b64encode(ONE_SECOND).decode())
-        heard = await until(other, "session.output_audio.delta")
+        heard = await events_until(other, "session.output_audio.delta")
 
     assert (early.type, early.error.code, early.client_event_id) == (
         "error",

@@ -62,7 +62,7 @@ from kame_client.events import (
 from kame_common.audio import FRAME_SECONDS
 from kamepb import common_pb2, gateway_pb2
 from services.web.protocols.live_config import LiveConfig, start_config, updated_config
-from services.web.protocols.realtime import MAX_APPEND_S
+from services.web.protocols.realtime import MAX_APPEND_S, parsed_event
 from services.web.protocols.realtime_config import ClientError, Event, error_event, sendable
 from services.web.protocols.realtime_items import new_id
 
@@ -144,7 +144,7 @@ class LiveSession:
     def on_client(self, raw: str | bytes) -> Reply:
         event_id = ""
         try:
-            event = _parsed(raw)
+            event = parsed_event(raw)
             event_id = str(event.get("event_id") or "")
             reply = self._handle(event, event_id)
         except ClientError as exc:
@@ -417,18 +417,6 @@ class LiveSession:
             }
             events.append(closed)
         return self.stamp(events)
-
-
-def _parsed(raw: str | bytes) -> dict[str, Any]:
-    if isinstance(raw, bytes):
-        raise ClientError("invalid_json", "send events as JSON text messages")
-    try:
-        event = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ClientError("invalid_json", f"not JSON ({exc.msg})") from None
-    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-        raise ClientError("invalid_json", "an event is a JSON object with a type", "type")
-    return event
 
 
 def _answering(client_event_id: str) -> Event:

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from kame_client.events import ConverseEvent
 from kame_client.status import CallEnd
-from services.web.pacer import MAX_BACKLOG_S
 from services.web.protocols.adapter import Actions, Close, OpenCall, text
 from services.web.protocols.live import LiveSession, Reply
-from services.web.protocols.realtime_adapter import call_error
+from services.web.protocols.realtime_adapter import backlog_full_error, call_error, idle_error
 from services.web.protocols.realtime_config import error_event
 
 EXPIRED = "OUT_OF_RANGE"  # the gateway's status for a call at its length cap
@@ -56,13 +55,10 @@ class LiveAdapter:
         return Actions(send=text(*self.session.on_call_end(error, expired)), close=Close())
 
     def on_backlog_full(self) -> Actions:
-        message = f"more than {MAX_BACKLOG_S:g} s of audio waits to be sent; append at real time"
-        error = error_event("input_audio_buffer_full", message)
-        return Actions(send=text(*self.session.stamp([error])))
+        return Actions(send=text(*self.session.stamp([backlog_full_error()])))
 
     def on_idle(self) -> Actions:
-        message = f"no client event for {self.idle_timeout_s:g} s: the session ends"
-        idle = self.session.stamp([error_event("idle_timeout", message)])
+        idle = self.session.stamp([idle_error(self.idle_timeout_s)])
         return Actions(send=text(*idle), close=Close())
 
     def on_fault(self) -> Actions:

@@ -187,25 +187,13 @@ class RealtimeSession:
     def on_client(self, raw: str | bytes) -> Reply:
         event_id = ""
         try:
-            event = self._parsed(raw)
+            event = parsed_event(raw)
             event_id = str(event.get("event_id") or "")
             reply = self._handle(event)
         except ClientError as exc:
             reply = Reply([error_event(exc.code, exc.message, event_id=event_id, param=exc.param)])
         self.stamp(reply.events)
         return reply
-
-    @staticmethod
-    def _parsed(raw: str | bytes) -> dict[str, Any]:
-        if isinstance(raw, bytes):
-            raise ClientError("invalid_json", "send events as JSON text messages")
-        try:
-            event = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ClientError("invalid_json", f"not JSON ({exc.msg})") from None
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            raise ClientError("invalid_json", "an event is a JSON object with a type", "type")
-        return event
 
     def _handle(self, event: dict[str, Any]) -> Reply:
         kind = event["type"]
@@ -530,3 +518,16 @@ class RealtimeSession:
 def lone_error(code: str, message: str, error_type: str = "invalid_request_error") -> Event:
     """An error sent outside a session (a refused model, a full web service)."""
     return error_event(code, message, error_type) | {"event_id": new_id("event")}
+
+
+def parsed_event(raw: str | bytes) -> dict[str, Any]:
+    """A client's JSON event (an object with a `type`); ClientError otherwise."""
+    if isinstance(raw, bytes):
+        raise ClientError("invalid_json", "send events as JSON text messages")
+    try:
+        event = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ClientError("invalid_json", f"not JSON ({exc.msg})") from None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise ClientError("invalid_json", "an event is a JSON object with a type", "type")
+    return event

@@ -25,6 +25,19 @@ from services.web.protocols.realtime import RealtimeSession
 from services.web.protocols.realtime_config import Event, error_event
 
 
+def backlog_full_error() -> Event:
+    """Audio beyond the paced backlog: the protocol's error (Realtime's and GPT-Live's)."""
+    message = f"more than {MAX_BACKLOG_S:g} s of audio waits to be sent; append at real time"
+    return error_event("input_audio_buffer_full", message)
+
+
+def idle_error(idle_timeout_s: float) -> Event:
+    """A client silent for `idle_timeout_s`: the protocol's error before the session ends."""
+    return error_event(
+        "idle_timeout", f"no client event for {idle_timeout_s:g} s: the session ends"
+    )
+
+
 def call_error(end: CallEnd) -> Event:
     """How the gateway ended the call, as the protocol's error (kame_client.status's words)."""
     return error_event(end.name.lower(), end.message(), end.error_type)
@@ -68,12 +81,10 @@ class RealtimeAdapter:
         return Actions(send=text(*self.session.on_call_end(error)), close=Close())
 
     def on_backlog_full(self) -> Actions:
-        message = f"more than {MAX_BACKLOG_S:g} s of audio waits to be sent; append at real time"
-        return self._sent(self.session.stamp([error_event("input_audio_buffer_full", message)]))
+        return self._sent(self.session.stamp([backlog_full_error()]))
 
     def on_idle(self) -> Actions:
-        message = f"no client event for {self.idle_timeout_s:g} s: the session ends"
-        idle = self.session.stamp([error_event("idle_timeout", message)])
+        idle = self.session.stamp([idle_error(self.idle_timeout_s)])
         return Actions(send=text(*idle), close=Close())
 
     def on_fault(self) -> Actions:
