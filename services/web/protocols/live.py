@@ -38,7 +38,6 @@ How the stack reads in this protocol:
 from __future__ import annotations
 
 import base64
-import binascii
 import itertools
 import json
 import time
@@ -62,7 +61,7 @@ from kame_client.events import (
 from kame_common.audio import FRAME_SECONDS
 from kamepb import common_pb2, gateway_pb2
 from services.web.protocols.live_config import LiveConfig, start_config, updated_config
-from services.web.protocols.realtime import MAX_APPEND_S, parsed_event
+from services.web.protocols.realtime import decoded_audio, parsed_event
 from services.web.protocols.realtime_config import ClientError, Event, error_event, sendable
 from services.web.protocols.realtime_items import new_id
 
@@ -195,20 +194,9 @@ class LiveSession:
         return _reply(kind, event_id) | {"session": resource}
 
     def _appended(self, audio: Any) -> bytes:
-        if not isinstance(audio, str):
-            raise ClientError("invalid_value", "audio must be base64 text", "audio")
         assert self.config is not None
         coding = self.config.coding
-        if len(audio) * 3 // 4 > MAX_APPEND_S * coding.bytes_per_s:  # before decoding it
-            raise ClientError(
-                "audio_too_long", f"one append carries at most {MAX_APPEND_S:g} s of audio", "audio"
-            )
-        try:
-            data = base64.b64decode(audio, validate=True)
-        except (binascii.Error, ValueError):
-            raise ClientError("invalid_value", "audio is not valid base64", "audio") from None
-        if len(data) % coding.bytes_per_sample:
-            raise ClientError("invalid_value", f"{coding.name} audio is whole samples", "audio")
+        data = decoded_audio(audio, coding)
         return coding.silence(coding.seconds(data)) if self.muted else data
 
     def _context(self, kind: str, event: dict[str, Any], event_id: str) -> Reply:

@@ -16,8 +16,12 @@ from kame_client.events import ConverseEvent
 from kame_client.status import CallEnd
 from services.web.protocols.adapter import Actions, Close, OpenCall, text
 from services.web.protocols.live import LiveSession, Reply
-from services.web.protocols.realtime_adapter import backlog_full_error, call_error, idle_error
-from services.web.protocols.realtime_config import error_event
+from services.web.protocols.realtime_adapter import (
+    backlog_full_error,
+    call_error,
+    fault_error,
+    idle_error,
+)
 
 EXPIRED = "OUT_OF_RANGE"  # the gateway's status for a call at its length cap
 
@@ -62,9 +66,5 @@ class LiveAdapter:
         return Actions(send=text(*idle), close=Close())
 
     def on_fault(self) -> Actions:
-        message = (
-            "The server had an error while processing your request, and the session ends "
-            f"(session {self.session.id} in the web service's log)."
-        )
-        error = error_event("server_error", message, "server_error")
+        error = fault_error(self.session.id)
         return Actions(send=text(*self.session.on_call_end(error)), close=Close())

@@ -77,6 +77,7 @@ from kame_client.events import (
 from kame_common.audio import FRAME_SECONDS
 from services.web.protocols.realtime_caller import DEFAULT_BACKCHANNELS, Nods, UserTurn
 from services.web.protocols.realtime_config import (
+    AudioCoding,
     ClientError,
     Event,
     SessionConfig,
@@ -225,19 +226,8 @@ class RealtimeSession:
         return reply
 
     def _appended(self, audio: Any) -> bytes:
-        if not isinstance(audio, str):
-            raise ClientError("invalid_value", "audio must be base64 text", "audio")
         coding = self.config.input
-        if len(audio) * 3 // 4 > MAX_APPEND_S * coding.bytes_per_s:  # before decoding it
-            raise ClientError(
-                "audio_too_long", f"one append carries at most {MAX_APPEND_S:g} s of audio", "audio"
-            )
-        try:
-            data = base64.b64decode(audio, validate=True)
-        except (binascii.Error, ValueError):
-            raise ClientError("invalid_value", "audio is not valid base64", "audio") from None
-        if len(data) % coding.bytes_per_sample:
-            raise ClientError("invalid_value", f"{coding.name} audio is whole samples", "audio")
+        data = decoded_audio(audio, coding)
         self.appended_s += coding.seconds(data)
         self.uncommitted_s += coding.seconds(data)
         return data
@@ -518,6 +508,24 @@ class RealtimeSession:
 def lone_error(code: str, message: str, error_type: str = "invalid_request_error") -> Event:
     """An error sent outside a session (a refused model, a full web service)."""
     return error_event(code, message, error_type) | {"event_id": new_id("event")}
+
+
+def decoded_audio(audio: Any, coding: AudioCoding) -> bytes:
+    """An append's base64 `audio` in `coding`, decoded; ClientError for what is not
+    base64, not whole samples, or more than MAX_APPEND_S (told before decoding)."""
+    if not isinstance(audio, str):
+        raise ClientError("invalid_value", "audio must be base64 text", "audio")
+    if len(audio) * 3 // 4 > MAX_APPEND_S * coding.bytes_per_s:
+        raise ClientError(
+            "audio_too_long", f"one append carries at most {MAX_APPEND_S:g} s of audio", "audio"
+        )
+    try:
+        data = base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        raise ClientError("invalid_value", "audio is not valid base64", "audio") from None
+    if len(data) % coding.bytes_per_sample:
+        raise ClientError("invalid_value", f"{coding.name} audio is whole samples", "audio")
+    return data
 
 
 def parsed_event(raw: str | bytes) -> dict[str, Any]:

@@ -38,6 +38,15 @@ def idle_error(idle_timeout_s: float) -> Event:
     )
 
 
+def fault_error(session_id: str) -> Event:
+    """A fault of the endpoint's own: the protocol's server_error, as OpenAI reports its own."""
+    message = (
+        "The server had an error while processing your request, and the session ends "
+        f"(session {session_id} in the web service's log)."
+    )
+    return error_event("server_error", message, "server_error")
+
+
 def call_error(end: CallEnd) -> Event:
     """How the gateway ended the call, as the protocol's error (kame_client.status's words)."""
     return error_event(end.name.lower(), end.message(), end.error_type)
@@ -88,9 +97,5 @@ class RealtimeAdapter:
         return Actions(send=text(*idle), close=Close())
 
     def on_fault(self) -> Actions:
-        message = (
-            "The server had an error while processing your request, and the session ends "
-            f"(session {self.session.id} in the web service's log)."
-        )
-        error = error_event("server_error", message, "server_error")
+        error = fault_error(self.session.id)
         return Actions(send=text(*self.session.on_call_end(error)), close=Close())
