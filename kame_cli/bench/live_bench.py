@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 from openai import AsyncOpenAI
+from openai.types.live.session_config_param import DelegationResponses
 
 from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.questions import Question
@@ -62,7 +63,7 @@ from kame_common.words import normalize_words
 OUT = RESULTS_DIR / "live_bench.json"
 # The bench's back-end answer: words no model would say unasked.
 COMMENTARY = "Certainly, the answer you asked for is ready."
-RESPONSES = {"type": "responses", "responses": {"model": "default"}}
+RESPONSES: DelegationResponses = {"type": "responses", "responses": {"model": "default"}}
 
 
 def audible(delta: str) -> bool:
