@@ -17,6 +17,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from kame_client.events import FunctionCall, Notice, ToolCall, ToolFinished, ToolStarted
 from kame_common.auth import bearer_metadata, principal_of
 from kame_common.client_functions import MAX_DECLARATIONS_BYTES
 from kamepb import common_pb2, gateway_pb2
@@ -115,16 +116,16 @@ async def test_a_call_goes_to_the_caller_and_only_its_result_back_to_the_oracle(
     call = Call(gateway.address)
     await call.start(call_config(LOOKUP, Function(name="hang_up")))
     await call.client.send_text("Where is my order A-17?")
-    await call.send_until(lambda: bool(call.of("function_call")))
-    (asked,) = call.of("function_call")
-    assert (asked["call_id"], asked["name"]) == ("call-1", "look_up_order")
-    assert json.loads(asked["arguments_json"]) == {"order": "A-17"}
+    await call.send_until(lambda: bool(call.of(FunctionCall)))
+    (asked,) = call.of(FunctionCall)
+    assert (asked.call_id, asked.name) == ("call-1", "look_up_order")
+    assert json.loads(asked.arguments_json) == {"order": "A-17"}
     # A result for a call nobody asked for is ignored; the real one goes to the
     # oracle once, a second answer to the same call is ignored.
     assert await call.client.send_function_result("call-99", "made up")
     assert await call.client.send_function_result("call-1", "shipped on Monday")
     assert await call.client.send_function_result("call-1", "shipped twice")
-    await call.send_until(lambda: bool(call.of("tool_finished")))
+    await call.send_until(lambda: bool(call.of(ToolFinished)))
     await call.send([SILENT_FRAME] * 3, pace_s=0)
     assert await call.finish() == grpc.StatusCode.OK
 
@@ -134,11 +135,11 @@ async def test_a_call_goes_to_the_caller_and_only_its_result_back_to_the_oracle(
     results = fakes.oracle.log.of("function_result")
     assert [(r.call_id, r.output) for r in results] == [("call-1", "shipped on Monday")]
     # The tool's activity reached the caller around the call, in order.
-    kinds = [k for k in call.kinds() if k in ("tool_started", "function_call", "tool_finished")]
-    assert kinds == ["tool_started", "function_call", "tool_finished"]
-    (finished,) = call.of("tool_finished")
-    assert finished["source"] == "client" and finished["name"] == "look_up_order"
-    assert not finished["is_error"]
+    kinds = [type(e) for e in call.events if isinstance(e, ToolCall | FunctionCall)]
+    assert kinds == [ToolStarted, FunctionCall, ToolFinished]
+    (finished,) = call.of(ToolFinished)
+    assert finished.source == "client" and finished.name == "look_up_order"
+    assert not finished.is_error
     assert client_tool_calls("ok") == before + 1
     session_id = call.client.session.session_id
     record = await fakes.session_record(session_id)
@@ -156,17 +157,17 @@ async def test_a_result_for_a_lost_oracle_stream_is_dropped_and_the_new_one_gets
     await call.client.send_text("Where is my order A-17?")
 
     def notices() -> list[str]:
-        return [e["kind"] for e in call.of("notice")]
+        return [e.kind for e in call.of(Notice)]
 
     # The stream that asked for call-1 broke; the gateway opened another, which got
     # the question no answer had come for (replay.py) and asks anew.
     await call.send_until(
-        lambda: "ORACLE_RESTORED" in notices() and len(call.of("function_call")) == 2
+        lambda: "ORACLE_RESTORED" in notices() and len(call.of(FunctionCall)) == 2
     )
-    assert [e["call_id"] for e in call.of("function_call")] == ["call-1", "call-2"]
+    assert [e.call_id for e in call.of(FunctionCall)] == ["call-1", "call-2"]
     assert await call.client.send_function_result("call-1", "too late")
     assert await call.client.send_function_result("call-2", "in the warehouse")
-    await call.send_until(lambda: bool(call.of("tool_finished")))
+    await call.send_until(lambda: bool(call.of(ToolFinished)))
     await call.send([SILENT_FRAME] * 3, pace_s=0)
     assert await call.finish() == grpc.StatusCode.OK
 
