@@ -6,7 +6,6 @@ back, and a text normalizer + word error rate for judging transcripts."""
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -15,57 +14,14 @@ import grpc
 import numpy as np
 import pytest
 
+from kame_cli.wer import normalize, word_error_rate
 from kame_common.audio import FRAME_BYTES, FRAME_SECONDS, SAMPLE_RATE, float_to_pcm16
 from kamepb import common_pb2, stt_pb2, stt_pb2_grpc
 from services.stt.config import SttSettings
 from services.stt.engine import SttEngine
 from services.stt.server import serve
 
-# --- text normalization and word error rate ---
-
-_ONES = (
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen "
-    "fourteen fifteen sixteen seventeen eighteen nineteen"
-).split()
-_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
-
-
-def number_words(number: int) -> list[str]:
-    """0 <= number < 1_000_000 spelled out ("one hundred twenty three")."""
-    if number < 20:
-        return [_ONES[number]]
-    if number < 100:
-        return [_TENS[number // 10]] + (number_words(number % 10) if number % 10 else [])
-    for size, name in ((1000, "thousand"), (100, "hundred")):
-        if number >= size:
-            rest = number % size
-            return number_words(number // size) + [name] + (number_words(rest) if rest else [])
-    raise AssertionError("unreachable")
-
-
-def normalize(text: str) -> list[str]:
-    """Lowercase words without punctuation, digits spelled out ("12" -> "twelve"),
-    so "What is 12 times 4?" and "what is twelve times four" compare equal."""
-    words = []
-    for token in re.findall(r"[a-z0-9']+", text.lower().replace("-", " ")):
-        if token.isdigit():
-            words += number_words(int(token)) if len(token) <= 6 else list(token)
-        else:
-            words.append(token.strip("'"))
-    return [w for w in words if w]
-
-
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    """(substitutions + deletions + insertions) / reference words, after normalize()."""
-    ref, hyp = normalize(reference), normalize(hypothesis)
-    distances = list(range(len(hyp) + 1))
-    for i, ref_word in enumerate(ref, start=1):
-        previous_diagonal, distances[0] = distances[0], i
-        for j, hyp_word in enumerate(hyp, start=1):
-            substitution = previous_diagonal + (ref_word != hyp_word)
-            previous_diagonal = distances[j]
-            distances[j] = min(distances[j] + 1, distances[j - 1] + 1, substitution)
-    return distances[len(hyp)] / max(len(ref), 1)
+# --- text normalization and word error rate (kame_cli.wer: the bench and kame demo judge by it) ---
 
 
 @pytest.fixture(scope="session")
