@@ -11,4 +11,5 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS_DIR = REPO_ROOT / "bench" / "questions"
 ESPEAK_QUESTIONS = QUESTIONS_DIR / "espeak" / "questions.json"
+DICTATION_SET = QUESTIONS_DIR / "dictation"
 RESULTS_DIR = REPO_ROOT / "bench" / "results"

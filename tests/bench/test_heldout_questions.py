@@ -10,7 +10,6 @@ so the guard does not trip on itself."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import wave
 from pathlib import Path
@@ -18,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from kame_cli.bench import make_questions
-from kame_cli.bench.questions import BUILTIN_QUESTIONS, load_questions, words
+from kame_cli.bench.questions import BUILTIN_QUESTIONS, load_questions
+from tests.bench.unused_sets import flat, guard_catches, uses_of_the_set
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS_DIR = ROOT / "tests"
@@ -33,66 +33,14 @@ def entries() -> list[dict]:
     return json.loads((SET_DIR / "questions.json").read_text())
 
 
-def flat(text: str) -> str:
-    """Words only, space-separated and padded: a question split over lines or
-    string literals, or in other case or punctuation, still matches."""
-    return f" {' '.join(words(text))} "
-
-
-def text_files(tests_dir: Path, skip: Path) -> dict[Path, str]:
-    """Every readable text file under `tests_dir` but `skip`."""
-    texts = {}
-    for path in sorted(tests_dir.rglob("*")):
-        if not path.is_file() or path.resolve() == skip or "__pycache__" in path.parts:
-            continue
-        try:
-            texts[path] = path.read_text()
-        except UnicodeDecodeError:
-            continue  # a binary fixture cannot name a voice in a way a test could pass on
-    return texts
-
-
-def uses_of_the_set(entries: list[dict], tests_dir: Path, skip: Path) -> list[str]:
-    """A line ("file: what") for each file under `tests_dir` (but `skip`) that
-    names a held-out voice (voice+variant), question text, or the set's directory."""
-    voices = {entry["voice"].lower() for entry in entries}
-    questions = {flat(entry["text"]) for entry in entries}
-    found = []
-    for path, text in text_files(tests_dir, skip).items():
-        lower, words_only = text.lower(), flat(text)
-        found += [
-            f"{path}: voice {voice}"
-            for voice in sorted(voices)
-            if re.search(rf"(?<![\w+-]){re.escape(voice)}(?![\w+-])", lower)
-        ]
-        found += [f"{path}: question{q.rstrip()}" for q in sorted(questions) if q in words_only]
-        if re.search(rf"\b{SET_NAME}\b", lower):
-            found.append(f"{path}: names the {SET_NAME} directory")
-    return found
-
-
 def test_no_other_test_uses_the_held_out_set(entries):
-    assert uses_of_the_set(entries, TESTS_DIR, Path(__file__).resolve()) == []
+    assert uses_of_the_set(entries, SET_NAME, TESTS_DIR, Path(__file__).resolve()) == []
 
 
 def test_the_guard_catches_a_test_that_uses_the_set(entries, tmp_path):
     """A test using a held-out voice, question or the directory is found: the
     guard above can fail."""
-    voice, question = entries[0]["voice"], entries[1]["text"]
-    (tmp_path / "unit").mkdir()
-    (tmp_path / "unit" / "test_voice.py").write_text(f'speech = espeak(QUESTION, "{voice}")\n')
-    cut = question.index(" ", len(question) // 2)  # split between words, over two lines
-    (tmp_path / "test_text.py").write_text(
-        f'QUESTION = ("{question[:cut].upper()}"\n    "{question[cut:]}")\n'
-    )
-    (tmp_path / "test_dir.py").write_text(f'SET = ROOT / "bench/questions/{SET_NAME}"\n')
-    (tmp_path / "test_clean.py").write_text('speech = espeak("What is the capital of France?")\n')
-    found = uses_of_the_set(entries, tmp_path, tmp_path / "none")
-    assert [line.split(":")[0] for line in found] == [
-        str(tmp_path / "test_dir.py"),
-        str(tmp_path / "test_text.py"),
-        str(tmp_path / "unit" / "test_voice.py"),
-    ], found
+    guard_catches(entries, SET_NAME, tmp_path)
 
 
 def test_the_entries_are_well_formed(entries):
