@@ -62,7 +62,6 @@ def voiced_span_ms(audio: Samples) -> int:
 
 
 STT_RATE = 16_000
-STT_PRE_ROLL_S = 0.25
 
 
 class SttFinal:
@@ -75,7 +74,9 @@ class SttFinal:
 
     def __call__(self, audio: Samples) -> tuple[str, float]:
         clip = resample(audio, SAMPLE_RATE, STT_RATE)
-        padded = np.concatenate([np.zeros(round(STT_PRE_ROLL_S * STT_RATE), np.float32), clip])
+        # The silence a session's pre-roll gives a clip that starts with its speech.
+        pre_roll = np.zeros(round(self.engine.settings.pre_roll_s * STT_RATE), np.float32)
+        padded = np.concatenate([pre_roll, clip])
         request = self.engine.request(padded, 0.0, "en", self.engine.settings.beam_size)
         started = time.perf_counter()
         [words] = self.engine.whisper.decode([request])

@@ -12,6 +12,7 @@ from kame_common.config import (
     MeasuredCapacitySettings,
     setting,
 )
+from kame_common.models import EMBEDDED_WHISPERS, WHISPER_TINY_EN
 
 DEVICES = ("cpu", "cuda", "auto")
 COMPUTE_TYPES = (
@@ -29,13 +30,20 @@ COMPUTE_TYPES = (
 )
 # One Whisper window is 30 s; a longer utterance would need a second window per partial.
 MAX_UTTERANCE_LIMIT_S = 30.0
+# More audio before the speech start than this is mostly the pause before it.
+MAX_PRE_ROLL_S = 2.0
 
 
 @dataclass
 class SttSettings(MeasuredCapacitySettings):
     SERVICE: ClassVar[str] = "stt"
 
-    model_dir: str = setting("", "CTranslate2 Whisper directory (empty = embedded tiny.en)")
+    model: str = setting(
+        WHISPER_TINY_EN,
+        "Embedded Whisper (unless model_dir names another)",
+        choices=EMBEDDED_WHISPERS,
+    )
+    model_dir: str = setting("", "CTranslate2 Whisper directory (empty = the embedded `model`)")
     device: str = setting("cpu", "Where Whisper runs", choices=DEVICES)
     compute_type: str = setting(
         "", "CTranslate2 compute type (empty = int8 on CPU, float16 on CUDA)", choices=COMPUTE_TYPES
@@ -47,11 +55,17 @@ class SttSettings(MeasuredCapacitySettings):
         2.0, "Silence after the audio in Whisper's window (30 = always the full 30 s window)"
     )
     beam_size: int = setting(1, "Beam size of final decodes (partials are always greedy)")
+    temperature_fallback: bool = setting(
+        False, "A final decode that looks wrong (repeats itself, improbable) is sampled again"
+    )
     word_timestamps: bool = setting(True, "Align word timings (about 10% more decode time)")
     partial_interval_s: float = setting(0.5, "Default: re-decode after this much new speech")
     endpoint_silence_s: float = setting(0.5, "Default: a pause this long ends the utterance")
     max_utterance_s: float = setting(15.0, "Default: an utterance this long is finalized")
     vad_threshold: float = setting(0.5, "Default: Silero VAD speech probability threshold")
+    pre_roll_s: float = setting(
+        0.25, "Audio Whisper hears before the VAD's speech start (silence where there is none)"
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -63,6 +77,10 @@ class SttSettings(MeasuredCapacitySettings):
         ):
             if getattr(self, name) < minimum:
                 raise ConfigError(f"{name}: must be at least {minimum}, got {getattr(self, name)}")
+        if not 0.0 <= self.pre_roll_s <= MAX_PRE_ROLL_S:
+            raise ConfigError(
+                f"pre_roll_s: must be between 0 and {MAX_PRE_ROLL_S:g}, got {self.pre_roll_s:g}"
+            )
         if not 0.5 <= self.window_pad_s <= MAX_UTTERANCE_LIMIT_S:
             raise ConfigError(
                 f"window_pad_s: must be between 0.5 and {MAX_UTTERANCE_LIMIT_S:g} "

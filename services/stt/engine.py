@@ -23,7 +23,7 @@ from faster_whisper import WhisperModel
 
 from kame_common.audio import SAMPLE_RATE, Samples, resample
 from kame_common.capacity import LoadMeter
-from kame_common.models import whisper_tiny_en_dir
+from kame_common.models import embedded_whisper
 from services.stt.agreement import Word
 from services.stt.config import SttSettings
 from services.stt.scheduler import DecodeScheduler
@@ -51,25 +51,34 @@ class Decoded:
     batch_size: int = 1  # utterances decoded in that call
 
 
+def load_whisper(settings: SttSettings) -> tuple[Path, WhisperModel]:
+    """The Whisper `settings` name (model_dir, else the embedded `model`) and
+    where it lies."""
+    if settings.model_dir:
+        path, files = Path(settings.model_dir), {}
+    else:
+        embedded = embedded_whisper(settings.model)
+        path, files = embedded.path, dict(embedded.files)  # faster-whisper empties it
+    device = settings.device
+    workers = settings.decode_workers
+    model = WhisperModel(
+        str(path),
+        device=device,
+        compute_type=settings.compute_type or ("float16" if device == "cuda" else "int8"),
+        cpu_threads=settings.cpu_threads or max(1, (os.cpu_count() or 1) // workers),
+        num_workers=workers,
+        files=files or None,
+    )
+    return path, model
+
+
 class SttEngine:
     """The shared model side. Construction loads the models (about a second on CPU)."""
 
     def __init__(self, settings: SttSettings | None = None) -> None:
         self.settings = settings or SttSettings()
-        self.model_dir = (
-            Path(self.settings.model_dir) if self.settings.model_dir else whisper_tiny_en_dir()
-        )
-        device = self.settings.device
-        compute_type = self.settings.compute_type or ("float16" if device == "cuda" else "int8")
         workers = self.settings.decode_workers
-        cpu_threads = self.settings.cpu_threads or max(1, (os.cpu_count() or 1) // workers)
-        self.model = WhisperModel(
-            str(self.model_dir),
-            device=device,
-            compute_type=compute_type,
-            cpu_threads=cpu_threads,
-            num_workers=workers,
-        )
+        self.model_dir, self.model = load_whisper(self.settings)
         self.whisper = WindowedWhisper(
             self.model, self.settings.window_pad_s, self.settings.word_timestamps
         )
@@ -107,13 +116,20 @@ class SttEngine:
 
     @staticmethod
     def request(
-        audio: Samples, offset_s: float, language: str, beam_size: int, lead_in_s: float = 0.0
+        audio: Samples,
+        offset_s: float,
+        language: str,
+        beam_size: int,
+        lead_in_s: float = 0.0,
+        fallback: bool = False,
     ) -> DecodeRequest:
         """A decode of one 16 kHz utterance whose word times start at `offset_s`, heard
-        after `lead_in_s` of silence."""
+        after `lead_in_s` of silence (with temperature fallback if `fallback`)."""
         duration = len(audio) / VAD_RATE
         max_new_tokens = min(MAX_NEW_TOKENS, int(TOKENS_PER_SECOND_CAP * duration) + 16)
-        return DecodeRequest(audio, offset_s, language, beam_size, max_new_tokens, lead_in_s)
+        return DecodeRequest(
+            audio, offset_s, language, beam_size, max_new_tokens, lead_in_s, fallback
+        )
 
     def _measure_session_load(self, workers: int) -> float:
         """Share of the decode workers one session takes, from one timed decode of a

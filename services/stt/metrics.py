@@ -42,6 +42,11 @@ EARLY_FINALS_DISCARDED = Counter(
     "kame_stt_early_finals_discarded_total",
     "Final decodes started during a pause that the caller then talked through",
 )
+FALLBACKS = Counter(
+    "kame_stt_temperature_fallbacks_total",
+    "Final decodes that looked wrong (repeating themselves, improbable) and were sampled "
+    "again (temperature_fallback)",
+)
 TRANSCRIPTS = Counter("kame_stt_transcripts_total", "Transcript events emitted", ["kind"])
 END_OF_TURN = Counter(
     "kame_stt_end_of_turn_total",

@@ -61,11 +61,6 @@ from services.stt.whisper import DecodeRequest
 log = logging.getLogger(__name__)
 _tracer = tracing.tracer(__name__)
 
-# Audio kept before the VAD's speech start: Silero fires a little after soft onsets.
-# Where the stream has less (its first words, or a pause shorter than this before
-# them), Whisper hears silence for the rest: on speech from the audio's first
-# sample tiny.en mishears more words and loops (says the question again).
-PRE_ROLL_S = 0.25
 # The final decode covers this much of the pause after the speech, and starts as
 # soon as that audio is in, before the endpoint is confirmed.
 FINAL_TAIL_S = 0.2
@@ -184,6 +179,12 @@ class SttSession:
         self._utterance_count = 0
         self._last_speech_end_s = 0.0
         self._final_tail_s = min(FINAL_TAIL_S, settings.endpoint_silence_s)
+        # Audio kept before the VAD's speech start (the service's pre_roll_s): Silero
+        # fires a little after soft onsets. Where the stream has less (its first
+        # words, or a shorter pause before them), Whisper hears silence for the
+        # rest: on speech from the audio's first sample tiny.en mishears more
+        # words and loops (says the question again).
+        self._pre_roll_s = engine.settings.pre_roll_s
         self._out: asyncio.Queue[stt_pb2.TranscribeResponse | Exception | _End] = asyncio.Queue(
             maxsize=OUTPUT_QUEUE_SIZE
         )
@@ -210,7 +211,7 @@ class SttSession:
         keep = (
             self._utterance.audio_start_s
             if self._utterance
-            else self._audio.end_s - PRE_ROLL_S - FRAME_SECONDS
+            else self._audio.end_s - self._pre_roll_s - FRAME_SECONDS
         )
         self._audio.keep_from(keep)
         self._report_progress()
@@ -289,13 +290,13 @@ class SttSession:
         if event.kind == "start":
             self._utterance_count += 1
             utterance_id = f"{self.settings.session_id or 'stt'}-{self._utterance_count}"
-            start = max(event.at_s - PRE_ROLL_S, self._last_speech_end_s, self._audio.start_s)
+            start = max(event.at_s - self._pre_roll_s, self._last_speech_end_s, self._audio.start_s)
             # The first partial comes after partial_interval_s of speech, not of pre-roll.
             self._utterance = Utterance(
                 utterance_id,
                 start,
                 speech_start_s=event.at_s,
-                lead_in_s=PRE_ROLL_S - (event.at_s - start),
+                lead_in_s=self._pre_roll_s - (event.at_s - start),
                 last_partial_end_s=event.at_s,
             )
             await self._emit_activity(SPEECH_START, utterance_id, event.at_s)
@@ -369,16 +370,24 @@ class SttSession:
 
     # --- decoding ---
 
-    def _decode_request(self, utterance: Utterance, end_s: float, beam_size: int) -> DecodeRequest:
+    def _decode_request(self, utterance: Utterance, end_s: float, *, final: bool) -> DecodeRequest:
+        """A final is decoded as the service's settings say (beam size, temperature
+        fallback); a partial greedily, once."""
         audio = self._audio.slice(utterance.audio_start_s, end_s)
+        settings = self._engine.settings
         return self._engine.request(
-            audio, utterance.audio_start_s, self.settings.language, beam_size, utterance.lead_in_s
+            audio,
+            utterance.audio_start_s,
+            self.settings.language,
+            settings.beam_size if final else 1,
+            utterance.lead_in_s,
+            fallback=final and settings.temperature_fallback,
         )
 
     def _submit_final(self, utterance: Utterance, end_s: float) -> Future[Decoded]:
         """Queue the final's decode; the caller then sends FINAL_DECODE, so the oracle's
         speculative LLM work stops and the decode a turn waits for has the CPU."""
-        request = self._decode_request(utterance, end_s, self._engine.settings.beam_size)
+        request = self._decode_request(utterance, end_s, final=True)
         # A waiting partial would only run after the final: drop it. A running one
         # is still emitted if it ends before the final does.
         if self._engine.scheduler.withdraw_partial(self):
@@ -387,7 +396,7 @@ class SttSession:
 
     def _submit_partial(self, utterance: Utterance) -> None:
         end_s = self._audio.end_s
-        request = self._decode_request(utterance, end_s, beam_size=1)
+        request = self._decode_request(utterance, end_s, final=False)
         future = _observed(self._engine.scheduler.submit_partial(self, request), "partial", request)
         utterance.last_partial_end_s = end_s
         received_at = self._clock.received_at(end_s)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ from faster_whisper.tokenizer import Tokenizer
 from faster_whisper.transcribe import merge_punctuations
 
 from kame_common.audio import Samples
+from services.stt import metrics
 from services.stt.agreement import Word
 
 WHISPER_RATE = 16_000
@@ -57,6 +59,15 @@ LOG_PROB_THRESHOLD = -1.0
 MAX_INITIAL_TIMESTAMP_S = 1.0
 # A phrase of this many tokens twice in a row is a decoding loop, not speech.
 REPEAT_MIN_TOKENS = 4
+# Temperature fallback (a request's `fallback`), as faster-whisper's transcribe does
+# it: a decode whose text compresses more than this (it repeats itself) or whose
+# average log probability is under LOG_PROB_THRESHOLD is decoded again by sampling
+# SAMPLES_PER_TEMPERATURE candidates at each temperature in turn until one passes;
+# if none does, the most probable decode is kept. Sampling is random: the same
+# audio may give other words the next time.
+COMPRESSION_RATIO_THRESHOLD = 2.4
+FALLBACK_TEMPERATURES = (0.2, 0.4, 0.6, 0.8, 1.0)
+SAMPLES_PER_TEMPERATURE = 5
 # Punctuation is glued to the word before or after it as faster-whisper's own
 # transcribe does (its defaults, so both ways of decoding write words alike).
 _TRANSCRIBE_DEFAULTS = inspect.signature(WhisperModel.transcribe).parameters
@@ -75,6 +86,7 @@ class DecodeRequest:
     beam_size: int
     max_new_tokens: int
     lead_in_s: float = 0.0
+    fallback: bool = False  # temperature fallback when the decode looks wrong
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,9 @@ class WindowedWhisper:
 
     def decode(self, requests: Sequence[DecodeRequest]) -> list[list[Word]]:
         """Each request's words (blocking; every request must share language and
-        beam size). One encoder call and one generate call for the batch."""
+        beam size). One encoder call and one generate call for the batch, and for
+        the requests with `fallback` whose decode looks wrong, one more of each per
+        temperature tried."""
         if not requests:
             return []
         language, beam_size = requests[0].language, requests[0].beam_size
@@ -107,22 +121,71 @@ class WindowedWhisper:
         window = self._window(features, max(content_frames))
         encoded = self.model.model.encode(window, to_cpu=False)
         prompt = self.model.get_prompt(tokenizer, [])
+        options = {
+            "max_length": len(prompt) + max(r.max_new_tokens for r in requests),
+            "return_scores": True,
+            "return_no_speech_prob": True,
+            "suppress_blank": True,
+            "suppress_tokens": [-1],
+            "max_initial_timestamp_index": round(MAX_INITIAL_TIMESTAMP_S / TIMESTAMP_STEP_S),
+        }
         results = self.model.model.generate(
-            encoded,
-            [prompt] * len(requests),
-            beam_size=beam_size,
-            max_length=len(prompt) + max(r.max_new_tokens for r in requests),
-            return_scores=True,
-            return_no_speech_prob=True,
-            suppress_blank=True,
-            suppress_tokens=[-1],
-            max_initial_timestamp_index=round(MAX_INITIAL_TIMESTAMP_S / TIMESTAMP_STEP_S),
+            encoded, [prompt] * len(requests), beam_size=beam_size, **options
         )
+        retry = [
+            i for i, r in enumerate(requests) if r.fallback and _looks_wrong(results[i], tokenizer)
+        ]
+        if retry:
+            metrics.FALLBACKS.inc(len(retry))
+            resampled = self._fallback(
+                [features[i] for i in retry],
+                [results[i] for i in retry],
+                prompt,
+                options,
+                tokenizer,
+            )
+            for i, result in zip(retry, resampled, strict=True):
+                results[i] = result
         segments = [
             _spoken_segments(result, tokenizer, frames * SECONDS_PER_FRAME)
             for result, frames in zip(results, content_frames, strict=True)
         ]
         return self._words(segments, tokenizer, encoded, content_frames, requests)
+
+    def _fallback(
+        self,
+        features: list[npt.NDArray[np.float32]],
+        first: list[Any],
+        prompt: list[int],
+        options: dict[str, Any],
+        tokenizer: Tokenizer,
+    ) -> list[Any]:
+        """Each utterance (whose `first` decode looked wrong) decoded again by
+        sampling, temperature after temperature, until a decode passes; where none
+        does, the most probable of all, the first included."""
+        frames = max(min(f.shape[-1] - 1, FULL_WINDOW_FRAMES) for f in features)
+        encoded = self.model.model.encode(self._window(features, frames), to_cpu=False)
+        tried: list[list[Any]] = [[result] for result in first]
+        pending = list(range(len(features)))
+        for temperature in FALLBACK_TEMPERATURES:
+            results = self.model.model.generate(
+                encoded,
+                [prompt] * len(features),
+                beam_size=1,
+                num_hypotheses=SAMPLES_PER_TEMPERATURE,
+                sampling_topk=0,
+                sampling_temperature=temperature,
+                **options,
+            )
+            for i in pending:
+                tried[i].append(results[i])
+            pending = [i for i in pending if _looks_wrong(results[i], tokenizer)]
+            if not pending:
+                break
+        return [
+            row[-1] if i not in pending else max(row, key=_average_log_probability)
+            for i, row in enumerate(tried)
+        ]
 
     def _tokenizer(self, language: str) -> Tokenizer:
         if language not in self._tokenizers:
@@ -180,12 +243,35 @@ class WindowedWhisper:
         return words
 
 
+def _average_log_probability(result: Any) -> float:
+    """Per token, counting the end of text (faster-whisper's measure)."""
+    tokens = result.sequences_ids[0]
+    return float(result.scores[0] * len(tokens) / (len(tokens) + 1))
+
+
+def _is_silence(result: Any) -> bool:
+    """Whisper's own silence rule: the no-speech token is likely and the text is not."""
+    return bool(
+        result.no_speech_prob > NO_SPEECH_THRESHOLD
+        and _average_log_probability(result) < LOG_PROB_THRESHOLD
+    )
+
+
+def _looks_wrong(result: Any, tokenizer: Tokenizer) -> bool:
+    """faster-whisper's reasons to decode again: text that repeats itself (compresses
+    too well) or is improbable, unless it is silence."""
+    if _is_silence(result):
+        return False
+    text = tokenizer.decode(result.sequences_ids[0]).strip().encode()
+    repeats = bool(text) and len(text) / len(zlib.compress(text)) > COMPRESSION_RATIO_THRESHOLD
+    return repeats or _average_log_probability(result) < LOG_PROB_THRESHOLD
+
+
 def _spoken_segments(result: Any, tokenizer: Tokenizer, content_s: float) -> list[_Segment]:
     """The segments of one generated sequence that lie in the audio, loops dropped."""
-    scores, tokens = result.scores[0], result.sequences_ids[0]
-    avg_logprob = scores * len(tokens) / (len(tokens) + 1)
-    if result.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOG_PROB_THRESHOLD:
-        return []  # Whisper's own silence rule
+    tokens = result.sequences_ids[0]
+    if _is_silence(result):
+        return []
     kept: list[_Segment] = []
     for segment in _segments(tokens, tokenizer, content_s):
         if segment.start_s >= content_s:

@@ -15,7 +15,7 @@ import pytest
 
 from kame_common.audio import SAMPLE_RATE, resample
 from kamepb import stt_pb2
-from services.stt.session import PRE_ROLL_S
+from services.stt.config import SttSettings
 from services.stt.vad import VAD_RATE
 
 QUESTION = "What is the door code for the Paris office?"
@@ -56,7 +56,8 @@ async def test_a_question_from_the_first_sample_is_heard_once(
 
 
 @pytest.mark.parametrize(
-    ("speaker", "lead_s", "tail_s"), [("piper", 0.0, 0.2), ("en-us+f3", PRE_ROLL_S, 0.0)]
+    ("speaker", "lead_s", "tail_s"),
+    [("piper", 0.0, 0.2), ("en-us+f3", SttSettings.pre_roll_s, 0.0)],
 )
 def test_a_final_window_that_made_whisper_loop_is_heard_once(
     stt_engine, speak, stream_helpers, text_metrics, speaker, lead_s, tail_s

@@ -10,8 +10,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from kamepb import common_pb2, stt_pb2, stt_pb2_grpc
+from services.stt.config import SttSettings
 from services.stt.server import serve
-from services.stt.session import FINAL_TAIL_S, PRE_ROLL_S
+from services.stt.session import FINAL_TAIL_S
 
 pytestmark = pytest.mark.slow
 
@@ -155,7 +156,9 @@ def test_partials_keep_their_stable_prefix(paced):
 def test_word_timings_lie_in_the_sentence_and_the_span(paced):
     script, result, _ = paced
     for final, (speech_start, speech_end) in zip(result.finals(), script.spans, strict=True):
-        assert final.span.start_s == pytest.approx(max(speech_start - PRE_ROLL_S, 0), abs=0.4)
+        assert final.span.start_s == pytest.approx(
+            max(speech_start - SttSettings.pre_roll_s, 0), abs=0.4
+        )
         assert final.span.end_s == pytest.approx(speech_end + FINAL_TAIL_S, abs=0.4)
         assert [w.word for w in final.words] == final.text.split()
         starts = [w.start_s for w in final.words]
