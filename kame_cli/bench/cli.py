@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kame_cli import talk
+from kame_cli.bench import stt_wer
 from kame_cli.bench.config import BenchConfig, config_from_namespace
 from kame_cli.bench.machine import load_average, machine_description, models_description
 from kame_cli.bench.plots import plot
@@ -104,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
 def run_bench(config: BenchConfig) -> int:
     if config.turn_taking or config.turn_taking_full:
         return run_turn_taking(config)
+    if config.stt_wer:
+        return run_stt_wer(config)
     command = invoked_command()
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     if config.repeats < 1 or config.warmup < 0:
@@ -171,6 +174,42 @@ def run_turn_taking(config: BenchConfig) -> int:
     stem = config.out_dir / config.name
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
     markdown = render_turn_taking(report)
+    stem.with_suffix(".md").write_text(markdown)
+    print(markdown)
+    print(f"kame bench: wrote {stem}.json and .md")
+    return 0
+
+
+def run_stt_wer(config: BenchConfig) -> int:
+    """`kame bench --stt-wer`: the stt's options on the dictation set, in this process."""
+    try:
+        options = stt_wer.select_options(config.stt_options)
+        clips = stt_wer.load_clips(config.stt_set)
+    except (ValueError, OSError) as exc:
+        raise CliError(one_line(exc), USAGE) from None
+    if config.stt_demo_renderings < 0:
+        raise CliError("--stt-demo-renderings must be >= 0", USAGE)
+    header = {
+        "name": config.name,
+        "command": invoked_command(),
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    machine = machine_description()
+    began = time.monotonic()
+    demo = stt_wer.demo_renderings(config.stt_demo_renderings)
+    results = stt_wer.measure(options, clips, demo)
+    machine["load_average_end"] = load_average()
+    report = header | {
+        "duration_s": round(time.monotonic() - began, 1),
+        "machine": machine,
+        "set": stt_wer.set_description(config.stt_set, clips),
+        "demo_renderings": len(demo),
+        "options": results,
+    }
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = config.out_dir / config.name
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    markdown = stt_wer.render_markdown(report)
     stem.with_suffix(".md").write_text(markdown)
     print(markdown)
     print(f"kame bench: wrote {stem}.json and .md")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kame_cli.bench.paths import DICTATION_SET
 from kame_cli.stack_options import DTYPE_HELP
 from kame_common.audio import FRAME_SECONDS
 from kame_common.llm import BACKEND_NAMES
@@ -120,6 +121,34 @@ class BenchConfig:
         metadata=_flag(
             "the turn-taking section on all 14 questions of bench/questions/espeak (13 voices)",
             action="store_true",
+        ),
+    )
+    stt_wer: bool = field(
+        default=False,
+        metadata=_flag(
+            "instead of the runs, the stt's word error rate (no stack): every sentence of "
+            "--stt-set streamed through the stt's own session logic in audio time, once per "
+            "stt option: WER, partial stability, lag; NAME.json and NAME.md",
+            action="store_true",
+        ),
+    )
+    stt_options: str = field(
+        default="",
+        metadata=_flag("comma-separated names of the --stt-wer options (default: all)"),
+    )
+    stt_set: Path = field(
+        default=DICTATION_SET,
+        metadata=_flag(
+            "the --stt-wer sentences: a directory with sentences.json (default: the "
+            "dictation set, 48 sentences in 8 voices no test uses)",
+            type=Path,
+        ),
+    )
+    stt_demo_renderings: int = field(
+        default=20,
+        metadata=_flag(
+            "--stt-wer: times the demo's question is rendered afresh by piper and heard",
+            type=int,
         ),
     )
     capacity_admission: bool = field(
