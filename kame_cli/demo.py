@@ -1,7 +1,8 @@
 """`kame demo`: one spoken conversation end to end, offline.
 
 `kame up` on free ports in the background, `kame say` a question, `kame talk`
-it to the gateway, print the question, what the stt heard, what the agent
+it to the gateway, print the question, what the stt heard (and, plainly, when
+that is not the question: the agent answers what it heard), what the agent
 answered, the response latency (first audio) and the answer latency (the
 answer's first word, after any hold phrase), then stop the stack. The question WAV,
 the agent's answer, the timeline JSON and its plot stay in --out-dir.
@@ -16,6 +17,7 @@ from pathlib import Path
 from kame_cli import say, talk
 from kame_cli.stack import Stack
 from kame_cli.stack_options import Ports, StackOptions
+from kame_cli.wer import word_errors
 from kame_common.audio import SAMPLE_RATE
 
 QUESTION = "What is the capital of France?"
@@ -31,6 +33,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="question.wav, answer.wav, timeline.json/png and logs/",
     )
     parser.add_argument("--startup-timeout-s", type=float, default=300.0)
+
+
+def hearing_verdict(asked: str, heard: str) -> str:
+    """Whether the stt heard the question's words (case, punctuation and how numbers
+    are written aside), said plainly: a misheard question gets an answer to
+    another question."""
+    errors = word_errors(asked, heard)
+    if not errors.edits:
+        return "(heard right: the question's words)"
+    if not heard.strip():
+        return "MISHEARD: the stt heard nothing; the agent had no question to answer"
+    return (
+        f"MISHEARD: {errors.edits} of the question's {errors.reference_words} words heard "
+        "wrong, missing or added; the agent answered what the stt heard, not the question"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
     data = talk.save(result, talk_options, question_wav, answer_wav, timeline_json, timeline_png)
     latency = data["response_latency_s"]
     print()
-    print(f"Question:         {args.question}")
-    print(f"Transcript:       {data['user_transcript'] or '(nothing recognized)'}")
+    print(f"Question asked:   {args.question}")
+    print(f"What stt heard:   {data['user_transcript'] or '(nothing recognized)'}")
+    print(f"                  {hearing_verdict(args.question, data['user_transcript'])}")
     print(f"Agent's answer:   {data['agent_text'] or '(the agent said nothing)'}")
     print(
         "Response latency: "

@@ -1,5 +1,6 @@
 """The stack as the user runs it: `kame demo` (what `make demo` runs) prints
-the question, transcript, answer and latency; `kame up` comes up on loopback
+the question, what stt heard (and whether that was the question), the answer
+and latency; `kame up` comes up on loopback
 (the web page included) and Ctrl-C takes every process it started down with it."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import urllib.request
 import pytest
 
 from kame_cli.bench import startup
+from kame_cli.demo import hearing_verdict
 from tests.e2e.kame_up import KameUp
 from tests.support import word_recall
 
@@ -40,9 +42,10 @@ def test_kame_demo_prints_the_conversation(tmp_path):
     )
     output = demo.stdout
     assert demo.returncode == 0, output
-    assert re.search(r"Question:\s+What is the capital of France\?", output)
-    transcript = re.search(r"Transcript:\s+(.*)", output).group(1)
+    assert re.search(r"Question asked:\s+What is the capital of France\?", output)
+    transcript, verdict = re.search(r"What stt heard:\s+(.*)\n\s+(.*)", output).groups()
     assert word_recall("What is the capital of France?", transcript) >= 0.6, output
+    assert verdict == hearing_verdict("What is the capital of France?", transcript), output
     answer = re.search(r"Agent's answer:\s+(.*)", output).group(1)
     assert answer and not answer.startswith("("), output
     assert re.search(r"Response latency:\s+\d+\.\d+ s", output), output
