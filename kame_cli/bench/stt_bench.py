@@ -15,6 +15,7 @@ partials skipped under load, the mean Whisper decode time (partial/final) and th
 machine's load average before and after the level.
 
     .venv/bin/python -m kame_cli.bench.stt_bench [--sessions 1,2,4,8] [--decode-workers 1]
+    .venv/bin/python -m kame_cli.bench.stt_bench --option tiny.en-old   # a --stt-wer option
 
 Writes bench/results/stt.json (or --out).
 """
@@ -38,6 +39,7 @@ import grpc
 import numpy as np
 from prometheus_client import REGISTRY
 
+from kame_cli.bench import stt_wer
 from kame_cli.bench.paths import RESULTS_DIR
 from kame_cli.bench.report import write_json
 from kame_common.audio import FRAME_BYTES, FRAME_SECONDS, SAMPLE_RATE, Samples, float_to_pcm16
@@ -231,18 +233,17 @@ def fits(rows: list[dict[str, Any]], key: str, limit_s: float) -> int:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    settings = SttSettings(
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        device=args.device,
-        compute_type=args.compute_type,
-        decode_workers=args.decode_workers,
-        cpu_threads=args.cpu_threads,
-        beam_size=args.beam_size,
-        max_batch=args.max_batch,
-        window_pad_s=args.window_pad_s,
-    )
+    flags = {
+        "device": args.device,
+        "compute_type": args.compute_type,
+        "decode_workers": args.decode_workers,
+        "cpu_threads": args.cpu_threads,
+        "beam_size": args.beam_size,
+        "max_batch": args.max_batch,
+        "window_pad_s": args.window_pad_s,
+    }
+    option = stt_wer.select_options(args.option)[0].settings if args.option else {}
+    settings = SttSettings(host="127.0.0.1", port=0, metrics_port=0, **(flags | option))
     engine = await asyncio.to_thread(SttEngine, settings)
     script = await asyncio.to_thread(build_script, args.rounds)
     runtime = await serve(settings, engine)
@@ -272,6 +273,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {
             k: getattr(settings, k)
             for k in (
+                "model",
                 "device",
                 "compute_type",
                 "decode_workers",
@@ -279,11 +281,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "beam_size",
                 "max_batch",
                 "window_pad_s",
+                "pre_roll_s",
+                "temperature_fallback",
                 "partial_interval_s",
                 "endpoint_silence_s",
                 "word_timestamps",
             )
         },
+        "option": args.option,
         "model_dir": str(engine.model_dir),
         "machine": {
             "cpus": os.cpu_count(),
@@ -309,7 +314,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compute-type", default="")
     parser.add_argument("--decode-workers", type=int, default=1)
     parser.add_argument("--cpu-threads", type=int, default=0)
-    parser.add_argument("--beam-size", type=int, default=1)
+    parser.add_argument("--beam-size", type=int, default=SttSettings.beam_size)
     parser.add_argument(
         "--max-batch",
         type=int,
@@ -339,6 +344,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=2,
         help="times each client speaks the four sentences (more samples)",
+    )
+    parser.add_argument(
+        "--option",
+        default="",
+        help="one of kame bench --stt-wer's options (its settings override the flags above), "
+        "e.g. tiny.en-old",
     )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", default=str(RESULTS_DIR / "stt.json"))
