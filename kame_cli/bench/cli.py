@@ -9,6 +9,7 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,28 +157,10 @@ def run_bench(config: BenchConfig) -> int:
 
 def run_turn_taking(config: BenchConfig) -> int:
     """`kame bench --turn-taking`: the section alone, in this process (no stack)."""
-    header = {
-        "name": config.name,
-        "command": invoked_command(),
-        "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
-    machine = machine_description()
-    began = time.monotonic()
-    section = measure_turn_taking(FULL_SET if config.turn_taking_full else DEFAULT_SET)
-    machine["load_average_end"] = load_average()
-    report = header | {
-        "duration_s": round(time.monotonic() - began, 1),
-        "machine": machine,
-        "turn_taking": section,
-    }
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = config.out_dir / config.name
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    markdown = render_turn_taking(report)
-    stem.with_suffix(".md").write_text(markdown)
-    print(markdown)
-    print(f"kame bench: wrote {stem}.json and .md")
-    return 0
+    chosen = FULL_SET if config.turn_taking_full else DEFAULT_SET
+    return run_in_process(
+        config, lambda: {"turn_taking": measure_turn_taking(chosen)}, render_turn_taking
+    )
 
 
 def run_stt_wer(config: BenchConfig) -> int:
@@ -189,6 +172,25 @@ def run_stt_wer(config: BenchConfig) -> int:
         raise CliError(one_line(exc), USAGE) from None
     if config.stt_demo_renderings < 0:
         raise CliError("--stt-demo-renderings must be >= 0", USAGE)
+
+    def measure() -> dict[str, Any]:
+        demo = stt_wer.demo_renderings(config.stt_demo_renderings)
+        return {
+            "set": stt_wer.set_description(config.stt_set, clips),
+            "demo_renderings": len(demo),
+            "options": stt_wer.measure(options, clips, demo),
+        }
+
+    return run_in_process(config, measure, stt_wer.render_markdown)
+
+
+def run_in_process(
+    config: BenchConfig,
+    measure: Callable[[], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+) -> int:
+    """A section measured in this process, without a stack: the report (the run's
+    header, the machine, what `measure` returns) as NAME.json and, rendered, NAME.md."""
     header = {
         "name": config.name,
         "command": invoked_command(),
@@ -196,20 +198,17 @@ def run_stt_wer(config: BenchConfig) -> int:
     }
     machine = machine_description()
     began = time.monotonic()
-    demo = stt_wer.demo_renderings(config.stt_demo_renderings)
-    results = stt_wer.measure(options, clips, demo)
+    measured = measure()
     machine["load_average_end"] = load_average()
     report = header | {
         "duration_s": round(time.monotonic() - began, 1),
         "machine": machine,
-        "set": stt_wer.set_description(config.stt_set, clips),
-        "demo_renderings": len(demo),
-        "options": results,
+        **measured,
     }
     config.out_dir.mkdir(parents=True, exist_ok=True)
     stem = config.out_dir / config.name
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    markdown = stt_wer.render_markdown(report)
+    markdown = render(report)
     stem.with_suffix(".md").write_text(markdown)
     print(markdown)
     print(f"kame bench: wrote {stem}.json and .md")

@@ -26,6 +26,20 @@ def write_json(path: Path, results: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
+def run_header(report: dict[str, Any], load_note: str) -> list[str]:
+    """The first lines of a section's markdown: its name, the command, when and
+    where it ran (`load_note` says how the machine's load bears on it)."""
+    machine = report["machine"]
+    return [
+        f"# kame bench: {report['name']}",
+        "",
+        f"- command: `{report['command']}`",
+        f"- date: {report['started_at']}, {report['duration_s']:.0f} s",
+        f"- machine: {machine['cpu']}, {machine['cores']} cores; load average at start "
+        f"{machine['load_average']}, at the end {machine['load_average_end']} ({load_note})",
+    ]
+
+
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value * scale:.{digits}f}"
 

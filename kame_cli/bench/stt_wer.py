@@ -42,7 +42,7 @@ import numpy as np
 from kame_cli import say, talk
 from kame_cli.bench.dictation import INDEX
 from kame_cli.bench.paths import DICTATION_SET
-from kame_cli.bench.report import _table
+from kame_cli.bench.report import _table, run_header
 from kame_cli.bench.stt_replay import Heard, replay, timed_engine
 from kame_cli.demo import QUESTION
 from kame_cli.wer import NO_ERRORS, Errors, normalize, word_errors
@@ -341,15 +341,8 @@ def select_options(names: str) -> list[SttOption]:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    machine = report["machine"]
     lines = [
-        f"# kame bench: {report['name']}",
-        "",
-        f"- command: `{report['command']}`",
-        f"- date: {report['started_at']}, {report['duration_s']:.0f} s",
-        f"- machine: {machine['cpu']}, {machine['cores']} cores; load average at start "
-        f"{machine['load_average']}, at the end {machine['load_average_end']} (the words do "
-        "not depend on it, the lags and decode times do)",
+        *run_header(report, "the words do not depend on it, the lags and decode times do"),
         f"- sentences: {report['set']['sentences']} of {report['set']['dir']} in "
         f"{len(report['set']['voices'])} voices ({', '.join(report['set']['voices'])}), "
         f"{report['set']['telephone']} of them through 8 kHz G.711 mu-law; each streamed "

@@ -33,7 +33,7 @@ from kame_cli.bench.backchannels import (
     measure,
     outcomes,
 )
-from kame_cli.bench.report import _table
+from kame_cli.bench.report import _table, run_header
 from kame_cli.bench.turn_questions import load_questions, replay_questions
 from kame_common import turn_model
 from kame_common.turn_model import SmartTurn
@@ -145,15 +145,10 @@ def render_section(table: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    machine, chosen = report["machine"], report["turn_taking"]["set"]
+    chosen = report["turn_taking"]["set"]
     questions = f"first {chosen['questions']}" if chosen["questions"] else "all"
     lines = [
-        f"# kame bench: {report['name']}",
-        "",
-        f"- command: `{report['command']}`",
-        f"- date: {report['started_at']}, {report['duration_s']:.0f} s",
-        f"- machine: {machine['cpu']}, {machine['cores']} cores; load average at start "
-        f"{machine['load_average']} (a shared machine)",
+        *run_header(report, "a shared machine"),
         f"- questions: the {questions} of bench/questions/espeak (one espeak-ng voice "
         "each) and the same texts in piper, whole and with a 0.6-0.9 s pause, 16 kHz and "
         "8 kHz G.711, through the tts engine's turn detectors",

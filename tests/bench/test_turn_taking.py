@@ -50,7 +50,12 @@ def test_the_section_measures_a_tiny_set():
         "command": "kame bench --turn-taking",
         "started_at": "2026-12-03T00:00:00+00:00",
         "duration_s": 1.0,
-        "machine": {"cpu": "test", "cores": 2, "load_average": [0.0, 0.0, 0.0]},
+        "machine": {
+            "cpu": "test",
+            "cores": 2,
+            "load_average": [0.0, 0.0, 0.0],
+            "load_average_end": [0.0, 0.0, 0.0],
+        },
         "turn_taking": section,
     }
     markdown = render_markdown(report)
