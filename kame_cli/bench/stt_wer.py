@@ -41,7 +41,7 @@ import numpy as np
 
 from kame_cli import say, talk
 from kame_cli.bench.dictation import INDEX
-from kame_cli.bench.paths import DICTATION_SET
+from kame_cli.bench.paths import DICTATION_SET, REPO_ROOT
 from kame_cli.bench.report import _table, run_header
 from kame_cli.bench.stt_replay import Heard, replay, timed_engine
 from kame_cli.demo import QUESTION
@@ -363,8 +363,9 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def set_description(set_dir: Path, clips: list[Clip]) -> dict[str, Any]:
+    where = set_dir.resolve()
     return {
-        "dir": str(set_dir),
+        "dir": str(where.relative_to(REPO_ROOT) if where.is_relative_to(REPO_ROOT) else where),
         "sentences": len(clips),
         "voices": sorted({clip.voice for clip in clips}),
         "telephone": sum(clip.telephone for clip in clips),

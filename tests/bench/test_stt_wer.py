@@ -123,7 +123,7 @@ def test_stt_wer_writes_its_table_and_json(small_set, tmp_path):
     markdown = (out / "wer.md").read_text()
     assert "| tiny.en-old |" in markdown and "| tiny.en-pre0.5 |" in markdown
     assert report["set"] == {
-        "dir": str(small_set),
+        "dir": str(small_set.resolve()),
         "sentences": 2,
         "voices": ["piper"],
         "telephone": 1,
