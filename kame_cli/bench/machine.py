@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from kame_cli.bench.config import BenchConfig
+from kame_common.config import load_settings
+from services.stt.config import SttSettings
 
 PACKAGES = (
     "grpcio",
@@ -74,9 +76,19 @@ def machine_description() -> dict[str, Any]:
     }
 
 
+def stt_description() -> str:
+    """The stt's Whisper as the stack runs it (its settings from the environment)."""
+    stt = load_settings(SttSettings, argv=[])
+    model = stt.model_dir or f"Whisper {stt.model} (embedded)"
+    return (
+        f"faster-whisper, {model}, {stt.compute_type or 'int8 on CPU'}, finals beam "
+        f"{stt.beam_size}, pre-roll {stt.pre_roll_s:g} s"
+    )
+
+
 def models_description(config: BenchConfig) -> dict[str, str]:
     return {
-        "stt": "faster-whisper, Whisper tiny.en int8 (embedded)",
+        "stt": stt_description(),
         "llm": config.llm_base_url
         or "Gemma 3 270M Q4_K_M on llama.cpp (embedded, kame llm-server)",
         "tts": "piper, joe voice (embedded)",

@@ -54,7 +54,7 @@ class SttSettings(MeasuredCapacitySettings):
     window_pad_s: float = setting(
         2.0, "Silence after the audio in Whisper's window (30 = always the full 30 s window)"
     )
-    beam_size: int = setting(1, "Beam size of final decodes (partials are always greedy)")
+    beam_size: int = setting(5, "Beam size of final decodes (partials are always greedy)")
     temperature_fallback: bool = setting(
         False, "A final decode that looks wrong (repeats itself, improbable) is sampled again"
     )
@@ -64,7 +64,7 @@ class SttSettings(MeasuredCapacitySettings):
     max_utterance_s: float = setting(15.0, "Default: an utterance this long is finalized")
     vad_threshold: float = setting(0.5, "Default: Silero VAD speech probability threshold")
     pre_roll_s: float = setting(
-        0.25, "Audio Whisper hears before the VAD's speech start (silence where there is none)"
+        0.5, "Audio Whisper hears before the VAD's speech start (silence where there is none)"
     )
 
     def validate(self) -> None:

@@ -144,3 +144,15 @@ def test_a_final_that_looks_wrong_is_decoded_again(stt_engine):
     assert plain.words and again.words
     duration = len(audio) / VAD_RATE
     assert all(0.0 <= w.start_s <= w.end_s <= duration for w in again.words)
+
+
+def test_the_defaults_are_a_measured_option():
+    """The service's defaults are one row of `kame bench --stt-wer`
+    (bench/results/stt_wer.md): tiny.en, finals with beam 5, 0.5 s of pre-roll.
+    Before, tiny.en's greedy finals with 0.25 s heard piper's "France" as
+    "friends" in 20 of 200 renderings (1 of 320 with these)."""
+    from kame_cli.bench.stt_wer import OPTIONS
+
+    chosen = next(option for option in OPTIONS if option.name == "tiny.en-pre0.5-beam5")
+    defaults = SttSettings()
+    assert {name: getattr(defaults, name) for name in chosen.settings} == chosen.settings
