@@ -26,7 +26,6 @@ varied=False), so it too gives the same bytes every time on one machine.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from kame_cli.bench.make_questions import (
     through_phone_line,
     to_set_format,
     tools_ready,
+    write_set,
 )
 from kame_cli.bench.paths import DICTATION_SET
 from kame_cli.say import write_wav
@@ -225,14 +225,7 @@ def synthesize(sentence: Sentence, wav: Path) -> None:
 
 
 def make(out_dir: Path) -> list[dict[str, Any]]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    entries = []
-    for number, sentence in enumerate(SENTENCES, start=1):
-        name = f"s{number:02d}.wav"
-        synthesize(sentence, out_dir / name)
-        entries.append(sentence.entry(name))
-    (out_dir / INDEX).write_text(json.dumps(entries, indent=1) + "\n")
-    return entries
+    return write_set(SENTENCES, synthesize, out_dir, prefix="s", index=INDEX)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,9 +46,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from kame_cli import llm_server, talk
 from kame_cli.bench.paths import QUESTIONS_DIR
@@ -247,13 +248,32 @@ def variant_is_ignored(voice: str) -> bool:
 
 
 def make(questions: tuple[SpokenQuestion, ...], out_dir: Path) -> list[dict[str, Any]]:
+    return write_set(questions, synthesize, out_dir)
+
+
+class SpokenEntry(Protocol):
+    def entry(self, wav: str) -> dict[str, Any]: ...
+
+
+EntryT = TypeVar("EntryT", bound=SpokenEntry)
+
+
+def write_set(
+    items: Sequence[EntryT],
+    speak_as_wav: Callable[[EntryT, Path], None],
+    out_dir: Path,
+    prefix: str = "q",
+    index: str = "questions.json",
+) -> list[dict[str, Any]]:
+    """A spoken set in `out_dir`: PREFIX01.wav ... (each item spoken by
+    `speak_as_wav`) and the index listing each item's entry."""
     out_dir.mkdir(parents=True, exist_ok=True)
     entries = []
-    for number, question in enumerate(questions, start=1):
-        name = f"q{number:02d}.wav"
-        synthesize(question, out_dir / name)
-        entries.append(question.entry(name))
-    (out_dir / "questions.json").write_text(json.dumps(entries, indent=1) + "\n")
+    for number, item in enumerate(items, start=1):
+        name = f"{prefix}{number:02d}.wav"
+        speak_as_wav(item, out_dir / name)
+        entries.append(item.entry(name))
+    (out_dir / index).write_text(json.dumps(entries, indent=1) + "\n")
     return entries
 
 
