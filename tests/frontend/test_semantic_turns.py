@@ -37,7 +37,7 @@ from services.frontend.engines.semantic_turns import (
 from services.frontend.engines.tts import TtsEngine
 from services.frontend.engines.turns import TurnDetector, TurnEvent
 from tests.frontend.calls import frames_of, silence
-from tests.frontend.test_smart_turn import cut_after, phone, piper_16k
+from tests.frontend.test_smart_turn import QUALITIES, cut_after, piper_16k
 from tests.frontend.test_tts_engine import LEAD_S as ENGINE_LEAD_S
 from tests.frontend.test_tts_engine import heard, last_voiced_frame, run_session
 
@@ -45,7 +45,6 @@ LEAD_S = 0.5
 TAIL_S = 1.6
 PAUSE_S = 0.8
 FIXED_PAUSE_S = 0.4
-QUALITIES = {"16k": lambda audio: audio, "phone": phone}
 
 
 @pytest.fixture
