@@ -82,7 +82,8 @@ def row(prefix: str, field: dataclasses.Field[Any]) -> str:
     if choices:
         meaning += "; one of " + ", ".join(f"`{c}`" for c in choices)
     name = f"`{prefix}{field.name.upper()}`"
-    return f"| {name} | `--{field.name.replace('_', '-')}` | {shown(field.default)} | {cell(meaning)} |"
+    flag = f"`--{field.name.replace('_', '-')}`"
+    return f"| {name} | {flag} | {shown(field.default)} | {cell(meaning)} |"
 
 
 def table(cls: type[Any], skip: dict[str, Any]) -> list[str]:

@@ -13,8 +13,13 @@ README = ROOT / "README.md"
 # The pages whose links must resolve: the front door, docs/, the changelog and
 # every README beside the code.
 PAGES = sorted(
-    [README, ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")]
-    + [*(ROOT / "services").glob("*/README.md"), ROOT / "examples" / "README.md"]
+    [
+        README,
+        ROOT / "CHANGELOG.md",
+        ROOT / "examples" / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "services").glob("*/README.md"),
+    ]
 )
 FENCE = re.compile(r"^```(\w*)")
 HEADING = re.compile(r"^(#{1,6}) (.+?)\s*$")

@@ -21,7 +21,11 @@ def broken_links(page: Path, root: Path = ROOT) -> list[str]:
         where = f"{page.relative_to(root)}:{line}: {target}"
         if not destination.exists():
             problems.append(f"{where}: no such file")
-        elif anchor and destination.suffix == ".md" and anchor not in anchors(destination.read_text()):
+        elif (
+            anchor
+            and destination.suffix == ".md"
+            and anchor not in anchors(destination.read_text())
+        ):
             problems.append(f"{where}: no heading makes #{anchor}")
         elif root not in destination.parents and destination != root:
             problems.append(f"{where}: outside the repository")
@@ -48,4 +52,3 @@ def test_a_broken_link_is_caught(tmp_path):
         "nowhere.md: no such file",
         "other.md#nope: no heading makes #nope",
     ]
-
