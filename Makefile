@@ -91,7 +91,7 @@ bench: setup
 	$(VENV)/bin/kame bench $(BENCH_ARGS)
 
 # Container images with podman, from a debootstrapped Debian base where no registry answers
-# (needs podman, runc and debootstrap; run as root). See README "Containers on this machine".
+# (needs podman, runc and debootstrap; run as root). See docs/deployment.md (podman).
 images: setup
 	$(PY) scripts/images.py
 
