@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,35 +31,40 @@ MORE_S = 10.0
 SNIPPETS = [b for b in blocks(README.read_text()) if b.language == "python"]
 
 
-async def run_until_the_agent_spoke(program: str, cwd) -> list[str]:
-    """The lines `program` printed until the agent spoke and MORE_S after."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        program,
-        cwd=cwd,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
+def agent_words(output: str) -> str:
+    """What a snippet printed of the agent: its output but the caller's lines."""
+    lines = [line for line in output.splitlines() if not line.startswith("you:")]
+    return " ".join(line.removeprefix("agent:") for line in lines).strip()
+
+
+async def run_until_the_agent_spoke(program: str, cwd: Path) -> str:
+    """What `program` printed until the agent spoke and MORE_S after (its stderr
+    goes to cwd/stderr.txt)."""
+    with (cwd / "stderr.txt").open("w") as stderr:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", program, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=stderr
+        )
     assert process.stdout is not None
-    lines: list[str] = []
+    output = ""
     try:
         async with asyncio.timeout(ANSWER_TIMEOUT_S):
-            while not any(line.startswith("agent:") for line in lines):
-                line = await process.stdout.readline()
-                assert line, "the snippet ended before the agent spoke:\n" + "\n".join(lines)
-                lines.append(line.decode().rstrip())
+            while not agent_words(output):
+                chunk = await process.stdout.read(4096)
+                assert chunk, (
+                    "the snippet ended before the agent spoke:\n" + (cwd / "stderr.txt").read_text()
+                )
+                output += chunk.decode()
         try:
             async with asyncio.timeout(MORE_S):
-                while line := await process.stdout.readline():
-                    lines.append(line.decode().rstrip())
+                while chunk := await process.stdout.read(4096):
+                    output += chunk.decode()
         except TimeoutError:
             pass  # the snippet runs until stopped
     finally:
         if process.returncode is None:
             process.kill()
         await process.wait()
-    return lines
+    return output
 
 
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=lambda b: f"README-line{b.line}")
@@ -66,9 +72,10 @@ async def test_a_readme_snippet_talks_to_the_stack(snippet, web, question_wav, t
     assert README_ADDRESS in snippet.text, "the snippet no longer talks to kame up's address"
     program = snippet.text.replace(README_ADDRESS, f"127.0.0.1:{web.port}")
     shutil.copy(question_wav, tmp_path / "q.wav")
-    lines = await run_until_the_agent_spoke(program, tmp_path)
-    said = " ".join(line.removeprefix("agent:") for line in lines if line.startswith("agent:"))
-    assert said.strip(), "\n".join(lines)
-    heard = " ".join(line.removeprefix("you:") for line in lines if line.startswith("you:"))
+    output = await run_until_the_agent_spoke(program, tmp_path)
+    assert agent_words(output), output
+    heard = " ".join(
+        line.removeprefix("you:") for line in output.splitlines() if line.startswith("you:")
+    )
     if "you:" in snippet.text:  # the snippet prints the caller's transcript
-        assert word_recall(QUESTION, heard) >= 0.5, "\n".join(lines)
+        assert word_recall(QUESTION, heard) >= 0.5, output
