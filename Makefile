@@ -50,7 +50,7 @@ protos: setup
 # docs/configuration.md is generated from the settings classes first.
 docs: setup
 	$(PY) scripts/gen_config_docs.py
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Style, layering and types: `make check` is what CI runs before the tests. The
 # layering is pyproject.toml's import-linter contracts (README, "Where the code lives").
