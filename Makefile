@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TURN_MODEL_STAMP := $(VENV)/.smart-turn
 
-.PHONY: setup test test-fast demo protos fmt lint typecheck check lock llm-server up bench images compose-smoke clean
+.PHONY: setup test test-fast demo docs protos fmt lint typecheck check lock llm-server up bench images compose-smoke clean
 
 setup: $(STAMP) $(TURN_MODEL_STAMP)
 
@@ -45,6 +45,12 @@ lock: setup
 
 protos: setup
 	$(PY) scripts/gen_protos.py
+
+# The documentation site in site/ from docs/ (mkdocs, strict: a broken anchor fails);
+# docs/configuration.md is generated from the settings classes first.
+docs: setup
+	$(PY) scripts/gen_config_docs.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Style, layering and types: `make check` is what CI runs before the tests. The
 # layering is pyproject.toml's import-linter contracts (README, "Where the code lives").
@@ -85,7 +91,7 @@ bench: setup
 	$(VENV)/bin/kame bench $(BENCH_ARGS)
 
 # Container images with podman, from a debootstrapped Debian base where no registry answers
-# (needs podman, runc and debootstrap; run as root). See README "Containers on this machine".
+# (needs podman, runc and debootstrap; run as root). See docs/deployment.md (podman).
 images: setup
 	$(PY) scripts/images.py
 
@@ -95,4 +101,4 @@ compose-smoke: images
 	$(PY) scripts/compose_smoke.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

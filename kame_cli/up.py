@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(api_lines(stack.web_url)))
         print(
             f"Talk to it in a browser: open {stack.web_url}\n"
-            f"Call it from a phone: {stack.phone_endpoints} (README: Connect a phone)\n"
+            f"Call it from a phone: {stack.phone_endpoints} (docs/telephony.md)\n"
             f"or stream a WAV: kame talk --wav q.wav --out a.wav --timeline t.json "
             f"--gateway {stack.gateway_address}\n"
             f"How it is doing: kame status --gateway {stack.gateway_address}\n"

@@ -79,11 +79,21 @@ def build_report(
     }
 
 
+# The report's per-call records (every event of every call): NAME_calls.json, which
+# the bench regenerates and the repository does not keep (.gitignore); NAME.json
+# keeps the rest, the summary the docs quote.
+CALL_RECORDS = ("conversations", "cold_conversations", "load_conversations")
+
+
 def write_results(config: BenchConfig, bench: Bench, report: dict[str, Any]) -> str:
-    """NAME.json, NAME.md, NAME.png and NAME_timeline.png; returns the markdown."""
+    """NAME.json (the summary), NAME_calls.json (the calls), NAME.md, NAME.png and
+    NAME_timeline.png; returns the markdown."""
     config.out_dir.mkdir(parents=True, exist_ok=True)
     stem = config.out_dir / config.name
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    summary = {key: value for key, value in report.items() if key not in CALL_RECORDS}
+    stem.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    calls = {"name": config.name, **{key: report[key] for key in CALL_RECORDS}}
+    (config.out_dir / f"{config.name}_calls.json").write_text(json.dumps(calls, indent=1))
     markdown = render_markdown(report)
     stem.with_suffix(".md").write_text(markdown)
     plot(report, stem.with_suffix(".png"))

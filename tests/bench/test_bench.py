@@ -171,6 +171,9 @@ def test_one_question_one_run_through_the_stack(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     report = json.loads((tmp_path / "out" / "t.json").read_text())
+    calls = json.loads((tmp_path / "out" / "t_calls.json").read_text())
+    assert not {"conversations", "load_conversations"} & set(report), "calls in the summary"
+    report |= calls
     assert report["command"].startswith("python -m kame_cli bench --questions")
     assert report["machine"]["cores"] >= 1 and report["machine"]["cpu"]
     keywords = tuple(entry["keywords"])

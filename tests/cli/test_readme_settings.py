@@ -1,6 +1,8 @@
-"""README's settings tables say what the settings classes say.
+"""The settings tables written by hand say what the settings classes say.
 
-Every table of README.md whose first column is headed "setting" lists
+Every table of README.md and of the pages in docs/ (but docs/configuration.md,
+which scripts/gen_config_docs.py generates from the classes themselves:
+tests/docs/test_configuration_page.py) whose first column is headed "setting" lists
 `KAME_<SERVICE>_<FIELD>` variables (later names in a cell may be written
 `_<FIELD>`, keeping the first one's prefix; `KAME_<SVC>_`/`KAME_<SERVICE>_`
 means every service), their defaults (one per name, or one for all of them)
@@ -26,6 +28,8 @@ from kame_common.config import ServiceSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+# The pages written by hand; configuration.md is generated.
+PAGES = [README, *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "configuration.md")]
 GENERIC = re.compile(r"^KAME_<(SVC|SERVICE)>_")
 OVERRIDE = re.compile(r"\((\S+) on the (\w+)\)$")
 
@@ -168,11 +172,11 @@ def check_row(cells: list[str], classes: dict[str, type[ServiceSettings]]) -> li
 def test_readme_settings_tables_match_the_settings_classes():
     classes = settings_classes()
     assert {"gateway", "frontend", "stt", "oracle"} <= set(classes)
-    tables = settings_tables(README.read_text())
-    assert len(tables) >= 3, "README's settings tables were not found"
+    tables = [table for page in PAGES for table in settings_tables(page.read_text())]
+    assert len(tables) >= 3, "the pages' settings tables were not found"
     rows = [row for table in tables for row in table]
     problems = [problem for row in rows for problem in check_row(row, classes)]
-    assert not problems, "README disagrees with the code:\n" + "\n".join(problems)
+    assert not problems, "a page disagrees with the code:\n" + "\n".join(problems)
     checked = {n for row in rows for n in names_of(row[0]) if n.startswith("KAME_")}
     assert "KAME_GATEWAY_MAX_SESSIONS" in checked and len(checked) >= 25
 
