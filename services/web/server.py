@@ -63,6 +63,7 @@ from kame_common import tracing
 from kame_common.http_server import HttpServer
 from kame_common.server import ACTIVE_SESSIONS, service_main, until_signal
 from kame_common.words import parse_phrases
+from services.web import socket_limits
 from services.web.admission import Admission, Ticket, client_address
 from services.web.bridge import Bridge, ClientSocket
 from services.web.config import WebSettings
@@ -75,6 +76,7 @@ from services.web.protocols.page import PageSession, StartError, error_event, pa
 from services.web.protocols.realtime import RealtimeSession, lone_error
 from services.web.protocols.realtime_adapter import RealtimeAdapter
 from services.web.protocols.realtime_config import ClientError
+from services.web.socket_limits import MessageLimits
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
@@ -84,10 +86,21 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
-# The largest WebSocket message the web service takes: OpenAI takes 15 MiB, so a
-# Realtime client's oversize append reaches the session and is refused there
-# with the protocol's error, the socket open; beyond this the socket closes (1009).
-MAX_MESSAGE_BYTES = 16 << 20
+# The largest WebSocket message each route takes (socket_limits.py; more closes
+# the socket, 1009, before it is read). A Realtime or GPT-Live append of 60 s
+# (realtime.MAX_APPEND_S) of PCM16 at 24 kHz is 3.84 MB of base64: 5 MiB lets
+# a somewhat longer one reach the session and get the protocol's error
+# (audio_too_long), the socket open. The page sends its microphone in small
+# binary chunks and a start message; Moshi's limit lets its own refusal of an
+# audio message over moshi.MAX_AUDIO_MESSAGE_BYTES (64 KiB) be told.
+APPEND_MESSAGE_BYTES = 5 << 20
+ROUTE_MESSAGE_BYTES = {
+    "/v1/realtime": APPEND_MESSAGE_BYTES,
+    "/v1/live/sessions": APPEND_MESSAGE_BYTES,
+    "/converse": 256 << 10,
+    "/api/chat": 128 << 10,
+}
+MAX_MESSAGE_BYTES = max(ROUTE_MESSAGE_BYTES.values())
 POLICY_VIOLATION = CloseCode.POLICY_VIOLATION
 
 
@@ -361,9 +374,8 @@ async def no_icon(_request: Request) -> Response:
 
 class WebServer(HttpServer):
     def __init__(self, web: WebApp) -> None:
-        super().__init__(web.app, web.settings, "web")
-        # Realtime clients may send what OpenAI takes (an append of up to 15 MiB):
-        # one too long for us is then the protocol's error, not a closed socket.
+        super().__init__(MessageLimits(web.app, ROUTE_MESSAGE_BYTES), web.settings, "web")
+        self.config.ws = socket_limits.WS_PROTOCOL  # the one whose limits it sets
         self.config.ws_max_size = MAX_MESSAGE_BYTES
         # The client address is admission.py's to find (trusted_proxies): uvicorn's own
         # rewrite would believe any X-Forwarded-For from 127.0.0.1, a local client's too.
@@ -386,6 +398,7 @@ async def serve(settings: WebSettings) -> WebServer:
     """Start the web service; stop it with `await server.stop()`."""
     tracing.setup_tracing("web", settings.otlp_endpoint, settings.otlp_ca_file)
     settings.check_gateway_ca()
+    socket_limits.check_private_names()
     server = WebServer(WebApp(settings))
     await server.start()
     return server

@@ -210,11 +210,13 @@ class SessionConfig:
         )
 
     def check_sendable(self) -> None:
-        """ClientError if what goes to the agent, the instructions relayed and the
-        functions declared, is too long to reach the gateway (MAX_TEXT_BYTES)."""
-        sendable(self.agent_instructions, "session.instructions")
-        size = len(self.agent_instructions.encode()) + sum(
-            tool.declared().ByteSize() for tool in self.agent_functions
+        """ClientError if the instructions and the functions declared are too long
+        to reach the gateway (MAX_TEXT_BYTES). Whether relayed or not: what is not
+        relayed is still kept and shown back, and a session keeps no more than
+        what it could send (a 15 MiB `instructions` must not sit in memory)."""
+        sendable(self.instructions, "session.instructions")
+        size = len(self.instructions.encode()) + sum(
+            tool.declared().ByteSize() for tool in self.tools
         )
         if size > MAX_TEXT_BYTES:
             raise ClientError(
