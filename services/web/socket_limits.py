@@ -35,6 +35,7 @@ PINNED = {"uvicorn": "0.54.0", "websockets": "17.4"}  # as constraints.txt has t
 
 
 def sample_protocol(owner: type) -> object:
+    """One of uvicorn's connections, unconnected (inside a running event loop)."""
     config = uvicorn.Config(app=lambda scope, receive, send: None, ws=WS_PROTOCOL)
     config.load()
     return owner(config=config, server_state=uvicorn.server.ServerState(), app_state={})

@@ -66,14 +66,15 @@ def test_a_sessions_items_keep_a_bounded_number_of_bytes():
     assert kept == list(range(count - len(kept), count)) and len(kept) < count / 2 + 1
 
 
-def test_the_libraries_have_what_the_adapter_relies_on():
+async def test_the_libraries_have_what_the_adapter_relies_on():
+    # async: uvicorn's protocol, made to look for `conn` on, wants a running loop
     assert socket_limits.missing_private_names() == []
     assert constraints_pins(socket_limits.PINNED) == socket_limits.PINNED
     assert spelled_private_names(socket_limits) == set()  # internals, but no _names
 
 
 @pytest.mark.parametrize("entry", socket_limits.GUARDED, ids=lambda entry: entry.label)
-def test_an_upgrade_that_drops_a_relied_on_name_is_noticed(entry):
+async def test_an_upgrade_that_drops_a_relied_on_name_is_noticed(entry):
     import uvicorn
     import websockets as ws
 
