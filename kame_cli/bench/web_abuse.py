@@ -186,7 +186,9 @@ async def declare(web: str, gateway: str, token: str, kb: int, report: Report) -
         report.declaration_refusals["/v1/realtime"] = await first_error(realtime, update)
     live = await websockets.connect(f"ws://{web}{ROUTES[1]}", additional_headers=bearer)
     async with live:
-        start = {"type": "session.start", "session": {"model": "gpt-live-1", "tools": [tool]}}
+        delegation = {"type": "responses", "responses": {"model": "default", "tools": [tool]}}
+        session = {"model": "gpt-live-1", "delegation": delegation}
+        start = {"type": "session.start", "session": session}
         report.declaration_refusals["/v1/live/sessions"] = await first_error(live, start)
     report.declaration_refusals["gRPC Converse"] = await grpc_declaration(gateway, token, tool)
 

@@ -11,6 +11,7 @@ One `kame up` (~30-60 s on a busy CPU)."""
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -32,7 +33,9 @@ async def test_callers_without_a_token_take_nothing_from_the_web_service(tmp_pat
     flags = ["--llm-base-url", await llm.start() + "/v1", "--llm-model", "stub-model"]
     try:
         async with running(flags, tmp_path / "logs", redis_url, ABUSE_DB, ENV) as stack:
-            report = await abuse(stack.address("web"), stack.address("gateway"), TOKEN, RUN)
+            web = re.search(r"^\s+web\s+http://(127\.0\.0\.1:\d+)/", stack.printed, re.M)
+            assert web, stack.printed
+            report = await abuse(web.group(1), stack.address("gateway"), TOKEN, RUN)
     finally:
         await llm.close()
     print_report(report)

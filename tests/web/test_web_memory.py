@@ -13,6 +13,7 @@ import websockets
 
 from kame_common.private_names import IncompatibleLibraries
 from services.web import socket_limits
+from services.web.protocols.live import LiveSession
 from services.web.protocols.realtime import RealtimeSession
 from services.web.protocols.realtime_config import MAX_TEXT_BYTES
 from services.web.protocols.realtime_items import MAX_ID_CHARS, MAX_KEPT_BYTES
@@ -109,3 +110,24 @@ async def test_each_route_closes_a_message_over_its_limit_and_serves_on(fakes):
         assert await closed_by(f"{base}/v1/realtime?model=kame-tandem", huge) == 1009
         async with websockets.connect(f"{base}/v1/realtime?model=kame-tandem") as after:
             assert json.loads(await after.recv())["type"] == "session.created"
+
+
+def test_a_gpt_live_delegations_tools_are_capped_as_realtimes():
+    tool = {
+        "type": "function",
+        "name": "huge",
+        "parameters": {"type": "object", "description": "x" * MAX_TEXT_BYTES},
+    }
+    delegation = {"type": "responses", "responses": {"model": "default", "tools": [tool]}}
+    live = LiveSession(MODES, [])
+    reply = live.on_client(
+        json.dumps(
+            {"type": "session.start", "session": {"model": "gpt-live-1", "delegation": delegation}}
+        )
+    )
+    (error,) = reply.events
+    assert reply.open_call is None
+    assert (error["error"]["code"], error["error"]["param"]) == (
+        "invalid_value",
+        "session.delegation.responses.tools",
+    )
