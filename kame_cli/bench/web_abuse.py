@@ -56,7 +56,9 @@ class Report:
     accepted: dict[str, int] = field(default_factory=dict)
     page_served: bool = False
     page_first_event: str = ""
-    rss_before_mib: float = 0.0
+    rss_start_mib: float = 0.0
+    rss_squat_peak_mib: float = 0.0
+    rss_before_mib: float = 0.0  # the flood's
     rss_peak_mib: float = 0.0
     flood_closed: dict[str, str] = field(default_factory=dict)
     declaration_refusals: dict[str, str] = field(default_factory=dict)
@@ -81,6 +83,11 @@ def listening_pid(port: int) -> int:
 def fds(pid: str) -> Iterator[str]:
     with contextlib.suppress(OSError):
         yield from os.listdir(f"/proc/{pid}/fd")
+
+
+def reset_peak(pid: int) -> None:
+    """VmHWM starts again from VmRSS (proc(5): clear_refs, 5)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 def memory_mib(pid: int) -> tuple[float, float]:
@@ -153,6 +160,7 @@ async def flood_one(web: str, route: str, address: str, size: int) -> str:
 
 
 async def flood(web: str, pid: int, count: int, size: int, report: Report) -> None:
+    reset_peak(pid)
     report.rss_before_mib = memory_mib(pid)[0]
     for route in ROUTES:
         codes = await asyncio.gather(
@@ -218,7 +226,10 @@ async def abuse(web: str, gateway: str, token: str, args: argparse.Namespace) ->
     """The whole run against the stack at `web` and `gateway` (HOST:PORT each)."""
     report = Report(args.sockets)
     pid = listening_pid(int(web.rsplit(":", 1)[1]))
+    reset_peak(pid)
+    report.rss_start_mib = memory_mib(pid)[0]
     await squat(web, token, args.sockets, report)
+    report.rss_squat_peak_mib = memory_mib(pid)[1]
     await flood(web, pid, args.big, args.big_mib << 20, report)
     await declare(web, gateway, token, args.declaration_kb, report)
     return report
@@ -247,8 +258,10 @@ def print_report(report: Report) -> None:
         "flood",
         [f"{route:<20} closed {codes}" for route, codes in report.flood_closed.items()]
         + [
+            f"web RSS {report.rss_start_mib:.0f} MiB at the start, "
+            f"peak {report.rss_squat_peak_mib:.0f} MiB with the idle sockets",
             f"web RSS {report.rss_before_mib:.0f} MiB before, peak {report.rss_peak_mib:.0f} MiB "
-            f"(chart limit {CHART_LIMIT_MIB} Mi)"
+            f"(chart limit {CHART_LIMIT_MIB} Mi)",
         ],
     )
     print_table(

@@ -377,6 +377,11 @@ class WebServer(HttpServer):
         super().__init__(MessageLimits(web.app, ROUTE_MESSAGE_BYTES), web.settings, "web")
         self.config.ws = socket_limits.WS_PROTOCOL  # the one whose limits it sets
         self.config.ws_max_size = MAX_MESSAGE_BYTES
+        # No permessage-deflate: a message's size is then its frame header's, refused
+        # before a byte is buffered; inflating one costs up to its limit first (16
+        # sockets of compressed 15 MiB took the process past the chart's 256 Mi), and
+        # the audio these routes carry hardly compresses anyway.
+        self.config.ws_per_message_deflate = False
         # The client address is admission.py's to find (trusted_proxies): uvicorn's own
         # rewrite would believe any X-Forwarded-For from 127.0.0.1, a local client's too.
         self.config.proxy_headers = False
