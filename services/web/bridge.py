@@ -18,10 +18,11 @@ into Actions, without a network. Everything else is here, once:
 - downlink: the gateway's events to the adapter, then how the call ended
   (kame_client/status.py's CallEnd; CANCELLED, our own cancel: nobody to tell);
 - admission (services/web/admission.py, the one rule for every protocol): a
-  socket waits without a call for at most `start_timeout_s` from its
-  handshake (then it is closed, 1008), and counts against `max_sessions` only
-  once its call opens; a call refused there is told as the adapter tells the
-  gateway's RESOURCE_EXHAUSTED;
+  socket waits for its call to start (the gateway accepted its token) for at
+  most `start_timeout_s` from its handshake, whatever it sends meanwhile (then
+  the adapter's on_start_timeout closes it), and counts against
+  `max_sessions` only once its call started; one started at the limit is
+  ended, told as the adapter tells the gateway's RESOURCE_EXHAUSTED;
 - idle: once the call is open, the adapter's `idle_timeout_s` counts from the
   caller's last audio with sound in it or text (services/web/activity.py),
   not from their last message: protocol chatter keeps no call alive;
@@ -162,8 +163,8 @@ class Session:
 
     async def _read_client(self) -> None:
         """The client's messages to the adapter until the client goes, the
-        adapter closes, the socket has no call by its start deadline, or the
-        caller is idle (no sound, no text) for the adapter's idle time."""
+        adapter closes, or the caller is idle (no sound, no text) for the
+        adapter's idle time once the call started."""
         if self.client is not None:  # the session opened with its call
             assert self.call is not None
             await self.client.wait_started(self.call)
