@@ -17,6 +17,15 @@ into Actions, without a network. Everything else is here, once:
   caller the gateway refuses has nothing of theirs taken;
 - downlink: the gateway's events to the adapter, then how the call ended
   (kame_client/status.py's CallEnd; CANCELLED, our own cancel: nobody to tell);
+- admission (services/web/admission.py, the one rule for every protocol): a
+  socket waits for its call to start (the gateway accepted its token) for at
+  most `start_timeout_s` from its handshake, whatever it sends meanwhile (then
+  the adapter's on_start_timeout closes it), and counts against
+  `max_sessions` only once its call started; one started at the limit is
+  ended, told as the adapter tells the gateway's RESOURCE_EXHAUSTED;
+- idle: once the call is open, the adapter's `idle_timeout_s` counts from the
+  caller's last audio with sound in it or text (services/web/activity.py),
+  not from their last message: protocol chatter keeps no call alive;
 - the end: the first of the client going away, the call ending, the adapter
   closing (a protocol error, the idle timeout, its timer) ends the session:
   every task is cancelled and waited for, the call cancelled, and the socket
@@ -37,11 +46,14 @@ import grpc
 from kame_client.client import CallerRequest, ConverseClient
 from kame_client.status import CallEnd
 from kame_common.aio import cancel_and_wait, wait_first
+from services.web.activity import PCM16, caller_active
+from services.web.admission import Admission, Ticket
 from services.web.config import WebSettings
 from services.web.pacer import Pacer
 from services.web.protocols.adapter import Actions, Adapter, Close, OpenCall, Timer
 
 log = logging.getLogger(__name__)
+RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class ClientSocket(Protocol):
@@ -58,21 +70,29 @@ class ClientSocket(Protocol):
 class Bridge:
     """Carries client sockets over calls to the gateway named in the settings."""
 
-    def __init__(self, settings: WebSettings) -> None:
+    def __init__(self, settings: WebSettings, admission: Admission) -> None:
         self.settings = settings
+        self.admission = admission
 
-    async def run(self, socket: ClientSocket, adapter: Adapter, token: str) -> Close:
-        """One session, until it ends: how to close the socket."""
-        return await Session(self.settings, socket, adapter, token).run()
+    async def run(
+        self, socket: ClientSocket, adapter: Adapter, token: str, ticket: Ticket
+    ) -> Close:
+        """One session of the socket `ticket` admitted, until it ends: how to close it."""
+        try:
+            return await Session(self, socket, adapter, token, ticket).run()
+        finally:
+            self.admission.leave(ticket)
 
 
 class Session:
     """One client socket, its adapter and, once opened, its gateway call."""
 
     def __init__(
-        self, settings: WebSettings, socket: ClientSocket, adapter: Adapter, token: str
+        self, bridge: Bridge, socket: ClientSocket, adapter: Adapter, token: str, ticket: Ticket
     ) -> None:
-        self.settings = settings
+        self.settings = bridge.settings
+        self.admission = bridge.admission
+        self.ticket = ticket
         self.socket = socket
         self.adapter = adapter
         self.token = token
@@ -84,9 +104,12 @@ class Session:
         self.close: Close | None = None
         self.client_gone = False  # a send failed: the socket takes no more
         self._sending = asyncio.Lock()  # the reader and the call both send
+        self.heard_at = asyncio.get_running_loop().time()  # the caller's last sound or text
+        self._receiving: asyncio.Timeout | None = None  # the reader's wait for a message
 
     async def run(self) -> Close:
         reader: asyncio.Future[None] | None = None
+        watch = asyncio.ensure_future(self._watch_start())
         try:
             await self.apply(self.adapter.opening())
             reader = asyncio.ensure_future(self._read_client())
@@ -100,7 +123,8 @@ class Session:
             # comes as audio arrives) then stops at its next send.
             if self.client is not None:
                 self.client.cancel()
-            await cancel_and_wait([t for t in (reader, self.call, self.timer) if t is not None])
+            tasks = (reader, self.call, self.timer, watch)
+            await cancel_and_wait([t for t in tasks if t is not None])
             if self.client is not None:
                 await self.client.close()
         return self.close or Close()
@@ -139,21 +163,53 @@ class Session:
 
     async def _read_client(self) -> None:
         """The client's messages to the adapter until the client goes, the
-        adapter closes, or the client sends nothing for the adapter's idle time."""
+        adapter closes, or the caller is idle (no sound, no text) for the
+        adapter's idle time once the call started."""
         if self.client is not None:  # the session opened with its call
             assert self.call is not None
             await self.client.wait_started(self.call)
-        idle_s = self.adapter.idle_timeout_s
+        loop = asyncio.get_running_loop()
         while not self.over.is_set():
             try:
-                async with asyncio.timeout(idle_s):
+                async with asyncio.timeout_at(self._deadline()) as self._receiving:
                     raw = await self.socket.receive()
             except TimeoutError:
+                self._receiving = None
                 await self.apply(self.adapter.on_idle())
                 return
+            self._receiving = None
             if raw is None:
                 return  # the client went away: nobody to tell
-            await self.apply(self.adapter.on_client(raw))
+            actions = self.adapter.on_client(raw)
+            if caller_active(actions, self.pacer.coding if self.pacer else PCM16):
+                self.heard_at = loop.time()
+            await self.apply(actions)
+
+    def _deadline(self) -> float | None:
+        """When the caller's idle time runs out (None: never; before the call
+        started, _watch_start's deadline is the one)."""
+        idle_s = self.adapter.idle_timeout_s
+        return None if idle_s is None or not self.ticket.counted else self.heard_at + idle_s
+
+    async def _watch_start(self) -> None:
+        """The session ends if its call has not started (been admitted) by
+        start_timeout_s after the handshake, whatever the client sends meanwhile."""
+        timeout_s = self.settings.start_timeout_s
+        await asyncio.sleep(self.ticket.opened_at + timeout_s - asyncio.get_running_loop().time())
+        if not self.ticket.counted:
+            await self.apply(self.adapter.on_start_timeout(timeout_s))
+            self._end(Close())
+
+    async def _admitted(self) -> bool:
+        """The call started: it counts against max_sessions from now, or, the web
+        service at its limit, the client is told so as the gateway's busy."""
+        if refusal := self.admission.admit(self.ticket):
+            await self.apply(self.adapter.on_call_end(CallEnd(RESOURCE_EXHAUSTED, refusal)))
+            return False
+        self.heard_at = asyncio.get_running_loop().time()  # idle counts from the start
+        if self._receiving is not None:  # the reader waits for a message: from now, not forever
+            self._receiving.reschedule(self._deadline())
+        return True
 
     async def _take_audio(self, audio: bytes) -> None:
         """Caller audio to the call: paced, if it fits the backlog; or at once."""
@@ -202,6 +258,8 @@ class Session:
         try:
             await client.start(call.config)
             await client.wait_started(downlink)
+            if client.started.is_set() and not await self._admitted():
+                return
             if self.pacer is not None:
                 pacing = asyncio.ensure_future(self.pacer.run())
                 await wait_first(downlink, pacing)

@@ -18,6 +18,7 @@ from kame_common.delegation import MAX_TIMEOUT_S
 from kame_common.gateway_client import GatewayClientSettings
 from kame_common.ports import WEB_PORTS
 from kame_common.words import BACKCHANNEL_PHRASES
+from services.web.admission import Network, proxy_networks
 
 MODES = ("tandem", "cascade", "s2s")
 # Host names a browser on this machine uses for the page; always allowed.
@@ -36,7 +37,22 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
 
     port: int = setting(WEB_PORTS.http, "HTTP port of the page and its WebSocket (0 picks one)")
     metrics_port: int = setting(WEB_PORTS.metrics, "Prometheus /metrics port (0 disables)")
-    max_sessions: int = setting(16, "open page sessions before new ones are refused (0 = no limit)")
+    max_sessions: int = setting(
+        16,
+        "open calls (a socket counts once its call to the gateway opens) before new ones are "
+        "refused (0 = no limit)",
+    )
+    max_waiting_per_address: int = setting(
+        8,
+        "WebSockets one client address may hold open without a call (before their call "
+        "opens, at most start_timeout_s each); more are refused (0 = no limit)",
+    )
+    trusted_proxies: str = setting(
+        "",
+        "comma-separated addresses or networks (CIDR) of proxies in front of the web service "
+        "(an Ingress): only for a connection from one of them is the client address taken "
+        "from X-Forwarded-For",
+    )
     modes: str = setting(
         ",".join(MODES), "comma-separated modes the page offers (tandem, cascade, s2s)"
     )
@@ -57,14 +73,15 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
     )
     start_timeout_s: float = setting(
         10.0,
-        "seconds a new WebSocket gets to send its start message (a /v1/live/sessions socket: "
-        "its session.start) before it is closed",
+        "seconds a new WebSocket may go without a call to the gateway (the page: its start "
+        "message; /v1/live/sessions: its session.start; /v1/realtime: its first event that "
+        "needs a call) before it is closed",
     )
     realtime_idle_timeout_s: float = setting(
         300.0,
-        "seconds a /v1/realtime or /v1/live/sessions socket may send no event (an /api/chat "
-        "socket: no message) before it is closed with an error (idle_timeout), so a forgotten "
-        "client holds no slot",
+        "seconds a call from any WebSocket may go without the caller's audio with sound in it "
+        "or text before it is closed with the protocol's error (idle_timeout): messages that "
+        "carry neither do not count, so a forgotten or chatty client holds no call",
     )
     live_delegation_timeout_s: float = setting(
         30.0,
@@ -105,6 +122,10 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
         return self.gateway_auth_token if self.relay_token_behind_login else ""
 
     @property
+    def proxies(self) -> list[Network]:
+        return proxy_networks(self.trusted_proxies)
+
+    @property
     def origins(self) -> list[str]:
         return entries(self.allowed_origins)
 
@@ -128,6 +149,11 @@ class WebSettings(ServiceSettings, GatewayClientSettings):
             raise ConfigError("tls_client_ca_file: the web service does not ask browsers for certs")
         if self.health_port:
             raise ConfigError("health_port: the web service answers probes on GET /healthz")
+        proxy_networks(self.trusted_proxies)  # ConfigError for one that is not an address
+        if self.max_waiting_per_address < 0:
+            raise ConfigError(
+                f"max_waiting_per_address: 0 or more, got {self.max_waiting_per_address}"
+            )
         if not self.start_timeout_s > 0:
             raise ConfigError(f"start_timeout_s: must be above 0, got {self.start_timeout_s}")
         if not self.realtime_idle_timeout_s > 0:

@@ -25,12 +25,15 @@ Who may talk through the bridge:
   there the caller's bearer token (`Authorization: Bearer`, the gateway's to
   check; Moshi's clients send none) is the gate, and an Origin, when a browser
   sends one, must be allowed as above;
-- a conversation counts against `max_sessions` only once its start message
-  came; a socket that sends none within `start_timeout_s` is closed (1008);
-  a Moshi socket counts from its opening (its call opens at once) and is
-  closed (1008) if it sends no audio within `start_timeout_s` of the handshake;
-  a GPT-Live socket counts from its session.start (events before it are the
-  protocol's errors), which must come within `start_timeout_s`.
+- one admission rule for every route (admission.py, applied by the bridge):
+  at most `max_waiting_per_address` sockets without a call per client address
+  (more are refused before the handshake, 403); a socket without a call is
+  closed (1008) `start_timeout_s` after its handshake (the page's start
+  message, GPT-Live's session.start, Realtime's first event that needs a
+  call must come by then); a socket counts against `max_sessions` only once
+  its call opens, so sockets without a token lock nobody out; a Moshi
+  socket's call opens at once, and it is closed (1008) if it sends no audio
+  within `start_timeout_s` of the handshake.
 Every response carries a Content-Security-Policy that lets the page load only
 its own files.
 """
@@ -41,7 +44,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -60,9 +63,11 @@ from kame_common import tracing
 from kame_common.http_server import HttpServer
 from kame_common.server import ACTIVE_SESSIONS, service_main, until_signal
 from kame_common.words import parse_phrases
+from services.web import socket_limits
+from services.web.admission import Admission, Ticket, client_address
 from services.web.bridge import Bridge, ClientSocket
 from services.web.config import WebSettings
-from services.web.protocols.adapter import Adapter, Close
+from services.web.protocols.adapter import Close
 from services.web.protocols.live import LiveSession
 from services.web.protocols.live_adapter import LiveAdapter
 from services.web.protocols.moshi import MoshiSession
@@ -71,6 +76,7 @@ from services.web.protocols.page import PageSession, StartError, error_event, pa
 from services.web.protocols.realtime import RealtimeSession, lone_error
 from services.web.protocols.realtime_adapter import RealtimeAdapter
 from services.web.protocols.realtime_config import ClientError
+from services.web.socket_limits import MessageLimits
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
@@ -80,10 +86,21 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
-# The largest WebSocket message the web service takes: OpenAI takes 15 MiB, so a
-# Realtime client's oversize append reaches the session and is refused there
-# with the protocol's error, the socket open; beyond this the socket closes (1009).
-MAX_MESSAGE_BYTES = 16 << 20
+# The largest WebSocket message each route takes (socket_limits.py; more closes
+# the socket, 1009, before it is read). A Realtime or GPT-Live append of 60 s
+# (realtime.MAX_APPEND_S) of PCM16 at 24 kHz is 3.84 MB of base64: 5 MiB lets
+# a somewhat longer one reach the session and get the protocol's error
+# (audio_too_long), the socket open. The page sends its microphone in small
+# binary chunks and a start message; Moshi's limit lets its own refusal of an
+# audio message over moshi.MAX_AUDIO_MESSAGE_BYTES (64 KiB) be told.
+APPEND_MESSAGE_BYTES = 5 << 20
+ROUTE_MESSAGE_BYTES = {
+    "/v1/realtime": APPEND_MESSAGE_BYTES,
+    "/v1/live/sessions": APPEND_MESSAGE_BYTES,
+    "/converse": 256 << 10,
+    "/api/chat": 128 << 10,
+}
+MAX_MESSAGE_BYTES = max(ROUTE_MESSAGE_BYTES.values())
 POLICY_VIOLATION = CloseCode.POLICY_VIOLATION
 
 
@@ -158,13 +175,13 @@ class WebApp:
 
     def __init__(self, settings: WebSettings) -> None:
         self.settings = settings
-        self.bridge = Bridge(settings)
-        self.active_sessions = 0
-        self.idle = asyncio.Event()  # set while no conversation is open
-        self.idle.set()
-        self.draining = False
+        gauge = ACTIVE_SESSIONS.labels(service="web")
+        self.admission = Admission(
+            settings.max_sessions, settings.max_waiting_per_address, gauge.set
+        )
+        self.bridge = Bridge(settings, self.admission)
         self.hosts = settings.hosts
-        self._gauge = ACTIVE_SESSIONS.labels(service="web")
+        self.proxies = settings.proxies
         self.app = Starlette(
             routes=[
                 Route("/", self.index),
@@ -203,7 +220,7 @@ class WebApp:
         )
 
     async def healthz(self, _request: Request) -> Response:
-        if self.draining:
+        if self.admission.draining:
             return PlainTextResponse("draining", status_code=503)
         return PlainTextResponse("ok")
 
@@ -233,32 +250,47 @@ class WebApp:
         self,
         websocket: WebSocket,
         protocol: str,
-        begin: Callable[[WebSocket, StarletteSocket], Awaitable[Close]],
+        begin: Callable[[WebSocket, StarletteSocket, Ticket], Awaitable[Close]],
         api: bool = False,
     ) -> None:
         """A socket of `protocol` if it may be opened (else closed before it is
         accepted: a browser gets 403), its session begun, and closed as it ends."""
         refusal = self.socket_refusal(websocket, api)
-        if refusal:
+        ticket = None if refusal else self.admission.arrive(self.client_address(websocket))
+        if ticket is None:
+            refusal = refusal or "too many sockets without a call from this address"
             log.info("%s websocket refused: %s", protocol, refusal)
             await websocket.close(code=POLICY_VIOLATION, reason=refusal)
             return
-        await websocket.accept()
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client went away
-            close = await begin(websocket, StarletteSocket(websocket))
-            await websocket.close(code=close.code, reason=close.short_reason)
+        try:
+            await websocket.accept()
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client went away
+                close = await begin(websocket, StarletteSocket(websocket), ticket)
+                await websocket.close(code=close.code, reason=close.short_reason)
+        finally:
+            self.admission.leave(ticket)
+
+    def client_address(self, websocket: WebSocket) -> str:
+        """The client's address: the peer's, or X-Forwarded-For's behind a trusted proxy."""
+        peer = websocket.client.host if websocket.client else ""
+        return client_address(peer, websocket.headers.get("x-forwarded-for"), self.proxies)
+
+    def start_left_s(self, ticket: Ticket) -> float:
+        """What remains of `start_timeout_s` for the socket of `ticket`."""
+        elapsed = asyncio.get_running_loop().time() - ticket.opened_at
+        return max(0.0, self.settings.start_timeout_s - elapsed)
 
     def _token(self, websocket: WebSocket) -> str:
         """The caller's bearer token, or the one the web service relays."""
         token = bearer_token(websocket.headers.get("authorization"))
         return token or self.settings.relayed_token
 
-    async def _page(self, _websocket: WebSocket, page: StarletteSocket) -> Close:
+    async def _page(self, _websocket: WebSocket, page: StarletteSocket, ticket: Ticket) -> Close:
         """The page's start message, then its conversation. A socket that never
         starts holds no session."""
         timeout = self.settings.start_timeout_s
         try:
-            raw = await asyncio.wait_for(page.receive(), timeout)
+            raw = await asyncio.wait_for(page.receive(), self.start_left_s(ticket))
         except TimeoutError:
             return Close(POLICY_VIOLATION, f"no start message within {timeout:g} s")
         try:
@@ -267,19 +299,16 @@ class WebApp:
             refused = CallEnd(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             await page.send_text(json.dumps(error_event(refused)))
             return Close()
-        if refusal := self.session_refusal():
-            busy = CallEnd(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-            await page.send_text(json.dumps(error_event(busy)))
-            return Close()
-        return await self._session(page, PageSession(start), start.token)
+        return await self.bridge.run(
+            page, PageSession(start, self.settings.realtime_idle_timeout_s), start.token, ticket
+        )
 
-    async def _realtime(self, websocket: WebSocket, socket: StarletteSocket) -> Close:
+    async def _realtime(
+        self, websocket: WebSocket, socket: StarletteSocket, ticket: Ticket
+    ) -> Close:
         """A Realtime session with the model the query names (an error, and no
         session, for a model the web service does not offer)."""
         settings = self.settings
-        if refusal := self.session_refusal():
-            await socket.send_text(json.dumps(lone_error("server_busy", refusal, "server_error")))
-            return Close()
         try:
             session = RealtimeSession(
                 websocket.query_params.get("model", ""),
@@ -291,9 +320,9 @@ class WebApp:
             await socket.send_text(json.dumps(lone_error(exc.code, exc.message)))
             return Close()
         adapter = RealtimeAdapter(session, settings.realtime_idle_timeout_s)
-        return await self._session(socket, adapter, self._token(websocket))
+        return await self.bridge.run(socket, adapter, self._token(websocket), ticket)
 
-    async def _live(self, websocket: WebSocket, socket: StarletteSocket) -> Close:
+    async def _live(self, websocket: WebSocket, socket: StarletteSocket, ticket: Ticket) -> Close:
         """A GPT-Live session, counted from its session.start: what comes before
         it gets the protocol's error; none within start_timeout_s closes the socket."""
         settings = self.settings
@@ -304,7 +333,7 @@ class WebApp:
         )
         adapter = LiveAdapter(session, settings.realtime_idle_timeout_s)
         try:
-            async with asyncio.timeout(settings.start_timeout_s):
+            async with asyncio.timeout(self.start_left_s(ticket)):
                 while (first := await socket.receive()) is not None and not is_live_start(first):
                     for message in adapter.on_client(first).send:
                         await socket.send_text(str(message))
@@ -314,53 +343,19 @@ class WebApp:
             return Close(POLICY_VIOLATION, reason)
         if first is None:
             return Close()  # the client went away
-        if refusal := self.session_refusal():
-            await socket.send_text(json.dumps(lone_error("server_busy", refusal, "server_error")))
-            return Close(CloseCode.TRY_AGAIN_LATER, refusal)
-        return await self._session(Replayed(socket, first), adapter, self._token(websocket))
+        token = self._token(websocket)
+        return await self.bridge.run(Replayed(socket, first), adapter, token, ticket)
 
-    async def _moshi(self, websocket: WebSocket, socket: StarletteSocket) -> Close:
+    async def _moshi(self, websocket: WebSocket, socket: StarletteSocket, ticket: Ticket) -> Close:
         """A Moshi chat in the mode the query names (closed at once, the client
-        told why, for a mode the web service does not offer or a full service)."""
-        if refusal := self.session_refusal():
-            close = Close(CloseCode.TRY_AGAIN_LATER, refusal)
-        else:
-            try:
-                chat = MoshiSession.for_query(websocket.query_params, self.settings)
-            except ClientError as exc:
-                close = Close(POLICY_VIOLATION, exc.message)
-            else:
-                return await self._session(socket, chat, self._token(websocket))
-        await socket.send_bytes(refusal_message(close))
-        return close
-
-    def session_refusal(self) -> str:
-        """Why a new conversation may not begin now ("" if it may)."""
-        limit = self.settings.max_sessions
-        if self.draining:
-            return "the web service is draining"
-        if limit and self.active_sessions >= limit:
-            return f"the web service is at its limit of {limit} conversations"
-        return ""
-
-    async def _session(self, socket: ClientSocket, adapter: Adapter, token: str) -> Close:
-        """One session, counted against `max_sessions` while it lasts."""
-        async with self.counted():
-            return await self.bridge.run(socket, adapter, token)
-
-    @contextlib.asynccontextmanager
-    async def counted(self) -> AsyncIterator[None]:
-        """One open conversation, against `max_sessions`, while inside."""
-        self.active_sessions += 1
-        self._gauge.set(self.active_sessions)
-        self.idle.clear()
+        told why, for a mode the web service does not offer)."""
         try:
-            yield
-        finally:
-            self.active_sessions -= 1
-            self._gauge.set(self.active_sessions)
-            if not self.active_sessions:
-                self.idle.set()
+            chat = MoshiSession.for_query(websocket.query_params, self.settings)
+        except ClientError as exc:
+            close = Close(POLICY_VIOLATION, exc.message)
+            await socket.send_bytes(refusal_message(close))
+            return close
+        return await self.bridge.run(socket, chat, self._token(websocket), ticket)
 
 
 def is_live_start(message: str | bytes) -> bool:
@@ -379,17 +374,24 @@ async def no_icon(_request: Request) -> Response:
 
 class WebServer(HttpServer):
     def __init__(self, web: WebApp) -> None:
-        super().__init__(web.app, web.settings, "web")
-        # Realtime clients may send what OpenAI takes (an append of up to 15 MiB):
-        # one too long for us is then the protocol's error, not a closed socket.
+        super().__init__(MessageLimits(web.app, ROUTE_MESSAGE_BYTES), web.settings, "web")
+        self.config.ws = socket_limits.WS_PROTOCOL  # the one whose limits it sets
         self.config.ws_max_size = MAX_MESSAGE_BYTES
+        # No permessage-deflate: a message's size is then its frame header's, refused
+        # before a byte is buffered; inflating one costs up to its limit first (16
+        # sockets of compressed 15 MiB took the process past the chart's 256 Mi), and
+        # the audio these routes carry hardly compresses anyway.
+        self.config.ws_per_message_deflate = False
+        # The client address is admission.py's to find (trusted_proxies): uvicorn's own
+        # rewrite would believe any X-Forwarded-For from 127.0.0.1, a local client's too.
+        self.config.proxy_headers = False
         self.web = web
 
     async def stop(self, grace_s: float = 0.0) -> None:
         """Health 503 and no new conversations; open ones get up to `grace_s` to end."""
-        self.web.draining = True
+        self.web.admission.draining = True
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.web.idle.wait(), grace_s)
+            await asyncio.wait_for(self.web.admission.idle.wait(), grace_s)
         await self.shut_down()
 
     async def serve_until_stopped(self) -> None:
@@ -401,6 +403,7 @@ async def serve(settings: WebSettings) -> WebServer:
     """Start the web service; stop it with `await server.stop()`."""
     tracing.setup_tracing("web", settings.otlp_endpoint, settings.otlp_ca_file)
     settings.check_gateway_ca()
+    socket_limits.check_private_names()
     server = WebServer(WebApp(settings))
     await server.start()
     return server

@@ -16,6 +16,7 @@ import pytest
 from kame_client.events import AgentAudio, ConverseEvent, Started
 from kame_client.status import CallEnd, CloseCode
 from kamepb import gateway_pb2
+from services.web.admission import Admission
 from services.web.bridge import Bridge
 from services.web.config import WebSettings
 from services.web.protocols.adapter import Actions, Close, OpenCall, Timer
@@ -85,15 +86,29 @@ class Recorder:
     def on_idle(self) -> Actions:
         return Actions(send=["idle"], close=Close(CloseCode.POLICY_VIOLATION, "idle"))
 
+    def on_start_timeout(self, timeout_s: float) -> Actions:
+        return Actions(send=["no call"], close=Close(CloseCode.POLICY_VIOLATION, "no call"))
+
     def on_fault(self) -> Actions:
         return Actions(send=["fault"], close=Close(CloseCode.INTERNAL_ERROR, "fault"))
 
 
 async def bridged(
-    gateway_address: str, adapter: Recorder, socket: QueueSocket, token: str = ""
+    gateway_address: str,
+    adapter: Recorder,
+    socket: QueueSocket,
+    token: str = "",
+    admission: Admission | None = None,
+    **settings: object,
 ) -> Close:
-    settings = WebSettings(gateway_address=gateway_address)
-    return await asyncio.wait_for(Bridge(settings).run(socket, adapter, token), 20)
+    web = WebSettings(gateway_address=gateway_address)
+    for name, value in settings.items():
+        setattr(web, name, value)
+    admission = admission or Admission(web.max_sessions, 0)
+    bridge = Bridge(web, admission)
+    ticket = admission.arrive("a")
+    assert ticket is not None
+    return await asyncio.wait_for(bridge.run(socket, adapter, token, ticket), 20)
 
 
 async def test_the_client_is_read_once_the_call_started_and_its_audio_reaches_the_gateway(fakes):

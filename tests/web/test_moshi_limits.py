@@ -162,7 +162,7 @@ async def test_a_silent_socket_is_closed_after_the_idle_timeout(fakes):
         received = await closing(ws)  # the agent's audio, then the close
         silent_s = time.monotonic() - started
     assert ws.close_code == 1008
-    assert received[-1] == b"\x05no message for 1 s: the chat ends"
+    assert received[-1] == b"\x05no sound from the caller for 1 s: the chat ends"
     assert silent_s >= 0.9
 
 

@@ -115,6 +115,6 @@ def test_each_way_of_ending_closes_as_the_status_maps_it():
     busy = CallEnd(grpc.StatusCode.RESOURCE_EXHAUSTED, "full", retry_after_s=2)
     refused(session.on_call_end(busy), CloseCode.TRY_AGAIN_LATER, "try again in 2 s")
     refused(session.on_backlog_full(), CloseCode.POLICY_VIOLATION, "waits to be sent")
-    refused(session.on_idle(), CloseCode.POLICY_VIOLATION, "no message for 30 s")
+    refused(session.on_idle(), CloseCode.POLICY_VIOLATION, "no sound from the caller for 30 s")
     refused(session.on_fault(), CloseCode.INTERNAL_ERROR, "failed")
     assert closing(CloseCode.NORMAL_CLOSURE, "bye").send == []

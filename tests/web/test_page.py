@@ -136,16 +136,16 @@ def test_stop_is_recognized_and_nothing_else():
 
 def test_the_session_opens_its_call_at_once_and_sends_the_pages_audio_as_it_comes():
     start = parse_start(start_message(mode="cascade"), WebSettings())
-    page = PageSession(start)
+    page = PageSession(start, 300.0)
     assert page.opening().open_call == OpenCall(start.config, paced=None)  # a microphone's pace
     assert page.on_client(b"\x01\x02").audio == b"\x01\x02"
     assert page.on_client('{"type": "stop"}').requests == [HalfClose()]
     assert page.on_client('{"type": "ping"}') == page.on_client("[]") == Actions()
-    assert page.idle_timeout_s is None
+    assert page.idle_timeout_s == 300.0  # idle is no sound: the page sends silence too
 
 
 def test_the_call_ends_with_end_or_the_error_in_words():
-    page = PageSession(parse_start(start_message(), WebSettings()))
+    page = PageSession(parse_start(start_message(), WebSettings()), 300.0)
     ended = page.on_call_end(None)
     assert [json.loads(m) for m in ended.send] == [{"type": "end"}] and ended.close is None
     busy = CallEnd(grpc.StatusCode.RESOURCE_EXHAUSTED, "full", retry_after_s=3)

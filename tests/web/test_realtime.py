@@ -345,14 +345,17 @@ async def test_a_missing_token_is_refused_by_the_gateway(web):
     )
 
 
-async def test_a_socket_that_sends_nothing_is_closed_with_an_error(fakes):
-    async with web_service(fakes, realtime_idle_timeout_s=0.5) as web, connect(web) as connection:
+async def test_a_socket_that_opens_no_call_is_closed_with_an_error(fakes):
+    """A socket without a call (here: nothing sent) lives `start_timeout_s`, not
+    `realtime_idle_timeout_s`, and never held a slot."""
+    settings = {"start_timeout_s": 0.5, "realtime_idle_timeout_s": 300.0}
+    async with web_service(fakes, **settings) as web, connect(web) as connection:
         await connection.recv()  # session.created
-        (idle,) = await received(connection, 1, timeout_s=5.0)
+        (late,) = await received(connection, 1, timeout_s=5.0)
         with pytest.raises(ConnectionClosed):
             await received(connection, 1)
-        assert web.web.active_sessions == 0  # its slot is free again
-    assert (idle.error.code, idle.error.type) == ("idle_timeout", "invalid_request_error")
+        assert web.web.admission.active == 0 and not web.web.admission.waiting
+    assert (late.error.code, late.error.type) == ("session_start_timeout", "invalid_request_error")
 
 
 def typed(text: str) -> dict:

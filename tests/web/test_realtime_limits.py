@@ -80,9 +80,10 @@ def test_relayed_instructions_and_tools_too_long_for_the_gateway_are_refused():
     with pytest.raises(ClientError) as too_many:
         relayed.updated({"tools": wordy}, locked=False)
     assert too_many.value.param == "session.tools"
-    # Instructions that are kept, not relayed, are not sent: any length is taken.
-    kept = SessionConfig().updated({"instructions": OVER_THE_GATEWAYS}, locked=False)
-    assert kept.instructions == OVER_THE_GATEWAYS
+    # Instructions that are kept, not relayed, are capped too: kept is memory.
+    with pytest.raises(ClientError) as kept:
+        SessionConfig().updated({"instructions": OVER_THE_GATEWAYS}, locked=False)
+    assert kept.value.code == "string_above_max_length"
 
 
 @pytest.mark.parametrize("fault_in", ["on_converse", "on_client"])

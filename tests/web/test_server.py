@@ -142,7 +142,7 @@ async def test_the_page_offers_what_the_operator_configured(web):
 async def test_health_turns_503_when_the_service_drains(web):
     server = await web()
     assert (await get(f"{server.url}healthz"))[0] == 200
-    server.web.draining = True
+    server.web.admission.draining = True
     assert (await get(f"{server.url}healthz"))[0] == 503
 
 
@@ -257,13 +257,6 @@ async def test_the_operators_token_is_relayed_only_behind_their_login(web, gatew
     assert event["code"] == "UNAUTHENTICATED", event
 
 
-async def test_conversations_beyond_the_limit_are_refused(web):
-    server = await web(max_sessions=1)
-    server.web.active_sessions = 1  # one conversation is open
-    (event,) = await converse(server, START)
-    assert event["code"] == "RESOURCE_EXHAUSTED" and "limit of 1" in event["message"], event
-
-
 async def test_silent_sockets_hold_no_slot_and_are_closed(web):
     """More sockets than the limit that never send a start message: a real page
     still gets its conversation, and each silent one is closed after start_timeout_s."""
@@ -278,7 +271,7 @@ async def test_silent_sockets_hold_no_slot_and_are_closed(web):
     finally:
         for page in silent:
             await page.close()
-    assert server.web.active_sessions == 0
+    assert server.web.admission.active == 0
 
 
 async def test_a_busy_stack_tells_the_page_when_to_try_again(web, busy_gateway):

@@ -20,8 +20,10 @@ adapter.Adapter:
 - `on_call_end(end)`: the gateway ended the call (None: OK; else a
   kame_client.status.CallEnd, whose words, close code and error type are the
   one mapping of the gateway's status); the session ends after it;
-- `on_backlog_full()`, `on_idle()`, `on_fault()`: audio beyond the paced
-  backlog, a client silent for `idle_timeout_s`, a bug of ours (the bridge
+- `on_backlog_full()`, `on_idle()`, `on_start_timeout(s)`, `on_fault()`:
+  audio beyond the paced backlog, a caller with no sound and no text for
+  `idle_timeout_s` (services/web/activity.py), a socket whose call has not
+  started `start_timeout_s` after its handshake, a bug of ours (the bridge
   logs it): what the client is told.
 
 Each returns Actions: messages to send (str: text frame), the call to open,

@@ -66,6 +66,11 @@ class Timer:
     then: Actions
 
 
+def no_call(timeout_s: float) -> Close:
+    """How a socket without a call by its start deadline is closed."""
+    return Close(CloseCode.POLICY_VIOLATION, f"no call within {timeout_s:g} s of the handshake")
+
+
 def text(*events: Mapping[str, Any]) -> list[str | bytes]:
     """JSON events as text frames."""
     return [json.dumps(event) for event in events]
@@ -99,7 +104,12 @@ class Adapter(Protocol):
         """Audio the client sent does not fit the paced backlog (pacer.MAX_BACKLOG_S)."""
 
     def on_idle(self) -> Actions:
-        """The client sent nothing for `idle_timeout_s`."""
+        """The caller was idle (no audio with sound, no text) for `idle_timeout_s`
+        once the call was open (services/web/activity.py)."""
+
+    def on_start_timeout(self, timeout_s: float) -> Actions:
+        """The socket has had no call for `timeout_s` since its handshake (the web
+        service's start_timeout_s): the session ends."""
 
     def on_fault(self) -> Actions:
         """A fault of ours (a bug, logged): what the client is told before the end."""

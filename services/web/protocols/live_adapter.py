@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from kame_client.events import ConverseEvent
 from kame_client.status import CallEnd
-from services.web.protocols.adapter import Actions, Close, OpenCall, text
+from services.web.protocols.adapter import Actions, Close, OpenCall, no_call, text
 from services.web.protocols.live import LiveSession, Reply
 from services.web.protocols.realtime_adapter import (
     backlog_full_error,
     call_error,
     fault_error,
     idle_error,
+    start_timeout_error,
 )
 
 EXPIRED = "OUT_OF_RANGE"  # the gateway's status for a call at its length cap
@@ -64,6 +65,10 @@ class LiveAdapter:
     def on_idle(self) -> Actions:
         idle = self.session.stamp([idle_error(self.idle_timeout_s)])
         return Actions(send=text(*idle), close=Close())
+
+    def on_start_timeout(self, timeout_s: float) -> Actions:
+        late = self.session.stamp([start_timeout_error(timeout_s)])
+        return Actions(send=text(*late), close=no_call(timeout_s))
 
     def on_fault(self) -> Actions:
         error = fault_error(self.session.id)

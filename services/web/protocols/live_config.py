@@ -44,6 +44,7 @@ from services.web.protocols.realtime_config import (
     ClientError,
     Event,
     FunctionTool,
+    check_declared,
     function_tool,
     sendable,
 )
@@ -342,10 +343,10 @@ def _responses(settings: Any) -> Responses:
     tools = settings.get("tools") or []
     if not isinstance(tools, list):
         raise ClientError("invalid_type", "tools must be a list", f"{where}.tools")
+    declared = tuple(_tool(tool, f"{where}.tools[{n}]") for n, tool in enumerate(tools))
+    check_declared(instructions, declared, f"{where}.tools")
     return Responses(
-        model=model,
-        instructions=sendable(instructions, f"{where}.instructions"),
-        tools=tuple(_tool(tool, f"{where}.tools[{n}]") for n, tool in enumerate(tools)),
+        model=model, instructions=sendable(instructions, f"{where}.instructions"), tools=declared
     )
 
 

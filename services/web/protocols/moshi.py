@@ -28,7 +28,7 @@ Limits, each closing the socket with the reason: an audio message of more
 than MAX_AUDIO_MESSAGE_BYTES (1009) or MAX_AUDIO_MESSAGE_S of audio (counted
 from the packets before decoding, ogg_opus.py: a few bytes of Opus may stand
 for 120 ms), audio beyond the backlog, MAX_BACKLOG_S (1008), no audio within
-`start_timeout_s` of the handshake (1008), and no message for
+`start_timeout_s` of the handshake (1008), and no sound from the caller for
 `realtime_idle_timeout_s` once the chat began (1008). The gateway ending the
 call closes the socket as kame_client/status.py maps its status (1000 for OK).
 
@@ -53,7 +53,7 @@ from kame_client.status import CallEnd, CloseCode
 from kamepb import gateway_pb2
 from services.web.config import WebSettings
 from services.web.pacer import MAX_BACKLOG_S
-from services.web.protocols.adapter import Actions, Close, OpenCall, Timer
+from services.web.protocols.adapter import Actions, Close, OpenCall, Timer, no_call
 from services.web.protocols.moshi_audio import (
     MAX_AUDIO_MESSAGE_S,
     PCM,
@@ -233,8 +233,12 @@ class MoshiSession:
         )
 
     def on_idle(self) -> Actions:
-        why = f"no message for {self.idle_timeout_s:g} s: the chat ends"
+        why = f"no sound from the caller for {self.idle_timeout_s:g} s: the chat ends"
         return closing(CloseCode.POLICY_VIOLATION, why)
+
+    def on_start_timeout(self, timeout_s: float) -> Actions:
+        close = no_call(timeout_s)  # the call opens at once: never
+        return closing(close.code, close.reason)
 
     def on_fault(self) -> Actions:
         return closing(CloseCode.INTERNAL_ERROR, "the web service failed: its log says why")

@@ -31,7 +31,7 @@ from kame_client.events import AgentAudio, ConverseEvent, event_json
 from kame_client.status import CallEnd
 from kamepb import gateway_pb2
 from services.web.config import WebSettings
-from services.web.protocols.adapter import Actions, OpenCall, text
+from services.web.protocols.adapter import Actions, OpenCall, no_call, text
 
 SPEAKING, SILENT = b"\x01", b"\x00"
 
@@ -109,10 +109,11 @@ class PageSession:
     """One page's conversation, begun by its start message."""
 
     name = "page conversation"
-    idle_timeout_s = None  # the page streams its microphone, silence included
 
-    def __init__(self, start: Start) -> None:
+    def __init__(self, start: Start, idle_timeout_s: float) -> None:
         self.start = start
+        # The page streams its microphone, silence included: idle is no sound (activity.py).
+        self.idle_timeout_s = idle_timeout_s
 
     def opening(self) -> Actions:
         return Actions(open_call=OpenCall(self.start.config))
@@ -132,7 +133,11 @@ class PageSession:
         return Actions()  # not paced: no backlog
 
     def on_idle(self) -> Actions:
-        return Actions()  # no idle timeout
+        why = f"no sound from the caller for {self.idle_timeout_s:g} s: the call ends"
+        return Actions(send=text(error_event(CallEnd(grpc.StatusCode.DEADLINE_EXCEEDED, why))))
+
+    def on_start_timeout(self, timeout_s: float) -> Actions:
+        return Actions(close=no_call(timeout_s))  # the call opens at once: never
 
     def on_fault(self) -> Actions:
         fault = CallEnd(grpc.StatusCode.INTERNAL, "the web service failed: its log says why")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from kame_client.events import ConverseEvent
 from kame_client.status import CallEnd
 from services.web.pacer import MAX_BACKLOG_S
-from services.web.protocols.adapter import Actions, Close, OpenCall, text
+from services.web.protocols.adapter import Actions, Close, OpenCall, no_call, text
 from services.web.protocols.realtime import RealtimeSession
 from services.web.protocols.realtime_config import Event, error_event
 
@@ -32,9 +32,21 @@ def backlog_full_error() -> Event:
 
 
 def idle_error(idle_timeout_s: float) -> Event:
-    """A client silent for `idle_timeout_s`: the protocol's error before the session ends."""
+    """A caller idle for `idle_timeout_s` (services/web/activity.py): the protocol's
+    error before the session ends."""
     return error_event(
-        "idle_timeout", f"no client event for {idle_timeout_s:g} s: the session ends"
+        "idle_timeout",
+        f"no audio with sound in it and no text from the caller for {idle_timeout_s:g} s: "
+        "the session ends",
+    )
+
+
+def start_timeout_error(timeout_s: float) -> Event:
+    """A socket that asked for no call within `timeout_s`: the protocol's error before it closes."""
+    return error_event(
+        "session_start_timeout",
+        f"no call within {timeout_s:g} s of connecting (audio, a message or response.create "
+        "opens one): the session ends",
     )
 
 
@@ -95,6 +107,10 @@ class RealtimeAdapter:
     def on_idle(self) -> Actions:
         idle = self.session.stamp([idle_error(self.idle_timeout_s)])
         return Actions(send=text(*idle), close=Close())
+
+    def on_start_timeout(self, timeout_s: float) -> Actions:
+        late = self.session.stamp([start_timeout_error(timeout_s)])
+        return Actions(send=text(*late), close=no_call(timeout_s))
 
     def on_fault(self) -> Actions:
         error = fault_error(self.session.id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +122,19 @@ def sendable(text: str, param: str) -> str:
     return text
 
 
+def check_declared(instructions: str, tools: Sequence[FunctionTool], param: str) -> None:
+    """ClientError (on `param`) if instructions and tools together are more than
+    MAX_TEXT_BYTES: more would not reach the gateway, and is not kept either."""
+    size = len(instructions.encode()) + sum(tool.declared().ByteSize() for tool in tools)
+    if size > MAX_TEXT_BYTES:
+        raise ClientError(
+            "invalid_value",
+            f"the instructions and tools take {size} bytes: at most {MAX_TEXT_BYTES} "
+            "reach the gateway",
+            param,
+        )
+
+
 def error_event(
     code: str, message: str, error_type: str = "invalid_request_error", **fields: Any
 ) -> Event:
@@ -210,19 +224,12 @@ class SessionConfig:
         )
 
     def check_sendable(self) -> None:
-        """ClientError if what goes to the agent, the instructions relayed and the
-        functions declared, is too long to reach the gateway (MAX_TEXT_BYTES)."""
-        sendable(self.agent_instructions, "session.instructions")
-        size = len(self.agent_instructions.encode()) + sum(
-            tool.declared().ByteSize() for tool in self.agent_functions
-        )
-        if size > MAX_TEXT_BYTES:
-            raise ClientError(
-                "invalid_value",
-                f"the instructions and tools take {size} bytes: at most {MAX_TEXT_BYTES} "
-                "reach the gateway",
-                "session.tools",
-            )
+        """ClientError if the instructions and the functions declared are too long
+        to reach the gateway (MAX_TEXT_BYTES). Whether relayed or not: what is not
+        relayed is still kept and shown back, and a session keeps no more than
+        what it could send (a 15 MiB `instructions` must not sit in memory)."""
+        sendable(self.instructions, "session.instructions")
+        check_declared(self.instructions, self.tools, "session.tools")
 
     @property
     def agent_instructions(self) -> str:

@@ -14,6 +14,7 @@ stopped.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -22,8 +23,14 @@ from typing import Any
 from services.web.protocols.realtime_config import ClientError, Event, sendable
 
 # Items a session keeps for retrieve/delete/truncate; older ones are forgotten
-# (a long call would otherwise grow without end: one item a turn each way).
+# (a long call would otherwise grow without end: one item a turn each way),
+# also once what they hold passes MAX_KEPT_BYTES (200 typed messages of
+# MAX_TEXT_BYTES each would be 13 MB a socket).
 MAX_ITEMS = 200
+MAX_KEPT_BYTES = 1 << 20
+# The longest id a client may give an item it creates (OpenAI's limit too): it is
+# kept, and sent back with every event about the item.
+MAX_ID_CHARS = 32
 
 
 def new_id(prefix: str) -> str:
@@ -173,9 +180,12 @@ Item = AgentResponse | UserMessage | FunctionCall | FunctionOutput
 class History:
     """The session's last MAX_ITEMS items, oldest first."""
 
-    def __init__(self, limit: int = MAX_ITEMS) -> None:
+    def __init__(self, limit: int = MAX_ITEMS, max_bytes: int = MAX_KEPT_BYTES) -> None:
         self.limit = limit
+        self.max_bytes = max_bytes
         self._items: OrderedDict[str, Item] = OrderedDict()
+        self._sizes: dict[str, int] = {}  # each item's bytes, as its JSON, when added
+        self.kept_bytes = 0
 
     @property
     def last_id(self) -> str | None:
@@ -185,14 +195,23 @@ class History:
     def add(self, item: Item) -> Event:
         """`item` joins the conversation: its conversation.item.added."""
         previous = self.last_id
+        described = item.item()
         self._items[item.item_id] = item
-        while len(self._items) > self.limit:
-            self._items.popitem(last=False)
+        self._sizes[item.item_id] = len(json.dumps(described))
+        self.kept_bytes += self._sizes[item.item_id]
+        while len(self._items) > 1 and (
+            len(self._items) > self.limit or self.kept_bytes > self.max_bytes
+        ):
+            self._forget(next(iter(self._items)))
         return {
             "type": "conversation.item.added",
             "previous_item_id": previous,
-            "item": item.item(),
+            "item": described,
         }
+
+    def _forget(self, item_id: str) -> None:
+        del self._items[item_id]
+        self.kept_bytes -= self._sizes.pop(item_id)
 
     def __contains__(self, item_id: str) -> bool:
         return item_id in self._items
@@ -211,7 +230,7 @@ class History:
         return {"type": "conversation.item.retrieved", "item": self.get(item_id).item()}
 
     def delete(self, item_id: Any) -> Event:
-        del self._items[self.get(item_id).item_id]
+        self._forget(self.get(item_id).item_id)
         return {"type": "conversation.item.deleted", "item_id": item_id}
 
     def truncatable(self, item_id: Any, content_index: Any, audio_end_ms: Any) -> AgentResponse:
@@ -302,6 +321,12 @@ def new_item_id(item: dict[str, Any], history: History) -> str:
     item_id = item.get("id") or new_id("item")
     if not isinstance(item_id, str) or item_id in history:
         raise ClientError("invalid_value", "item.id: a new item's id", "item.id")
+    if len(item_id) > MAX_ID_CHARS:
+        raise ClientError(
+            "string_above_max_length",
+            f"item.id: at most {MAX_ID_CHARS} characters, got {len(item_id)}",
+            "item.id",
+        )
     return item_id
 
 
