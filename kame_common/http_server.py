@@ -35,6 +35,10 @@ class HttpServer(uvicorn.Server):
                 log_level="info",
                 ws_max_size=1 << 20,
                 lifespan="off",
+                # Who the client is stays the socket's peer: uvicorn's rewrite would
+                # believe any X-Forwarded-For from 127.0.0.1, a local client's too. The
+                # web service reads it only from its trusted_proxies (admission.py).
+                proxy_headers=False,
             )
         )
         self.name = name

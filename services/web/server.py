@@ -382,9 +382,6 @@ class WebServer(HttpServer):
         # sockets of compressed 15 MiB took the process past the chart's 256 Mi), and
         # the audio these routes carry hardly compresses anyway.
         self.config.ws_per_message_deflate = False
-        # The client address is admission.py's to find (trusted_proxies): uvicorn's own
-        # rewrite would believe any X-Forwarded-For from 127.0.0.1, a local client's too.
-        self.config.proxy_headers = False
         self.web = web
 
     async def stop(self, grace_s: float = 0.0) -> None:

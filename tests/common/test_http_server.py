@@ -36,6 +36,10 @@ async def hello(_request) -> PlainTextResponse:
     return PlainTextResponse("hello")
 
 
+async def client_host(request) -> PlainTextResponse:
+    return PlainTextResponse(request.client.host if request.client else "")
+
+
 async def echo(websocket: WebSocket) -> None:
     await websocket.accept()
     await websocket.send_text("hi")
@@ -71,3 +75,21 @@ def test_what_does_not_look_like_a_name_goes_too():
     assert redact_query("/x?4711&model=kame-tandem") == "/x?<redacted>=<redacted>&model=<redacted>"
     assert redact_query("/x?") == "/x?<redacted>=<redacted>"
     assert redact_query("/x") == "/x"
+
+
+async def test_a_forwarded_for_header_does_not_change_who_the_client_is():
+    """uvicorn believes X-Forwarded-For from 127.0.0.1 by default, so any local
+    client could name itself another address in the logs and to admission. The
+    web service reads it only from its `trusted_proxies` (services/web/admission.py);
+    every other HTTP ingress (telephony's webhooks) sees the socket's peer."""
+    app = Starlette(routes=[Route("/whoami", client_host)])
+    server = HttpServer(app, TelephonySettings(host="127.0.0.1", port=0, metrics_port=0), "test")
+    await server.start()
+    try:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/whoami", headers={"X-Forwarded-For": "203.0.113.9"}
+        )
+        with await asyncio.to_thread(urllib.request.urlopen, request) as answer:
+            assert answer.read() == b"127.0.0.1"
+    finally:
+        await server.shut_down()
