@@ -82,6 +82,7 @@ from kame_common.audio import Samples
 from kame_common.turn_model import MODEL_RATE, SmartTurn
 
 OUT = RESULTS_DIR / "turn_bench.json"
+QUICK_POLICIES = 5  # turn_replay.POLICIES: silence, smart_turn, + transcript, guessed ?, no words
 THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7)
 # The silences (after the speech) at which the model is asked: the front-end's
 # 80 ms frames from two frames on.
@@ -363,6 +364,12 @@ def main() -> int:
         help="clips: the model on clips (the first tables); replay: the front-end's detectors "
         "(kept beside the clips of an earlier run in --out)",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"replay only the first {QUICK_POLICIES} policies (the fixed pause, Smart Turn, "
+        "and the transcript and words rules with it)",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
     model = None if args.tables_from else SmartTurn(turn_model.smart_turn_path())
@@ -377,7 +384,8 @@ def main() -> int:
     if args.part != "replay":
         report |= clip_tables(args, model)
     if args.part != "clips" and model is not None:
-        report["replay"] = replay_questions(model, load_questions())
+        policies = turn_replay.POLICIES[:QUICK_POLICIES] if args.quick else turn_replay.POLICIES
+        report["replay"] = replay_questions(model, load_questions(), policies)
     elif args.tables_from and "replay" in (saved := json.loads(args.tables_from.read_text())):
         report["replay"] = saved["replay"] | {
             "summary": turn_replay.summary(saved["replay"]["recordings"])

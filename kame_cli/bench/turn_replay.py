@@ -21,9 +21,12 @@ waits for the answers asked so far before the next is pushed: an answer is
 read on the frame after the one that asked, as a live session reads it when
 the model is faster than a frame (35 ms median on 2 busy cores).
 
-"with transcript" adds the transcript rule with the exact words (what a
-right stt partial covering the speech end would say), given to the detector
-as each stretch of speech ends: the rule's best case.
+"with transcript" adds the transcript and words rules with the exact words
+(what a right stt partial covering the speech end would say: the question
+with its "?", the words before a pause without one), given to the detector
+as each stretch of speech ends: the rules' best case. "stt guesses ?" is
+their worst: every pause's words that do not dangle come with a question
+mark, as if stt took each for a finished question.
 """
 
 from __future__ import annotations
@@ -63,12 +66,20 @@ class Policy:
     name: str
     taking: TurnTaking | None  # None: the fixed DEFAULT_TURN_END_SILENCE_S pause
     with_transcript: bool = False
+    guessed_question_marks: bool = False  # the words before each pause end in "?"
 
 
 POLICIES = (
     Policy(f"silence {DEFAULT_TURN_END_SILENCE_S:g} s", None),
     Policy("smart_turn (default)", TurnTaking()),
     Policy("smart_turn + transcript", TurnTaking(), with_transcript=True),
+    Policy(
+        "smart_turn + transcript, stt guesses ?",
+        TurnTaking(),
+        with_transcript=True,
+        guessed_question_marks=True,
+    ),
+    Policy("smart_turn + transcript, no words", TurnTaking(words_end_s=0), with_transcript=True),
     Policy("smart_turn t 0.95", TurnTaking(threshold=0.95)),
     Policy("smart_turn t 0.97", TurnTaking(threshold=0.97)),
     Policy("smart_turn 1 ask at 0.16 s", TurnTaking(asks=1)),
@@ -105,7 +116,9 @@ def replay(
     """`worker`: one thread, so that a no-op submitted after a frame's asks
     finishes after them."""
     detector = detector_for(policy, model, worker)
-    said = transcript_times(recording) if policy.with_transcript else []
+    said = (
+        transcript_times(recording, policy.guessed_question_marks) if policy.with_transcript else []
+    )
     outcome = Outcome([], [], [], [])
     for index, frame in enumerate(frames_of(recording)):
         now_s = index * FRAME_SECONDS - LEAD_S
@@ -128,12 +141,14 @@ def replay(
     return outcome
 
 
-def transcript_times(recording: Recording) -> list[tuple[float, str]]:
-    """(where the words' audio ends, the words so far), in `audio`'s time."""
+def transcript_times(recording: Recording, guess: bool = False) -> list[tuple[float, str]]:
+    """(where the words' audio ends, the words so far), in `audio`'s time;
+    `guess`: the words before a pause end in "?" (Policy)."""
     spoken_s = len(recording.audio) / SAMPLE_RATE
     if recording.kind == "whole":
         return [(spoken_s, recording.text)]
-    return [(recording.pause_start_s, recording.prefix), (spoken_s, recording.text)]
+    prefix = recording.prefix + ("?" if guess else "")
+    return [(recording.pause_start_s, prefix), (spoken_s, recording.text)]
 
 
 def to_frontend(audio_16k: Samples) -> Samples:

@@ -5,8 +5,9 @@ Two measurements, both through the engine's own code on synthetic voices:
 - questions (turn_questions, turn_replay): each question of the espeak-ng set
   (kame_cli/bench/make_questions.py, one voice per question) and the same text in the
   piper voice, whole and with a 0.6-0.9 s pause in the middle, at 16 kHz and
-  8 kHz G.711, played frame by frame into Smart Turn's detector (the default)
-  and the fixed 0.4 s pause it replaced: the end-of-turn latency after a
+  8 kHz G.711, played frame by frame into Smart Turn's detector (the default,
+  hearing the words as stt would give them: the exact words, the rules' best
+  case) and the fixed 0.4 s pause it replaced: the end-of-turn latency after a
   finished question, and how many paused questions lose their turn in the pause;
 - backchannels and interruptions (backchannels): "yeah", "uh-huh"... and
   "wait", "stop"... said over the agent, through the detector and the
@@ -39,7 +40,9 @@ from kame_common import turn_model
 from kame_common.turn_model import SmartTurn
 from services.frontend.engines.backchannel import Backchannels
 
-BASELINE, SMART_TURN = turn_replay.POLICIES[0], turn_replay.POLICIES[1]
+# The engine as it runs: Smart Turn with stt's words (here the exact words,
+# turn_replay's "smart_turn + transcript"), against the fixed pause it replaced.
+BASELINE, SMART_TURN = turn_replay.POLICIES[0], turn_replay.POLICIES[2]
 SOURCES = ("piper", "espeak-ng")
 
 

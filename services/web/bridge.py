@@ -247,7 +247,7 @@ class Session:
         channel = self.settings.gateway_channel(self.settings.connection_policy())
         self.client = ConverseClient(channel, self.token, own_channel=True)
         if call.paced is not None:
-            self.pacer = Pacer(call.paced, self.client.send_audio)
+            self.pacer = Pacer(call.paced, self.client.send_audio, fill_silence=call.fill_silence)
         self.call = asyncio.ensure_future(self._call(self.client, call))
 
     async def _call(self, client: ConverseClient, call: OpenCall) -> None:

@@ -10,6 +10,13 @@ takes, and silence while the client sends nothing, so that the full-duplex
 agent, whose frames follow the caller's, goes on talking. Requests (a commit, a
 typed message) go in the same stream, after the audio pushed before them.
 
+Unless `fill_silence` is off (the Moshi protocol): then the client's own audio
+is the call's time, as for kyutai's moshi server, which steps once per frame a
+client sends. The gateway answers one agent frame per caller frame, so with no
+silence of ours in between, the agent's frame for the client's sample k is
+output sample k, however fast or slow, steady or jittery the client sends;
+silence stood in for a late client shifted every later reply by its length.
+
 A backlog goes out in whole pieces of MIN_PIECE_S or more, each as the clock
 allows it: sending the sliver the clock allowed the moment it allowed it made
 a message of a sample or two, thousands a second for one fast client.
@@ -46,10 +53,12 @@ class Pacer:
         coding: AudioCoding,
         send: Callable[[bytes], Awaitable[bool]],
         clock: Callable[[], float] = time.monotonic,
+        fill_silence: bool = True,
     ) -> None:
         self.coding = coding
         self.send = send
         self.clock = clock
+        self.fill_silence = fill_silence
         self.backlog = bytearray()
         self.sent_s = 0.0
         self.pushed = 0  # bytes of audio pushed, all told
@@ -100,12 +109,14 @@ class Pacer:
                     return
                 self.sent_s += self.coding.seconds(piece)
                 continue
+            wake_s = self._wake_s()
+            timeout_s = None if wake_s is None else max(0.0, wake_s - elapsed)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), max(0.0, self._wake_s() - elapsed))
+                await asyncio.wait_for(self._arrived.wait(), timeout_s)
 
     def _next_piece(self, elapsed: float) -> bytes:
         """What to send now: appended audio the clock allows, or silence where the
-        client fell behind; b"" if nothing yet."""
+        client fell behind (if it fills silence); b"" if nothing yet."""
         if self.backlog:
             allowed = self._whole_samples(min(MAX_PIECE_S, elapsed + LEAD_S - self.sent_s))
             size = min(allowed, len(self.backlog))
@@ -115,15 +126,16 @@ class Pacer:
             del self.backlog[:size]
             self.consumed += len(piece)
             return piece
-        if self.sent_s < elapsed - SLACK_S:
+        if self.fill_silence and self.sent_s < elapsed - SLACK_S:
             return self.coding.silence(min(MAX_PIECE_S, elapsed - self.sent_s))
         return b""
 
-    def _wake_s(self) -> float:
+    def _wake_s(self) -> float | None:
         """When the clock lets the backlog's next piece go (a sample late, so that
-        it surely does), or, with none, when silence is due."""
+        it surely does), or, with none, when silence is due (None: never, only
+        the client's audio wakes it)."""
         if not self.backlog:
-            return self.sent_s + SLACK_S
+            return self.sent_s + SLACK_S if self.fill_silence else None
         piece_s = min(MIN_PIECE_S, self.backlog_s)
         return self.sent_s - LEAD_S + piece_s + 1 / self.coding.rate
 

@@ -10,6 +10,7 @@ from prometheus_client import REGISTRY
 from services.frontend.engines.base import CandidateSource, Transcript
 from services.frontend.engines.commit import (
     COVER_TOLERANCE_S,
+    QUIET_HOLD_S,
     AnswerPolicy,
     Cut,
     Floor,
@@ -201,6 +202,53 @@ def test_a_hold_delay_waits_before_the_hold_phrase_and_an_answer_meanwhile_needs
     assert say_all(policy) == []
     clock.now += 0.01
     assert text_of(say_all(policy)) == [("Hmm,", 0)]  # no answer within the delay
+
+
+def test_no_dead_air_a_second_different_hold_then_the_answer(clock):
+    """A slow answer (a restarting oracle, a slow LLM: 3.5 s here), frame by frame,
+    each line's audio 0.5 s: after the first hold phrase the caller never hears
+    more than QUIET_HOLD_S and a frame of silence before the next, a different
+    one, and the answer follows the holds."""
+    policy = make_policy(clock, hold=("Hmm,", "Let me see,", "One moment,"), hold_max_s=5.0)
+    heard(policy, QUESTION, final=True)
+    policy.caller_turn_ended(SPEECH_END_S)
+    frame_s, queued_s, played, said = 0.08, 0.0, [], []
+    for frame in range(80):
+        if frame == round(3.5 / frame_s):
+            policy.candidate_reset(1, "Paris.", source(QUESTION, final=True))
+        policy.tick()
+        for line in say_all(policy, queued_s):
+            said.append((" ".join(line.words), line.kind))
+            queued_s += 0.5
+        played.append(queued_s > 0)
+        queued_s = max(0.0, queued_s - frame_s)
+        clock.now += frame_s
+    assert said == [
+        ("Hmm,", LineKind.HOLD),
+        ("Let me see,", LineKind.HOLD),
+        ("One moment,", LineKind.HOLD),
+        ("Paris.", LineKind.ANSWER),
+    ]
+    first = played.index(True)
+    gaps = "".join("x" if p else "." for p in played[first:]).strip(".").split("x")
+    assert max(len(gap) for gap in gaps) * frame_s <= QUIET_HOLD_S + 2 * frame_s
+
+
+def test_holds_are_never_repeated_within_a_turn(clock):
+    policy = make_policy(clock)  # two phrases: after both, the hold is silent
+    heard(policy, QUESTION, final=True)
+    policy.caller_turn_ended(SPEECH_END_S)
+    assert text_of(say_all(policy)) == [("Hmm,", 0)]
+    assert say_all(policy, queued_s=0.4) == []  # its audio plays: not quiet
+    assert say_all(policy) == []  # over: the quiet starts
+    clock.now += QUIET_HOLD_S - 0.01
+    assert say_all(policy) == []
+    clock.now += 0.01
+    assert text_of(say_all(policy)) == [("Let me see,", 0)]  # the other one
+    clock.now += 1.5
+    assert say_all(policy) == [] and policy.floor is Floor.HOLDING  # no third, no repeat
+    policy.candidate_reset(1, "Paris.", source(QUESTION, final=True))
+    assert text_of(say_all(policy)) == [("Paris.", 1)]
 
 
 def test_hold_phrases_rotate_turn_by_turn(clock):

@@ -266,14 +266,13 @@ async def smart_engine(smart_turn):
     await engine.close()
 
 
-async def test_the_tts_engine_ends_a_finished_question_on_the_model_and_hears_transcripts(
+async def test_the_tts_engine_ends_a_finished_question_on_its_words_and_hears_transcripts(
     smart_engine, speak
 ):
     """A session that leaves turn_end_silence_s 0 gets the replica's Smart Turn: at
-    real pace, a finished question's turn ends before the fallback pause (the
-    model's two answers take well under the 0.8 s between the first ask and the
-    fallback); a transcript whose last word dangles makes the same question wait
-    for the fallback (1.04 s: 13 frames)."""
+    real pace, a finished question whose transcript reaches its end ends on the
+    words rule, 0.24 s (3 frames) into the pause; a transcript whose last word
+    dangles makes the same question wait for the fallback (1.04 s: 13 frames)."""
     question = "What is the capital of France?"
     speech = speak(question)
     frames = frames_of(np.concatenate([silence(ENGINE_LEAD_S), speech, silence(1.6)]))
@@ -286,5 +285,5 @@ async def test_the_tts_engine_ends_a_finished_question_on_the_model_and_hears_tr
         await session.close()
         ends[said] = [i - last for i, out in enumerate(outputs) if out.turn_end_s is not None]
     [finished] = ends[question]
-    assert 4 <= finished < 13, ends  # the model's answers are read from the 4th silent frame
+    assert finished == 3, ends  # the words: before the model's answers (from the 4th frame)
     assert ends["What is the capital of"] == [13]

@@ -324,3 +324,66 @@ def test_the_mode_and_the_close_reason():
         chat_mode("kame-s2s", ["tandem"])
     reason = Close(1008, "é" * 100).short_reason  # a close frame carries 123 bytes
     assert len(reason.encode()) <= 123 and reason == "é" * 61
+
+
+def pulses(seconds: float) -> tuple[np.ndarray, list[int]]:
+    """`seconds` of silence with a 240 ms tone every 1.2-2.0 s (irregularly, so
+    that no pulse stands for another): the signal and each pulse's first sample."""
+    signal, starts, frame = np.zeros(int(seconds * RATE), np.float32), [], 10
+    pulse = tone(3 * FRAME / RATE)
+    while (frame + 3) * FRAME < len(signal):
+        starts.append(frame * FRAME)
+        signal[frame * FRAME : frame * FRAME + len(pulse)] = pulse
+        frame += 15 + (len(starts) * 7) % 11
+    return signal, starts
+
+
+def onsets(samples: np.ndarray, window: int = 240) -> list[int]:
+    """Where tones start in `samples`: the first window of each loud run."""
+    loud = np.sqrt(np.mean(samples[: len(samples) // window * window].reshape(-1, window) ** 2, 1))
+    on = loud > 0.05
+    return [i * window for i in np.flatnonzero(on[1:] & ~on[:-1]) + 1]
+
+
+async def send_in_moshis_pattern(ws: aiohttp.ClientWebSocketResponse, pages: list[bytes]) -> None:
+    """Page by page as moshi's client sends them (`\\x01` + the page, from the
+    start, not waiting for the handshake), at an uneven pace: the first 40 %
+    slower than real time, in bursts of 5 frames with a stall after each, the
+    rest twice as fast as real time."""
+    slow = len(pages) * 2 // 5
+    for i, page in enumerate(pages):
+        await ws.send_bytes(b"\x01" + page)
+        if i < slow and i % 5 == 4:
+            await asyncio.sleep(0.55)  # 0.4 s of audio a 0.55 s
+        elif i >= slow:
+            await asyncio.sleep(FRAME / RATE / 2)
+
+
+async def test_a_minute_of_audio_comes_back_in_the_callers_time(web, fakes):
+    """moshi's server steps once per input frame, so its reply to input sample k
+    is output sample k; a client that lines the streams up by sample count (as
+    Full-Duplex-Bench does) relies on it. With an agent that says back what it
+    hears at once, each tone of the caller's comes back where it was sent,
+    however unevenly the client sends, within one frame: pacing at the
+    server's clock (silence standing in while the client is late) put them
+    ever later."""
+    fakes.frontend.speak_at = 0
+    said, starts = pulses(60.0)
+    pages = opus_pages(said)
+    reader, heard = sphn.OpusStreamReader(RATE), []
+    async with chat(web) as ws:
+        sending = asyncio.ensure_future(send_in_moshis_pattern(ws, pages))
+        try:
+            async with asyncio.timeout(150):
+                assert await ws.receive_bytes() == b"\x00"
+                while sum(map(len, heard)) < len(said) - 2 * FRAME:
+                    message = await ws.receive_bytes()
+                    if message[0] == 1:
+                        heard.append(reader.append_bytes(message[1:]))
+            await sending
+        finally:
+            sending.cancel()
+    back = onsets(np.concatenate(heard))
+    assert len(back) == len(starts) >= 30, (len(back), len(starts))
+    late = [(sent, got) for sent, got in zip(starts, back, strict=True) if abs(got - sent) > FRAME]
+    assert not late, late[:5]

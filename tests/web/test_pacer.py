@@ -115,3 +115,12 @@ async def test_the_pacer_sends_a_request_after_the_audio_before_it_and_a_cancel_
     pacer.push_request(request("stop"))
     await asyncio.wait_for(pacer.run(), 5)
     assert order == ["cancel_response", "audio 4800", "end_turn", "stop"]
+
+
+def test_a_pacer_in_the_callers_time_never_stands_silence_in():
+    clock = Clock()
+    pacer = Pacer(PCM, never, clock, fill_silence=False)  # the Moshi protocol's
+    clock.now = 10.0  # the client sent nothing for long
+    assert pacer._next_piece(clock.now) == b"" and pacer._wake_s() is None  # only audio wakes it
+    pacer.push(bytes(PCM.bytes_per_s))  # the client's next second: its own, at once
+    assert PCM.seconds(pacer._next_piece(clock.now)) == MAX_PIECE_S

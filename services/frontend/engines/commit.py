@@ -38,7 +38,12 @@ silence) and waits. As soon as a candidate becomes fresh (a RESET whose
 source matches, or a transcript that makes the newest candidate fresh), it is
 committed; its words follow the hold phrase, which is never cut. With
 `hold_delay_s` the hold phrase waits that long after the turn end, and a
-candidate that becomes fresh meanwhile is said with no hold phrase. After
+candidate that becomes fresh meanwhile is said with no hold phrase. No dead
+air: once a hold phrase has been over for QUIET_HOLD_S with no answer yet (a
+restarting stt or oracle, a slow LLM, a tool), the next hold phrase of the
+list, a different one, follows, and so on while the turn has phrases it has
+not said (the caller hears at most about QUIET_HOLD_S of silence plus a
+frame or two per hold; the defaults have two: "Hmm," then "Let me see,"). After
 `hold_max_s` from the turn end without a fresh candidate the agent gives the
 floor back: what it has not started saying is dropped, and it stays silent
 until the caller speaks again or a fresh answer comes after all (the oracle
@@ -107,6 +112,9 @@ MID_PHRASE_WORDS = 6
 MAX_PHRASE_WORDS = 12
 MID_PHRASE_QUEUED_S = 1.5  # below this much queued audio, phrases stay mid-sized
 LOW_WATER_S = 0.5  # an unfinished phrase is said once less audio than this is queued
+# Silence after a hold phrase before the next one: under the ~1.5 s a caller
+# hears as dead air, with room for the phrase's start (its audio is cached).
+QUIET_HOLD_S = 1.0
 _CLAUSE_END = re.compile(r"[.,!?;:]['\")\]]*$")
 
 
@@ -206,6 +214,8 @@ class AnswerPolicy:
         self._repair_due = False
         self._hold_due = False
         self._holds_said = 0
+        self._holds_this_turn = 0
+        self._quiet_since: float | None = None  # the hold phrases said are over since
         self._unstarted: list[Line] = []  # handed out, not yet begun to play
         self._cut = Cut.NONE
         self._turn_start_s = 0.0
@@ -298,6 +308,7 @@ class AnswerPolicy:
         """The turn ended and is to be answered: a fresh candidate now, or hold."""
         self._turn_end_at = self._clock()
         self._first_audio_due = self._answer_due = True
+        self._holds_this_turn, self._quiet_since = 0, None
         candidate = self._candidate
         if candidate is not None and candidate.words and self._is_fresh(candidate):
             self._commit(candidate)
@@ -336,10 +347,14 @@ class AnswerPolicy:
     def next_line(self, queued_s: float) -> Line | None:
         """The next line to synthesize and queue, given the audio already queued;
         None when there is nothing to say yet."""
+        if self.floor is Floor.HOLDING and not self._hold_due:
+            self._hold_again_if_quiet(queued_s)
         if self.floor is Floor.HOLDING and self._hold_due and self._hold_delay_over():
             self._hold_due = False
             hold = self._hold_lines[self._holds_said % len(self._hold_lines)]
             self._holds_said += 1
+            self._holds_this_turn += 1
+            self._quiet_since = None
             return self._hand_out(Line(LineKind.HOLD, hold))
         if self.floor is not Floor.ANSWERING or self._answer is None:
             return None
@@ -457,6 +472,21 @@ class AnswerPolicy:
     def _hand_out(self, line: Line) -> Line:
         self._unstarted.append(line)
         return line
+
+    def _hold_again_if_quiet(self, queued_s: float) -> None:
+        """Another hold phrase is due once the turn's last has been over (nothing
+        queued or waiting to start) for QUIET_HOLD_S, if the turn has a phrase
+        it has not said: never the same one twice in a row."""
+        if not 0 < self._holds_this_turn < len(self._hold_lines):
+            return
+        if queued_s > 0 or self._unstarted:
+            self._quiet_since = None
+            return
+        now = self._clock()
+        if self._quiet_since is None:
+            self._quiet_since = now
+        elif now - self._quiet_since >= QUIET_HOLD_S:
+            self._hold_due = True
 
     def _hold_delay_over(self) -> bool:
         waited = self._clock() - self._turn_end_at if self._turn_end_at is not None else 0.0

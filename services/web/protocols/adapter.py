@@ -36,10 +36,13 @@ class OpenCall:
     """Open the session's gateway call with `config`. `paced`: the coding of the
     caller's audio, which the bridge then sends at real time whatever pace the
     client sends it at (services/web/pacer.py); None: as it comes (a
-    microphone already paces it)."""
+    microphone already paces it). `fill_silence`: whether silence stands in
+    for a paced client that sends nothing (pacer.py); off, the client's own
+    audio is the call's time (the Moshi protocol)."""
 
     config: gateway_pb2.ConverseConfig
     paced: AudioCoding | None = None
+    fill_silence: bool = True
 
 
 @dataclass

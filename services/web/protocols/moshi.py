@@ -12,10 +12,15 @@ Every message is binary, its first byte the kind:
   refuses (a wrong token) has nothing decoded.
 - 0x01 audio, both ways: pages of one Ogg Opus stream per direction, 24 kHz
   mono. The caller's is decoded to PCM16 for the gateway (which takes PCM16
-  at 24 kHz both ways) and paced at real time as the Realtime endpoint paces
-  it (services/web/pacer.py); the agent's is coded in 80 ms frames, the frame
-  moshi codes, silence included, so the stream keeps the call's time
-  (moshi_audio.py).
+  at 24 kHz both ways), never sent ahead of real time (services/web/pacer.py),
+  and, as moshi's server steps once per frame it receives, with no silence of
+  ours standing in for a client that sends late: the gateway answers one agent
+  frame per caller frame, so the agent's answer to the client's sample k is
+  its output sample k whatever pace the client keeps (a client that lines up
+  the streams by sample count, as Full-Duplex-Bench does, finds no drift). A
+  client that sends nothing for the gateway's idle_timeout_s (10 s) ends the
+  call. The agent's audio is coded in 80 ms frames, the frame moshi codes,
+  silence included (moshi_audio.py).
 - 0x02 text, server -> client: the agent's words, each sent with the audio it
   starts in (the gateway's `start_s`), with a leading space as moshi's word
   pieces have, so a client that joins them gets the sentence.
@@ -160,7 +165,7 @@ class MoshiSession:
             input_format=PCM.gateway_format(),
             output_format=PCM.gateway_format(),
         )
-        return Actions(open_call=OpenCall(config, paced=PCM))
+        return Actions(open_call=OpenCall(config, paced=PCM, fill_silence=False))
 
     def on_client(self, raw: str | bytes) -> Actions:
         if isinstance(raw, str):
