@@ -92,3 +92,21 @@ def cold_calls(cold: list[Captured], captured: list[Captured]) -> list[dict[str,
             )
         rows.append(row)
     return rows
+
+
+def with_answer_ratios(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each load level with `answer_ratio`: its admitted calls' answer median over
+    one call's (the 1-session level's; None without one, or without answers)."""
+    one = next((level for level in levels if level["sessions"] == 1), None)
+    base = one["answer_latency_median_s"] if one else None
+    return [
+        {
+            **level,
+            "answer_ratio": (
+                rounded(level["answer_latency_median_s"] / base)
+                if base and level["answer_latency_median_s"] is not None
+                else None
+            ),
+        }
+        for level in levels
+    ]
