@@ -15,8 +15,12 @@ held when it was given, and predicts the median answer time at n calls:
 and a replica admits calls while the predicted median stays within
 `factor` x u, i.e. up to 1 + (factor - 1) / s calls. The samples are kept
 by number, not by age: a quiet spell does not forget what a crowd cost.
-Until a loaded answer has been seen there is no limit from answer time
-(the utilization estimate still applies); one call is always admitted.
+
+A prediction is trusted up to twice the most calls an answer was measured
+at (EXTRAPOLATION), like a slow start: a crowd arriving at once is admitted
+in steps as its answers come in, never all on a guess. Before any answer
+there is no limit from answer time (the utilization estimate still
+applies); one call is always admitted.
 
 `retry_after_s` is when a held call is expected to end (the median length of
 the calls that ended, less the age of the oldest held call): what a refused
@@ -34,6 +38,8 @@ import time
 from collections.abc import Callable
 
 SAMPLES = 64  # loaded answers the growth is the median of
+# How far past the most calls measured a prediction is trusted (x that many calls).
+EXTRAPOLATION = 2
 MIN_UNLOADED = 3
 MIN_RETRY_AFTER_S = 1.0
 # Before any call has ended: about one capacity heartbeat (kame_common.store, TTL / 3).
@@ -53,6 +59,7 @@ class AnswerTimes:
         self._unloaded: collections.deque[float] = collections.deque(maxlen=SAMPLES)
         self._loaded: collections.deque[tuple[float, int]] = collections.deque(maxlen=SAMPLES)
         self._fastest = math.inf
+        self._most_measured = 0  # the most calls held when an answer was given
         self._held: dict[int, float] = {}  # call number -> when it started
         self._lengths: collections.deque[float] = collections.deque(maxlen=SAMPLES)
         self._numbers = itertools.count()
@@ -63,6 +70,7 @@ class AnswerTimes:
             return
         with self._lock:
             self._fastest = min(self._fastest, seconds)
+            self._most_measured = max(self._most_measured, calls_held)
             if calls_held == 1:
                 self._unloaded.append(seconds)
             else:
@@ -95,14 +103,18 @@ class AnswerTimes:
         return unloaded * (1 + (growth or 0.0) * max(0, calls - 1))
 
     def limit(self) -> int | None:
-        """Most calls whose predicted answer median stays within factor x unloaded
-        (at least 1); None while there is no loaded answer to predict from."""
-        growth = self.growth()
-        if growth is None:
+        """Most calls whose predicted answer median stays within factor x unloaded,
+        and at most EXTRAPOLATION x the most calls measured (at least 1); None
+        before any answer."""
+        with self._lock:
+            measured = self._most_measured
+        if not measured:
             return None
-        if growth <= 0:
-            return None  # answers did not slow down with load: nothing to hold back
-        return max(1, math.floor(1 + (self.factor - 1) / growth + 1e-9))
+        limit = EXTRAPOLATION * measured
+        growth = self.growth()
+        if growth:  # None: no loaded answer yet; 0: answers did not slow with load
+            limit = min(limit, math.floor(1 + (self.factor - 1) / growth + 1e-9))
+        return max(1, limit)
 
     def admits(self, calls_held: int) -> bool:
         """Whether one more call keeps the predicted median within the bound."""

@@ -27,13 +27,23 @@ def measured(factor: float, unloaded_s: float, per_call: float, up_to: int) -> A
     return answers
 
 
-def test_no_limit_until_a_loaded_answer_is_seen() -> None:
+def test_before_any_answer_there_is_no_limit() -> None:
     answers = AnswerTimes(1.5)
     assert answers.limit() is None and answers.admits(50)
+
+
+def test_a_crowd_is_admitted_in_steps_as_its_answers_come_in() -> None:
+    """Slow start: one caller at a time says nothing about a crowd, so twice the
+    calls measured is as far as a prediction goes."""
+    answers = AnswerTimes(1.5)
     for _ in range(5):
         answers.answered(0.7, 1)
-    assert answers.limit() is None  # one caller at a time says nothing about a crowd
-    assert answers.predicted_s(8) == pytest.approx(0.7)
+    assert answers.predicted_s(8) == pytest.approx(0.7)  # no growth measured yet
+    assert answers.limit() == 2
+    answers.answered(0.7, 2)  # two calls answered no slower
+    assert answers.limit() == 4
+    answers.answered(0.7, 4)
+    assert answers.limit() == 8
 
 
 def test_the_limit_keeps_the_predicted_median_within_the_factor() -> None:
@@ -56,8 +66,8 @@ def test_the_growth_is_a_median_so_one_slow_answer_does_not_close_the_doors() ->
     assert answers.limit() == 6
 
 
-def test_answers_that_do_not_slow_with_load_set_no_limit() -> None:
-    assert measured(1.5, 0.7, 0.0, up_to=8).limit() is None
+def test_answers_that_do_not_slow_with_load_are_limited_by_the_calls_measured_only() -> None:
+    assert measured(1.5, 0.7, 0.0, up_to=8).limit() == 16
 
 
 def test_before_any_unloaded_answer_the_fastest_one_stands_in() -> None:
