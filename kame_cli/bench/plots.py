@@ -218,7 +218,7 @@ def _plot_admission(axis: Any, levels: list[dict[str, Any]]) -> None:
     for position, level in zip(positions, levels, strict=True):
         if level.get("answer_ratio") is not None and level["answer_latency_median_s"]:
             axis.annotate(
-                f"{level['answer_ratio']:g}x",
+                f"{level['answer_ratio']:.2f}x",
                 (position, level["answer_latency_median_s"]),
                 textcoords="offset points",
                 xytext=(6, -12),
