@@ -73,7 +73,9 @@ def build_report(
         "cold_calls": cold_calls(bench.cold, bench.captured),
         "conversations": [c.record for c in bench.captured],
         "cold_conversations": [c.record for c in bench.cold],
-        "load": with_answer_ratios(bench.load_levels),
+        "load": with_answer_ratios(
+            bench.load_levels, [c.record for c in bench.captured + bench.load_captured]
+        ),
         "load_conversations": [c.record for c in bench.load_captured],
         "failures": bench.failures,
     }

@@ -210,11 +210,8 @@ def _plot_admission(axis: Any, levels: list[dict[str, Any]]) -> None:
         ("answer_latency_p90_s", "s--", "answer p90"),
     ):
         axis.plot(positions, [level[key] or np.nan for level in levels], marker, label=name)
-    one = next((level for level in levels if level["sessions"] == 1), None)
-    if one and one["answer_latency_median_s"]:
-        axis.axhline(
-            1.5 * one["answer_latency_median_s"], color="grey", linestyle=":", label="1.5x one call"
-        )
+    if one_call := levels[0].get("one_call_answer_s"):
+        axis.axhline(1.5 * one_call, color="grey", linestyle=":", label="1.5x one call")
     for position, level in zip(positions, levels, strict=True):
         if level.get("answer_ratio") is not None and level["answer_latency_median_s"]:
             axis.annotate(

@@ -202,7 +202,9 @@ def _load_table(report: dict[str, Any]) -> list[str]:
         return []
     return _table(
         f"Load ({levels[0]['run']}; late = agent frame more than "
-        f"{report['settings']['late_ms']:g} ms after its caller frame was due)",
+        f"{report['settings']['late_ms']:g} ms after its caller frame was due; one call's "
+        f"answer: {_fmt(levels[0].get('one_call_answer_s'))} s, the median of the run's "
+        "calls made one at a time)",
         "sessions | ok | frames | late | frame lag p50 / p99 ms | step p50 / p99 ms | "
         "transport p50 / p99 ms | first audio median / p90 s | answer median / p90 s | "
         "answer x 1 call | retry after s | correct (audio / text) | coherent",

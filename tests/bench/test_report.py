@@ -192,8 +192,14 @@ def load_level(
 def test_load_levels_show_the_ratio_to_one_call_and_when_refused_calls_retry(tmp_path):
     calls = tandem_calls()
     cold = captured(TANDEM, talk_result(2.8, [(2.8, "Rome", 7)], ROME))
+    alone = [  # one slow call alone; the load run's at 8 do not count as alone
+        {"run": "tandem", "answer_latency_s": 0.8, "load": 1},
+        *({"run": "tandem", "answer_latency_s": s} for s in (0.7, 0.8, 0.9, 2.5)),
+        {"run": "cascade", "answer_latency_s": 9.0},
+        {"run": "tandem", "answer_latency_s": 9.0, "load": 8},
+    ]
     levels = summary.with_answer_ratios(
-        [load_level(1, 1, 0, 0.8, []), load_level(8, 6, 2, 1.0, [4.0, 12.5])]
+        [load_level(1, 1, 0, 0.8, []), load_level(8, 6, 2, 1.0, [4.0, 12.5])], alone
     )
     assert [level["answer_ratio"] for level in levels] == [1.0, 1.25]
     data = report_data(calls, cold, levels)
@@ -204,8 +210,8 @@ def test_load_levels_show_the_ratio_to_one_call_and_when_refused_calls_retry(tmp
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_without_a_one_call_level_there_is_no_ratio():
-    (level,) = summary.with_answer_ratios([load_level(8, 8, 0, 1.0, [])])
+def test_without_a_call_made_alone_there_is_no_ratio():
+    (level,) = summary.with_answer_ratios([load_level(8, 8, 0, 1.0, [])], [])
     assert level["answer_ratio"] is None
 
 
