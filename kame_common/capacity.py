@@ -87,15 +87,19 @@ class LoadMeter:
         parallelism: int = 1,
         window_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        busy_is_answer: bool = True,
     ) -> None:
         self.parallelism = parallelism
+        # Whether a unit of work's duration is what a caller waits for (stt: a decode);
+        # the oracle's caller waits for an LLM request's first token, told by `answered`.
+        self.busy_is_answer = busy_is_answer
         self.window_s = window_s
         self._clock = clock
         self._lock = threading.Lock()
         self._level = 0  # units of work in progress now
         # (time, level from then on), oldest first; the first one may predate the window.
         self._steps: collections.deque[tuple[float, int]] = collections.deque([(clock(), 0)])
-        # Told each finished unit's duration: the answer time a caller waited on it.
+        # Told each answer time (kame_common.answer_time).
         self.on_done: list[Callable[[float], None]] = []
 
     @contextlib.contextmanager
@@ -107,8 +111,13 @@ class LoadMeter:
             yield
         finally:
             self._add(-1)
-            for observer in self.on_done:
-                observer(self._clock() - started)
+            if self.busy_is_answer:
+                self.answered(self._clock() - started)
+
+    def answered(self, seconds: float) -> None:
+        """A caller waited `seconds` for an answer from this resource."""
+        for observer in self.on_done:
+            observer(seconds)
 
     def _add(self, change: int) -> None:
         with self._lock:

@@ -129,3 +129,16 @@ def test_the_bound_caps_a_replicas_published_sessions() -> None:
     assert capacity.total_slots == 3
     capacity.sessions_changed(3)
     assert capacity.free_slots == 0
+
+
+def test_a_meter_whose_work_is_not_the_answer_reports_only_what_it_is_told() -> None:
+    """The oracle: an LLM request's whole stream is not what its caller waits for,
+    its first token is."""
+    clock = Clock()
+    meter = LoadMeter(parallelism=1, window_s=10.0, clock=clock, busy_is_answer=False)
+    answers = AnswerTimes(1.5)
+    SessionCapacity(meter, 0.01, 0.8, clock=clock, answers=answers).sessions_changed(1)
+    with meter.busy():
+        clock.now += 3.0  # a long stream
+        meter.answered(0.4)  # its first token
+    assert answers.unloaded_s() == pytest.approx(0.4)
