@@ -219,6 +219,8 @@ class Stack:
                 # one local replica serves every mode, s2s included
                 S2S_ENGINE="" if self.options.frontend_engine != "moshi" else "moshi",
                 CAPACITY_ADMISSION=int(self.options.capacity_admission),
+                # No admission at all: the answer-time bound (docs/capacity.md) too.
+                **({} if self.options.capacity_admission else {"ANSWER_TIME_FACTOR": 0}),
                 # A call survives a restart of the gateway (kame_cli.supervise): the client
                 # continues it with its resume token. One secret per stack, unless given.
                 RESUME_SECRET=os.environ.get("KAME_GATEWAY_RESUME_SECRET", self.resume_secret),

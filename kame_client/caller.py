@@ -59,6 +59,7 @@ from kame_client.result import (
     Timed,
     TimelineEvent,
 )
+from kame_client.status import retry_after_s
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import FRAME_SAMPLES, SAMPLE_RATE, Samples
 from kame_common.llm import backend_value
@@ -280,6 +281,7 @@ class _Conversation:
             except grpc.aio.AioRpcError as exc:
                 self.result.status = exc.code().name
                 self.result.status_details = exc.details() or ""
+                self.result.retry_after_s = retry_after_s(exc)
             finally:
                 await cancel_and_wait(sender)
         continued = self.move_asked or (

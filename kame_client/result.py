@@ -118,6 +118,7 @@ class TalkResult:
     agent_words: list[str] = field(default_factory=list)
     status: str = "OK"
     status_details: str = ""
+    retry_after_s: float | None = None  # the gateway's hint, when it refused the call for now
 
     def of(self, kind: type[E]) -> list[Timed[E]]:
         """The timeline's events of one kind (a class of events.py or of this

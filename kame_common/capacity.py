@@ -8,7 +8,8 @@ counted up to the resource's parallelism). `SessionCapacity` turns that into
 sessions:
 
     per-session load = utilization / the time-averaged number of open sessions
-    limit            = floor(target_utilization / per-session load), at least 1
+    limit            = floor(target_utilization / per-session load), at least 1,
+                       and at most the answer-time bound (kame_common.answer_time)
     free             = limit - open sessions, and 0 while utilization >= target
 
 Until sessions have been measured for a whole window the per-session load is
@@ -39,6 +40,7 @@ from prometheus_client import Gauge
 from redis.exceptions import RedisError
 
 from kame_common import store
+from kame_common.answer_time import AnswerTimes
 from kame_common.config import MeasuredCapacitySettings
 from kame_common.server import ServiceRuntime
 
@@ -60,6 +62,12 @@ SESSION_LIMIT = Gauge(
     "Sessions the replica can serve at its target utilization",
     ["service"],
 )
+PREDICTED_ANSWER = Gauge(
+    "kame_capacity_predicted_answer_seconds",
+    "Predicted median answer time (a decode, an LLM request) with one more session "
+    "(0 until measured; see kame_common.answer_time)",
+    ["service"],
+)
 FREE_SESSIONS = Gauge(
     "kame_capacity_free_sessions", "Sessions the replica can still take now", ["service"]
 )
@@ -79,23 +87,37 @@ class LoadMeter:
         parallelism: int = 1,
         window_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        busy_is_answer: bool = True,
     ) -> None:
         self.parallelism = parallelism
+        # Whether a unit of work's duration is what a caller waits for (stt: a decode);
+        # the oracle's caller waits for an LLM request's first token, told by `answered`.
+        self.busy_is_answer = busy_is_answer
         self.window_s = window_s
         self._clock = clock
         self._lock = threading.Lock()
         self._level = 0  # units of work in progress now
         # (time, level from then on), oldest first; the first one may predate the window.
         self._steps: collections.deque[tuple[float, int]] = collections.deque([(clock(), 0)])
+        # Told each answer time (kame_common.answer_time).
+        self.on_done: list[Callable[[float], None]] = []
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
         """Counts one unit of work in progress while the block runs."""
+        started = self._clock()
         self._add(1)
         try:
             yield
         finally:
             self._add(-1)
+            if self.busy_is_answer:
+                self.answered(self._clock() - started)
+
+    def answered(self, seconds: float) -> None:
+        """A caller waited `seconds` for an answer from this resource."""
+        for observer in self.on_done:
+            observer(seconds)
 
     def _add(self, change: int) -> None:
         with self._lock:
@@ -137,6 +159,7 @@ class SessionCapacity:
         target_utilization: float = 0.8,
         max_sessions: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        answers: AnswerTimes | None = None,
     ) -> None:
         if prior_session_load <= 0:
             raise ValueError(f"prior_session_load must be positive, got {prior_session_load}")
@@ -147,6 +170,9 @@ class SessionCapacity:
         self._clock = clock
         self.sessions = SessionCount(meter.window_s, clock)
         self._measured_until = clock()  # end of the last window folded into session_load
+        self.answers = answers  # None: no answer-time bound
+        if answers is not None:
+            meter.on_done.append(lambda seconds: answers.answered(seconds, self.sessions.open))
 
     def sessions_changed(self, open_sessions: int) -> None:
         self.sessions.changed(open_sessions)
@@ -156,6 +182,8 @@ class SessionCapacity:
         """Sessions this replica can serve at the target utilization."""
         self._measure()
         limit = max(1, math.floor(self.target_utilization / self.session_load + 1e-9))
+        if self.answers is not None and (bound := self.answers.limit()) is not None:
+            limit = min(limit, bound)
         return min(limit, self.max_sessions) if self.max_sessions else limit
 
     @property
@@ -283,12 +311,21 @@ def publish_measured_capacity(
     """Measure the replica's capacity (gauges always; the registry when
     settings.publish_capacity). Returns what to call once the server listens."""
     service = settings.SERVICE
+    answers = AnswerTimes(settings.answer_time_factor) if settings.answer_time_factor else None
     capacity = SessionCapacity(
-        meter, prior_session_load, settings.target_utilization, settings.max_sessions
+        meter,
+        prior_session_load,
+        settings.target_utilization,
+        settings.max_sessions,
+        answers=answers,
     )
     UTILIZATION.labels(service=service).set_function(meter.utilization)
     SESSION_LOAD.labels(service=service).set_function(lambda: capacity.session_load)
     SESSION_LIMIT.labels(service=service).set_function(lambda: capacity.total_slots)
+    if answers is not None:
+        PREDICTED_ANSWER.labels(service=service).set_function(
+            lambda: answers.predicted_s(capacity.sessions.open + 1) or 0.0
+        )
     FREE_SESSIONS.labels(service=service).set_function(lambda: capacity.free_slots)
     runtime.on_sessions_changed(capacity.sessions_changed)
     if not settings.publish_capacity:

@@ -183,6 +183,25 @@ def redis_timeout_setting() -> Any:
     )
 
 
+DEFAULT_ANSWER_TIME_FACTOR = 1.5
+
+
+def answer_time_factor_setting() -> Any:
+    """The operator's bound on answer time under load (kame_common.answer_time): the
+    gateway and each measured service admit a call only while the predicted answer
+    median stays within this factor of an unloaded call's."""
+    return setting(
+        DEFAULT_ANSWER_TIME_FACTOR,
+        "admit a call only while the predicted answer median stays within this factor of "
+        "an unloaded call's (RESOURCE_EXHAUSTED with a retry hint beyond; 0 = no bound)",
+    )
+
+
+def check_answer_time_factor(factor: float) -> None:
+    if factor != 0 and factor < 1:
+        raise ConfigError(f"answer_time_factor: must be 0 (off) or at least 1, got {factor:g}")
+
+
 def metrics_port_setting(service: str) -> Any:
     return setting(SERVICE_PORTS[service].metrics, "Prometheus /metrics port (0 disables)")
 
@@ -335,6 +354,7 @@ class MeasuredCapacitySettings(RegistrySettings):
     target_utilization: float = setting(
         0.8, "share of its bottleneck (stt: decode workers, oracle: the LLM) it may fill"
     )
+    answer_time_factor: float = answer_time_factor_setting()
 
     def validate(self) -> None:
         super().validate()
@@ -344,6 +364,7 @@ class MeasuredCapacitySettings(RegistrySettings):
             raise ConfigError(
                 f"target_utilization: must be between 0.05 and 1, got {self.target_utilization:g}"
             )
+        check_answer_time_factor(self.answer_time_factor)
 
 
 def load_settings(

@@ -9,6 +9,7 @@
 #   scripts/gpu_check.sh --cpu-smoke    # the same code on the CPU, tiny config (tests)
 #
 # The Python is $PYTHON, else the repo's .venv, else python3 on PATH.
+# The capacity plan for a GPU (batch slots, the LLM on vLLM or an API): docs/capacity.md.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -22,7 +22,7 @@ from kame_cli.bench.questions import Question, load_questions
 from kame_cli.bench.report import render_markdown
 from kame_cli.bench.runner import CHUNK_MS, Bench
 from kame_cli.bench.runs import Run, pick_load_run, plan_runs, select_runs
-from kame_cli.bench.summary import cold_calls, summarize
+from kame_cli.bench.summary import cold_calls, summarize, with_answer_ratios
 from kame_cli.bench.turn_taking import DEFAULT_SET, FULL_SET, measure_turn_taking
 from kame_cli.bench.turn_taking import render_markdown as render_turn_taking
 from kame_cli.errors import USAGE, CliError, file_error, one_line
@@ -73,7 +73,9 @@ def build_report(
         "cold_calls": cold_calls(bench.cold, bench.captured),
         "conversations": [c.record for c in bench.captured],
         "cold_conversations": [c.record for c in bench.cold],
-        "load": bench.load_levels,
+        "load": with_answer_ratios(
+            bench.load_levels, [c.record for c in bench.captured + bench.load_captured]
+        ),
         "load_conversations": [c.record for c in bench.load_captured],
         "failures": bench.failures,
     }

@@ -129,6 +129,7 @@ def conversation_record(
         "cold": False,
         "status": result.status,
         "status_details": result.status_details,
+        "retry_after_s": result.retry_after_s,
         "response_latency_s": rounded(result.response_latency_s),
         "answer_latency_s": rounded(answer_latency),
         "gateway_response_latency_s": rounded(turn.response_latency_s if turn else None),

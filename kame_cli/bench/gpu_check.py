@@ -38,6 +38,10 @@ on the CPU with a tiny config, batch sizes 1 and 2 (for tests; --out defaults
 to a new temporary directory then).
 
     scripts/gpu_check.sh [--out DIR] [--keep-scratch] [--parts LIST] [--dtype D]
+
+What these parts mean for the number of callers a GPU serves (the frontend's
+batch slots, the LLM on vLLM or an API, Whisper on the GPU) and the `kame bench
+--load` run to make there: docs/capacity.md, "The GPU plan".
 """
 
 from __future__ import annotations

@@ -24,13 +24,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     summary, records = report["summary"], report["conversations"]
     labels = list(summary)
-    fig = plt.figure(figsize=(14, 13))
-    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.2])
+    fig = plt.figure(figsize=(14, 17))
+    grid = fig.add_gridspec(4, 2, height_ratios=[1, 1, 1, 1.2])
     _plot_distribution(fig.add_subplot(grid[0, 0]), summary, records, report["cold_calls"])
     _plot_components(fig.add_subplot(grid[0, 1]), labels, summary)
     _plot_frames(fig.add_subplot(grid[1, 0]), labels, summary)
     _plot_load(fig.add_subplot(grid[1, 1]), report["load"])
-    _plot_timelines(fig.add_subplot(grid[2, :]), labels, records)
+    _plot_admission(fig.add_subplot(grid[2, :]), report["load"])
+    _plot_timelines(fig.add_subplot(grid[3, :]), labels, records)
     machine = report["machine"]
     fig.suptitle(
         f"kame bench: {machine['cpu']}, {machine['cores']} cores, GPU {machine['gpu']}"
@@ -194,6 +195,48 @@ def _plot_load(axis: Any, levels: list[dict[str, Any]]) -> None:
     late.set_ylabel("late frames (%)")
     axis.legend(loc="upper left", fontsize=8)
     late.legend(loc="upper right", fontsize=8)
+
+
+def _plot_admission(axis: Any, levels: list[dict[str, Any]]) -> None:
+    """Per load level: the admitted calls' answer median and p90, the 1.5x bound on
+    one call's median, and (right axis) the calls admitted and refused."""
+    axis.set_title("load: answer time of the admitted calls, and admissions")
+    if not levels:
+        axis.text(0.5, 0.5, "no load run", ha="center", transform=axis.transAxes)
+        return
+    positions = np.arange(len(levels))
+    for key, marker, name in (
+        ("answer_latency_median_s", "o-", "answer median"),
+        ("answer_latency_p90_s", "s--", "answer p90"),
+    ):
+        axis.plot(positions, [level[key] or np.nan for level in levels], marker, label=name)
+    if one_call := levels[0].get("one_call_answer_s"):
+        axis.axhline(1.5 * one_call, color="grey", linestyle=":", label="1.5x one call")
+    for position, level in zip(positions, levels, strict=True):
+        if level.get("answer_ratio") is not None and level["answer_latency_median_s"]:
+            axis.annotate(
+                f"{level['answer_ratio']:.2f}x",
+                (position, level["answer_latency_median_s"]),
+                textcoords="offset points",
+                xytext=(6, -12),
+                fontsize=8,
+            )
+    axis.set_xticks(positions, [f"{level['sessions']} offered" for level in levels])
+    axis.set_ylabel("s")
+    calls = axis.twinx()
+    width = 0.2
+    calls.bar(positions - width / 2, [lv["ok"] for lv in levels], width, alpha=0.3, label="ok")
+    calls.bar(
+        positions + width / 2,
+        [lv.get("refused", 0) for lv in levels],
+        width,
+        alpha=0.3,
+        color="tab:red",
+        label="refused",
+    )
+    calls.set_ylabel("calls")
+    axis.legend(loc="upper left", fontsize=8)
+    calls.legend(loc="upper right", fontsize=8)
 
 
 def _latency_arrow(

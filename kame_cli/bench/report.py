@@ -202,10 +202,12 @@ def _load_table(report: dict[str, Any]) -> list[str]:
         return []
     return _table(
         f"Load ({levels[0]['run']}; late = agent frame more than "
-        f"{report['settings']['late_ms']:g} ms after its caller frame was due)",
+        f"{report['settings']['late_ms']:g} ms after its caller frame was due; one call's "
+        f"answer: {_fmt(levels[0].get('one_call_answer_s'))} s, the median of the run's "
+        "calls made one at a time)",
         "sessions | ok | frames | late | frame lag p50 / p99 ms | step p50 / p99 ms | "
         "transport p50 / p99 ms | first audio median / p90 s | answer median / p90 s | "
-        "correct (audio / text) | coherent",
+        "answer x 1 call | retry after s | correct (audio / text) | coherent",
         (_load_row(level) for level in levels),
     )
 
@@ -219,6 +221,7 @@ def _load_row(level: dict[str, Any]) -> str:
         f"{_fmt(level['response_latency_median_s'])} / "
         f"{_fmt(level['response_latency_p90_s'])} | "
         f"{_fmt(level['answer_latency_median_s'])} / {_fmt(level['answer_latency_p90_s'])} | "
+        f"{_fmt(level.get('answer_ratio'))} | {_retry_cell(level)} | "
         f"{level['correct']} / {level['text_correct']} of {level['sessions']} | "
         f"{level['coherent']} of {level['sessions']}"
     )
@@ -228,6 +231,15 @@ def _ok_cell(level: dict[str, Any]) -> str:
     """Calls that ended OK, and those the gateway refused for want of capacity."""
     refused = level.get("refused", 0)  # reports written before admission by capacity
     return f"{level['ok']} ({refused} refused)" if refused else str(level["ok"])
+
+
+def _retry_cell(level: dict[str, Any]) -> str:
+    """The retry-after hints the refused calls got: the range, or - without any."""
+    hints = level.get("retry_after_s") or []  # reports written before the hints were kept
+    if not hints:
+        return "-"
+    low, high = min(hints), max(hints)
+    return f"{low:g}" if low == high else f"{low:g}-{high:g}"
 
 
 def _failures(report: dict[str, Any]) -> list[str]:

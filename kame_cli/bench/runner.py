@@ -194,6 +194,10 @@ class Bench:
                 "answer_latency_p90_s": rounded(percentile(answers, 90)),
                 "coherent": sum(r["coherent"] is True for r in records),
                 "text_correct": sum(r["text_correct"] for r in records),
+                # When the refused calls were told to call again.
+                "retry_after_s": sorted(
+                    r["retry_after_s"] for r in records if r["retry_after_s"] is not None
+                ),
             }
         )
         self.progress.update(sessions)

@@ -92,3 +92,28 @@ def cold_calls(cold: list[Captured], captured: list[Captured]) -> list[dict[str,
             )
         rows.append(row)
     return rows
+
+
+def with_answer_ratios(
+    levels: list[dict[str, Any]], alone: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each load level with `one_call_answer_s` and `answer_ratio`: its admitted calls'
+    answer median over one call's, the median over the load run's calls made one at a
+    time (`alone`, the run's measured calls, and the 1-session level's), so that one
+    noisy call does not set the scale; None without any."""
+    run = levels[0]["run"] if levels else ""
+    one_call = percentile(
+        [r["answer_latency_s"] for r in alone if r["run"] == run and r.get("load", 1) == 1], 50
+    )
+    return [
+        {
+            **level,
+            "one_call_answer_s": rounded(one_call),
+            "answer_ratio": (
+                rounded(level["answer_latency_median_s"] / one_call)
+                if one_call and level["answer_latency_median_s"] is not None
+                else None
+            ),
+        }
+        for level in levels
+    ]

@@ -43,8 +43,8 @@ from services.gateway.connections import RegistryReads
 from services.gateway.plan import SessionError
 
 SIDE_SERVICES = ("stt", "oracle")
-# What a refused caller is told to wait: about one heartbeat of the registry
-# (kame_common.store.CapacityRegistry: a third of its 10 s TTL).
+# What a refused caller is told to wait without a better estimate: about one
+# heartbeat of the registry (kame_common.store.CapacityRegistry: a third of its 10 s TTL).
 RETRY_AFTER_S = 3.0
 
 REFUSALS = Counter(
@@ -69,8 +69,11 @@ class CapacityGate:
         reads: RegistryReads,
         secret: str = "",
         clock: Callable[[], float] = time.time,
+        retry_after_s: Callable[[], float] | None = None,
     ) -> None:
         self._reads = reads
+        # When a slot is expected to free (the gateway's calls' lengths, AnswerTimes).
+        self._retry_after_s = retry_after_s or (lambda: RETRY_AFTER_S)
         self._registries = {
             service: CapacityRegistry(redis_client, service, secret=secret)
             for service in SIDE_SERVICES
@@ -96,11 +99,12 @@ class CapacityGate:
                     with contextlib.suppress(ValueError):  # counted by a record meanwhile
                         self._admitted[reserved].remove(place)
                 REFUSALS.labels(service=service).inc()
+                retry_after_s = self._retry_after_s()
                 raise SessionError(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"{service} is at capacity: it cannot serve another call in time; "
-                    f"retry in {RETRY_AFTER_S:g} s",
-                    retry_after_s=RETRY_AFTER_S,
+                    f"retry in {retry_after_s:g} s",
+                    retry_after_s=retry_after_s,
                 )
 
     def _reserve(self, service: str) -> _Place:

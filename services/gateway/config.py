@@ -10,6 +10,8 @@ from kame_common.auth import parse_tokens
 from kame_common.config import (
     ConfigError,
     ServiceSettings,
+    answer_time_factor_setting,
+    check_answer_time_factor,
     check_not_negative,
     check_secret,
     check_token,
@@ -60,6 +62,7 @@ class GatewaySettings(ServiceSettings):
         "refuse new calls (RESOURCE_EXHAUSTED, retry hint) while the stt or oracle replicas "
         "in the registry report no free capacity (none publishing = admit)",
     )
+    answer_time_factor: float = answer_time_factor_setting()
     max_sessions: int = setting(
         64, "open Converse sessions before RESOURCE_EXHAUSTED (0 = no limit)"
     )
@@ -223,6 +226,7 @@ class GatewaySettings(ServiceSettings):
             check_token("auth_tokens", token)
         check_secret("registry_secret", self.registry_secret)
         check_secret("resume_secret", self.resume_secret)
+        check_answer_time_factor(self.answer_time_factor)
         self._check_published()
         if self.resume_ttl_s <= 0:
             raise ConfigError(f"resume_ttl_s: must be above 0, got {self.resume_ttl_s:g}")

@@ -103,3 +103,9 @@ REPLAYED_TURNS = Counter(
     "kame_gateway_replayed_turns_total",
     "Caller turns a reopened oracle stream was sent first (no candidate had answered them)",
 )
+
+ANSWER_TIME_REFUSALS = Counter(
+    "kame_gateway_answer_time_refusals",
+    "New calls refused because one more would push the predicted answer median past "
+    "answer_time_factor x an unloaded call's (kame_common.answer_time)",
+)

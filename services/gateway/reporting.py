@@ -6,6 +6,7 @@ from __future__ import annotations
 from opentelemetry import trace
 
 from kame_common import tracing
+from kame_common.answer_time import AnswerTimes
 from kamepb import gateway_pb2
 from services.gateway import metrics
 from services.gateway.plan import Mode
@@ -20,9 +21,12 @@ def ns(wall: float) -> int:
 
 
 class TurnReporter:
-    def __init__(self, mode: Mode, session_span: trace.Span) -> None:
+    def __init__(
+        self, mode: Mode, session_span: trace.Span, answers: AnswerTimes | None = None
+    ) -> None:
         self._mode = mode.value
         self._session_span = session_span
+        self._answers = answers  # the gateway's, for admission by answer time
 
     def summarize(self, turn: Turn) -> gateway_pb2.ConverseResponse:
         """Record a finished turn (metrics, and its span once the final is in)."""
@@ -33,6 +37,8 @@ class TurnReporter:
             metrics.EARLY_RESPONSES.labels(self._mode).inc()
         if turn.answer_latency_s is not None:
             metrics.ANSWER_LATENCY.labels(self._mode).observe(max(0.0, turn.answer_latency_s))
+            if self._answers is not None:
+                self._answers.answered(turn.answer_latency_s, self._answers.calls_held)
         if turn.first_oracle_update_wall is not None:
             metrics.ORACLE_FIRST_UPDATE.labels(self._mode).observe(turn.oracle_first_update_s)
         if turn.final_wall is not None:

@@ -22,12 +22,13 @@ import grpc
 from redis.exceptions import RedisError
 
 from kame_common import store
+from kame_common.answer_time import AnswerTimes
 from kame_common.auth import BearerAuth, parse_tokens
 from kame_common.redact import redact_addresses
 from kame_common.server import ServiceRuntime, service_main
 from kame_common.streams import StreamError, read_config
 from kamepb import gateway_pb2, gateway_pb2_grpc
-from services.gateway import resume
+from services.gateway import metrics, resume
 from services.gateway.admission import CapacityGate
 from services.gateway.config import GatewaySettings
 from services.gateway.connections import Connections
@@ -55,6 +56,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         auth: BearerAuth,
         gate: CapacityGate | None = None,
         readiness: Readiness | None = None,
+        answers: AnswerTimes | None = None,
     ) -> None:
         self.runtime = runtime
         self.connections = connections
@@ -62,6 +64,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.auth = auth
         self.gate = gate  # None: admission does not look at stt and oracle capacity
         self.readiness = readiness  # None: no upstream health check, always ready
+        self.answers = answers  # None: no answer-time bound on admission
         self.sessions: set[GatewaySession] = set()  # open calls, told to reconnect on drain
 
     async def Converse(  # noqa: N802 (gRPC method name)
@@ -71,28 +74,55 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     ) -> AsyncIterator[gateway_pb2.ConverseResponse]:
         requests = aiter(request_iterator)
         principal = await self.auth.check(context, first_message=lambda: anext(requests))
+        call: int | None = None  # its place among the calls answer time admits
         try:
-            first = await read_config(requests, "ConverseConfig", self.settings.connect_timeout_s)
-            config = first.config
-            plan = dataclasses.replace(plan_session(config, self.settings), caller=principal)
-            self._check_ready(plan)
-            resumed = await self._resumed_session(config.resume_token, plan, principal)
-            if self.gate is not None:  # a resumed call takes capacity like a new one
-                await self.gate.admit(plan.side_services)
-            held = await resume.hold(
-                self.connections.store,
-                self.settings.resume_secret,
-                context,
-                resumed,
-                plan,
-                principal,
-            )
-        except StreamError as exc:
-            await context.abort(exc.code, redact_addresses(exc.message), exc.trailing_metadata())
+            try:
+                first = await read_config(
+                    requests, "ConverseConfig", self.settings.connect_timeout_s
+                )
+                config = first.config
+                plan = dataclasses.replace(plan_session(config, self.settings), caller=principal)
+                self._check_ready(plan)
+                resumed = await self._resumed_session(config.resume_token, plan, principal)
+                if self.gate is not None:  # a resumed call takes capacity like a new one
+                    await self.gate.admit(plan.side_services)
+                call = self._admit_by_answer_time()
+                held = await resume.hold(
+                    self.connections.store,
+                    self.settings.resume_secret,
+                    context,
+                    resumed,
+                    plan,
+                    principal,
+                )
+            except StreamError as exc:
+                await context.abort(
+                    exc.code, redact_addresses(exc.message), exc.trailing_metadata()
+                )
+            async for response in self._converse(context, requests, plan, held, resumed):
+                yield response
+        finally:
+            if call is not None and self.answers is not None:
+                self.answers.call_ended(call)
+
+    async def _converse(
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        requests: AsyncIterator[gateway_pb2.ConverseRequest],
+        plan: SessionPlan,
+        held: resume.HeldSession,
+        resumed: tuple[str, str] | None,
+    ) -> AsyncIterator[gateway_pb2.ConverseResponse]:
+        """An admitted call, from its first response to its end."""
         cap_call_time(context, self.settings.max_session_s + self.settings.drain_timeout_s)
         async with self.runtime.session(context):
             session = GatewaySession(
-                self.connections, plan, held.session_id, held.resume_token, bool(resumed)
+                self.connections,
+                plan,
+                held.session_id,
+                held.resume_token,
+                bool(resumed),
+                answers=self.answers,
             )
             how = "resumed" if resumed else "started"
             log.info("session %s %s (%s)", session.id, how, plan.mode.value)
@@ -114,6 +144,25 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             finally:
                 self.sessions.discard(session)
             log.info("session %s ended", session.id)
+
+    def _admit_by_answer_time(self) -> int | None:
+        """Holds a place for the call, or SessionError(RESOURCE_EXHAUSTED) with when
+        a held call is expected to end, while one more call would push the predicted
+        answer median past answer_time_factor x an unloaded call's
+        (kame_common.answer_time). Synchronous: calls set up at the same moment
+        each see the others' places."""
+        if self.answers is None:
+            return None
+        if not self.answers.admits(self.answers.calls_held):
+            retry_after_s = self.answers.retry_after_s()
+            metrics.ANSWER_TIME_REFUSALS.inc()
+            raise SessionError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"busy: one more call would answer slower than "
+                f"{self.answers.factor:g}x an unloaded call; retry in {retry_after_s:g} s",
+                retry_after_s=retry_after_s,
+            )
+        return self.answers.call_started()
 
     def _check_ready(self, plan: SessionPlan) -> None:
         """SessionError (UNAVAILABLE, retry hint) while an upstream the call needs is
@@ -155,8 +204,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             session.ask_to_reconnect()
 
 
-async def serve(settings: GatewaySettings) -> ServiceRuntime:
-    """Start the gateway; returns its runtime (`.port` is the bound port)."""
+async def serve(settings: GatewaySettings, answers: AnswerTimes | None = None) -> ServiceRuntime:
+    """Start the gateway; returns its runtime (`.port` is the bound port). `answers`:
+    answer times measured already (None: a fresh AnswerTimes, when
+    settings.answer_time_factor is set)."""
     runtime = ServiceRuntime(
         settings, [GRPC_SERVICE], max_message_bytes=max_message_bytes(settings.max_chunk_s)
     )
@@ -167,8 +218,15 @@ async def serve(settings: GatewaySettings) -> ServiceRuntime:
     auth = BearerAuth(parse_tokens(settings.auth_tokens))
     if not auth.enabled:
         log.warning("gateway: no auth_tokens, every caller is admitted")
+    if answers is None and settings.answer_time_factor:
+        answers = AnswerTimes(settings.answer_time_factor)
     gate = (
-        CapacityGate(redis_client, connections.registry_reads, settings.registry_secret)
+        CapacityGate(
+            redis_client,
+            connections.registry_reads,
+            settings.registry_secret,
+            retry_after_s=answers.retry_after_s if answers else None,
+        )
         if settings.capacity_admission
         else None
     )
@@ -176,7 +234,7 @@ async def serve(settings: GatewaySettings) -> ServiceRuntime:
     if settings.readiness_interval_s:
         readiness = Readiness(connections, settings.readiness_interval_s, runtime.set_ready)
         await readiness.check()  # upstreams that already serve: ready from the first call
-    servicer = GatewayServicer(runtime, connections, auth, gate, readiness)
+    servicer = GatewayServicer(runtime, connections, auth, gate, readiness, answers)
     runtime.on_drain(servicer.ask_to_reconnect)
     await runtime.start(
         lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),

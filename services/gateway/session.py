@@ -76,6 +76,7 @@ from opentelemetry import trace
 from kame_client.codecs import Encoder, coded
 from kame_common import tracing
 from kame_common.aio import cancel_and_wait
+from kame_common.answer_time import AnswerTimes
 from kame_common.audio import pcm16_to_float
 from kame_common.llm import BUDGET_SPENT_METADATA
 from kame_common.store import Replica
@@ -125,6 +126,7 @@ class GatewaySession:
         session_id: str = "",
         resume_token: str = "",
         resumed: bool = False,
+        answers: AnswerTimes | None = None,
     ) -> None:
         self.connections = connections
         self.settings = connections.settings
@@ -159,7 +161,7 @@ class GatewaySession:
         self._span = _tracer.start_span(
             "session", attributes={"kame.session_id": self.id, "kame.mode": plan.mode.value}
         )
-        self._reporter = TurnReporter(plan.mode, self._span)
+        self._reporter = TurnReporter(plan.mode, self._span, answers)
         self._functions = FunctionRouter(self.id, self._records)
         self._output = ClientOutput(
             self.settings.queue_frames, plan.mode, self._tracker, self._reporter

@@ -190,6 +190,8 @@ class Candidate:
                         TIME_TO_FIRST_TOKEN.labels(backend=self._backend.name).observe(
                             self._first_at - started_at
                         )
+                        if self._llm_load is not None:  # the oracle's answer time
+                            self._llm_load.answered(self._first_at - started_at)
                         self._emit_event(Event.FIRST_TOKEN, self.generation.number)
                     self._send_words(self.generation, self._cutter.feed(chunk))
         return "".join(said), calls

@@ -47,7 +47,8 @@ class SessionFactory:
         self.store = store
         self.toolbox = toolbox  # the operator's tools, shared by the sessions
         # How busy the default back-end is: the service's capacity (kame_common.capacity).
-        self.llm_load = LoadMeter(parallelism=service.llm_parallel)
+        # A caller waits for a request's first token, not its whole stream (candidate.py).
+        self.llm_load = LoadMeter(parallelism=service.llm_parallel, busy_is_answer=False)
 
     async def warm_up(self) -> None:
         """Warm the service's default back-end: one request of its fixed prompt prefix

@@ -134,6 +134,87 @@ def test_summary_and_cold_call_ratio():
     )
 
 
+def report_data(calls: list[Captured], cold: Captured, load: list[dict[str, Any]]) -> dict:
+    runs = summary.summarize(calls, [TANDEM], late_s=FRAME_SECONDS)
+    return {
+        "name": "t",
+        "command": "kame bench --questions q.json",
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "duration_s": 12.0,
+        "machine": {
+            "cpu": "test cpu",
+            "cores": 2,
+            "memory_gib": 4,
+            "gpu": "none",
+            "os": "linux",
+            "python": "3.11",
+            "load_average": [0.5],
+        },
+        "models": {"llm": "gemma"},
+        "settings": {"repeats": 1, "late_ms": 80},
+        "questions": [{"text": QUESTION.text, "source": "/q/q01.wav"}],
+        "summary": runs,
+        "cold_calls": summary.cold_calls([cold], calls),
+        "conversations": [c.record for c in calls],
+        "load": load,
+        "failures": [],
+    }
+
+
+def load_level(
+    sessions: int, ok: int, refused: int, median: float, hints: list[float]
+) -> dict[str, Any]:
+    """A load level as the runner records it (frame figures made up, not looked at)."""
+    return {
+        "sessions": sessions,
+        "run": "tandem",
+        "ok": ok,
+        "refused": refused,
+        "frames": 100 * ok,
+        "late_frames": 0,
+        "late_fraction": 0.0,
+        **{
+            f"{kind}_{q}_s": 0.01
+            for kind in ("frame_lag", "step", "transport")
+            for q in ("p50", "p99")
+        },
+        "response_latency_median_s": median / 2,
+        "response_latency_p90_s": median,
+        "answer_latency_median_s": median,
+        "answer_latency_p90_s": median * 1.2,
+        "correct": ok,
+        "text_correct": ok,
+        "coherent": ok,
+        "retry_after_s": hints,
+    }
+
+
+def test_load_levels_show_the_ratio_to_one_call_and_when_refused_calls_retry(tmp_path):
+    calls = tandem_calls()
+    cold = captured(TANDEM, talk_result(2.8, [(2.8, "Rome", 7)], ROME))
+    alone = [  # one slow call alone; the load run's at 8 do not count as alone
+        {"run": "tandem", "answer_latency_s": 0.8, "load": 1},
+        *({"run": "tandem", "answer_latency_s": s} for s in (0.7, 0.8, 0.9, 2.5)),
+        {"run": "cascade", "answer_latency_s": 9.0},
+        {"run": "tandem", "answer_latency_s": 9.0, "load": 8},
+    ]
+    levels = summary.with_answer_ratios(
+        [load_level(1, 1, 0, 0.8, []), load_level(8, 6, 2, 1.0, [4.0, 12.5])], alone
+    )
+    assert [level["answer_ratio"] for level in levels] == [1.0, 1.25]
+    data = report_data(calls, cold, levels)
+    rows = [line for line in report.render_markdown(data).splitlines() if line.startswith("| 8 |")]
+    assert len(rows) == 1 and "| 6 (2 refused) |" in rows[0]
+    assert "| 1.25 | 4-12.5 |" in rows[0]
+    plot(data, tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_a_call_made_alone_there_is_no_ratio():
+    (level,) = summary.with_answer_ratios([load_level(8, 8, 0, 1.0, [])], [])
+    assert level["answer_ratio"] is None
+
+
 def test_markdown_and_figure_show_both_latencies_coherence_and_the_cold_call(tmp_path):
     calls = tandem_calls()
     cold = captured(TANDEM, talk_result(2.8, [(2.8, "Rome", 7)], ROME))

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
+from kame_common.answer_time import AnswerTimes
 from kame_common.llm import BUDGET_SPENT_METADATA
 from kame_common.server import ServiceRuntime
 from kamepb import (
@@ -406,7 +407,9 @@ class Fakes:
     servers: list[grpc.aio.Server] = field(default_factory=list)
     gateways: list[ServiceRuntime] = field(default_factory=list)
 
-    async def gateway(self, **overrides: object) -> ServiceRuntime:
+    async def gateway(
+        self, answers: AnswerTimes | None = None, **overrides: object
+    ) -> ServiceRuntime:
         fields: dict[str, object] = {
             "host": "127.0.0.1",
             "port": 0,
@@ -424,7 +427,7 @@ class Fakes:
             "registry_secret": "registry-secret-of-the-fake-upstreams",
         }
         settings = GatewaySettings(**{**fields, **overrides})  # type: ignore[arg-type]
-        runtime = await serve_gateway(settings)
+        runtime = await serve_gateway(settings, answers)
         self.gateways.append(runtime)
         return runtime
 

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from kame_common import store
+from kame_common.answer_time import AnswerTimes
 from kamepb import gateway_pb2, gateway_pb2_grpc
 from kamepb.common_pb2 import LLM_BACKEND_OPENAI
 from services.gateway.admission import CapacityGate
@@ -206,3 +207,28 @@ async def test_a_resumed_call_counts_against_max_sessions(fakes):
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "limit of 1 sessions" in details
         release.set()
         assert await holder.code() == grpc.StatusCode.OK
+
+
+async def test_a_call_past_the_answer_time_bound_is_refused_until_one_ends(fakes):
+    """Answers measured 0.5 x unloaded slower per extra call: at 1.5x the gateway
+    holds two calls; the third is told to retry when the first is expected to end."""
+    now = [1000.0]
+    answers = AnswerTimes(1.5, clock=lambda: now[0])
+    for _ in range(3):
+        answers.answered(0.8, 1)
+    answers.answered(1.2, 2)
+    for _ in range(3):  # calls of 40 s, ended
+        number = answers.call_started()
+        now[0] += 40
+        answers.call_ended(number)
+    gateway = await fakes.gateway(answers=answers)
+    held = [answers.call_started(), answers.call_started()]  # two calls in progress
+    now[0] += 10
+    opened = fakes.frontend.log.opened
+    code, details, trailing = await asyncio.to_thread(refused_call, gateway.address, Config())
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "1.5x an unloaded call" in details
+    assert trailing.get("retry-after-s") == "30"  # the first held call's 40 s, 10 s in
+    assert fakes.frontend.log.opened == opened
+    answers.call_ended(held[0])
+    assert (await converse(gateway.address, frames=2)).code == grpc.StatusCode.OK
+    assert answers.calls_held == 1  # the admitted call was counted, and let go when it ended

@@ -97,3 +97,14 @@ def test_kame_up_uses_an_external_llm_instead_of_the_embedded_one(tmp_path):
     assert openai.service_env("oracle")["KAME_ORACLE_MODEL"] == "gpt-4o-mini"
     assert anthropic.service_env("oracle")["KAME_ORACLE_BASE_URL"] == "https://api.anthropic.com"
     assert anthropic.service_env("oracle")["KAME_ORACLE_BACKEND"] == "anthropic"
+
+
+@pytest.mark.parametrize("admission", [True, False])
+def test_kame_up_without_admission_turns_off_the_answer_time_bound_too(admission, tmp_path):
+    stack = Stack(StackOptions(ports=Ports.free(), log_dir=tmp_path, capacity_admission=admission))
+    env = stack.service_env("gateway")
+    assert env["KAME_GATEWAY_CAPACITY_ADMISSION"] == str(int(admission))
+    # Unset: the setting's default (1.5); set: 0, no bound.
+    assert ("KAME_GATEWAY_ANSWER_TIME_FACTOR" in env) is not admission
+    if not admission:
+        assert env["KAME_GATEWAY_ANSWER_TIME_FACTOR"] == "0"
