@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from kame_cli.bench.baresip import Baresip, caller_wav
 from kame_common.audio import SAMPLE_RATE
@@ -42,8 +41,6 @@ from tests.oracle.conftest import StubHttpServer
 from tests.support import conversation, session_record
 from tests.telephony.phone_support import piper_to_ulaw, quiet_at_end, speech_seconds
 from tests.telephony.sip_support import rtp_pcap, sipp, transferee
-
-pytestmark = pytest.mark.slow
 
 ASK_TRANSFER = "Please transfer me to sales."
 ASK_HANG_UP = "Please hang up the call now."

@@ -15,7 +15,7 @@ from kamepb import gateway_pb2
 from tests.e2e.conftest import QUESTION, LiveCall, converse_config
 from tests.support import conversation, wait_until, word_recall, words_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 MANUAL = gateway_pb2.ConverseConfig.TurnDetection.MANUAL
 

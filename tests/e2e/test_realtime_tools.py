@@ -27,7 +27,7 @@ from tests.e2e.test_tools_stack import FAKE_LLM, QUESTION, SECRETS, tool_results
 from tests.oracle.conftest import StubHttpServer
 from tests.support import words_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 # The client's round trip (gateway, web service, the SDK's process) on a busy CPU.
 TOOL_TIMEOUT_S = 20.0

@@ -33,8 +33,6 @@ from tests.oracle.mcp_tool_server import recorded_calls
 from tests.oracle.tool_support import FAKE_LLM_ROUTES, anthropic_models
 from tests.support import word_recall, words_of
 
-pytestmark = pytest.mark.slow
-
 QUESTION = "What is the door code for the Paris office?"
 # Door codes no model would guess in this context, which Whisper tiny.en hears in piper's
 # answer sentence ("Honolulu" and "Amsterdam", tried, it does not).

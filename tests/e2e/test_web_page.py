@@ -33,7 +33,7 @@ from services.web.config import WebSettings
 from services.web.server import serve
 from tests.support import word_recall
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 # The first answer must last long enough to be talked over: the embedded LLM
 # describes the tower in a sentence of a dozen words however Whisper punctuates

@@ -38,8 +38,6 @@ from kamepb import gateway_pb2
 from tests.gateway.fakes import sync_converse
 from tests.support import Blackhole, wait_until
 
-pytestmark = pytest.mark.slow
-
 QUESTION = "What is the capital of France?"
 FAULTS_DB = 12  # the stack's own database: its registry holds only its frontend
 IDLE_TIMEOUT_S = 3.0
