@@ -17,6 +17,7 @@ from services.telephony import twilio as twilio_module
 from services.telephony.call import PhoneCall
 from tests.e2e import conftest as e2e
 from tests.support import conversation, session_record, wait_until, word_recall
+from tests.support.metrics import metric
 from tests.telephony.phone_support import (
     TWILIO_TOKEN,
     ULAW_PACKET,
@@ -30,7 +31,6 @@ from tests.telephony.phone_support import (
     piper_to_ulaw,
     post_webhook,
     refused,
-    sample,
     telephony_server,
     the_call,
     twilio_call,
@@ -46,7 +46,7 @@ INTERRUPTION = "Wait, wait, stop, I have another question."
 
 
 def delays_observed() -> float:
-    return sample("kame_telephony_twilio_playout_delay_seconds_count")
+    return metric("kame_telephony_twilio_playout_delay_seconds_count")
 
 
 # ---- the webhook ---------------------------------------------------------------------
