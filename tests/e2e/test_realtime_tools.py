@@ -24,8 +24,8 @@ import pytest_asyncio
 from tests.clients.runs import ask_from_wav, write_wav
 from tests.e2e.conftest import HOLD_MAX_S, Services, wait_registered
 from tests.e2e.test_tools_stack import FAKE_LLM, QUESTION, SECRETS, tool_results
-from tests.oracle.conftest import StubHttpServer
 from tests.support import words_of
+from tests.support.llm import StubHttpServer
 from tests.support.web import web_before
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
