@@ -42,7 +42,7 @@ TIERS: dict[str, str] = {
     "tests/bench/test_wer.py": "unit",
     # cli/
     "tests/cli/test_demo_verdict.py": "unit",
-    "tests/cli/test_errors.py": "e2e",
+    "tests/cli/test_errors.py": "service",
     "tests/cli/test_make_setup.py": "service",
     "tests/cli/test_readme_settings.py": "unit",
     "tests/cli/test_smart_turn_model.py": "models",
@@ -50,7 +50,7 @@ TIERS: dict[str, str] = {
     "tests/cli/test_talk_refusals.py": "service",
     "tests/cli/test_talk_say.py": "service",
     "tests/cli/test_timeline.py": "unit",
-    "tests/cli/test_tools_flags.py": "e2e",
+    "tests/cli/test_tools_flags.py": "service",
     "tests/cli/test_up_ports.py": "e2e",
     "tests/cli/test_up_urls.py": "e2e",
     # client/ and clients/
@@ -170,8 +170,9 @@ TIERS: dict[str, str] = {
     "tests/stt/test_transcribe.py": "models",
     "tests/stt/test_vad.py": "models",
     "tests/stt/test_whisper.py": "models",
-    # telephony/
-    "tests/telephony/test_audiosocket.py": "e2e",
+    # telephony/: the few tests of a module that call the embedded stack are marked e2e
+    # in it.
+    "tests/telephony/test_audiosocket.py": "service",
     "tests/telephony/test_call_control.py": "service",
     "tests/telephony/test_call_functions.py": "service",
     "tests/telephony/test_phone_call.py": "service",
@@ -181,7 +182,7 @@ TIERS: dict[str, str] = {
     "tests/telephony/test_sip_adapter.py": "unit",
     "tests/telephony/test_sip_load.py": "e2e",
     "tests/telephony/test_sip_stack.py": "e2e",
-    "tests/telephony/test_twilio.py": "e2e",
+    "tests/telephony/test_twilio.py": "service",
     # web/
     "tests/web/test_bridge_loop.py": "service",
     "tests/web/test_live_endpoint.py": "service",

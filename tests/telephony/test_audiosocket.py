@@ -219,6 +219,7 @@ async def test_an_asterisk_error_packet_ends_the_call(redis_url):
     assert calls_ended("audiosocket", "caller_hung_up") == before + 1
 
 
+@pytest.mark.e2e  # the embedded stack (tests/support/tiers.py)
 @pytest.mark.asyncio(loop_scope="module")
 async def test_an_asterisk_caller_asking_in_espeaks_voice_hears_an_answer(
     stack, transcribe, question_slin

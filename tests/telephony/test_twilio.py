@@ -267,6 +267,7 @@ async def test_a_caller_who_just_drops_the_socket_ends_the_gateway_session(redis
 # ---- the real stack ------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # the embedded stack (tests/support/tiers.py)
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_twilio_caller_asking_a_question_hears_a_spoken_answer(stack, speak, transcribe):
     """Piper asks over Twilio's protocol (mu-law, 20 ms media at real time); the whole
@@ -339,6 +340,7 @@ async def twilio_question(stack, speak) -> tuple[TwilioClient, PhoneCall, float,
     return client, call, asked_at, delays_before
 
 
+@pytest.mark.e2e  # the embedded stack (tests/support/tiers.py)
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_twilio_caller_speaking_over_the_agent_gets_its_audio_cleared(stack, speak):
     """The tts engine's barge-in, through the gateway, becomes Twilio's `clear`."""
