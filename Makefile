@@ -67,8 +67,17 @@ check: lint typecheck
 test: setup
 	$(PY) -m pytest -q
 
-test-unit test-service test-models test-e2e: setup
-	$(PY) -m pytest -q -m $(@:test-%=%)
+test-unit: setup
+	$(PY) -m pytest -q -m unit
+
+test-service: setup
+	$(PY) -m pytest -q -m service
+
+test-models: setup
+	$(PY) -m pytest -q -m models
+
+test-e2e: setup
+	$(PY) -m pytest -q -m e2e
 
 llm-server: setup
 	$(VENV)/bin/kame llm-server
