@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TURN_MODEL_STAMP := $(VENV)/.smart-turn
 
-.PHONY: setup test test-fast demo docs protos fmt lint typecheck check lock llm-server up bench images compose-smoke clean
+.PHONY: setup test test-unit test-service test-models test-e2e demo docs protos fmt lint typecheck check lock llm-server up bench images compose-smoke clean
 
 setup: $(STAMP) $(TURN_MODEL_STAMP)
 
@@ -68,11 +68,22 @@ typecheck: setup
 
 check: lint typecheck
 
+# Every test, every tier (README's and CI's test command). One tier alone:
+# make test-unit (under a minute), test-service, test-models, test-e2e (docs/testing.md).
 test: setup
 	$(PY) -m pytest -q
 
-test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+test-unit: setup
+	$(PY) -m pytest -q -m unit
+
+test-service: setup
+	$(PY) -m pytest -q -m service
+
+test-models: setup
+	$(PY) -m pytest -q -m models
+
+test-e2e: setup
+	$(PY) -m pytest -q -m e2e
 
 llm-server: setup
 	$(VENV)/bin/kame llm-server

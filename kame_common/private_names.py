@@ -7,7 +7,7 @@ what went, before anything breaks halfway through a call.
 The adapters: services/telephony/sip_adapter.py (aiosipua, aiortp) and
 services/frontend/engines/kame/moshi_adapter.py (moshi). Their tests check the
 list against the installed libraries on every run, and that the guard notices
-a name gone (tests/private_names_support.py hides one).
+a name gone (tests/support/private_names.py hides one).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from kame_common import store
 from kame_common.voice import Voice, load_voice
 from tests.gateway.fakes import start_fakes
 from tests.support import served_llm
+from tests.support.tiers import TIER_NAMES, no_network, tier_of
 
 REDIS_URL = os.environ.get("KAME_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FAKES_DB = 10
@@ -35,6 +36,37 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     service, in a process of its own, would not have."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets its tier's marker from tests/support/tiers.py (before `-m`
+    selects on it); a module that TIERS does not cover stops the run, named."""
+    unregistered: set[str] = set()
+    for item in items:
+        if any(item.get_closest_marker(name) for name in TIER_NAMES):
+            continue
+        module = item.path.relative_to(config.rootpath).as_posix()
+        tier = tier_of(module)
+        if tier is None:
+            unregistered.add(module)
+        else:
+            item.add_marker(getattr(pytest.mark, tier))
+    if unregistered:
+        raise pytest.UsageError(
+            "test modules with no tier: "
+            + ", ".join(sorted(unregistered))
+            + " (add each to TIERS in tests/support/tiers.py; docs/testing.md says which tier)"
+        )
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_stay_off_the_network(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A unit test that reaches for the network fails (tests/support/tiers.py)."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+    else:
+        yield from no_network()
 
 
 # After the last test, how long the interpreter may take to exit.

@@ -142,7 +142,6 @@ def word_recall(expected: str, heard_text: str) -> float:
     return sum(word in got for word in wanted) / len(wanted)
 
 
-@pytest.mark.slow
 def test_one_question_one_run_through_the_stack(tmp_path):
     """One espeak-ng question from the committed set, through the tandem run: the
     stack's cold call, one measured call and a load level of two sessions."""

@@ -83,7 +83,6 @@ def test_parity_catches_rows_that_step_when_masked(monkeypatch):
     assert not all(row["isolated_identical"] for row in broken["per_row"])
 
 
-@pytest.mark.slow
 def test_the_cpu_smoke_runs_every_part_and_writes_the_results(tmp_path):
     out = tmp_path / "results"
     done = run_script(

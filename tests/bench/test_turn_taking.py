@@ -6,8 +6,6 @@ with values a working engine gives."""
 
 from __future__ import annotations
 
-import pytest
-
 from kame_cli.bench.config import parse_config
 from kame_cli.bench.turn_taking import (
     DEFAULT_SET,
@@ -26,7 +24,6 @@ def test_the_flags_choose_the_section():
     assert DEFAULT_SET.questions == 4 and DEFAULT_SET.voices[0] == "piper"
 
 
-@pytest.mark.slow
 def test_the_section_measures_a_tiny_set():
     section = measure_turn_taking(TINY)
     table = section["table"]

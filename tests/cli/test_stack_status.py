@@ -22,8 +22,6 @@ from kame_cli.stack import stack_file
 from kame_common.audio import SAMPLE_RATE
 from tests.cli.conftest import ROOT, assert_fails_in_one_line, kame
 
-pytestmark = pytest.mark.slow
-
 
 @dataclass(frozen=True)
 class RunningStack:

@@ -7,14 +7,7 @@ import pytest
 
 from kame_common.answer_time import DEFAULT_RETRY_AFTER_S, MIN_RETRY_AFTER_S, AnswerTimes
 from kame_common.capacity import LoadMeter, SessionCapacity
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def measured(factor: float, unloaded_s: float, per_call: float, up_to: int) -> AnswerTimes:
@@ -91,7 +84,7 @@ def test_factor_below_one_is_refused() -> None:
 
 
 def test_retry_after_is_when_the_oldest_held_call_is_expected_to_end() -> None:
-    clock = Clock()
+    clock = FakeClock()
     answers = AnswerTimes(1.5, clock=clock)
     assert answers.retry_after_s() == DEFAULT_RETRY_AFTER_S  # nothing has ended yet
     for _ in range(3):  # calls of 20 s
@@ -111,7 +104,7 @@ def test_retry_after_is_when_the_oldest_held_call_is_expected_to_end() -> None:
 
 
 def test_the_bound_caps_a_replicas_published_sessions() -> None:
-    clock = Clock()
+    clock = FakeClock()
     meter = LoadMeter(parallelism=1, window_s=10.0, clock=clock)
     answers = AnswerTimes(1.5)
     capacity = SessionCapacity(meter, 0.01, 0.8, clock=clock, answers=answers)
@@ -134,7 +127,7 @@ def test_the_bound_caps_a_replicas_published_sessions() -> None:
 def test_a_meter_whose_work_is_not_the_answer_reports_only_what_it_is_told() -> None:
     """The oracle: an LLM request's whole stream is not what its caller waits for,
     its first token is."""
-    clock = Clock()
+    clock = FakeClock()
     meter = LoadMeter(parallelism=1, window_s=10.0, clock=clock, busy_is_answer=False)
     answers = AnswerTimes(1.5)
     SessionCapacity(meter, 0.01, 0.8, clock=clock, answers=answers).sessions_changed(1)

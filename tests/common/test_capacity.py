@@ -5,26 +5,16 @@ from __future__ import annotations
 import pytest
 
 from kame_common.capacity import LoadMeter, SessionCapacity
+from tests.support.clock import FakeClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def busy_for(meter: LoadMeter, clock: Clock, seconds: float) -> None:
+def busy_for(meter: LoadMeter, clock: FakeClock, seconds: float) -> None:
     with meter.busy():
         clock.advance(seconds)
 
 
 def test_utilization_is_the_busy_share_of_the_window_up_to_the_parallelism():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     meter = LoadMeter(parallelism=2, window_s=10.0, clock=clock)
     clock.advance(20.0)
     assert meter.utilization() == 0.0
@@ -40,7 +30,7 @@ def test_utilization_is_the_busy_share_of_the_window_up_to_the_parallelism():
 
 
 def test_the_prior_sets_the_limit_until_sessions_are_measured():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     meter = LoadMeter(window_s=10.0, clock=clock)
     capacity = SessionCapacity(meter, prior_session_load=0.25, target_utilization=0.8, clock=clock)
     assert capacity.total_slots == 3  # 0.8 / 0.25
@@ -51,7 +41,7 @@ def test_the_prior_sets_the_limit_until_sessions_are_measured():
 
 
 def test_measured_sessions_move_the_estimate_a_third_of_the_way_per_window():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     meter = LoadMeter(window_s=10.0, clock=clock)
     capacity = SessionCapacity(meter, prior_session_load=0.4, target_utilization=0.8, clock=clock)
     assert capacity.total_slots == 2
@@ -70,7 +60,7 @@ def test_measured_sessions_move_the_estimate_a_third_of_the_way_per_window():
 
 
 def test_a_saturated_replica_has_no_free_slot_and_the_only_caller_always_fits():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     meter = LoadMeter(window_s=10.0, clock=clock)
     capacity = SessionCapacity(meter, prior_session_load=5.0, clock=clock)
     assert capacity.total_slots == 1  # even a session heavier than the whole resource

@@ -590,6 +590,7 @@ def test_redis_password_sources_and_their_errors():
         )
 
 
+@pytest.mark.service  # a real Redis or gRPC server (tests/support/tiers.py)
 @pytest.mark.parametrize("values", ["default", "gpu"])
 def test_services_reach_the_release_redis_with_the_rendered_wiring(rendered_sets, values, tmp_path):
     """A real redis-server started with the Redis container's rendered args, and every service's

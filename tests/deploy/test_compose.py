@@ -492,6 +492,7 @@ def redis_compose_server(project: dict[str, dict], directory: Path):
     return redis_server([], directory, launcher=command, env=environment)
 
 
+@pytest.mark.service  # a real Redis or gRPC server (tests/support/tiers.py)
 def test_compose_redis_bounds_its_memory_and_evicts_only_expiring_keys(tmp_path):
     """A caller who floods the conversation (DTMF, long calls) fills Redis only up to maxmemory
     (256mb by default, KAME_REDIS_MAXMEMORY here 4mb); then keys with a TTL (session records,
@@ -512,6 +513,7 @@ def test_compose_redis_bounds_its_memory_and_evicts_only_expiring_keys(tmp_path)
             client.close()
 
 
+@pytest.mark.service  # a real Redis or gRPC server (tests/support/tiers.py)
 @pytest.mark.parametrize("name", ["default", "secured"])
 def test_services_reach_the_compose_redis_and_its_health_check_agrees(
     projects, configs, name, tmp_path
@@ -619,6 +621,7 @@ async def _serve_health(credentials: grpc.ServerCredentials) -> tuple[grpc.aio.S
     return server, port
 
 
+@pytest.mark.service  # a real Redis or gRPC server (tests/support/tiers.py)
 async def test_the_certificates_serve_grpc_tls_and_mtls_as_compose_uses_them(projects, certs):
     """gRPC's own TLS with the files make-certs.sh writes, used the way tls.yml configures the
     services: an upstream serving internal.crt and requiring a client certificate from ca.crt

@@ -135,7 +135,6 @@ def test_the_kame_services_are_the_ones_the_smoke_checks():
     os.environ.get("KAME_CONTAINER_SMOKE") != "1",
     reason="builds every image with podman and runs the stack (long): KAME_CONTAINER_SMOKE=1",
 )
-@pytest.mark.slow
 def test_smoke():
     for script in ("images", "compose_smoke"):
         subprocess.run([sys.executable, str(ROOT / "scripts" / f"{script}.py")], check=True)

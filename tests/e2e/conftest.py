@@ -53,11 +53,9 @@ from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.server import serve as serve_oracle
 from services.stt.config import SttSettings
 from services.stt.server import serve as serve_stt
-from services.web.config import WebSettings
-from services.web.server import WebServer
-from services.web.server import serve as serve_web
 from tests.clients.runs import write_wav
 from tests.support import conversation, wait_until
+from tests.support.web import web_before
 
 QUESTION = "What is the capital of France?"
 E2E_DB = 9
@@ -198,23 +196,14 @@ async def web(stack):
     gateway = await stack.services.gateway(
         stack.stt, stack.oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S
     )
-    server = await web_before(gateway)
-    yield server
-    await server.stop()
+    async with web_before(gateway.address) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def question_wav(speak, tmp_path_factory) -> Path:
     """QUESTION in piper's voice, as the WAV file the examples of examples/ read."""
     return write_wav(tmp_path_factory.mktemp("question") / "question.wav", speak(QUESTION))
-
-
-async def web_before(gateway: ServiceRuntime) -> WebServer:
-    """The web service on port 0, a client of `gateway`."""
-    settings = WebSettings(
-        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
-    )
-    return await serve_web(settings)
 
 
 def converse_config(

@@ -32,18 +32,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from kame_cli.bench.baresip import Baresip, caller_wav
 from kame_common.audio import SAMPLE_RATE
 from tests.e2e.kame_up import running
 from tests.e2e.test_tools_stack import FAKE_LLM
-from tests.oracle.conftest import StubHttpServer
 from tests.support import conversation, session_record
+from tests.support.llm import StubHttpServer
 from tests.telephony.phone_support import piper_to_ulaw, quiet_at_end, speech_seconds
 from tests.telephony.sip_support import rtp_pcap, sipp, transferee
-
-pytestmark = pytest.mark.slow
 
 ASK_TRANSFER = "Please transfer me to sales."
 ASK_HANG_UP = "Please hang up the call now."

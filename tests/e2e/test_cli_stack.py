@@ -11,14 +11,10 @@ import subprocess
 import sys
 import urllib.request
 
-import pytest
-
 from kame_cli.bench import startup
 from kame_cli.demo import hearing_verdict
 from tests.e2e.kame_up import KameUp
 from tests.support import word_recall
-
-pytestmark = pytest.mark.slow
 
 CLI_DB = 8  # the stack's own Redis database
 STARTING_WITHIN_S = 60.0  # its first line comes before anything starts

@@ -20,7 +20,6 @@ import random
 import time
 
 import numpy as np
-import pytest
 
 from kame_client.client import ConverseClient
 from kame_client.codecs import Encoder
@@ -31,10 +30,8 @@ from kamepb import common_pb2, gateway_pb2
 from tests.e2e.conftest import PCM_24K
 from tests.e2e.kame_up import running
 from tests.e2e.test_tools_stack import FAKE_LLM, SECRETS, TOOLS_DB
-from tests.oracle.conftest import StubHttpServer
 from tests.support import words_of
-
-pytestmark = pytest.mark.slow
+from tests.support.llm import StubHttpServer
 
 QUESTION = "Where is my order A7 now?"
 ORDER_STATUS = common_pb2.ClientFunction(

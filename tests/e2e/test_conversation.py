@@ -45,7 +45,7 @@ from tests.e2e.conftest import (
 )
 from tests.support import conversation, session_record, word_recall, words_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 Codec = gateway_pb2.AudioFormat.Codec
 SECOND_QUESTION = "How many legs does a spider have?"

@@ -20,7 +20,7 @@ from tests.clients.runs import ClientRun, ask_from_wav
 from tests.e2e.conftest import QUESTION
 from tests.support import word_recall, words_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 async def assert_answered(run: ClientRun, transcribe) -> None:

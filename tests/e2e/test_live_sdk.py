@@ -37,7 +37,7 @@ from kame_common.audio import (
 from tests.e2e.conftest import QUESTION
 from tests.support import word_recall, words_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ANSWER_TIMEOUT_S = 90.0
 CHUNK_S = 0.1  # of caller audio one append carries, as a microphone's

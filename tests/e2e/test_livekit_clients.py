@@ -23,7 +23,7 @@ from tests.clients.runs import ClientRun, ask_from_wav, write_wav
 from tests.e2e.conftest import QUESTION, latest_caller_words
 from tests.support import word_recall, words_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 async def heard_answer(run: ClientRun, transcribe) -> str:

@@ -16,7 +16,7 @@ from tests.e2e.conftest import QUESTION, latest_caller_words
 from tests.support import word_recall, words_of
 from tests.web.test_moshi_chat import SoundCard, moshi_client, run_moshi_client
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ANSWER_TIMEOUT_S = 90.0
 

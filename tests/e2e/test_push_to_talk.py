@@ -15,7 +15,7 @@ from kamepb import gateway_pb2
 from tests.e2e.conftest import QUESTION, LiveCall, converse_config
 from tests.support import conversation, wait_until, word_recall, words_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 MANUAL = gateway_pb2.ConverseConfig.TurnDetection.MANUAL
 
@@ -45,8 +45,12 @@ async def test_a_typed_question_in_manual_mode_is_answered_when_asked(stack, tra
         assert await call.finish() == grpc.StatusCode.OK
     finally:
         await call.close()
-    assert "paris" in spoken_words(call), spoken_words(call)
-    assert "paris" in transcribe(call.agent_audio())  # silent until RESPOND
+    assert "paris" in spoken_words(call), spoken_words(call)  # the agent's own text
+    # Its voice said that text: most words Whisper hears in the agent's audio are in it
+    # (a share with a margin, not one given word; the call may end before the answer does).
+    said = " ".join(text.text for text in call.of(AgentText))
+    heard = transcribe(call.agent_audio())
+    assert words_of(heard) and word_recall(heard, said) >= 0.5, (said, heard)
 
     async def recorded() -> bool:
         turns = await conversation(stack.redis_url, call.session_id)

@@ -20,7 +20,7 @@ from tests.docs.markdown import README, blocks
 from tests.e2e.conftest import QUESTION
 from tests.support import word_recall
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 README_ADDRESS = "127.0.0.1:8088"
 ANSWER_TIMEOUT_S = 120.0

@@ -26,7 +26,7 @@ from kame_common.audio import SAMPLE_RATE, float_to_pcm16, pcm16_to_float
 from tests.e2e.conftest import QUESTION
 from tests.support import word_recall, words_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ANSWER_TIMEOUT_S = 90.0
 # Whisper tiny hears "Washington" in piper's voice; it took "Berlin" for "Roland".

@@ -22,12 +22,13 @@ import pytest
 import pytest_asyncio
 
 from tests.clients.runs import ask_from_wav, write_wav
-from tests.e2e.conftest import HOLD_MAX_S, Services, wait_registered, web_before
+from tests.e2e.conftest import HOLD_MAX_S, Services, wait_registered
 from tests.e2e.test_tools_stack import FAKE_LLM, QUESTION, SECRETS, tool_results
-from tests.oracle.conftest import StubHttpServer
 from tests.support import words_of
+from tests.support.llm import StubHttpServer
+from tests.support.web import web_before
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 # The client's round trip (gateway, web service, the SDK's process) on a busy CPU.
 TOOL_TIMEOUT_S = 20.0
@@ -52,9 +53,8 @@ async def web(llm, e2e_redis_url):
         await wait_registered(e2e_redis_url, f"127.0.0.1:{frontend.port}")
         oracle = await services.oracle(model="stub-model", tool_timeout_s=TOOL_TIMEOUT_S)
         gateway = await services.gateway(stt, oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S)
-        server = await web_before(gateway)
-        yield server
-        await server.stop()
+        async with web_before(gateway.address) as server:
+            yield server
     finally:
         await services.stop()
 

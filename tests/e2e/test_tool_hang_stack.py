@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from kame_client.client import ConverseClient
 from kame_client.codecs import Encoder
@@ -35,12 +34,10 @@ from tests.e2e.conftest import PCM_24K
 from tests.e2e.kame_up import running
 from tests.e2e.test_tools_stack import FAKE_LLM, TOOLS_DB
 from tests.oracle import mcp_tool_server
-from tests.oracle.conftest import StubHttpServer
 from tests.oracle.mcp_tool_server import recorded_calls
 from tests.oracle.tool_support import APOLOGY, HOLD, UNSURE
 from tests.support import words_of
-
-pytestmark = pytest.mark.slow
+from tests.support.llm import StubHttpServer
 
 HANGING = "Where is my order A7?"  # the fake calls order_status, which never answers
 PLAIN = "What is the weather like?"  # the fake has no tool for it: "I am not sure."

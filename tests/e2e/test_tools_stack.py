@@ -28,12 +28,10 @@ import pytest
 from kame_client.caller import TalkOptions, talk
 from tests.e2e.kame_up import running
 from tests.oracle import mcp_tool_server
-from tests.oracle.conftest import StubHttpServer
 from tests.oracle.mcp_tool_server import recorded_calls
 from tests.oracle.tool_support import FAKE_LLM_ROUTES, anthropic_models
 from tests.support import word_recall, words_of
-
-pytestmark = pytest.mark.slow
+from tests.support.llm import StubHttpServer
 
 QUESTION = "What is the door code for the Paris office?"
 # Door codes no model would guess in this context, which Whisper tiny.en hears in piper's

@@ -18,9 +18,7 @@ import pytest
 from kame_cli.bench.web_abuse import CHART_LIMIT_MIB, abuse, print_report
 from tests.e2e.kame_up import running
 from tests.e2e.test_tools_stack import FAKE_LLM
-from tests.oracle.conftest import StubHttpServer
-
-pytestmark = pytest.mark.slow
+from tests.support.llm import StubHttpServer
 
 TOKEN = "web-abuse-token-7f3a9c2e51d84b06"
 ABUSE_DB = 12  # the stack's own Redis database

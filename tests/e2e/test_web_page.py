@@ -29,11 +29,10 @@ from playwright.async_api import async_playwright
 from kame_cli.say import write_wav
 from kame_cli.talk import speech_region
 from kame_common.audio import SAMPLE_RATE, resample
-from services.web.config import WebSettings
-from services.web.server import serve
 from tests.support import word_recall
+from tests.support.web import web_before
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 # The first answer must last long enough to be talked over: the embedded LLM
 # describes the tower in a sentence of a dozen words however Whisper punctuates
@@ -57,12 +56,8 @@ async def web(stack):
     gateway = await stack.services.gateway(
         stack.stt, stack.oracle, "127.0.0.1:1", hold_max_s=HOLD_MAX_S
     )
-    settings = WebSettings(
-        host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
-    )
-    server = await serve(settings)
-    yield server
-    await server.stop()
+    async with web_before(gateway.address) as server:
+        yield server
 
 
 def silence(seconds: float) -> np.ndarray:

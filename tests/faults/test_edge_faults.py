@@ -37,14 +37,12 @@ from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, float_t
 from kamepb import gateway_pb2
 from tests.gateway.fakes import sync_converse
 from tests.support import Blackhole, wait_until
-
-pytestmark = pytest.mark.slow
+from tests.support.metrics import scraped
 
 QUESTION = "What is the capital of France?"
 FAULTS_DB = 12  # the stack's own database: its registry holds only its frontend
 IDLE_TIMEOUT_S = 3.0
 GATEWAY_ENV = {"KAME_GATEWAY_IDLE_TIMEOUT_S": str(IDLE_TIMEOUT_S)}
-FRONTEND_SESSIONS = 'kame_active_sessions{service="frontend"}'
 
 
 @pytest.fixture(scope="module")
@@ -88,14 +86,6 @@ def scrape(stack: Stack, service: str) -> str:
         return response.read().decode()
 
 
-def sample(metrics: str, name: str) -> float:
-    """The value of the one sample `name` (with its labels, as exposed) in `metrics`."""
-    for line in metrics.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} is not in the scrape")
-
-
 def question_call(stack: Stack, speak) -> tuple[np.ndarray, TalkOptions]:
     audio = np.concatenate([np.zeros(SAMPLE_RATE // 2, np.float32), speak(QUESTION)])
     options = TalkOptions(
@@ -137,7 +127,9 @@ def test_a_caller_that_stalls_after_its_config_is_cut_and_frees_its_slot(stack):
             asyncio.to_thread(sync_converse, stack.gateway_address, stalls())
         )
         await wait_until(
-            lambda: sample(scrape(stack, "frontend"), FRONTEND_SESSIONS) == 1,
+            lambda: (
+                scraped(scrape(stack, "frontend"), "kame_active_sessions", service="frontend") == 1
+            ),
             "the stalled call to hold a frontend slot",
             timeout_s=10,
             interval_s=0.2,
@@ -151,8 +143,8 @@ def test_a_caller_that_stalls_after_its_config_is_cut_and_frees_its_slot(stack):
     assert details == f"no audio from the caller for {IDLE_TIMEOUT_S:g} s (idle_timeout_s)"
     assert IDLE_TIMEOUT_S <= took < IDLE_TIMEOUT_S + 5
     metrics = scrape(stack, "frontend")
-    assert sample(metrics, FRONTEND_SESSIONS) == 0
-    assert sample(metrics, "kame_frontend_free_slots") > 0
+    assert scraped(metrics, "kame_active_sessions", service="frontend") == 0
+    assert scraped(metrics, "kame_frontend_free_slots") > 0
 
 
 def speech_flood(address: str, speech: np.ndarray) -> tuple[grpc.StatusCode, str, int]:

@@ -40,8 +40,6 @@ from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
 from tests.faults.conftest import child, restart
 from tests.support import conversation, word_recall
 
-pytestmark = pytest.mark.slow
-
 FIRST = "What is the capital of France?"
 SECOND = "What is the capital of Italy?"
 LEAD_S = 0.5  # silence before the first question

@@ -5,7 +5,6 @@ a line "plays" when the test says it started."""
 from __future__ import annotations
 
 import pytest
-from prometheus_client import REGISTRY
 
 from services.frontend.engines.base import CandidateSource, Transcript
 from services.frontend.engines.commit import (
@@ -17,17 +16,11 @@ from services.frontend.engines.commit import (
     Line,
     LineKind,
 )
+from tests.support.clock import FakeClock
+from tests.support.metrics import metric
 
 QUESTION = "What is the capital of France?"
 SPEECH_START_S, SPEECH_END_S = 0.48, 2.4
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -62,10 +55,6 @@ def say_all(policy: AnswerPolicy, queued_s: float = 0.0) -> list[Line]:
 
 def text_of(lines: list[Line]) -> list[tuple[str, int]]:
     return [(" ".join(line.words), line.generation) for line in lines]
-
-
-def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def test_a_fresh_candidate_is_spoken_at_once_at_the_turn_end(clock):

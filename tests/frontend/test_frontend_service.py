@@ -25,6 +25,7 @@ from kamepb import common_pb2, frontend_pb2, frontend_pb2_grpc
 from services.frontend.config import FrontendSettings
 from services.frontend.server import serve
 from tests.frontend.calls import frames_of, play_call, reset, silence, transcript
+from tests.support.metrics import metric
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -161,10 +162,6 @@ async def test_the_service_keeps_serving_when_redis_is_down(frontend_settings):
             assert len(call.audio) == 10
     finally:
         await asyncio.wait_for(runtime.stop(), 10)
-
-
-def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 async def test_metrics_count_steps_turns_and_first_audio(frontend_stub, speak):

@@ -23,18 +23,11 @@ from services.frontend.engines.mute import UNMUTE_AFTER_QUIET_FRAMES, SpeechMute
 from services.frontend.engines.tts import TtsEngine
 from tests.frontend.calls import Typed, frames_of, play_call, reset, silence, words_in
 from tests.frontend.test_tts_engine import LEAD_S, last_voiced_frame, run_session
+from tests.support.clock import FakeClock
 
 QUESTION = "What is the capital of France?"
 ANSWER = "Paris is the capital of France."
 Action = common_pb2.TurnControl.Action
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def heard_final(policy: AnswerPolicy, end_s: float, utterance: str = "u1") -> None:
@@ -57,7 +50,7 @@ def said(policy: AnswerPolicy) -> list[str]:
 
 
 def test_manual_turns_wait_for_respond_and_respond_answers_once():
-    policy = AnswerPolicy(manual=True, clock=Clock())
+    policy = AnswerPolicy(manual=True, clock=FakeClock())
     policy.caller_speech_started(0.5)
     heard_final(policy, 2.0)
     answered(policy)
@@ -75,7 +68,7 @@ def test_manual_turns_wait_for_respond_and_respond_answers_once():
 
 
 def test_respond_ends_an_open_turn_and_nothing_said_is_a_no_op():
-    policy = AnswerPolicy(manual=True, clock=Clock())
+    policy = AnswerPolicy(manual=True, clock=FakeClock())
     policy.end_turn(0.0)
     policy.respond(0.0)
     assert policy.floor is Floor.IDLE, "no caller turn: END_TURN and RESPOND do nothing"
@@ -87,7 +80,7 @@ def test_respond_ends_an_open_turn_and_nothing_said_is_a_no_op():
 
 
 def test_auto_mode_end_turn_answers_and_respond_is_harmless():
-    policy = AnswerPolicy(clock=Clock())
+    policy = AnswerPolicy(clock=FakeClock())
     policy.caller_speech_started(0.5)
     heard_final(policy, 2.0)
     answered(policy)
@@ -98,7 +91,7 @@ def test_auto_mode_end_turn_answers_and_respond_is_harmless():
 
 
 def test_cancel_stops_the_answer_and_a_held_floor_for_good():
-    clock = Clock()
+    clock = FakeClock()
     policy = AnswerPolicy(hold_phrases=("Hmm,",), hold_max_s=2.0, clock=clock)
     policy.caller_speech_started(0.5)
     heard_final(policy, 2.0)
@@ -115,7 +108,7 @@ def test_cancel_stops_the_answer_and_a_held_floor_for_good():
 
 
 def test_a_typed_message_is_a_turn_of_its_own():
-    policy = AnswerPolicy(clock=Clock())
+    policy = AnswerPolicy(clock=FakeClock())
     policy.caller_speech_started(0.5)
     heard_final(policy, 2.0)
     answered(policy)

@@ -20,6 +20,7 @@ from services.gateway.connections import RegistryReads
 from services.gateway.plan import SessionError
 from tests.gateway.test_resume import broken_off
 from tests.gateway.test_session import converse, frame_bytes, held_open
+from tests.support import wait_until
 
 Config = gateway_pb2.ConverseConfig
 SECRET = "registry-secret-of-the-fake-upstreams"  # the fakes' gateways' registry_secret
@@ -197,6 +198,9 @@ async def test_a_resumed_call_counts_against_max_sessions(fakes):
         max_sessions=1, resume_secret="resume-secret-of-at-least-32-chars!"
     )
     token = (await broken_off(fakes, gateway.address)).resume_token
+    # The broken-off call frees its slot once the gateway has seen the cancel: on a
+    # loaded machine that can come after the next call, which was then refused.
+    await wait_until(lambda: gateway.active_sessions == 0, "the broken-off call to end", 5)
     release = asyncio.Event()
     async with grpc.aio.insecure_channel(gateway.address) as channel:
         holder = gateway_pb2_grpc.GatewayStub(channel).Converse(held_open(release, frames=0))

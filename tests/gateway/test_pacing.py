@@ -28,6 +28,7 @@ from services.gateway.pacing import (
     opus_packet_seconds,
 )
 from services.gateway.plan import SessionError
+from tests.support.clock import FakeClock
 
 PCM_16K = AudioFormat("pcm16", 16_000)
 MULAW = AudioFormat("mulaw", 8_000)
@@ -35,18 +36,8 @@ OPUS = AudioFormat("opus", 48_000)
 LIMITS = InputLimits(idle_timeout_s=10.0, input_burst_s=2.0, max_chunk_s=1.0)
 
 
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_budget_admits_real_time_plus_the_burst_and_no_more():
-    clock = Clock()
+    clock = FakeClock()
     budget = RealTimeBudget(burst_s=2.0, clock=clock)
     assert budget.admit(1.5)  # the first chunk starts the clock
     assert budget.admit(0.5)  # 2.0 s at t=0: the whole burst
@@ -60,13 +51,13 @@ def test_the_budget_admits_real_time_plus_the_burst_and_no_more():
 def test_a_backlog_after_a_stall_is_admitted_and_a_steady_flood_is_not():
     """After the gateway stalled for 5 s the caller's backlog arrives at once: that is
     real time, not a flood. Twice real time is refused once it is the burst ahead."""
-    clock = Clock()
+    clock = FakeClock()
     steady = RealTimeBudget(burst_s=2.0, clock=clock)
     assert steady.admit(0.08)
     clock.now += 5.0
     assert all(steady.admit(0.08) for _ in range(62))  # 5 s of backlog
 
-    clock = Clock()
+    clock = FakeClock()
     flood = RealTimeBudget(burst_s=2.0, clock=clock)
     refused_at = None
     for _ in range(200):
@@ -114,7 +105,7 @@ def test_the_size_cap_is_one_second_of_the_input_format():
     assert InputGuard(OPUS, LIMITS).max_chunk_bytes == OPUS_MAX_BYTES_PER_S
     # The client port's gRPC limit fits the largest format's second, and no more.
     assert 2 * 192_000 < max_message_bytes(1.0) < 2 * 192_000 + 4096
-    guard = InputGuard(MULAW, LIMITS, Clock())
+    guard = InputGuard(MULAW, LIMITS, FakeClock())
     guard.check(bytes(8_000))
     with pytest.raises(SessionError) as refused:
         guard.check(bytes(8_001))
@@ -126,7 +117,7 @@ def test_the_size_cap_is_one_second_of_the_input_format():
 
 
 def test_a_flood_is_refused_naming_the_burst_and_pacing_can_be_off():
-    clock = Clock()
+    clock = FakeClock()
     guard = InputGuard(PCM_16K, LIMITS, clock)
     second = bytes(32_000)
     guard.check(second)
@@ -233,7 +224,7 @@ async def test_keys_beyond_the_rate_are_dropped_not_refused():
 
 
 def test_the_key_bucket_refills_at_its_rate():
-    clock = Clock()
+    clock = FakeClock()
     keys = KeyRate(per_s=2.0, burst=3, clock=clock)
     assert [keys.admit() for _ in range(4)] == [True, True, True, False]
     clock.now += 1.0

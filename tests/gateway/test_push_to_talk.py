@@ -40,8 +40,8 @@ from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.server import serve as serve_oracle
 from tests.frontend.calls import frames_of, silence
 from tests.gateway.fakes import Activity, activity, sync_converse, transcript
-from tests.oracle.conftest import HttpRequest, Responder, StubHttpServer
 from tests.support import conversation, wait_until, words_of
+from tests.support.llm import HttpRequest, Responder, StubHttpServer
 
 Config = gateway_pb2.ConverseConfig
 Action = common_pb2.TurnControl.Action

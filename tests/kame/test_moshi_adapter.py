@@ -22,7 +22,7 @@ from services.frontend.engines.kame.moshi_adapter import (
     builtin_mimi_config,
     missing_private_names,
 )
-from tests.private_names_support import (
+from tests.support.private_names import (
     constraints_pins,
     missing_once_hidden,
     spelled_private_names,

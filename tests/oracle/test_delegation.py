@@ -16,13 +16,13 @@ import uuid
 
 import grpc
 import pytest
-from prometheus_client import REGISTRY
 
 from kame_common import store
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.delegation import APOLOGY
 from tests.oracle.test_bad_input import closed_port_url
 from tests.oracle.tool_support import FAKE_LLM_ROUTES
+from tests.support.metrics import metric
 
 Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate
@@ -44,10 +44,6 @@ def context(kind: int, text: str, delegation_id: str = "") -> oracle_pb2.GuideRe
 
 def delegations(client) -> list[common_pb2.Delegation]:
     return [r.delegation for r in client.responses if r.HasField("delegation")]
-
-
-def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 async def next_delegation(client, count: int) -> common_pb2.Delegation:

@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 
 from services.oracle.policy import PolicyParams, RestartPolicy, StartReason
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 def make_policy(**params) -> tuple[RestartPolicy, FakeClock]:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     return RestartPolicy(PolicyParams(**params), clock=clock), clock
 
 

@@ -35,8 +35,6 @@ from services.stt.config import SttSettings
 from services.stt.server import serve as serve_stt
 from tests.support import wait_until
 
-pytestmark = pytest.mark.slow
-
 QUESTION = "What is the capital of France?"
 TOKEN = "e2e-bearer-token-0123456789"
 REGISTRY_SECRET = "e2e-registry-secret-0123456789"

@@ -15,8 +15,6 @@ from prometheus_client import REGISTRY
 from kame_common.audio import FRAME_SECONDS
 from kamepb import common_pb2, stt_pb2
 
-pytestmark = pytest.mark.slow
-
 QUESTION = "What is the capital of France?"
 SECOND = "Please remind me to call my mother on Sunday."
 ENDPOINT_S = 2.0  # the VAD's own endpoint pause: long, so EndOfTurn is what ends the turn

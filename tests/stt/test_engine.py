@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import pytest
 from prometheus_client import REGISTRY
 
 from kame_common.audio import SAMPLE_RATE, resample
@@ -61,7 +60,6 @@ def test_transcribe_clip_hears_a_whole_clip(stt_engine, speak, text_metrics):
     assert {"capital", "france"} <= set(text_metrics.normalize(resampled)), resampled
 
 
-@pytest.mark.slow
 async def test_a_pause_shorter_than_the_endpoint_discards_the_early_final(
     stt_engine, speak, stream_helpers, text_metrics
 ):
@@ -77,7 +75,6 @@ async def test_a_pause_shorter_than_the_endpoint_discards_the_early_final(
     assert _sample("kame_stt_early_finals_discarded_total") >= discarded + 1
 
 
-@pytest.mark.slow
 async def test_overload_skips_partials_but_never_finals(
     stt_engine, speak, stream_helpers, text_metrics
 ):

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import grpc
-import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +27,6 @@ def test_a_bad_flag_exits_2_naming_the_field():
     assert "device: 'tpu' is not allowed; choose one of 'cpu', 'cuda', 'auto'" in process.stderr
 
 
-@pytest.mark.slow
 def test_serves_health_and_drains_on_sigterm():
     process = subprocess.Popen(
         [

@@ -25,7 +25,6 @@ SESSION_B = [
 ]
 
 
-@pytest.mark.slow
 async def test_two_sessions_at_once_do_not_cross(stt_stub, speak, stream_helpers, text_metrics):
     scripts = [
         stream_helpers.build_script(speak, texts, gap_s=1.0) for texts in (SESSION_A, SESSION_B)
@@ -59,7 +58,6 @@ def speech_activities(result) -> list[common_pb2.SpeechActivity]:
     return [a for a in result.activities if a.kind != FINAL_DECODE]
 
 
-@pytest.mark.slow
 async def test_half_close_finalizes_the_open_utterance(
     stt_stub, speak, stream_helpers, text_metrics
 ):
@@ -80,7 +78,6 @@ async def test_half_close_finalizes_the_open_utterance(
     assert result.responses[-1].response.transcript.is_final  # and then the stream ended
 
 
-@pytest.mark.slow
 async def test_long_speech_is_cut_at_the_maximum_utterance_length(
     stt_stub, speak, stream_helpers, text_metrics
 ):
@@ -105,7 +102,6 @@ async def test_long_speech_is_cut_at_the_maximum_utterance_length(
     assert text_metrics.wer(text, result.final_text()) <= 0.4, result.final_text()
 
 
-@pytest.mark.slow
 async def test_a_cancelled_call_frees_its_session(
     stt_stub, stt_server, stt_engine, speak, stream_helpers
 ):

@@ -14,8 +14,6 @@ from services.stt.config import SttSettings
 from services.stt.server import serve
 from services.stt.session import FINAL_TAIL_S
 
-pytestmark = pytest.mark.slow
-
 SENTENCES = [
     "What is twelve times four?",
     "The quick brown fox jumps over the lazy dog near the river bank.",

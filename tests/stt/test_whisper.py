@@ -10,6 +10,7 @@ from kame_common.audio import SAMPLE_RATE, resample
 from services.stt.engine import SttEngine
 from services.stt.vad import VAD_RATE
 from services.stt.whisper import TIMESTAMP_STEP_S, _spoken_segments
+from tests.support import word_recall
 
 PIPER_SENTENCES = [
     "What is twelve times four?",
@@ -169,5 +170,7 @@ def test_an_utterance_past_30_s_is_decoded_in_the_full_window(stt_engine: SttEng
     decoded, short = stt_engine.decode_batch(
         [stt_engine.request(long, 0.0, "en", 1), stt_engine.request(speech, 0.0, "en", 1)]
     )
-    assert "lights" in _text(decoded).lower() and "lights" in _text(short).lower()
+    # Both heard the words (a recall with a margin, not one exact word).
+    for result in (decoded, short):
+        assert word_recall("Turn off the lights.", _text(result)) >= 0.5, _text(result)
     assert decoded.words[-1].end_s <= 30.5

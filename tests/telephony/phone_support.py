@@ -30,7 +30,6 @@ from typing import Any
 import grpc
 import numpy as np
 import websockets
-from prometheus_client import REGISTRY
 from twilio.request_validator import RequestValidator
 
 from kame_common.audio import (
@@ -50,6 +49,7 @@ from services.telephony.config import TelephonySettings
 from services.telephony.server import TelephonyServer
 from tests.gateway.fakes import FakeOracle, FakeStt, StreamLog, serve_fake
 from tests.support import conversation, session_record, wait_until
+from tests.support.metrics import metric
 
 TWILIO_TOKEN = "twilio-auth-token-for-tests-0123"
 FAKE_GATEWAY_DB = 10  # no frontend publishes here: the gateway uses its frontend_address
@@ -116,20 +116,16 @@ def quiet_at_end(samples: np.ndarray, seconds: float) -> bool:
 # ---- metrics -------------------------------------------------------------------------
 
 
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
 def refused(provider: str, reason: str) -> float:
-    return sample("kame_telephony_refused_calls_total", provider=provider, reason=reason)
+    return metric("kame_telephony_refused_calls_total", provider=provider, reason=reason)
 
 
 def calls_ended(provider: str, ended: str) -> float:
-    return sample("kame_telephony_calls_total", provider=provider, ended=ended)
+    return metric("kame_telephony_calls_total", provider=provider, ended=ended)
 
 
 def gateway_sessions() -> float:
-    return sample("kame_active_sessions", service="gateway")
+    return metric("kame_active_sessions", service="gateway")
 
 
 # ---- Redis ---------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from kame_common.audio import pcm16_to_float, resample, rms_dbfs
 from tests.e2e import conftest as e2e
 from tests.gateway import test_admission
 from tests.support import conversation, session_record, wait_until, word_recall
+from tests.support.metrics import metric
 from tests.telephony.phone_support import (
     AUDIO,
     DTMF,
@@ -30,7 +31,6 @@ from tests.telephony.phone_support import (
     median,
     quiet_at_end,
     refused,
-    sample,
     speech_seconds,
     telephony_server,
     the_call,
@@ -219,7 +219,7 @@ async def test_an_asterisk_error_packet_ends_the_call(redis_url):
     assert calls_ended("audiosocket", "caller_hung_up") == before + 1
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # the embedded stack (tests/support/tiers.py)
 @pytest.mark.asyncio(loop_scope="module")
 async def test_an_asterisk_caller_asking_in_espeaks_voice_hears_an_answer(
     stack, transcribe, question_slin
@@ -308,7 +308,7 @@ async def test_a_flood_of_keys_reaches_the_gateway_at_the_rate_limit(redis_url):
         fake_gateway(redis_url) as gateway,
         telephony_server(gateway.address, dtmf_burst=5, dtmf_rate_per_s=2) as server,
     ):
-        dropped_before = sample("kame_telephony_dropped_dtmf_total", provider="audiosocket")
+        dropped_before = metric("kame_telephony_dropped_dtmf_total", provider="audiosocket")
         client = await AudioSocketClient.connect(server.audiosocket.port)
         try:
             await client.send_uuid()
@@ -328,7 +328,7 @@ async def test_a_flood_of_keys_reaches_the_gateway_at_the_rate_limit(redis_url):
             await client.close()
     assert 5 <= echoed <= allowed, (echoed, allowed)
     assert len(record["dtmf"]) <= allowed
-    dropped = sample("kame_telephony_dropped_dtmf_total", provider="audiosocket") - dropped_before
+    dropped = metric("kame_telephony_dropped_dtmf_total", provider="audiosocket") - dropped_before
     assert dropped >= 60 - allowed
 
 

@@ -29,8 +29,9 @@ from services.telephony.sip import SipCall, SipServer
 from services.telephony.sip_media import CLOCK_RATE, G711Passthrough, PhoneRtp
 from tests.gateway import test_admission
 from tests.support import wait_until
+from tests.support.metrics import metric
 from tests.telephony import test_sip
-from tests.telephony.phone_support import refused, sample
+from tests.telephony.phone_support import refused
 from tests.telephony.sip_support import (
     BYE_200,
     SIPP_PCAPS,
@@ -102,7 +103,7 @@ def answered_call(sip: SipServer) -> SipCall | None:
 
 
 def dropped_rtp(reason: str) -> float:
-    return sample("kame_telephony_dropped_rtp_packets_total", reason=reason)
+    return metric("kame_telephony_dropped_rtp_packets_total", reason=reason)
 
 
 # ---- SIP by hand --------------------------------------------------------------------

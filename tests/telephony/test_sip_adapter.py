@@ -14,7 +14,7 @@ import pytest
 from kame_common.private_names import Guarded, IncompatibleLibraries
 from services.telephony import sip_adapter
 from services.telephony.sip_adapter import GUARDED, PINNED, missing_private_names
-from tests.private_names_support import (
+from tests.support.private_names import (
     constraints_pins,
     missing_once_hidden,
     spelled_private_names,

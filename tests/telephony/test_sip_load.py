@@ -15,7 +15,7 @@ from kame_cli.bench.paths import ESPEAK_QUESTIONS
 from kame_cli.bench.questions import load_questions
 from tests.e2e.conftest import e2e_redis_url, stack  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 LISTEN_S = 10.0  # silence after the question: time for an answer before the hang-up
 

@@ -26,7 +26,7 @@ from services.telephony.server import TelephonyServer
 from tests.e2e.conftest import QUESTION, e2e_redis_url, stack  # noqa: F401 (fixtures)
 from tests.support import conversation, wait_until, word_recall
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ATTEMPTS = 2
 # Silence after the question: the time the agent has to answer before the caller

@@ -17,6 +17,7 @@ from services.telephony import twilio as twilio_module
 from services.telephony.call import PhoneCall
 from tests.e2e import conftest as e2e
 from tests.support import conversation, session_record, wait_until, word_recall
+from tests.support.metrics import metric
 from tests.telephony.phone_support import (
     TWILIO_TOKEN,
     ULAW_PACKET,
@@ -30,7 +31,6 @@ from tests.telephony.phone_support import (
     piper_to_ulaw,
     post_webhook,
     refused,
-    sample,
     telephony_server,
     the_call,
     twilio_call,
@@ -46,7 +46,7 @@ INTERRUPTION = "Wait, wait, stop, I have another question."
 
 
 def delays_observed() -> float:
-    return sample("kame_telephony_twilio_playout_delay_seconds_count")
+    return metric("kame_telephony_twilio_playout_delay_seconds_count")
 
 
 # ---- the webhook ---------------------------------------------------------------------
@@ -267,7 +267,7 @@ async def test_a_caller_who_just_drops_the_socket_ends_the_gateway_session(redis
 # ---- the real stack ------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # the embedded stack (tests/support/tiers.py)
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_twilio_caller_asking_a_question_hears_a_spoken_answer(stack, speak, transcribe):
     """Piper asks over Twilio's protocol (mu-law, 20 ms media at real time); the whole
@@ -340,7 +340,7 @@ async def twilio_question(stack, speak) -> tuple[TwilioClient, PhoneCall, float,
     return client, call, asked_at, delays_before
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # the embedded stack (tests/support/tiers.py)
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_twilio_caller_speaking_over_the_agent_gets_its_audio_cleared(stack, speak):
     """The tts engine's barge-in, through the gateway, becomes Twilio's `clear`."""

@@ -35,6 +35,7 @@ from services.web.protocols.moshi import chat_mode
 from services.web.protocols.moshi_audio import MAX_WORD_LEAD_S, AgentWords
 from services.web.protocols.realtime_config import ClientError
 from services.web.server import serve
+from tests.support.web import web_before
 
 RATE = 24000
 FRAME = 1920  # 80 ms: the block moshi's client records and plays
@@ -168,18 +169,13 @@ async def web(fakes):
     """The web service in front of a gateway that wants a token, which the web
     service relays (its operator's login guards it): Moshi's clients send none."""
     gateway = await fakes.gateway(auth_tokens=TOKEN)
-    settings = WebSettings(
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        gateway_address=gateway.address,
+    async with web_before(
+        gateway.address,
         gateway_auth_token=TOKEN,
         relay_token_behind_login=True,
         start_timeout_s=1.0,
-    )
-    server = await serve(settings)
-    yield server
-    await server.stop()
+    ) as server:
+        yield server
 
 
 @contextlib.asynccontextmanager

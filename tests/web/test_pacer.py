@@ -11,16 +11,9 @@ import pytest
 
 from services.web.pacer import LEAD_S, MAX_BACKLOG_S, MAX_PIECE_S, MIN_PIECE_S, SLACK_S, Pacer
 from services.web.protocols.realtime_config import CODINGS
+from tests.support.clock import FakeClock
 
 PCM = CODINGS["audio/pcm"]  # PCM16 at 24 kHz
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def never(_data: bytes) -> bool:
@@ -28,7 +21,7 @@ async def never(_data: bytes) -> bool:
 
 
 def test_the_pacer_sends_at_most_a_lead_ahead_of_the_clock_and_silence_when_starved():
-    clock = Clock()
+    clock = FakeClock(0.0)
     pacer = Pacer(PCM, never, clock)
     pacer.push(bytes(PCM.bytes_per_s * 5))  # five seconds at once
     pieces = []
@@ -45,7 +38,7 @@ def test_the_pacer_sends_at_most_a_lead_ahead_of_the_clock_and_silence_when_star
 
 
 def test_a_backlog_waits_for_a_whole_piece_unless_it_is_all_there_is():
-    clock = Clock()
+    clock = FakeClock(0.0)
     pacer = Pacer(PCM, never, clock)
     pacer.push(bytes(PCM.bytes_per_s * 3))
     pacer.sent_s = LEAD_S  # the lead is out: the clock allows more as it runs

@@ -22,10 +22,10 @@ from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from kamepb import common_pb2
-from services.web.config import WebSettings
-from services.web.server import WebServer, serve
+from services.web.server import WebServer
 from tests.gateway.fakes import transcript
 from tests.support import wait_until
+from tests.support.web import web_before
 
 TOKEN = "realtime-test-token-0123456789"
 ONE_SECOND = bytes(2 * 24000)  # PCM16 at 24 kHz, silent: the fakes do not listen
@@ -52,15 +52,8 @@ async def web_service(fakes, gateway_settings=None, **settings) -> AsyncIterator
     """The web service (with `settings`) before a gateway that takes TOKEN
     (with `gateway_settings`)."""
     gateway = await fakes.gateway(auth_tokens=TOKEN, **(gateway_settings or {}))
-    server = await serve(
-        WebSettings(
-            host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address, **settings
-        )
-    )
-    try:
+    async with web_before(gateway.address, **settings) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 @pytest.fixture

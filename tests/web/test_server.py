@@ -24,6 +24,7 @@ from services.gateway.config import GatewaySettings
 from services.gateway.server import serve as serve_gateway
 from services.web.config import WebSettings
 from services.web.server import serve
+from tests.support.web import web_before
 
 TOKEN = "web-test-token-0123456789"
 NOWHERE = "127.0.0.1:1"  # nothing listens on port 1
@@ -55,21 +56,13 @@ async def gateway(redis_url):
 @pytest.fixture
 async def web(gateway):
     """start(**settings) -> a running web service in front of the gateway."""
-    servers = []
+    async with contextlib.AsyncExitStack() as servers:
 
-    async def start(**overrides):
-        settings = WebSettings(
-            host="127.0.0.1", port=0, metrics_port=0, gateway_address=gateway.address
-        )
-        for name, value in overrides.items():
-            setattr(settings, name, value)
-        settings.validate()
-        servers.append(await serve(settings))
-        return servers[-1]
+        async def start(**settings):
+            settings.setdefault("gateway_address", gateway.address)
+            return await servers.enter_async_context(web_before(**settings))
 
-    yield start
-    for server in servers:
-        await server.stop()
+        yield start
 
 
 async def get(url: str, host: str = "") -> tuple[int, dict[str, str], bytes]:

@@ -18,7 +18,7 @@ from services.web.protocols.realtime import RealtimeSession
 from services.web.protocols.realtime_config import MAX_TEXT_BYTES
 from services.web.protocols.realtime_items import MAX_ID_CHARS, MAX_KEPT_BYTES
 from services.web.server import ROUTE_MESSAGE_BYTES
-from tests.private_names_support import (
+from tests.support.private_names import (
     constraints_pins,
     missing_once_hidden,
     spelled_private_names,

@@ -14,7 +14,7 @@ from typing import Any
 
 from kame_common.private_names import Guarded
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def without(real: type, hidden: str) -> type:
