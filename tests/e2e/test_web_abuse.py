@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import re
 
-import pytest
-
 from kame_cli.bench.web_abuse import CHART_LIMIT_MIB, abuse, print_report
 from tests.e2e.kame_up import running
 from tests.e2e.test_tools_stack import FAKE_LLM

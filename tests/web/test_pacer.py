@@ -111,7 +111,7 @@ async def test_the_pacer_sends_a_request_after_the_audio_before_it_and_a_cancel_
 
 
 def test_a_pacer_in_the_callers_time_never_stands_silence_in():
-    clock = Clock()
+    clock = FakeClock()
     pacer = Pacer(PCM, never, clock, fill_silence=False)  # the Moshi protocol's
     clock.now = 10.0  # the client sent nothing for long
     assert pacer._next_piece(clock.now) == b"" and pacer._wake_s() is None  # only audio wakes it
