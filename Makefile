@@ -71,7 +71,7 @@ check: lint typecheck
 # Every test, every tier (README's and CI's test command). One tier alone:
 # make test-unit (under a minute), test-service, test-models, test-e2e (docs/testing.md).
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 test-unit: setup
 	$(PY) -m pytest -q -m unit
