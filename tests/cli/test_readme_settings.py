@@ -17,7 +17,6 @@ parentheses; `(X on the NAME)` says that service's default differs.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 
 from kame_common.config import ServiceSettings
+from tests.docs.markdown import generator
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -35,17 +35,8 @@ OVERRIDE = re.compile(r"\((\S+) on the (\w+)\)$")
 
 
 def settings_classes() -> dict[str, type[ServiceSettings]]:
-    """service name -> its settings class, for every services/<name>/config.py."""
-    classes = {}
-    for config in sorted((ROOT / "services").glob("*/config.py")):
-        module = importlib.import_module(f"services.{config.parent.name}.config")
-        for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and issubclass(value, ServiceSettings)
-                and value.__module__ == module.__name__
-            ):
-                classes[value.SERVICE] = value
+    """service name -> its settings class (the generated page's own list)."""
+    classes: dict[str, type[ServiceSettings]] = generator().settings_classes()
     return classes
 
 

@@ -4,9 +4,11 @@ headings these pages use: lower case, punctuation dropped, spaces as hyphens).""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -85,3 +87,15 @@ def links(text: str) -> list[tuple[int, str]]:
         for match in LINK.finditer(re.sub(r"`[^`]*`", "", line)):
             found.append((number, match.group(1)))
     return found
+
+
+def generator() -> ModuleType:
+    """scripts/gen_config_docs.py as a module (scripts/ is no package): its
+    settings_classes() and render() are what the docs tests check against."""
+    spec = importlib.util.spec_from_file_location(
+        "gen_config_docs", ROOT / "scripts" / "gen_config_docs.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

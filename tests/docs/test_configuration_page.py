@@ -5,20 +5,8 @@ without regenerating the page fails here (`make docs` regenerates it)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-from types import ModuleType
 
-from tests.docs.markdown import ROOT
-
-
-def generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "gen_config_docs", ROOT / "scripts" / "gen_config_docs.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.docs.markdown import ROOT, generator
 
 
 def test_the_committed_page_is_the_generated_one():
