@@ -702,7 +702,7 @@ async def test_http_health_check():
 
 async def serve_web_for_probe() -> tuple[int, Any, Any]:
     server = await serve_web(WebSettings(host="127.0.0.1", port=0, metrics_port=0))
-    return server.port, server, server.web
+    return server.port, server, server.web.admission  # where draining is kept
 
 
 async def serve_telephony_for_probe() -> tuple[int, Any, Any]:
