@@ -16,11 +16,13 @@ and a replica admits calls while the predicted median stays within
 `factor` x u, i.e. up to 1 + (factor - 1) / s calls. The samples are kept
 by number, not by age: a quiet spell does not forget what a crowd cost.
 
-A prediction is trusted up to twice the most calls an answer was measured
-at (EXTRAPOLATION), like a slow start: a crowd arriving at once is admitted
-in steps as its answers come in, never all on a guess. Before any answer
-there is no limit from answer time (the utilization estimate still
-applies); one call is always admitted.
+Until an answer was given with two calls or more held, answer time sets no
+limit (the utilization estimate still applies): answers one at a time say
+nothing about what load costs, and a stack that has only served single
+callers must not turn away the third caller of its first busy moment. Once
+load was measured, a prediction is trusted up to twice the most calls an
+answer was measured at (EXTRAPOLATION), like a slow start: a crowd is
+admitted in steps as its answers come in. One call is always admitted.
 
 `retry_after_s` is when a held call is expected to end (the median length of
 the calls that ended, less the age of the oldest held call): what a refused
@@ -105,14 +107,14 @@ class AnswerTimes:
     def limit(self) -> int | None:
         """Most calls whose predicted answer median stays within factor x unloaded,
         and at most EXTRAPOLATION x the most calls measured (at least 1); None
-        before any answer."""
+        before an answer under load (the module doc)."""
         with self._lock:
             measured = self._most_measured
-        if not measured:
+        growth = self.growth()
+        if growth is None:
             return None
         limit = EXTRAPOLATION * measured
-        growth = self.growth()
-        if growth:  # None: no loaded answer yet; 0: answers did not slow with load
+        if growth:  # 0: answers did not slow with load
             limit = min(limit, math.floor(1 + (self.factor - 1) / growth + 1e-9))
         return max(1, limit)
 

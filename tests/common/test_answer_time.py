@@ -26,13 +26,14 @@ def test_before_any_answer_there_is_no_limit() -> None:
 
 
 def test_a_crowd_is_admitted_in_steps_as_its_answers_come_in() -> None:
-    """Slow start: one caller at a time says nothing about a crowd, so twice the
-    calls measured is as far as a prediction goes."""
+    """Slow start: one caller at a time says nothing about a crowd, so answer time
+    sets no limit until load was measured; then twice the calls measured is as
+    far as a prediction goes."""
     answers = AnswerTimes(1.5)
     for _ in range(5):
         answers.answered(0.7, 1)
     assert answers.predicted_s(8) == pytest.approx(0.7)  # no growth measured yet
-    assert answers.limit() == 2
+    assert answers.limit() is None and answers.admits(7)
     answers.answered(0.7, 2)  # two calls answered no slower
     assert answers.limit() == 4
     answers.answered(0.7, 4)
