@@ -219,30 +219,7 @@ def test_markdown_and_figure_show_both_latencies_coherence_and_the_cold_call(tmp
     calls = tandem_calls()
     cold = captured(TANDEM, talk_result(2.8, [(2.8, "Rome", 7)], ROME))
     cold.record["cold"] = True
-    runs = summary.summarize(calls, [TANDEM], late_s=FRAME_SECONDS)
-    data = {
-        "name": "t",
-        "command": "kame bench --questions q.json",
-        "started_at": "2026-01-01T00:00:00+00:00",
-        "duration_s": 12.0,
-        "machine": {
-            "cpu": "test cpu",
-            "cores": 2,
-            "memory_gib": 4,
-            "gpu": "none",
-            "os": "linux",
-            "python": "3.11",
-            "load_average": [0.5],
-        },
-        "models": {"llm": "gemma"},
-        "settings": {"repeats": 1, "late_ms": 80},
-        "questions": [{"text": QUESTION.text, "source": "/q/q01.wav"}],
-        "summary": runs,
-        "cold_calls": summary.cold_calls([cold], calls),
-        "conversations": [c.record for c in calls],
-        "load": [],
-        "failures": [],
-    }
+    data = report_data(calls, cold, [])
     markdown = report.render_markdown(data)
     assert "| tandem | tts | 3/3 |" in markdown
     assert "2/3 (67%) | 1 / 0 |" in markdown  # coherent, then held / repaired
