@@ -59,7 +59,7 @@ from kame_client.result import (
     Timed,
     TimelineEvent,
 )
-from kame_client.status import retry_after_s
+from kame_client.status import CORE_INTERNAL_DETAILS, retry_after_s
 from kame_common.aio import cancel_and_wait
 from kame_common.audio import FRAME_SAMPLES, SAMPLE_RATE, Samples
 from kame_common.llm import backend_value
@@ -170,7 +170,7 @@ def broke_off(status: str, details: str) -> bool:
     call itself, the resumed call says so with its own status."""
     if status == grpc.StatusCode.UNAVAILABLE.name:
         return True
-    return status == grpc.StatusCode.INTERNAL.name and details == "Internal error from Core"
+    return status == grpc.StatusCode.INTERNAL.name and details == CORE_INTERNAL_DETAILS
 
 
 class SpeechMap:

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import grpc
 
 from kame_client.events import ConverseEvent, event_of
+from kame_client.status import CORE_INTERNAL_DETAILS
 from kame_common.aio import wait_first
 from kame_common.auth import bearer_metadata
 from kame_common.grpc_options import ConnectionPolicy
@@ -242,12 +243,22 @@ class ConverseClient:
 
     async def responses(self) -> AsyncIterator[Response]:
         """The gateway's responses until it ends the call; raises its status
-        (grpc.aio.AioRpcError) when that is not OK."""
-        async for response in self.call:
-            if response.HasField("started"):
-                self.session = response.started
-                self.started.set()
-            yield response
+        (grpc.aio.AioRpcError) when that is not OK: the one its CallEnding
+        announced, which grpc.aio may have replaced with INTERNAL."""
+        ending: gateway_pb2.CallEnding | None = None
+        try:
+            async for response in self.call:
+                if response.HasField("ending"):
+                    ending = response.ending
+                    continue
+                if response.HasField("started"):
+                    self.session = response.started
+                    self.started.set()
+                yield response
+        except grpc.aio.AioRpcError as error:
+            if ending is None or not _lost_to_a_write(error):
+                raise
+            raise _announced(ending, error) from None
 
     async def events(self) -> AsyncIterator[ConverseEvent]:
         """`responses`, as events (kame_client/events.py)."""
@@ -272,3 +283,16 @@ class ConverseClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _lost_to_a_write(error: grpc.aio.AioRpcError) -> bool:
+    """The status grpc.aio reports when a write failed as the call ended (grpc/grpc#36066)."""
+    return error.code() == grpc.StatusCode.INTERNAL and error.details() == CORE_INTERNAL_DETAILS
+
+
+def _announced(ending: gateway_pb2.CallEnding, error: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """The call's status as the gateway's CallEnding said it."""
+    code = grpc.StatusCode.__members__.get(ending.code, grpc.StatusCode.UNKNOWN)
+    return grpc.aio.AioRpcError(
+        code, error.initial_metadata(), error.trailing_metadata(), ending.details
+    )

@@ -33,6 +33,9 @@ RETRY_AFTER_KEY = "retry-after-s"
 # A longer hint is taken for this: neither a person nor a phone network's retry
 # header should be told "come back tomorrow".
 MAX_RETRY_AFTER_S = 3600.0
+# What grpc.aio reports, as INTERNAL, when a write of the caller's was under way as
+# the call ended (grpc/grpc#36066): the gateway's own status is lost.
+CORE_INTERNAL_DETAILS = "Internal error from Core"
 # The refusals the gateway sends a hint with.
 RETRYABLE = frozenset((grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED))
 

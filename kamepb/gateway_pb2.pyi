@@ -649,6 +649,36 @@ class Notice(_message.Message):
 Global___Notice: _TypeAlias = Notice  # noqa: Y015
 
 @_typing.final
+class CallEnding(_message.Message):
+    """The gateway ends the call now, with this status, once the session started:
+    sent just before the status itself. A grpc.aio client whose write is under
+    way when the status arrives reports INTERNAL "Internal error from Core"
+    instead of it (grpc/grpc#36066), and a caller streams audio all call long,
+    so the client takes the call's end from here (kame_client/client.py).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    DETAILS_FIELD_NUMBER: _builtins.int
+    code: _builtins.str
+    """The status code's name (google.rpc.Code), e.g. OUT_OF_RANGE."""
+    details: _builtins.str
+    def __init__(
+        self,
+        *,
+        code: _builtins.str = ...,
+        details: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "details", b"details"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallEnding: _TypeAlias = CallEnding  # noqa: Y015
+
+@_typing.final
 class ConverseResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -664,6 +694,7 @@ class ConverseResponse(_message.Message):
     FUNCTION_CALL_FIELD_NUMBER: _builtins.int
     TOOL_FIELD_NUMBER: _builtins.int
     DELEGATION_FIELD_NUMBER: _builtins.int
+    ENDING_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def started(self) -> Global___SessionStarted: ...
     @_builtins.property
@@ -698,6 +729,10 @@ class ConverseResponse(_message.Message):
     def delegation(self) -> _common_pb2.Delegation:
         """Client delegation: the caller's back-end is asked for this candidate."""
 
+    @_builtins.property
+    def ending(self) -> Global___CallEnding:
+        """The call ends now, with this status."""
+
     def __init__(
         self,
         *,
@@ -713,12 +748,13 @@ class ConverseResponse(_message.Message):
         function_call: _common_pb2.FunctionCall | None = ...,
         tool: _common_pb2.ToolActivity | None = ...,
         delegation: _common_pb2.Delegation | None = ...,
+        ending: Global___CallEnding | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "delegation", b"delegation", "dtmf", b"dtmf", "function_call", b"function_call", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "tool", b"tool", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "delegation", b"delegation", "dtmf", b"dtmf", "ending", b"ending", "function_call", b"function_call", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "tool", b"tool", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "delegation", b"delegation", "dtmf", b"dtmf", "function_call", b"function_call", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "tool", b"tool", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_text", b"agent_text", "audio", b"audio", "barge_in", b"barge_in", "delegation", b"delegation", "dtmf", b"dtmf", "ending", b"ending", "function_call", b"function_call", "msg", b"msg", "notice", b"notice", "oracle_update", b"oracle_update", "started", b"started", "tool", b"tool", "turn", b"turn", "user_transcript", b"user_transcript"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["started", "audio", "user_transcript", "agent_text", "oracle_update", "turn", "notice", "dtmf", "barge_in", "function_call", "tool", "delegation"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["started", "audio", "user_transcript", "agent_text", "oracle_update", "turn", "notice", "dtmf", "barge_in", "function_call", "tool", "delegation", "ending"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 

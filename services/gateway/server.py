@@ -48,6 +48,12 @@ def _for_client(response: gateway_pb2.ConverseResponse) -> gateway_pb2.ConverseR
     return response
 
 
+def _ending(code: grpc.StatusCode, details: str) -> gateway_pb2.ConverseResponse:
+    return gateway_pb2.ConverseResponse(
+        ending=gateway_pb2.CallEnding(code=code.name, details=details)
+    )
+
+
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def __init__(
         self,
@@ -138,9 +144,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 await held.hung_up()  # it ended normally: no token resumes it
             except StreamError as exc:
                 log.info("session %s ended: %s: %s", session.id, exc.code.name, exc.message)
-                if not started:
+                details = redact_addresses(exc.message)
+                if started:  # the caller is streaming: say it in band too (CallEnding)
+                    yield _ending(exc.code, details)
+                else:
                     await held.not_started()
-                await context.abort(exc.code, redact_addresses(exc.message))
+                await context.abort(exc.code, details)
             finally:
                 self.sessions.discard(session)
             log.info("session %s ended", session.id)

@@ -130,6 +130,32 @@ async def test_each_caller_request_goes_as_its_message_once_started(gateway):
     assert CancelResponse.URGENT and not any(r.URGENT for r in (EndTurn(), Respond(), HalfClose()))
 
 
+# Calls whose end comes while the caller floods audio: with the old client, grpc.aio
+# reported INTERNAL "Internal error from Core" for some of them (grpc/grpc#36066).
+FLOODED_CALLS = 12
+
+
+async def test_a_call_the_gateway_ends_mid_stream_says_the_gateways_status(fakes):
+    """The gateway ends a call whose caller is still writing (here: past its
+    max_session_s of audio). Whether or not a write was under way, the client
+    reports the gateway's status (OUT_OF_RANGE, its words), as its CallEnding said."""
+    gateway = await fakes.gateway(max_session_s=0.4)
+    frame = bytes(2 * 1920)  # 80 ms of PCM16 at 24 kHz
+    for _ in range(FLOODED_CALLS):
+        async with ConverseClient.connect(gateway.address) as client:
+            reader = asyncio.ensure_future(drained(client))
+            await client.start(gateway_pb2.ConverseConfig())
+            await asyncio.wait_for(client.wait_started(reader), 5)
+            while await client.send_audio(frame):
+                pass
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await asyncio.wait_for(reader, 5)
+        assert (ended.value.code(), ended.value.details()) == (
+            grpc.StatusCode.OUT_OF_RANGE,
+            "the session reached its cap of 0.4 s of caller audio",
+        )
+
+
 async def drained(client: ConverseClient) -> None:
     async for _ in client.events():
         pass

@@ -8,6 +8,7 @@ test_session.py, whose call helpers these share."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 import pytest
@@ -58,7 +59,16 @@ async def test_a_call_resumes_its_session_on_another_gateway(fakes):
     assert started.resume_token.startswith(f"{started.session_id}.") and not started.resumed
 
     config = Config(include_oracle_updates=True, resume_token=started.resume_token)
-    second = await converse(second_gateway.address, frames=3, config=config)
+    # The call lasts until the oracle has its config: a loaded machine opens it late.
+    oracle_opened = threading.Event()
+    call = asyncio.ensure_future(
+        converse(second_gateway.address, 3, config, pace_s=0.02, until=oracle_opened)
+    )
+    try:
+        await wait_until(lambda: len(fakes.oracle.log.of("config")) == 2, "the oracle's config", 10)
+    finally:
+        oracle_opened.set()
+    second = await call
     assert second.code == grpc.StatusCode.OK, second.details
     (again,) = second.of("started")
     assert again.session_id == started.session_id and again.resumed
