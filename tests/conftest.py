@@ -9,7 +9,6 @@ import os
 import sys
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +20,9 @@ from kame_common import store
 from kame_common.voice import Voice, load_voice
 from tests.gateway.fakes import start_fakes
 from tests.support import served_llm
+from tests.support.redis import tests_redis, with_db
 from tests.support.tiers import TIER_NAMES, no_network, tier_of
 
-REDIS_URL = os.environ.get("KAME_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FAKES_DB = 10
 ESPEAK_QUESTIONS = Path(__file__).resolve().parents[1] / "bench/questions/espeak/questions.json"
 
@@ -79,6 +78,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     the interpreter from exiting after the summary: once CI sat an hour on one.
     If the exit takes longer than EXIT_GRACE_S, every thread's stack goes to
     stderr (to find it) and the process ends with pytest's own status."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a worker waits for the controller to close it: the controller watches
     status = int(getattr(config, "_kame_exit_status", 1))
 
     def watch() -> None:
@@ -100,8 +101,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    return REDIS_URL
+def redis_url() -> Iterator[str]:
+    """This process's Redis (tests/support/redis.py): CI's, or an xdist worker's own."""
+    with tests_redis() as url:
+        yield url
 
 
 @pytest.fixture
@@ -123,8 +126,7 @@ async def fakes(redis_url):
     real gateways in front of them (`await fakes.gateway(**settings)`), whose
     session records go to a Redis database no frontend publishes to (so the
     gateway uses its frontend_address, the fake)."""
-    parts = urllib.parse.urlsplit(redis_url)
-    made = await start_fakes(urllib.parse.urlunsplit(parts._replace(path=f"/{FAKES_DB}")))
+    made = await start_fakes(with_db(redis_url, FAKES_DB))
     yield made
     await made.stop()
 

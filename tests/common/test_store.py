@@ -67,7 +67,7 @@ async def test_records_expire_at_their_ttl(redis_client, session_id):
     assert await sessions.conversation(session_id) == []
 
 
-async def test_store_survives_a_dropped_connection(redis_client, session_id):
+async def test_store_survives_a_dropped_connection(redis_client, redis_url, session_id):
     sessions = SessionStore(redis_client, ttl_s=60)
     await sessions.put_session(session_id, {"mode": "tandem"})
     my_id = await redis_client.client_id()
@@ -75,7 +75,7 @@ async def test_store_survives_a_dropped_connection(redis_client, session_id):
     # command finds a dead socket and must reconnect and retry by itself.
     from kame_common.store import connect
 
-    admin = connect("redis://127.0.0.1:6379/0")
+    admin = connect(redis_url)
     assert await admin.client_kill_filter(_id=my_id) == 1
     await admin.aclose()
     await sessions.append_turn(session_id, "user", "still here")

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import os
 import time
-import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +54,7 @@ from services.stt.config import SttSettings
 from services.stt.server import serve as serve_stt
 from tests.clients.runs import write_wav
 from tests.support import conversation, wait_until
+from tests.support.redis import with_db
 from tests.support.web import web_before
 
 QUESTION = "What is the capital of France?"
@@ -63,11 +63,6 @@ HOLD_MAX_S = 10.0  # a loaded test machine may take longer than the default 5 s 
 PCM_24K = AudioFormat("pcm16", SAMPLE_RATE)
 E = TypeVar("E", bound=Event)
 SPAN_EXPORTER = InMemorySpanExporter()
-
-
-def with_db(url: str, db: int) -> str:
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit(parts._replace(path=f"/{db}"))
 
 
 @pytest.fixture(scope="module")

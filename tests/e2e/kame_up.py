@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
-from tests.e2e.conftest import with_db
+from tests.support.redis import with_db
 
 UP_LINE = "Ctrl-C stops everything."  # kame up's last line once the whole stack is up
 UP_TIMEOUT_S = 300.0  # a cold start on a busy 2-core machine takes up to a minute or two

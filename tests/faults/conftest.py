@@ -21,7 +21,7 @@ from kame_cli.child import Child
 from kame_cli.stack import Stack
 from kame_cli.stack_options import Ports, StackOptions
 from kame_cli.supervise import Supervisor
-from tests.e2e.conftest import with_db
+from tests.support.redis import with_db
 
 FAULT_DB = 11
 

@@ -50,6 +50,7 @@ from services.telephony.server import TelephonyServer
 from tests.gateway.fakes import FakeOracle, FakeStt, StreamLog, serve_fake
 from tests.support import conversation, session_record, wait_until
 from tests.support.metrics import metric
+from tests.support.redis import with_db
 
 TWILIO_TOKEN = "twilio-auth-token-for-tests-0123"
 FAKE_GATEWAY_DB = 10  # no frontend publishes here: the gateway uses its frontend_address
@@ -190,11 +191,6 @@ class FakeGateway:
         return await session_record(self.redis_url, session_id)
 
 
-def db_url(redis_url: str, db: int) -> str:
-    parts = urllib.parse.urlsplit(redis_url)
-    return urllib.parse.urlunsplit(parts._replace(path=f"/{db}"))
-
-
 @contextlib.asynccontextmanager
 async def fake_gateway(redis_url: str) -> AsyncIterator[FakeGateway]:
     frontend = PhoneFrontend()
@@ -206,7 +202,7 @@ async def fake_gateway(redis_url: str) -> AsyncIterator[FakeGateway]:
     ):
         server, addresses[name] = await serve_fake(add, servicer)
         servers.append(server)
-    session_redis = db_url(redis_url, FAKE_GATEWAY_DB)
+    session_redis = with_db(redis_url, FAKE_GATEWAY_DB)
     settings = GatewaySettings(
         host="127.0.0.1",
         port=0,
