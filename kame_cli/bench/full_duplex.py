@@ -39,6 +39,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -88,11 +89,16 @@ class Sample:
     # backchannel: where people backchanneled on this recording, a histogram over it
     # (FDB's icc_gt_distribution.json); None: no JSD
     reference: tuple[float, ...] | None = None
+    # the annotated end of turn (smooth turn-taking) or of the interruption (user
+    # interruption), as FDB's turn_taking.json and interrupt.json give it; None: the end
+    # of the caller's last speech
+    end_s: float | None = None
 
     @property
     def caller_end_s(self) -> float:
-        """The end of the caller's last speech: the end of turn (smooth turn-taking) or of
-        the interruption (user interruption)."""
+        """The end of turn (smooth turn-taking) or of the interruption (user interruption)."""
+        if self.end_s is not None:
+            return self.end_s
         return max((s.end_s for s in self.caller), default=0.0)
 
 
@@ -262,20 +268,42 @@ def aggregate(scores: Sequence[Score]) -> dict[Task, TaskFigures]:
     return figures
 
 
+def _counted(spans: list[tuple[float, float]], words_at: Sequence[float] | None) -> list[Speech]:
+    """The spans as Speech, each with the words that start in it (or within VAD_BRIDGE_S
+    before it) when their times are known."""
+    if words_at is None:
+        return [Speech(start, end) for start, end in spans]
+    counts = [0] * len(spans)
+    for at in words_at:
+        for index, (start, end) in enumerate(spans):
+            if start - VAD_BRIDGE_S <= at <= end:
+                counts[index] += 1
+                break
+    return [Speech(start, end, n) for (start, end), n in zip(spans, counts, strict=True)]
+
+
 def sample_from_audio(
     task: Task,
     caller: Samples,
     agent: Samples,
-    reference: tuple[float, ...] | None = None,
+    words_at: Sequence[float] | None = None,
+    **known: Any,
 ) -> Sample:
     """A sample from the caller's recording and the agent's output, both 24 kHz and
-    starting together; speech by level, joined and filtered as Silero VAD's defaults do."""
+    starting together; speech by level, joined and filtered as Silero VAD's defaults do;
+    `words_at`: when each of the agent's words starts, if known; `known`: the Sample's
+    `reference` and `end_s`."""
 
-    def intervals(audio: Samples) -> tuple[Speech, ...]:
-        spans = speech_intervals(audio, bridge_s=VAD_BRIDGE_S, min_s=VAD_MIN_S)
-        return tuple(Speech(start, end) for start, end in spans)
+    def spans(audio: Samples) -> list[tuple[float, float]]:
+        return speech_intervals(audio, bridge_s=VAD_BRIDGE_S, min_s=VAD_MIN_S)
 
-    return Sample(task, len(caller) / SAMPLE_RATE, intervals(caller), intervals(agent), reference)
+    return Sample(
+        task,
+        len(caller) / SAMPLE_RATE,
+        tuple(_counted(spans(caller), None)),
+        tuple(_counted(spans(agent), words_at)),
+        **known,
+    )
 
 
 # issue #44's aims for the agent, on the FDB figures (latencies: FDB's mean)

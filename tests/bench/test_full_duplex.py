@@ -236,3 +236,21 @@ def test_a_sample_from_audio_times_the_answer_by_level():
     assert len(made.caller) == 2
     assert made.caller_end_s == pytest.approx(2.8, abs=0.021)
     assert fdb.score(made).latency_s == pytest.approx(0.3, abs=0.041)
+
+
+def test_the_agents_words_are_counted_in_the_stretch_they_start_in():
+    caller = np.concatenate([tone(1.0), quiet(2.0)])
+    agent = np.concatenate([quiet(1.2), tone(0.6), quiet(1.2)])  # 0.6 s: no turn by length
+    quick = fdb.sample_from_audio(Task.SMOOTH, caller, agent, words_at=[1.15, 1.3, 1.5, 1.7])
+    assert [s.words for s in quick.agent] == [4]
+    assert fdb.score(quick).took_turn  # 4 words in under a second
+    two = fdb.sample_from_audio(Task.SMOOTH, caller, agent, words_at=[1.3, 2.5])
+    assert [s.words for s in two.agent] == [1]
+    assert not fdb.score(two).took_turn
+
+
+def test_an_annotated_end_of_turn_wins_over_the_level():
+    caller = np.concatenate([tone(1.0), quiet(2.0)])
+    agent = np.concatenate([quiet(1.5), tone(1.5)])
+    made = fdb.sample_from_audio(Task.SMOOTH, caller, agent, end_s=1.2)
+    assert fdb.score(made).latency_s == pytest.approx(0.3, abs=0.021)
