@@ -10,9 +10,11 @@ kame_cli/bench/full_duplex.py (docs/turn-taking.md, "Full-Duplex-Bench figures")
 
 `--data` is FDB's v1.0 folder (candor_pause_handling/, candor_turn_taking/,
 icc_backchannel/, synthetic_pause_handling/, synthetic_user_interruption/, each with
-{ID}/input.wav), a download from FDB's dataset README. Each agent output is written as
-{out}/{folder}/{ID}/output.wav (24 kHz), the layout FDB's own scripts read, so its ASR
-scoring can be run on the same outputs; the figures go to {out}/full_duplex.json and .md.
+{ID}/input.wav), a download from FDB's dataset README, or samples in its format made by
+kame_cli/bench/full_duplex_samples.py (whose turn-taking ones are synthetic_turn_taking/).
+Each agent output is written as {out}/{folder}/{ID}/output.wav (24 kHz), the layout FDB's
+own scripts read, so its ASR scoring can be run on the same outputs; the figures go to
+{out}/full_duplex.json and .md.
 The stack answers one agent frame per caller frame, so the agent's sample k answers the
 recording's sample k (docs/turn-taking.md, "`/api/chat` keeps the caller's time").
 """
@@ -44,6 +46,7 @@ FOLDERS = {
     "candor_pause_handling": fdb.Task.PAUSE,
     "synthetic_pause_handling": fdb.Task.PAUSE,
     "candor_turn_taking": fdb.Task.SMOOTH,
+    "synthetic_turn_taking": fdb.Task.SMOOTH,  # ours: kame_cli/bench/full_duplex_samples.py
     "synthetic_user_interruption": fdb.Task.INTERRUPTION,
     "icc_backchannel": fdb.Task.BACKCHANNEL,
 }

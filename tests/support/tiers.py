@@ -33,6 +33,8 @@ TIERS: dict[str, str] = {
     "tests/bench/test_bench.py": "models",
     "tests/bench/test_dictation_set.py": "models",
     "tests/bench/test_full_duplex.py": "unit",
+    "tests/bench/test_full_duplex_samples.py": "unit",
+    "tests/bench/test_full_duplex_samples_espeak.py": "models",
     "tests/bench/test_gpu_check.py": "models",
     "tests/bench/test_heldout_questions.py": "models",
     "tests/bench/test_questions.py": "models",
