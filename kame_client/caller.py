@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
+import numpy.typing as npt
 
 from kame_client.client import ConverseClient
 from kame_client.codecs import Decoder, Encoder, resolve_format
@@ -147,19 +148,39 @@ class TalkOptions:
         return config
 
 
-def speech_region(samples: Samples) -> tuple[float | None, float | None]:
-    """(start_s, end_s) of the speech in a clip: 20 ms windows within 35 dB of
-    the loudest window (and above -60 dBFS)."""
+def loud_windows(samples: Samples) -> npt.NDArray[np.intp]:
+    """Indices of the clip's 20 ms windows that are speech: within 35 dB of the
+    loudest window and above -60 dBFS (the one level rule of the functions below)."""
     window = int(LEVEL_WINDOW_S * SAMPLE_RATE)
     count = len(samples) // window
     if count == 0:
-        return None, None
+        return np.zeros(0, np.intp)
     frames = samples[: count * window].reshape(count, window).astype(np.float64)
     level = 10 * np.log10(np.mean(frames**2, axis=1) + 1e-12)
-    loud = np.flatnonzero(level > max(level.max() - LEVEL_RANGE_DB, -60.0))
+    return np.flatnonzero(level > max(level.max() - LEVEL_RANGE_DB, -60.0))
+
+
+def speech_region(samples: Samples) -> tuple[float | None, float | None]:
+    """(start_s, end_s) of the speech in a clip: its first to its last loud window."""
+    loud = loud_windows(samples)
     if not len(loud):
         return None, None
     return loud[0] * LEVEL_WINDOW_S, (loud[-1] + 1) * LEVEL_WINDOW_S
+
+
+def speech_intervals(
+    samples: Samples, bridge_s: float = 0.1, min_s: float = 0.0
+) -> list[tuple[float, float]]:
+    """Each stretch of speech in a clip, (start_s, end_s): runs of loud windows,
+    joined across quiet gaps up to `bridge_s`, those shorter than `min_s` left out."""
+    stretches: list[list[float]] = []
+    for index in loud_windows(samples):
+        start = float(index) * LEVEL_WINDOW_S
+        if stretches and start - stretches[-1][1] <= bridge_s + 1e-9:
+            stretches[-1][1] = start + LEVEL_WINDOW_S
+        else:
+            stretches.append([start, start + LEVEL_WINDOW_S])
+    return [(start, end) for start, end in stretches if end - start >= min_s - 1e-9]
 
 
 def broke_off(status: str, details: str) -> bool:
@@ -174,20 +195,13 @@ def broke_off(status: str, details: str) -> bool:
 
 
 class SpeechMap:
-    """Which chunks of the caller's audio are speech (loud as `speech_region` counts
-    it), and how many quiet chunks in a row end at each one."""
+    """Which chunks of the caller's audio are speech (`loud_windows`), and how many
+    quiet chunks in a row end at each one."""
 
     def __init__(self, samples: Samples, chunk: int) -> None:
         window = int(LEVEL_WINDOW_S * SAMPLE_RATE)
-        count = len(samples) // window
-        level = 10 * np.log10(
-            np.mean(samples[: count * window].reshape(count, window).astype(np.float64) ** 2, 1)
-            + 1e-12
-        )
-        floor = max(level.max() - LEVEL_RANGE_DB, -60.0) if count else 0.0
-        loud_windows = np.flatnonzero(level > floor) * window
         self.loud = np.zeros(-(-len(samples) // chunk), bool)
-        self.loud[loud_windows // chunk] = True
+        self.loud[loud_windows(samples) * window // chunk] = True
         self.quiet_run = np.zeros(len(self.loud), int)
         for index, loud in enumerate(self.loud):
             self.quiet_run[index] = 0 if loud else (self.quiet_run[index - 1] if index else 0) + 1
