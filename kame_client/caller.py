@@ -99,6 +99,10 @@ class TalkOptions:
     chunk_ms: int = 80
     tail_s: float = 2.0
     max_wait_s: float = 30.0
+    # A call whose session has not started by then ends DEADLINE_EXCEEDED: a gateway
+    # that took the call and never set it up does not hold the caller forever (the
+    # gateway's own set-up bound is connect_timeout_s per frontend tried).
+    start_timeout_s: float = 60.0
     oracle_updates: bool = True
     # Done only once a word of an oracle generation was spoken, not a hold phrase
     # (generation 0) that fills the wait for it; for modes with an oracle.
@@ -291,11 +295,16 @@ class _Conversation:
                 self._send(Microphone(client, Encoder(self.input_format)))
             )
             try:
-                await self._receive(client)
+                await self._receive_once_started(client)
             except grpc.aio.AioRpcError as exc:
                 self.result.status = exc.code().name
                 self.result.status_details = exc.details() or ""
                 self.result.retry_after_s = retry_after_s(exc)
+            except TimeoutError:
+                self.result.status = grpc.StatusCode.DEADLINE_EXCEEDED.name
+                self.result.status_details = (
+                    f"the gateway did not start the session in {options.start_timeout_s:g} s"
+                )
             finally:
                 await cancel_and_wait(sender)
         continued = self.move_asked or (
@@ -381,6 +390,17 @@ class _Conversation:
         self.result.sent_t[index] = round(self.now(), 3)
         self.result.streamed_samples += len(samples)
         return True
+
+    async def _receive_once_started(self, client: ConverseClient) -> None:
+        """`_receive`, or TimeoutError if the session has not started (nor the call
+        ended) within `start_timeout_s`."""
+        receiving = asyncio.ensure_future(self._receive(client))
+        try:
+            await asyncio.wait_for(client.wait_started(receiving), self.options.start_timeout_s)
+        except TimeoutError:
+            await cancel_and_wait(receiving)
+            raise
+        await receiving
 
     async def _receive(self, client: ConverseClient) -> None:
         """The gateway's events into the result until the call ends, or the gateway

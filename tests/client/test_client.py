@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
 import kame_client
+from kame_client.caller import TalkOptions, talk
 from kame_client.client import (
     CancelResponse,
     ConverseClient,
@@ -23,6 +25,7 @@ from kame_client.client import (
     SendText,
 )
 from kame_client.events import AgentAudio, Dtmf, Started
+from kame_common.audio import SAMPLE_RATE
 from kamepb import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 Response = gateway_pb2.ConverseResponse
@@ -154,6 +157,30 @@ async def test_a_call_the_gateway_ends_mid_stream_says_the_gateways_status(fakes
             grpc.StatusCode.OUT_OF_RANGE,
             "the session reached its cap of 0.4 s of caller audio",
         )
+
+
+class SilentGateway(gateway_pb2_grpc.GatewayServicer):
+    """Takes the call and its config, then never starts the session nor ends the call."""
+
+    async def Converse(self, request_iterator, context):  # noqa: N802 (gRPC's name)
+        async for _ in request_iterator:
+            await asyncio.Event().wait()
+        yield Response()  # never reached: a generator, as gRPC's streaming handlers are
+
+
+async def test_a_call_the_gateway_never_starts_ends_at_the_start_timeout():
+    server = grpc.aio.server()
+    gateway_pb2_grpc.add_GatewayServicer_to_server(SilentGateway(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        options = TalkOptions(gateway=f"127.0.0.1:{port}", start_timeout_s=0.5)
+        result = await asyncio.wait_for(talk(np.zeros(SAMPLE_RATE, np.float32), options), 10)
+    finally:
+        await server.stop(None)
+    assert result.status == "DEADLINE_EXCEEDED"
+    assert "did not start the session in 0.5 s" in result.status_details
+    assert result.started is None
 
 
 async def drained(client: ConverseClient) -> None:
