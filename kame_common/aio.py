@@ -33,3 +33,19 @@ async def wait_first(*waitables: asyncio.Event | asyncio.Future[Any]) -> None:
     finally:
         own = [w for w in watchers if w not in waitables]
         await cancel_and_wait(own)
+
+
+def abandon(task: asyncio.Future[Any]) -> None:
+    """Cancel `task` without waiting for it to end.
+
+    For a task that may never honour the cancellation: redis-py (8.1) can swallow
+    a CancelledError that lands inside a command, and `cancel_and_wait` on such a
+    task can wait forever. Its exception is retrieved when it ends, so asyncio does
+    not log it as never retrieved: whoever abandoned it has moved on."""
+    task.cancel()
+    task.add_done_callback(_retrieve)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -14,6 +14,7 @@ import redis.asyncio as redis
 from redis.exceptions import RedisError
 
 from kame_common import store, tracing
+from kame_common.aio import abandon
 from kame_common.store import CapacityRegistry, Replica, SessionStore
 from kame_common.tls import RetiredChannels
 from services.gateway.config import GatewaySettings
@@ -34,28 +35,48 @@ class RegistryReads:
     """Reads of the capacity registry, which give up together: after one failed
     (Redis down or hung), every read skips the registry for REGISTRY_BACKOFF_S, so
     a broken Redis delays one call set-up per interval by at most
-    REGISTRY_TIMEOUT_S, not every call, and not once per service it asks about."""
+    REGISTRY_TIMEOUT_S, not every call, and not once per service it asks about.
+
+    A read still running at REGISTRY_TIMEOUT_S is cancelled but not waited for
+    (kame_common.aio.abandon), and reads are skipped until it has ended: redis-py
+    (8.1) can swallow a CancelledError that lands inside a command, so waiting for
+    a cancelled read to end can wait forever, and the call set-up with it."""
 
     def __init__(self) -> None:
         self._skip_until = 0.0  # monotonic
+        self._overdue: asyncio.Future[Any] | None = None  # a read left running
 
     async def read(self, what: str, read: Coroutine[Any, Any, T]) -> T | None:
         """`read`'s result; None when it failed or the registry is being skipped."""
-        if time.monotonic() < self._skip_until:
+        left_running = self._overdue is not None and not self._overdue.done()
+        if left_running or time.monotonic() < self._skip_until:
             read.close()
             return None
+        task = asyncio.ensure_future(read)
         try:
-            return await asyncio.wait_for(read, REGISTRY_TIMEOUT_S)
-        except (TimeoutError, RedisError, OSError) as exc:
-            if time.monotonic() >= self._skip_until:
-                log.warning(
-                    "capacity registry unavailable reading %s (%s); skipping it for %g s",
-                    what,
-                    exc or type(exc).__name__,
-                    REGISTRY_BACKOFF_S,
-                )
-                self._skip_until = time.monotonic() + REGISTRY_BACKOFF_S
+            await asyncio.wait([task], timeout=REGISTRY_TIMEOUT_S)
+        finally:
+            if not task.done():  # timed out, or the set-up itself was cancelled
+                abandon(task)
+                self._overdue = task
+        if not task.done():
+            self._skip(what, f"no answer in {REGISTRY_TIMEOUT_S:g} s")
             return None
+        try:
+            return task.result()
+        except (RedisError, OSError) as exc:
+            self._skip(what, str(exc) or type(exc).__name__)
+            return None
+
+    def _skip(self, what: str, reason: str) -> None:
+        if time.monotonic() >= self._skip_until:
+            log.warning(
+                "capacity registry unavailable reading %s (%s); skipping it for %g s",
+                what,
+                reason,
+                REGISTRY_BACKOFF_S,
+            )
+            self._skip_until = time.monotonic() + REGISTRY_BACKOFF_S
 
 
 class ChannelCache:

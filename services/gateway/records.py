@@ -21,7 +21,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from kame_common.aio import cancel_and_wait
+from kame_common.aio import abandon
 from kame_common.store import KeyRun, SessionStore
 from services.gateway import metrics
 
@@ -102,12 +102,14 @@ class SessionRecords:
                 log.warning("session %s: Redis write failed: %s", self._session_id, exc)
 
     async def close(self) -> None:
-        """Write what is queued (at most FLUSH_TIMEOUT_S), then stop."""
+        """Write what is queued (at most FLUSH_TIMEOUT_S), then stop; a writer stuck
+        on a hung Redis is abandoned (kame_common.aio.abandon), not waited for."""
         if self._writer is None:
             return
         self._end_key_run()
         with contextlib.suppress(asyncio.QueueFull):
             self._queue.put_nowait(None)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._writer), FLUSH_TIMEOUT_S)
-        await cancel_and_wait(self._writer)
+        try:
+            await asyncio.wait([self._writer], timeout=FLUSH_TIMEOUT_S)
+        finally:
+            abandon(self._writer)

@@ -95,7 +95,7 @@ from opentelemetry import trace
 from prometheus_client import Counter, Histogram
 from redis.exceptions import RedisError
 
-from kame_common.aio import cancel_and_wait
+from kame_common.aio import abandon, cancel_and_wait
 from kame_common.capacity import LoadMeter
 from kame_common.metrics import TURN_BUCKETS
 from kame_common.store import KeyRun, SessionStore
@@ -385,13 +385,13 @@ class OracleSession:
         self._end_key_run()
         if self._writer_task is not None:
             self._writes.put_nowait(None)
-            try:
-                await asyncio.wait_for(self._writer_task, _HISTORY_FLUSH_S)
-            except TimeoutError:
+            await asyncio.wait([self._writer_task], timeout=_HISTORY_FLUSH_S)
+            if not self._writer_task.done():
                 log.warning(
                     "session %s: history writes still pending at close, dropped",
                     self.settings.session_id,
                 )
+            abandon(self._writer_task)  # not waited for: it may be stuck on a hung Redis
         await self.backend.aclose()
         if self.budget is not None:
             await self.budget.aclose()

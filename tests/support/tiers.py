@@ -110,6 +110,7 @@ TIERS: dict[str, str] = {
     "tests/gateway/test_delegation.py": "service",
     "tests/gateway/test_edge.py": "service",
     "tests/gateway/test_fuzz.py": "service",
+    "tests/gateway/test_hung_redis.py": "unit",
     "tests/gateway/test_pacing.py": "unit",
     "tests/gateway/test_plan.py": "unit",
     "tests/gateway/test_push_to_talk.py": "models",
