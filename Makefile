@@ -68,12 +68,11 @@ typecheck: setup
 
 check: lint typecheck
 
-# Every test, every tier (README's and CI's test command). TEST_WORKERS=2: two pytest-xdist
-# workers, a test module per worker at a time (most tests wait on real-time audio, so two
-# workers on two cores about halve the run), not yet the default: two of three such runs
-# hung in one test (docs/testing.md). One tier alone: make test-unit (under a minute),
-# test-service, test-models, test-e2e.
-TEST_WORKERS ?= 0
+# Every test, every tier (README's and CI's test command), on two pytest-xdist workers,
+# a test module per worker at a time: most tests wait on real-time audio, so two workers
+# on two cores about halve the run (docs/testing.md). TEST_WORKERS=0: one process. One
+# tier alone: make test-unit (under a minute), test-service, test-models, test-e2e.
+TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile
 
