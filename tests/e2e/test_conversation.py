@@ -16,7 +16,6 @@ import urllib.request
 import grpc
 import numpy as np
 import pytest
-from prometheus_client import REGISTRY
 
 from kame_cli.bench.answer import coherence_of
 from kame_cli.talk import TalkOptions, talk
@@ -44,6 +43,7 @@ from tests.e2e.conftest import (
     wait_until,
 )
 from tests.support import conversation, session_record, word_recall, words_of
+from tests.support.metrics import metric, scraped_sum
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -53,12 +53,6 @@ SECOND_QUESTION = "How many legs does a spider have?"
 
 def words(text: str) -> set[str]:
     return set(re.findall(r"[a-z]+", text.lower()))
-
-
-def metric_samples(text: str, name: str) -> float:
-    """Sum of a metric's samples over all label sets."""
-    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", re.M)
-    return sum(float(v) for v in pattern.findall(text))
 
 
 def read_url(url: str) -> str:
@@ -127,10 +121,10 @@ async def test_spoken_question_gets_a_spoken_answer(stack, speak, transcribe):
     # /metrics: the per-frame and response-latency histograms have samples.
     metrics = await asyncio.to_thread(read_url, stack.metrics_url)
     assert (
-        metric_samples(metrics, "kame_gateway_frame_round_trip_seconds_count")
+        scraped_sum(metrics, "kame_gateway_frame_round_trip_seconds_count")
         >= result.streamed_samples // FRAME_SAMPLES
     )
-    assert metric_samples(metrics, "kame_gateway_response_latency_seconds_count") >= 1
+    assert scraped_sum(metrics, "kame_gateway_response_latency_seconds_count") >= 1
 
     # Traces: session -> turn -> stt/oracle/frontend, and the upstream servers
     # joined the session's trace through the gRPC metadata.
@@ -225,7 +219,7 @@ async def test_disconnect_mid_turn_frees_every_upstream_stream_and_task(stack, s
 
     await upstreams_idle(stack)
     await wait_until(lambda: not session_tasks(session_id), "the pump tasks to end", 5.0)
-    free_slots = REGISTRY.get_sample_value("kame_frontend_free_slots")
+    free_slots = metric("kame_frontend_free_slots")
     assert free_slots == stack.frontend.settings.batch_slots
     record = await session_record(stack.redis_url, session_id)
     assert record["state"] == "failed" and record["outcome"] == "cancelled"

@@ -10,12 +10,12 @@ import itertools
 
 import numpy as np
 import pytest
-from prometheus_client import REGISTRY
 
 from kame_common.audio import FRAME_SAMPLES, FRAME_SECONDS
 from services.frontend.engines.base import SessionParams, StepOutput
 from services.frontend.engines.kame.batch import SlotBatch
 from services.frontend.engines.kame.engine import KameEngine
+from tests.support.metrics import metric
 
 SAYINGS = [
     "What is the capital of France?",
@@ -35,13 +35,15 @@ def callers(speak, to_frames) -> list[list[np.ndarray]]:
     return [to_frames(speak(text), FRAMES) for text in SAYINGS]
 
 
-def metric(name: str, engine: str = "kame") -> float:
-    return REGISTRY.get_sample_value(name, {"engine": engine}) or 0.0
+def kame_metric(name: str) -> float:
+    return metric(name, engine="kame")
 
 
 def tick_totals() -> tuple[float, float]:
     """(ticks, session steps) of the kame engine so far."""
-    return metric("kame_frontend_tick_sessions_count"), metric("kame_frontend_tick_sessions_sum")
+    return kame_metric("kame_frontend_tick_sessions_count"), kame_metric(
+        "kame_frontend_tick_sessions_sum"
+    )
 
 
 async def feed(
@@ -87,7 +89,7 @@ async def test_out_of_phase_sessions_share_every_tick(
 ):
     engine = make_engine(slots=4, jitter_frames=DEEP)
     ticks_before, steps_before = tick_totals()
-    dropped_before = metric("kame_frontend_jitter_dropped_frames_total")
+    dropped_before = kame_metric("kame_frontend_jitter_dropped_frames_total")
     start = asyncio.get_running_loop().time() + 0.05
     together = await asyncio.gather(
         *(feed(engine, frames, start + index * PHASE_S) for index, frames in enumerate(callers))
@@ -99,7 +101,7 @@ async def test_out_of_phase_sessions_share_every_tick(
     # 120 steps in at most 42 ticks.
     assert sessions_per_tick >= 2.8, f"{sessions_per_tick:.2f} sessions per tick"
     assert steps == len(callers) * FRAMES
-    assert metric("kame_frontend_jitter_dropped_frames_total") == dropped_before
+    assert kame_metric("kame_frontend_jitter_dropped_frames_total") == dropped_before
     # Order kept, nothing lost: each session heard exactly its frames, in order.
     reference = lockstep(make_greedy_batch(tiny_checkpoint, len(callers)), callers)
     for outputs, expected in zip(together, reference, strict=True):
@@ -114,12 +116,12 @@ async def test_a_session_without_a_frame_is_masked_out_of_the_tick(
     caller 0 alone, and caller 1's state waits for its next frame."""
     engine = make_engine(slots=2, jitter_frames=DEEP)
     frames = [callers[0][:16], callers[1][:12]]
-    underruns_before = metric("kame_frontend_jitter_underruns_total")
+    underruns_before = kame_metric("kame_frontend_jitter_underruns_total")
     start = asyncio.get_running_loop().time() + 0.05
     steady, paused = await asyncio.gather(
         feed(engine, frames[0], start), feed(engine, frames[1], start + PHASE_S, gap=(4, 5))
     )
-    assert metric("kame_frontend_jitter_underruns_total") - underruns_before >= 4
+    assert kame_metric("kame_frontend_jitter_underruns_total") - underruns_before >= 4
     alone = make_greedy_batch(tiny_checkpoint, 1)
     for outputs, caller_frames in zip((steady, paused), frames, strict=True):
         alone.reset([0])
@@ -135,13 +137,13 @@ async def test_a_full_jitter_buffer_drops_its_oldest_frame(
     engine = make_engine(slots=1, jitter_frames=2)
     session = await engine.open_session(SessionParams(session_id="burst"))
     frames = callers[0][5:8]  # speech, so that stepping it would not be silence
-    dropped_before = metric("kame_frontend_jitter_dropped_frames_total")
+    dropped_before = kame_metric("kame_frontend_jitter_dropped_frames_total")
     steps = [asyncio.ensure_future(session.step(frame)) for frame in frames]
     await asyncio.sleep(0.001)
     assert [step.done() for step in steps] == [True, False, False]
     outputs = await asyncio.gather(*steps)
     await session.close()
-    assert metric("kame_frontend_jitter_dropped_frames_total") == dropped_before + 1
+    assert kame_metric("kame_frontend_jitter_dropped_frames_total") == dropped_before + 1
     assert not outputs[0].pcm.any() and not outputs[0].speaking and outputs[0].words == []
     expected = lockstep(make_greedy_batch(tiny_checkpoint, 1), [frames[1:]])[0]
     np.testing.assert_allclose(pcm_of(outputs[1:]), expected, atol=1e-5)

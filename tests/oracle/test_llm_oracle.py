@@ -6,20 +6,16 @@ import asyncio
 import time
 
 import grpc
-from prometheus_client import REGISTRY
 
 from kame_common import store
 from kamepb import common_pb2, oracle_pb2
 from services.oracle.config import ApiKeys, OracleSettings
 from services.oracle.factory import SessionFactory
+from tests.support.metrics import metric
 
 Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate
 QUESTION = "What is the capital of France?"
-
-
-def metric(name: str, labels: dict[str, str] | None = None) -> float:
-    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
 
 
 async def speak_partials(client, timeline: list[tuple[float, str, bool]]) -> None:
@@ -33,7 +29,7 @@ async def speak_partials(client, timeline: list[tuple[float, str, bool]]) -> Non
 async def test_partials_then_final_stream_an_answer_that_mentions_paris(
     llm_url, oracle_service, guide_client, redis_client, session_id
 ):
-    ttft_before = metric("kame_oracle_time_to_first_token_seconds_count", {"backend": "openai"})
+    ttft_before = metric("kame_oracle_time_to_first_token_seconds_count", backend="openai")
     lag_before = metric("kame_oracle_update_lag_seconds_count")
     runtime = await oracle_service(base_url=llm_url)
     client = guide_client(runtime.port)
@@ -86,12 +82,10 @@ async def test_partials_then_final_stream_an_answer_that_mentions_paris(
     assert await client.finish() == grpc.StatusCode.OK
     conversation = await store.SessionStore(redis_client).conversation(session_id)
     assert [(t["role"], t["text"]) for t in conversation] == [("user", QUESTION), ("agent", answer)]
-    assert (
-        metric("kame_oracle_time_to_first_token_seconds_count", {"backend": "openai"}) > ttft_before
-    )
+    assert metric("kame_oracle_time_to_first_token_seconds_count", backend="openai") > ttft_before
     assert metric("kame_oracle_update_lag_seconds_count") > lag_before
-    assert metric("kame_oracle_restarts_total", {"reason": "final"}) >= 1
-    assert metric("kame_oracle_tokens_per_second_count", {"backend": "openai"}) >= 1
+    assert metric("kame_oracle_restarts_total", reason="final") >= 1
+    assert metric("kame_oracle_tokens_per_second_count", backend="openai") >= 1
 
 
 async def test_cascade_calls_the_llm_only_on_the_final(

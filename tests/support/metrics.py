@@ -22,3 +22,14 @@ def scraped(text: str, name: str, **labels: str) -> float:
             if sample.name == name and sample.labels == labels:
                 return float(sample.value)
     raise AssertionError(f"{name}{labels or ''} is not in the scrape")
+
+
+def scraped_sum(text: str, name: str) -> float:
+    """The sum of the samples `name` over all their label sets in a /metrics scrape
+    `text` (0 where it has none)."""
+    return sum(
+        float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
