@@ -140,7 +140,7 @@ FLOODED_CALLS = 12
 
 async def test_a_call_the_gateway_ends_mid_stream_says_the_gateways_status(fakes):
     """The gateway ends a call whose caller is still writing (here: past its
-    max_session_s of audio). Whether or not a write was under way, the client
+    max_session_s of audio, or of time). Whether or not a write was under way, the client
     reports the gateway's status (OUT_OF_RANGE, its words), as its CallEnding said."""
     gateway = await fakes.gateway(max_session_s=0.4)
     frame = bytes(2 * 1920)  # 80 ms of PCM16 at 24 kHz
@@ -153,9 +153,11 @@ async def test_a_call_the_gateway_ends_mid_stream_says_the_gateways_status(fakes
                 pass
             with pytest.raises(grpc.aio.AioRpcError) as ended:
                 await asyncio.wait_for(reader, 5)
-        assert (ended.value.code(), ended.value.details()) == (
-            grpc.StatusCode.OUT_OF_RANGE,
-            "the session reached its cap of 0.4 s of caller audio",
+        # Its cap of caller audio, or of wall time when a loaded machine delays the
+        # flood: the gateway's own words either way, never gRPC Core's INTERNAL.
+        assert ended.value.code() == grpc.StatusCode.OUT_OF_RANGE, ended.value.details()
+        assert (ended.value.details() or "").startswith("the session reached its cap of 0.4 s"), (
+            ended.value.details()
         )
 
 

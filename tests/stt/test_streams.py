@@ -13,7 +13,7 @@ import pytest
 from kame_common.audio import SAMPLE_RATE
 from kamepb import common_pb2, stt_pb2, stt_pb2_grpc
 from services.stt.server import serve
-from tests.support import wait_until
+from tests.support import wait_until, word_recall
 
 SESSION_A = [
     "The quick brown fox jumps over the lazy dog.",
@@ -78,9 +78,7 @@ async def test_half_close_finalizes_the_open_utterance(
     assert result.responses[-1].response.transcript.is_final  # and then the stream ended
 
 
-async def test_long_speech_is_cut_at_the_maximum_utterance_length(
-    stt_stub, speak, stream_helpers, text_metrics
-):
+async def test_long_speech_is_cut_at_the_maximum_utterance_length(stt_stub, speak, stream_helpers):
     text = (
         "Turn off the lights in the kitchen and lock the front door, "
         "then set an alarm for six thirty in the morning."
@@ -98,8 +96,9 @@ async def test_long_speech_is_cut_at_the_maximum_utterance_length(
     # Speech went on across the cuts: one start, one end; a final decode per final.
     assert [a.kind for a in speech_activities(result)] == [SPEECH_START, SPEECH_END]
     assert [a.kind for a in result.activities].count(FINAL_DECODE) >= len(finals)
-    # Words split by a cut may be lost; most survive.
-    assert text_metrics.wer(text, result.final_text()) <= 0.4, result.final_text()
+    # Words split by a cut may be lost; most survive. Recall, not the error rate:
+    # Whisper can repeat words of a segment cut mid-word, which says nothing of cuts.
+    assert word_recall(text, result.final_text()) >= 0.6, result.final_text()
 
 
 async def test_a_cancelled_call_frees_its_session(
