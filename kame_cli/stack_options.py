@@ -15,6 +15,8 @@ oracle's KAME_ORACLE_MCP_SERVERS and KAME_ORACLE_TOOLS_ALLOWED
 from __future__ import annotations
 
 import argparse
+import os
+import random
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -69,7 +71,65 @@ class Ports:
         return cls(redis=redis, **dict(zip(names, free_ports(len(names)), strict=True)))
 
 
+# Where free_ports looks: "LOW-HIGH" (the test workers each take a range of their own).
+FREE_PORT_RANGE_ENV = "KAME_FREE_PORT_RANGE"
+FREE_PORTS_FROM = 20000  # the default range's start; it ends where the ephemeral range begins
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_ports_rng = random.Random()  # its own: a test that seeds `random` must not pick its ports
+
+
 def free_ports(count: int) -> list[int]:
+    """`count` distinct ports that are free on loopback now (TCP and UDP: sip takes
+    a UDP port), picked at random below the kernel's ephemeral range
+    (net.ipv4.ip_local_port_range) or in KAME_FREE_PORT_RANGE. Not from the
+    ephemeral range: until its service binds a port, any bind to port 0 or outgoing
+    connection on the machine can take it there (one did, in a two-worker test run:
+    `kame up --free-ports` found another test's server on its LLM port)."""
+    low, high = free_port_range()
+    if high - low < 4 * count:
+        return _kernel_ports(count)  # no room below the ephemeral range: the old way
+    ports: list[int] = []
+    while len(ports) < count:
+        port = _ports_rng.randrange(low, high)
+        if port not in ports and _bindable(port):
+            ports.append(port)
+    return ports
+
+
+def free_port_range() -> tuple[int, int]:
+    """[low, high) where free_ports picks: KAME_FREE_PORT_RANGE, else from
+    FREE_PORTS_FROM up to the start of the ephemeral range."""
+    given = os.environ.get(FREE_PORT_RANGE_ENV, "")
+    if given:
+        try:
+            low, high = (int(part) for part in given.split("-"))
+        except ValueError:
+            raise CliError(
+                f"{FREE_PORT_RANGE_ENV}={given!r}: expected LOW-HIGH, e.g. 20000-26000", USAGE
+            ) from None
+        if not 1024 <= low < high <= 65536:
+            raise CliError(
+                f"{FREE_PORT_RANGE_ENV}={given!r}: expected 1024 <= LOW < HIGH <= 65536", USAGE
+            )
+        return low, high
+    try:
+        ephemeral_low = int(Path(EPHEMERAL_RANGE_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768  # Linux's default
+    return FREE_PORTS_FROM, ephemeral_low
+
+
+def _bindable(port: int) -> bool:
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        with socket.socket(socket.AF_INET, kind) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                return False
+    return True
+
+
+def _kernel_ports(count: int) -> list[int]:
     sockets = []
     for _ in range(count):
         sock = socket.socket()
@@ -177,7 +237,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--llm-model", default=defaults.llm_model, help="model name for the oracle")
     parser.add_argument(
-        "--free-ports", action="store_true", help="pick free ports instead of the defaults"
+        "--free-ports",
+        action="store_true",
+        help="pick free ports instead of the defaults (below the ephemeral range, or in "
+        f"{FREE_PORT_RANGE_ENV}=LOW-HIGH)",
     )
     for name in PORT_FLAGS:
         parser.add_argument(f"--{name}-port", type=int, default=getattr(defaults.ports, name))

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kame_cli.stack_options import FREE_PORT_RANGE_ENV, free_port_range
 from kame_common import store
 from kame_common.voice import Voice, load_voice
 from tests.gateway.fakes import start_fakes
@@ -25,6 +26,19 @@ from tests.support.tiers import TIER_NAMES, no_network, tier_of
 
 FAKES_DB = 10
 ESPEAK_QUESTIONS = Path(__file__).resolve().parents[1] / "bench/questions/espeak/questions.json"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker picks free ports (kame_cli.stack_options.free_ports) in its
+    own share of the range, and the stacks it starts inherit it: two workers that
+    each pick a port and bind it a few seconds later never pick the same one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    index, count = int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    low, high = free_port_range()
+    share = (high - low) // count
+    os.environ[FREE_PORT_RANGE_ENV] = f"{low + index * share}-{low + (index + 1) * share}"
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

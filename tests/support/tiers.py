@@ -46,6 +46,7 @@ TIERS: dict[str, str] = {
     # cli/
     "tests/cli/test_demo_verdict.py": "unit",
     "tests/cli/test_errors.py": "service",
+    "tests/cli/test_free_ports.py": "service",
     "tests/cli/test_make_setup.py": "service",
     "tests/cli/test_readme_settings.py": "unit",
     "tests/cli/test_smart_turn_model.py": "models",
