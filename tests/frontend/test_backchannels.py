@@ -31,9 +31,11 @@ from tests.frontend.test_tts_engine import (
 
 QUESTION = "What should I see in Paris?"
 ANSWER = (
-    "You could start with the Louvre in the morning, then walk along the river "
-    "to the cathedral, and finish the day with dinner near the Eiffel Tower."
+    "You could start with the Louvre in the morning, then walk along the river to the cathedral."
 )
+# After the caller's overlap: time for the rest of the answer (about 3 s) and its
+# hold, at real pace.
+TAIL_S = 5.0
 STT_DELAY_FRAMES = 4  # stt's final comes 320 ms after the turn end asked for it
 CALLER_SPEAKS_S = 1.6  # into the agent's answer, after the question's turn end
 
@@ -61,7 +63,7 @@ async def talk_over_the_answer(
     question = speak(QUESTION)
     last = last_voiced_frame(question)
     signal = [silence(LEAD_S), question, silence(0.24 + CALLER_SPEAKS_S), speak(overlap_text)]
-    frames = frames_of(np.concatenate([*signal, silence(9.0)]))
+    frames = frames_of(np.concatenate([*signal, silence(TAIL_S)]))
     vad = LevelVad()
     voiced = [i for i, frame in enumerate(frames) if vad.voiced(frame)]
     onset = next(i for i in voiced if i > last + 4)
