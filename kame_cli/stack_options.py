@@ -96,6 +96,18 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+def free_port_run(length: int, even: bool = False) -> int:
+    """The first of `length` consecutive ports free now (TCP and UDP), picked as
+    free_ports picks them; `even`: the first is even (RTP's, with RTCP's after it)."""
+    low, high = free_port_range()
+    for _ in range(1000):
+        start = _ports_rng.randrange(low, high - length)
+        start -= start % 2 if even else 0
+        if all(_bindable(port) for port in range(start, start + length)):
+            return start
+    raise CliError(f"no {length} free consecutive ports in {low}-{high}")
+
+
 def free_port_range() -> tuple[int, int]:
     """[low, high) where free_ports picks: KAME_FREE_PORT_RANGE, else from
     FREE_PORTS_FROM up to the start of the ephemeral range."""

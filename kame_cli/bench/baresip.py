@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kame_cli.stack_options import free_ports
+from kame_cli.stack_options import free_port_run, free_ports
 from kame_common.audio import Samples
 
 BARESIP = shutil.which("baresip") or "baresip"
@@ -125,35 +124,15 @@ def phone_wav(raw: Path, directory: Path, name: str, lead_s: float, tail_s: floa
 def baresip_ports() -> tuple[int, int, int]:
     """Ports free for a baresip now: SIP (UDP and TCP on it, and TLS on the port after
     it, which baresip 1.0 always opens), its control port, and an even RTP port with
-    RTCP's after it. All are held at once while they are picked, so none is another."""
-    with contextlib.ExitStack() as held:
-        sip = _free_run(held, 2, socket.SOCK_STREAM, also_udp=True)
-        rtp = _free_run(held, 2, socket.SOCK_DGRAM, even=True)
+    RTCP's after it; none is another. Picked where kame up picks free ports (below
+    the ephemeral range: a port the kernel hands out for port 0 could be taken
+    again before baresip binds it, as a call's RTP port once was)."""
+    while True:
+        sip, rtp = free_port_run(2), free_port_run(2, even=True)
         (ctrl,) = free_ports(1)
-        return sip, ctrl, rtp
-
-
-def _free_run(
-    held: contextlib.ExitStack, length: int, kind: int, also_udp: bool = False, even: bool = False
-) -> int:
-    """The first of `length` consecutive loopback ports bound (and held) as `kind`."""
-    for _ in range(200):
-        first = held.enter_context(socket.socket(socket.AF_INET, kind))
-        first.bind(("127.0.0.1", 0))
-        start: int = first.getsockname()[1]
-        if even and start % 2:
-            continue
-        try:
-            for port in range(start + 1, start + length):
-                held.enter_context(socket.socket(socket.AF_INET, kind)).bind(("127.0.0.1", port))
-            if also_udp:
-                held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM)).bind(
-                    ("127.0.0.1", start)
-                )
-        except OSError:
-            continue
-        return start
-    raise AssertionError(f"no {length} free consecutive ports on loopback")
+        taken = {sip, sip + 1, rtp, rtp + 1, ctrl}
+        if len(taken) == 5:
+            return sip, ctrl, rtp
 
 
 @dataclass
