@@ -21,7 +21,7 @@ import pytest
 
 from tests.clients.runs import ClientRun, ask_from_wav, write_wav
 from tests.e2e.conftest import QUESTION, latest_caller_words
-from tests.support import word_recall, words_of
+from tests.support import voice_says, word_recall, words_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -33,7 +33,7 @@ async def heard_answer(run: ClientRun, transcribe) -> str:
     assert run.errors == [], run
     assert run.said and len(run.answer) > 0, run
     heard = await asyncio.to_thread(transcribe, run.answer)
-    assert word_recall(run.said, heard) >= 0.5, (heard, str(run))
+    assert voice_says(run.said, heard), (heard, str(run))
     return heard
 
 

@@ -24,7 +24,7 @@ from openai import AsyncOpenAI
 from kame_client.microphone import until_spoken
 from kame_common.audio import SAMPLE_RATE, float_to_pcm16, pcm16_to_float
 from tests.e2e.conftest import QUESTION
-from tests.support import word_recall, words_of
+from tests.support import voice_says, word_recall, words_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -88,7 +88,7 @@ async def test_the_openai_sdk_asks_a_spoken_question_and_hears_the_answer(web, c
     agent = pcm16_to_float(b"".join(audio))
     heard = await asyncio.to_thread(transcribe, agent)
     print(f"asked {heard_question!r}; said {said}; heard {heard!r}")
-    assert word_recall(" ".join(said), heard) >= 0.5, (said, heard)
+    assert voice_says(" ".join(said), heard), (said, heard)
     if caller.topic in words_of(heard_question):  # else the model cannot know
         # In the agent's words, which its voice says (above): Whisper tiny alone may
         # mishear one name under load.
@@ -128,7 +128,7 @@ async def test_push_to_talk_and_a_typed_message_get_spoken_answers(web, speak, t
         heard = await asyncio.to_thread(transcribe, pcm16_to_float(audio))
         print(f"said {said!r}; heard {heard!r}")
         assert not owed or answer.lower() in words_of(said), said
-        assert word_recall(said, heard) >= 0.5, (said, heard)  # the audio says the words
+        assert voice_says(said, heard), (said, heard)  # the audio says the words
 
 
 async def answer_of(connection, answer: str, owed_if_heard: str = "") -> tuple[str, bytes, bool]:

@@ -30,7 +30,7 @@ from tests.e2e.kame_up import running
 from tests.oracle import mcp_tool_server
 from tests.oracle.mcp_tool_server import recorded_calls
 from tests.oracle.tool_support import FAKE_LLM_ROUTES, anthropic_models
-from tests.support import word_recall, words_of
+from tests.support import voice_says, words_of
 from tests.support.llm import StubHttpServer
 
 QUESTION = "What is the door code for the Paris office?"
@@ -156,4 +156,4 @@ async def test_kame_up_answers_a_spoken_question_from_an_mcp_tool(
     heard = await asyncio.to_thread(transcribe, result.agent)
     print(f"our STT hears the agent say {heard!r}")
     # Its voice says its words (Whisper tiny alone may mishear the one name).
-    assert word_recall(result.agent_text, heard) >= 0.5, (result.agent_text, heard)
+    assert voice_says(result.agent_text, heard), (result.agent_text, heard)

@@ -90,6 +90,29 @@ def _heard(word: str, heard: set[str]) -> bool:
     )
 
 
+# How alike, letter for letter, the agent's words and what our STT heard in its
+# voice must be for the voice to count as saying those words. Whisper on a loaded
+# CPU splits and joins words ("capital is" heard as "capitalist") and respells
+# names the agent made up ("Quorvan" as "corbin"): 0.69 in one full run, where
+# word recall gave 3 of 7. Unrelated speech scores 0.1-0.25 (a hold phrase for an
+# answer) and an answer cut in half about 0.55.
+VOICE_SAYS_RATIO = 0.6
+
+
+def letter_similarity(expected: str, heard: str) -> float:
+    """difflib's ratio of the two texts' letters and digits, case, spaces and
+    punctuation dropped: how much of the sound was heard, whatever the word
+    boundaries Whisper chose."""
+    return difflib.SequenceMatcher(
+        None, "".join(words_of(expected)), "".join(words_of(heard)), autojunk=False
+    ).ratio()
+
+
+def voice_says(words: str, heard: str) -> bool:
+    """Whether `heard`, the transcript of a voice, is that voice saying `words`."""
+    return letter_similarity(words, heard) >= VOICE_SAYS_RATIO
+
+
 ECHO_SERVICE = "kametest.Echo"
 
 
