@@ -1,8 +1,9 @@
 """STT latency at real-time pacing, and how many real-time sessions one replica carries.
 
 For each concurrency level N, N clients stream the same spoken script (piper voice,
-four sentences with 1.5 s pauses, --rounds times over) into one in-process STT server
-over loopback gRPC, each paced at real time and started at a random offset. Measured
+four sentences, or the first --sentences, with 1.5 s pauses, --rounds times over)
+into one in-process STT server over loopback gRPC, each paced at real time and
+started at a random offset. Measured
 on the client side:
 
 - partial lag: a partial's arrival minus when the client sent the last frame it covers;
@@ -66,10 +67,10 @@ class Script:
     duration_s: float
 
 
-def build_script(rounds: int) -> Script:
-    """The sentences `rounds` times over, with a pause after each."""
+def build_script(rounds: int, sentences: int = len(SENTENCES)) -> Script:
+    """The first `sentences` sentences `rounds` times over, with a pause after each."""
     voice = load_voice()
-    speeches = [voice.synthesize(text) for text in SENTENCES]
+    speeches = [voice.synthesize(text) for text in SENTENCES[:sentences]]
     parts: list[Samples] = [np.zeros(SAMPLE_RATE // 2, dtype=np.float32)]
     ends, position = [], len(parts[0])
     for speech in speeches * rounds:
@@ -245,7 +246,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     option = stt_wer.select_options(args.option)[0].settings if args.option else {}
     settings = SttSettings(host="127.0.0.1", port=0, metrics_port=0, **(flags | option))
     engine = await asyncio.to_thread(SttEngine, settings)
-    script = await asyncio.to_thread(build_script, args.rounds)
+    script = await asyncio.to_thread(build_script, args.rounds, args.sentences)
     runtime = await serve(settings, engine)
     rows = []
     rng = random.Random(args.seed)
@@ -265,7 +266,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bench": "stt",
         "script": {
-            "sentences": SENTENCES,
+            "sentences": SENTENCES[: args.sentences],
             "rounds": args.rounds,
             "gap_s": GAP_S,
             "duration_s": script.duration_s,
@@ -343,7 +344,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=2,
-        help="times each client speaks the four sentences (more samples)",
+        help="times each client speaks the sentences (more samples)",
+    )
+    parser.add_argument(
+        "--sentences",
+        type=int,
+        choices=range(1, len(SENTENCES) + 1),
+        default=len(SENTENCES),
+        metavar=f"1-{len(SENTENCES)}",
+        help="speak only the first N of the script's sentences (a shorter run)",
     )
     parser.add_argument(
         "--option",

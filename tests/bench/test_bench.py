@@ -19,6 +19,7 @@ from kame_cli.bench.config import BenchConfig, parse_config
 from kame_cli.stack_options import Ports, options_from_args
 from kame_common.audio import FRAME_SECONDS, SAMPLE_RATE
 from kame_common.metrics import FRAME_BUCKETS
+from tests.support import word_recall
 
 
 def exposition(values: list[float], mode: str = "tandem") -> str:
@@ -134,12 +135,6 @@ def test_frame_lag_counts_from_when_the_caller_frame_was_due():
 
 ESPEAK_QUESTIONS = Path(__file__).resolve().parents[2] / "bench/questions/espeak/questions.json"
 QUESTION_TEXT = "What is the capital of Germany?"
-
-
-def word_recall(expected: str, heard_text: str) -> float:
-    """The share of `expected`'s words that `heard_text` holds."""
-    wanted, got = questions.words(expected), set(questions.words(heard_text))
-    return sum(word in got for word in wanted) / len(wanted)
 
 
 def test_one_question_one_run_through_the_stack(tmp_path):
