@@ -29,6 +29,7 @@ import pytest
 import redis
 import yaml
 
+from kame_cli.stack_options import free_ports
 from kame_common.config import load_settings
 from kame_common.ports import SERVICE_PORTS
 
@@ -396,10 +397,11 @@ def compose_image(spec: dict) -> Image:
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on (now)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on (now), from this worker's share below the
+    ephemeral range (free_ports): a port 0 bind's pick can be taken by any outgoing
+    connection before the server that was to use it binds."""
+    (port,) = free_ports(1)
+    return port
 
 
 @dataclass
