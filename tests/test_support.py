@@ -32,3 +32,9 @@ def test_a_voice_saying_something_else_or_half_does_not_say_the_words():
     assert not voice_says(said, "The capital is")
     assert not voice_says(said, "")
     assert letter_similarity("Paris", "paris!") == 1.0
+
+
+def test_a_voice_that_goes_on_past_the_collected_words_says_them():
+    # As the GPT-Live delegation test collected them in one full run: the text
+    # deltas stopped at "the", the audio went on.
+    assert voice_says("Hmm, Paris is the", "and, harris is the capital of france.")
