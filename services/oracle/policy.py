@@ -183,9 +183,16 @@ class RestartPolicy:
         if not self._window_has_room(now):
             return None
         self._recent_starts.append(now)
+        self.started_from_now()
+        return reason
+
+    def started_from_now(self) -> None:
+        """The stream being started takes the transcript as it is now: nothing that
+        has arrived is pending any more. The session says so again once the previous
+        stream is closed, since what landed while it closed (a final: the new
+        stream's source) must not start a second stream that cancels the first."""
         self._words_at_last_start = self.user_words
         self._final_pending = self._settled_pending = False
-        return reason
 
 
 class FinalRetry:

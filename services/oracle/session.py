@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -471,6 +472,9 @@ class OracleSession:
 
     async def _restart(self, reason: StartReason) -> None:
         await self._cancel_stream()
+        # The new stream starts from the transcript as it is now, with what arrived
+        # while the old one closed: that is covered, not pending (RestartPolicy).
+        self.policy.started_from_now()
         self.generation += 1
         source = common_pb2.CandidateSource()
         source.CopyFrom(self._latest)
@@ -490,6 +494,14 @@ class OracleSession:
         )
         self._streams.add(task)
         task.add_done_callback(self._streams.discard)
+        task.add_done_callback(functools.partial(self._announce_cancelled, self.generation))
+
+    def _announce_cancelled(self, number: int, task: asyncio.Task[None]) -> None:
+        """CANCELLED for a stream that was cancelled, also one cancelled before it ran
+        (a start right after its own): a client waits for every REQUEST_START's end."""
+        if task.cancelled():
+            CANCELLATIONS.inc()
+            self._emit_event(Event.CANCELLED, number)
 
     async def _run_stream(
         self,
@@ -513,9 +525,7 @@ class OracleSession:
             try:
                 await self._candidate(generation, trigger_at).run(turns)
             except asyncio.CancelledError:
-                CANCELLATIONS.inc()
-                span.set_attribute("kame.cancelled", True)
-                self._emit_event(Event.CANCELLED, number)
+                span.set_attribute("kame.cancelled", True)  # CANCELLED: _announce_cancelled
                 raise
             except BudgetSpent as exc:
                 generation.failed = True

@@ -126,7 +126,17 @@ class GuideClient:
                         raise AssertionError(f"stream ended ({self.error}) before the response")
                     await self._changed.wait()
 
-        return await asyncio.wait_for(_wait(), timeout_s)
+        try:
+            return await asyncio.wait_for(_wait(), timeout_s)
+        except TimeoutError:
+            seen = [
+                f"{oracle_pb2.OracleEvent.Kind.Name(r.event.kind)} g{r.event.generation} "
+                f"{r.event.detail!r}"
+                if r.HasField("event")
+                else r.WhichOneof("msg")
+                for r in self.responses
+            ]
+            raise AssertionError(f"no such response in {timeout_s:g} s; got: {seen}") from None
 
     async def wait_event(
         self, kind: int, generation: int | None = None, timeout_s: float = 60.0

@@ -18,6 +18,12 @@ import grpc
 from prometheus_client import REGISTRY
 
 from kamepb import common_pb2, oracle_pb2
+from services.oracle.backends import create_backend
+from services.oracle.config import ApiKeys, OracleSettings, resolve_session
+from services.oracle.policy import StartReason
+from services.oracle.session import OracleSession
+from tests.oracle.test_history import user
+from tests.support import wait_until
 
 Event = oracle_pb2.OracleEvent
 Update = common_pb2.OracleUpdate
@@ -299,3 +305,82 @@ async def test_without_final_priority_the_partials_stream_runs_through_the_decod
     await client.wait_event(Event.REQUEST_START, 2, timeout_s=20)  # the new words restart it
     hold.set()
     assert await client.finish() == grpc.StatusCode.OK
+
+
+async def test_a_final_that_lands_while_the_old_stream_closes_starts_one_candidate():
+    """The start a final asks for first closes the partial's stream; a newer final
+    that lands while it closes is the new stream's source, and starts no second
+    stream that cancels the first (a full run saw the caller's "And of Spain?"
+    started twice, the first cancelled before its DONE)."""
+    config = oracle_pb2.OracleConfig(
+        session_id="race", policy=oracle_pb2.OraclePolicy(poll_interval_s=0.05)
+    )
+    settings = resolve_session(config, OracleSettings(), ApiKeys())
+    backend = create_backend(settings.backend)
+    asked: list[str] = []
+    closing, closed = asyncio.Event(), asyncio.Event()
+
+    async def stream_with_tools(turns, _cost, _specs, _exchanges):  # the LLM, faked
+        asked.append(turns[-1].text)
+        if len(asked) == 1:  # the partial's stream: words, then it waits to be cancelled
+            try:
+                yield "Paris "
+                await asyncio.Event().wait()
+            finally:
+                closing.set()
+                await closed.wait()  # its HTTP stream closes slowly
+        yield "Madrid."
+
+    backend.stream_with_tools = stream_with_tools  # type: ignore[method-assign]
+    session = OracleSession(settings, backend, [], None)
+    events: list[tuple[str, int]] = []
+
+    async def read() -> None:
+        async for response in session.responses():
+            if response.HasField("event"):
+                kind = Event.Kind.Name(response.event.kind)
+                events.append((kind, response.event.generation))
+
+    reader = asyncio.create_task(read())
+    session.start()
+    user(session, "What is the capital of", (0.3, 1.6), final=False)
+    await wait_until(lambda: ("FIRST_TOKEN", 1) in events, "the partial's stream")
+    user(session, QUESTION, (0.3, 2.2))  # its start cancels the partial's stream
+    await asyncio.wait_for(closing.wait(), 10)
+    session.user_transcript(
+        common_pb2.TranscriptEvent(utterance_id="u2", is_final=True, text="And of Spain?")
+    )
+    closed.set()
+    await wait_until(lambda: ("DONE", 2) in events or ("CANCELLED", 2) in events, "gen 2's end")
+    await session.close()
+    reader.cancel()
+    assert ("CANCELLED", 2) not in events, events
+    # One stream for the final, with both of the caller's turns (one user turn: no
+    # agent words between them).
+    assert len(asked) == 2 and asked[1].endswith(f"{QUESTION} And of Spain?"), asked
+
+
+async def test_a_stream_cancelled_before_it_ran_still_ends_with_cancelled():
+    """Every REQUEST_START gets its end: a start right after another cancels a
+    stream whose task never ran, and CANCELLED still goes out for it."""
+    settings = resolve_session(
+        oracle_pb2.OracleConfig(session_id="quick"), OracleSettings(), ApiKeys()
+    )
+    backend = create_backend(settings.backend)
+
+    async def stream_with_tools(_turns, _cost, _specs, _exchanges):  # the LLM, faked
+        yield "Madrid."
+
+    backend.stream_with_tools = stream_with_tools  # type: ignore[method-assign]
+    session = OracleSession(settings, backend, [], None)
+    user(session, QUESTION, (0.3, 2.2))
+    await session._restart(StartReason.FINAL)  # no await between: stream 1 never runs
+    await session._restart(StartReason.FINAL)
+    events: list[tuple[str, int]] = []
+    async for response in session.responses():
+        if response.HasField("event"):
+            events.append((Event.Kind.Name(response.event.kind), response.event.generation))
+        if ("DONE", 2) in events:
+            break
+    await session.close()
+    assert events[:3] == [("REQUEST_START", 1), ("CANCELLED", 1), ("REQUEST_START", 2)], events
